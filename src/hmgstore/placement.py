@@ -1,0 +1,126 @@
+"""Which row of a table lives in which tier.
+
+A table of ``N`` rows is seen, from one GPU, as a short list of tiers, each a
+contiguous range of *new ids* (DESIGN.md): first the rows resident on this GPU,
+then (for multi-GPU tables) the rows of each peer GPU's shard, last the host
+tier. The host tier is the source table pinned in place, so it holds every row
+in its original order and a host row's new id is ``host_start + old_id``: no
+host data moves. ``new_of_old[old_id]`` gives any row's new id; a kernel maps a
+new id to ``(tier, offset)`` by comparing it with the tier boundaries.
+
+Placement is decided here and nowhere else; this module only computes ids and
+does not touch tensors' data.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(size) -> int:
+    """Read a byte count: an int, or a string such as ``"8GB"``, ``"512 MiB"``, ``"1.5e9"``.
+
+    Raises ValueError for negative sizes and strings it cannot read.
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"not a byte count: {size!r}")
+    if isinstance(size, (int, float)):
+        value = int(size)
+    else:
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(size))
+        unit = m.group(2).upper() if m else None
+        if not m or unit not in _UNITS:
+            raise ValueError(
+                f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB' or '512MiB'")
+        value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 0:
+        raise ValueError(f"a size cannot be negative: {size!r}")
+    return value
+
+
+def order_by_score(score: torch.Tensor) -> torch.Tensor:
+    """Row ids sorted hottest first, from a per-row score (e.g. in-degree).
+
+    ``score``: 1-D tensor of shape [N], any real dtype, CPU. Returns int64 [N].
+    Ties keep ascending id order (stable), so the result is deterministic.
+    """
+    if score.dim() != 1:
+        raise ValueError(f"a hotness score must be 1-D, one value per row; got shape {tuple(score.shape)}")
+    return torch.sort(score.cpu(), descending=True, stable=True).indices
+
+
+def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
+    """The rows that fit in ``budget`` bytes of GPU memory, hottest first.
+
+    ``order``: 1-D integer tensor of row ids, hottest first (it may list only
+    some rows). ``budget``: bytes (int or string, see :func:`parse_bytes`).
+    Returns int64 ids, a prefix of ``order``.
+    """
+    if row_bytes <= 0:
+        return order[:0].to(torch.int64)
+    count = parse_bytes(budget) // row_bytes
+    return order.reshape(-1)[:count].to(torch.int64)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each row of an ``num_rows``-row table lives, as seen from one GPU.
+
+    ``tiers``: names of the tiers in new-id order (``"gpu"`` then ``"host"``;
+    peer tiers will sit between them). ``bounds``: ``len(tiers) + 1`` new-id
+    boundaries; tier ``t`` holds new ids ``bounds[t] <= n < bounds[t+1]``.
+    ``gpu_rows``: the old ids of the GPU tier, in slot order (int64, CPU).
+    ``new_of_old``: int64 [num_rows] map, or None when it would be the
+    identity (every row on the host, or every row on the GPU in id order).
+    """
+
+    num_rows: int
+    tiers: tuple[str, ...]
+    bounds: tuple[int, ...]
+    gpu_rows: torch.Tensor
+    new_of_old: torch.Tensor | None
+
+    @property
+    def num_gpu_rows(self) -> int:
+        return len(self.gpu_rows)
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.num_gpu_rows < self.num_rows
+
+
+def host_only(num_rows: int) -> Placement:
+    """Every row read from the pinned host table."""
+    return Placement(num_rows, ("host",), (0, num_rows), torch.empty(0, dtype=torch.int64), None)
+
+
+def by_ids(num_rows: int, gpu_rows) -> Placement:
+    """Rows ``gpu_rows`` resident on the GPU (slots in the given order), the rest on the host.
+
+    When ``gpu_rows`` lists every row, slots follow row ids instead, so the
+    kernel needs no map.
+
+    ``gpu_rows``: 1-D integer ids, unique, each in ``[0, num_rows)``. Raises
+    IndexError for an id out of range and ValueError for a repeated id.
+    """
+    from .index import as_tensor, check_range
+
+    ids, _ = as_tensor(gpu_rows, num_rows)
+    ids = ids.reshape(-1).to("cpu", torch.int64)
+    if len(ids) == 0:
+        return host_only(num_rows)
+    check_range(ids, num_rows)
+    if len(torch.unique(ids)) != len(ids):
+        raise ValueError("gpu_rows lists a row more than once; pass each id once")
+    count = len(ids)
+    if count == num_rows:  # every row resident: slot = id, so no map and no host tier
+        return Placement(num_rows, ("gpu",), (0, count), torch.arange(count), None)
+    # Host rows keep their position in the pinned table: new id = count + old id.
+    new_of_old = torch.arange(count, count + num_rows, dtype=torch.int64)
+    new_of_old[ids] = torch.arange(count, dtype=torch.int64)
+    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), ids, new_of_old)

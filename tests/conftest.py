@@ -1,0 +1,41 @@
+"""Shared fixtures: tables and graphs, and the GPU skip rule.
+
+Tests marked ``gpu`` run only where torch sees a CUDA GPU and CuPy imports;
+``multigpu`` also needs two GPUs. Everything else runs in CI on the CPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from hmgstore import datasets
+
+
+def _has_cuda() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("cupy") is not None
+
+
+HAS_CUDA = _has_cuda()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
+    skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
+    for item in items:
+        if item.get_closest_marker("gpu") and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+        if item.get_closest_marker("multigpu") and (not HAS_CUDA or torch.cuda.device_count() < 2):
+            item.add_marker(skip_multi)
+
+
+@pytest.fixture(scope="session")
+def small_graph() -> datasets.NodeGraph:
+    """2,000 nodes, 16 features, 4 classes: fast enough for every adapter test."""
+    return datasets.synthetic(num_nodes=2_000, avg_degree=8, feat_dim=16, num_classes=4, seed=1)
+
+
+@pytest.fixture(scope="session")
+def cuda_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())

@@ -1,0 +1,258 @@
+"""HybridTensor on a CUDA GPU: bit-exact against ``x[idx]`` on poisoned outputs.
+
+Every check compares bytes (``torch.equal`` on the raw bytes, so NaNs and
+-0.0 count too) with the CPU reference ``x[idx]``. Outputs passed through
+``out=`` are filled with a poison pattern first, so an unwritten row fails.
+"""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hmgstore
+from helpers import random_table
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+          torch.int16, torch.uint8, torch.int8, torch.bool]
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    t = t.contiguous()
+    return t.view(torch.uint8) if t.dtype != torch.bool else t.view(torch.uint8)
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(as_bytes(got.cpu()), as_bytes(want.cpu()))
+
+
+def poisoned(shape, dtype, device) -> torch.Tensor:
+    out = torch.empty(shape, dtype=dtype, device=device)
+    out.view(torch.uint8).fill_(0xA5)
+    return out
+
+
+def check_context_alive(device) -> None:
+    a = torch.arange(10, device=device)
+    assert int((a * 2).sum()) == 90
+    torch.cuda.synchronize(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["host", "gpu", "mixed"])
+def test_dtypes_and_tiers(dtype, layout, cuda_device):
+    x = random_table(3000, (7,), dtype, seed=1)  # 7 elements: odd row sizes for every width
+    gpu_rows = {"host": None, "gpu": torch.arange(3000), "mixed": torch.randperm(3000)[:1000]}[layout]
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows)
+    idx = torch.randint(0, 3000, (5000,))
+    out = poisoned((5000, 7), dtype, cuda_device)
+    got = t.gather(idx, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert_same(got, x[idx])
+
+
+@pytest.mark.parametrize("row_elems", [1, 2, 3, 4, 8, 16, 31, 32, 33, 64, 100, 128, 256, 1000, 1024])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("index_on", ["cpu", "cuda"])
+def test_row_sizes_index_kinds(row_elems, index_dtype, index_on, cuda_device):
+    x = random_table(4096, (row_elems,), torch.float32, seed=row_elems)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 4096, 3))
+    idx = torch.randint(0, 4096, (3001,), dtype=index_dtype)
+    got = t[idx.to(cuda_device) if index_on == "cuda" else idx]
+    assert got.device == cuda_device
+    assert_same(got, x[idx.long()])
+
+
+def test_large_source_pinned_in_place_with_seams(cuda_device):
+    """A table over 4 GiB: 64-bit offsets, chunked registration, rows straddling the 1 GiB seams."""
+    from hmgstore import memory
+
+    row = 1000  # bytes: not a divisor of 1 GiB, so some rows straddle registration seams
+    n = (4 << 30) // row + 12345
+    x = torch.empty((n, row), dtype=torch.uint8)
+    x.view(torch.int64).view(-1)[:] = torch.arange(x.numel() // 8, dtype=torch.int64) * 0x9E3779B97F4A7C15
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, n, 7))
+    assert t.source.data_ptr() == x.data_ptr()  # pinned in place, no copy
+    assert memory.extent(x)[1] > memory.CHUNK_BYTES * 4
+    seam_rows = torch.tensor([k * memory.CHUNK_BYTES // row for k in range(1, 5)])
+    idx = torch.cat([seam_rows, seam_rows + 1, torch.tensor([0, n - 1]), torch.randint(0, n, (200_000,))])
+    assert_same(t[idx.to(cuda_device)], x[idx])
+    t.close()
+    del t, x
+    gc.collect()
+
+
+def test_all_host_all_gpu_and_mixed_batches(cuda_device):
+    x = random_table(10_000, (64,), torch.float16, seed=3)
+    hot = torch.randperm(10_000)[:2500]
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=hot)
+    cold = torch.ones(10_000, dtype=torch.bool)
+    cold[hot] = False
+    cold_ids = cold.nonzero().flatten()
+    for idx in (hot[torch.randint(0, 2500, (4000,))], cold_ids[torch.randint(0, len(cold_ids), (4000,))],
+                torch.randint(0, 10_000, (4000,))):
+        assert_same(t[idx], x[idx])
+
+
+def test_gpu_budget_and_hot_order(cuda_device):
+    x = random_table(5000, (32,), torch.float32, seed=4)
+    order = torch.randperm(5000)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_budget=1000 * 32 * 4, hot_order=order)
+    assert t.num_gpu_rows == 1000
+    assert torch.equal(t.placement.gpu_rows, order[:1000])
+    idx = torch.randint(0, 5000, (7000,))
+    assert_same(t[idx], x[idx])
+
+
+def test_duplicates_empty_scalar_slice_mask_numpy(cuda_device):
+    x = random_table(1000, (5,), torch.int64, seed=5)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(100))
+    assert_same(t[torch.tensor([7, 7, 7, 500, 7])], x[[7, 7, 7, 500, 7]])
+    empty = t[torch.empty(0, dtype=torch.int64)]
+    assert empty.shape == (0, 5) and empty.device == cuda_device
+    assert_same(t[3], x[3])
+    assert_same(t[10:20], x[10:20])
+    mask = torch.rand(1000) < 0.3
+    assert_same(t[mask], x[mask])
+    assert_same(t[np.array([1, 999])], x[[1, 999]])
+    two_d = torch.randint(0, 1000, (4, 6))
+    assert_same(t[two_d], x[two_d])
+
+
+def test_numpy_memmap_source(tmp_path, cuda_device):
+    path = tmp_path / "feat.npy"
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(20_000, 48))
+    arr[:] = np.random.default_rng(0).standard_normal(arr.shape, dtype=np.float32)
+    arr.flush()
+    ro = np.load(path, mmap_mode="r")
+    t = hmgstore.HybridTensor(ro, cuda_device, gpu_rows=torch.arange(0, 20_000, 5))
+    idx = torch.randint(0, 20_000, (9000,))
+    assert_same(t[idx], torch.from_numpy(np.asarray(ro[idx.numpy()])))
+
+
+def test_column_slice_source(cuda_device):
+    base = random_table(3000, (40,), torch.float32, seed=6)
+    x = base[:, 3:35]  # rows contiguous, pitch larger than a row
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 3000, 2))
+    idx = torch.randint(0, 3000, (4000,))
+    assert_same(t[idx], x[idx])
+
+
+def test_already_pinned_source_used_as_is(cuda_device):
+    x = random_table(2000, (16,), torch.float32, seed=7).pin_memory()
+    t = hmgstore.HybridTensor(x, cuda_device)
+    assert t._pinned.tensor.data_ptr() == x.data_ptr()
+    idx = torch.randint(0, 2000, (3000,))
+    assert_same(t[idx], x[idx])
+
+
+def test_two_tables_share_one_registration(cuda_device):
+    from hmgstore import memory
+
+    x = random_table((80 << 20) // 256, (64,), torch.float32, seed=8)  # over SMALL_COPY_BYTES: registered
+    a = hmgstore.HybridTensor(x, cuda_device)
+    b = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(1000))
+    assert memory._registry.holds(x.data_ptr())
+    a.close()
+    idx = torch.randint(0, len(x), (5000,))
+    assert_same(b[idx], x[idx])  # still registered for b
+    b.close()
+    assert not memory._registry.holds(x.data_ptr())
+
+
+def test_unregistered_on_garbage_collection(cuda_device):
+    from hmgstore import memory
+
+    x = random_table((80 << 20) // 256, (64,), torch.float32, seed=9)
+    t = hmgstore.HybridTensor(x, cuda_device)
+    assert memory._registry.holds(x.data_ptr())
+    del t
+    gc.collect()
+    assert not memory._registry.holds(x.data_ptr())
+
+
+def test_gather_many_one_launch(cuda_device, monkeypatch):
+    from hmgstore import _cuda
+
+    x = random_table(5000, (100,), torch.float32, seed=10)
+    y = torch.randint(0, 50, (5000,))
+    z = random_table(700, (3,), torch.float16, seed=11)
+    tx = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 5000, 4))
+    ty = hmgstore.HybridTensor(y, cuda_device)
+    tz = hmgstore.HybridTensor(z, cuda_device, gpu_rows=torch.randperm(700))
+    launches = []
+    real = _cuda.launch_gather
+    monkeypatch.setattr(_cuda, "launch_gather", lambda jobs, *a, **k: (launches.append(len(jobs)), real(jobs, *a, **k)))
+    i1, i2 = torch.randint(0, 5000, (3000,)).to(cuda_device), torch.randint(0, 700, (123,))
+    gx, gy, gz = hmgstore.gather_many([(tx, i1), (ty, i1), (tz, i2)])
+    assert launches == [3]
+    assert_same(gx, x[i1.cpu()])
+    assert_same(gy, y[i1.cpu()])
+    assert_same(gz, z[i2])
+
+
+def test_stream_and_max_sms(cuda_device):
+    x = random_table(20_000, (128,), torch.float32, seed=12)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 20_000, 3), max_sms=2)
+    side = torch.cuda.Stream(cuda_device)
+    idx = torch.randint(0, 20_000, (50_000,), device=cuda_device)
+    side.wait_stream(torch.cuda.current_stream(cuda_device))
+    out = t.gather(idx, stream=side)
+    side.synchronize()
+    assert_same(out, x[idx.cpu()])
+
+
+@pytest.mark.parametrize("bad", [-1, 1000, 2**31, 2**40, -(2**40)])
+@pytest.mark.parametrize("index_on", ["cpu", "cuda"])
+def test_bad_index_raises_and_context_survives(bad, index_on, cuda_device):
+    x = random_table(1000, (16,), torch.float32, seed=13)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(10))
+    idx = torch.tensor([1, 2, bad, 4])
+    with pytest.raises(IndexError, match=str(bad)):
+        t[idx.to(cuda_device) if index_on == "cuda" else idx]
+    check_context_alive(cuda_device)
+    assert_same(t[torch.tensor([999, 0])], x[[999, 0]])
+
+
+def test_float_index_and_bad_out(cuda_device):
+    t = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), cuda_device)
+    with pytest.raises(TypeError):
+        t[torch.tensor([1.0, 2.0], device=cuda_device)]
+    with pytest.raises(ValueError, match="out must be"):
+        t.gather(torch.tensor([1, 2]), out=torch.empty(3, 4, device=cuda_device))
+    check_context_alive(cuda_device)
+
+
+def test_closed_table_refuses(cuda_device):
+    t = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), cuda_device)
+    t.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        t[torch.tensor([1])]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    num_rows=st.integers(1, 3000),
+    row=st.lists(st.integers(1, 9), min_size=0, max_size=2),
+    dtype=st.sampled_from(DTYPES),
+    gpu_share=st.floats(0, 1),
+    batch=st.integers(0, 4000),
+    index_dtype=st.sampled_from([torch.int32, torch.int64]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_matches_torch(num_rows, row, dtype, gpu_share, batch, index_dtype, seed, cuda_device):
+    g = torch.Generator().manual_seed(seed)
+    x = random_table(num_rows, tuple(row), dtype, seed=seed)
+    gpu_rows = torch.randperm(num_rows, generator=g)[: int(gpu_share * num_rows)]
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, progress=False)
+    idx = torch.randint(0, num_rows, (batch,), generator=g, dtype=index_dtype)
+    out = poisoned((batch, *row), dtype, cuda_device)
+    assert_same(t.gather(idx, out=out), x[idx.long()])
+    t.close()

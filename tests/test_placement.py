@@ -1,0 +1,51 @@
+"""Placement: parsing budgets, hotness order, tiers and the new-id map (CPU)."""
+import pytest
+import torch
+
+from hmgstore import placement
+
+
+@pytest.mark.parametrize("text, value", [(1000, 1000), ("8GB", 8 * 10**9), ("512 MiB", 512 * 2**20),
+                                         ("1.5e3", 1500), ("2gib", 2 * 2**30), ("0", 0)])
+def test_parse_bytes(text, value):
+    assert placement.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("bad", ["eight GB", "8 parsecs", -1, True])
+def test_parse_bytes_refuses(bad):
+    with pytest.raises(ValueError):
+        placement.parse_bytes(bad)
+
+
+def test_order_by_score_is_stable_and_hottest_first():
+    assert placement.order_by_score(torch.tensor([1, 5, 5, 0, 3])).tolist() == [1, 2, 4, 0, 3]
+    with pytest.raises(ValueError):
+        placement.order_by_score(torch.ones(2, 2))
+
+
+def test_by_hotness_takes_what_fits():
+    order = torch.tensor([9, 3, 7, 1])
+    assert placement.by_hotness(order, 250, row_bytes=100).tolist() == [9, 3]
+    assert placement.by_hotness(order, "1KB", row_bytes=100).tolist() == [9, 3, 7, 1]
+
+
+def test_by_ids_renumbers_into_contiguous_tiers():
+    p = placement.by_ids(6, torch.tensor([4, 1]))
+    assert p.tiers == ("gpu", "host") and p.bounds == (0, 2, 8)
+    # GPU rows get slots 0, 1 in the given order; host rows keep their position after the GPU tier.
+    assert p.new_of_old.tolist() == [2, 1, 4, 5, 0, 7]
+    assert p.has_host_tier and p.num_gpu_rows == 2
+
+
+def test_all_rows_resident_needs_no_map():
+    p = placement.by_ids(5, torch.tensor([3, 0, 4, 1, 2]))
+    assert p.tiers == ("gpu",) and p.bounds == (0, 5) and p.new_of_old is None
+    assert p.gpu_rows.tolist() == [0, 1, 2, 3, 4] and not p.has_host_tier
+
+
+def test_by_ids_refuses_bad_ids():
+    with pytest.raises(IndexError):
+        placement.by_ids(5, [0, 5])
+    with pytest.raises(ValueError, match="more than once"):
+        placement.by_ids(5, [1, 1])
+    assert placement.by_ids(5, []).tiers == ("host",)
