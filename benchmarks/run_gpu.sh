@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
+#   bash benchmarks/run_gpu.sh STAGE...     stages: env tests tests-all probe tune bench bench-quick
+# Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
+# (torch_sparse/scatter, dgl, ogb) are taken from .whl/ when present (see README).
+set -u
+OUT=${OUT:-bench-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+status=0
+for stage in "$@"; do
+  echo "=== $stage $(date -u +%FT%TZ)"
+  case $stage in
+    env) rc=0; nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
+         python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, "gpus", torch.cuda.device_count())' ;;
+    tests) python3 -m pytest -q tests/test_gpu_tensor.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
+    tests-all) python3 -m pytest -q tests >"$OUT/tests-all.log" 2>&1; rc=$?; tail -40 "$OUT/tests-all.log" ;;
+    probe) python3 benchmarks/probe_host_pages.py --out "$OUT/probe" 2>&1; rc=$? ;;
+    probe-kernel) python3 benchmarks/probe_kernel.py --out "$OUT/probe-kernel" 2>&1; rc=$? ;;
+    tune) python3 benchmarks/tune_gather.py --out "$OUT/tune" 2>&1; rc=$? ;;
+    bench) python3 -m hmgstore.bench gather --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
+    bench-quick) python3 -m hmgstore.bench gather --big-table-gb 0 --row-bytes 128 512 4096 --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
+    *) echo "unknown stage $stage"; rc=2 ;;
+  esac
+  [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }
+done
+exit $status

@@ -1,0 +1,8 @@
+"""Benchmarks: ``python -m hmgstore.bench gather`` (and more as they come).
+
+Every benchmark times with :mod:`hmgstore.bench.timing` (CUDA events for GPU
+work, a synchronised wall clock for work that involves the CPU; warm-up, then
+the median of repeats), measures its physical limit and its baselines in the
+same run, and reports each figure as a ratio to them. Results are printed as
+a table and written as JSON and a PNG plot.
+"""

@@ -1,0 +1,168 @@
+"""``python -m hmgstore.bench gather``: random-row gathers, hmgstore against its baselines.
+
+For each row size, one table of at least ``--table-gib`` and at least 8
+batches' worth of rows (one buffer of hashed data viewed at every row size),
+and batches of ``--batch`` distinct uniformly random ids, rotated among a few
+id sets. Distinct, because a real mini-batch's node ids are distinct, and
+because repeated ids would be served from L2 and inflate the figures (500k
+draws with replacement from a 2 GiB table of 4 KiB rows repeat 39% of rows);
+at least 8 batches of rows, so that sorted ids do not degenerate into a
+sequential scan. Figures are GB/s of useful bytes (rows x row
+size), and each is also given as a ratio to the pinned host-to-device memcpy
+rate measured at the start of the same run (the PCIe limit). Variants:
+
+- ``hmg_host``: HybridTensor, every row in pinned host memory, CUDA ids.
+- ``hmg_gpu``: HybridTensor, every row in its GPU tier, CUDA ids.
+- ``pageable``: ``x[idx].to("cuda")``, the plain-PyTorch way.
+- ``cpu_pinned``: ``torch.index_select`` into a pinned buffer (all CPU
+  threads) then an async copy: the usual CPU-gather baseline.
+- ``gpu_index_select``: ``index_select`` on a copy of the table in GPU
+  memory: the in-GPU ceiling the GPU tier is held to.
+
+A ``--big-table-gb`` table (host variants only: it is meant not to fit)
+checks that nothing changes when the table is far larger than any cache or
+TLB reach. Without a GPU, only the CPU variants run (a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import logging
+import sys
+
+import torch
+
+import hmgstore
+from .report import write_report
+from .timing import h2d_limit_gbps, median_seconds
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROW_BYTES = [64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
+                   help="row sizes in bytes (multiples of 4)")
+    p.add_argument("--batch", type=int, default=500_000, help="ids per batch")
+    p.add_argument("--table-gib", type=float, default=2.0, help="size of the table at every row size, GiB")
+    p.add_argument("--big-table-gb", type=float, default=40.0, help="size of the extra large table, GB (0: skip)")
+    p.add_argument("--big-row-bytes", type=int, default=512, help="row size of the large table")
+    p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
+    p.add_argument("--slow-reps", type=int, default=5, help="timed repeats of variants that involve the CPU")
+    p.add_argument("--out", default="bench-out/gather", help="folder for gather.json and gather.png")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def _fill(nbytes: int) -> torch.Tensor:
+    """A float32 buffer of ``nbytes`` with no zero runs (a cheap hash of the position)."""
+    buf = torch.empty(nbytes // 8 * 2, dtype=torch.float32)
+    words = buf.view(torch.int64)
+    torch.arange(words.numel(), out=words)
+    words.mul_(-7046029254386353131)  # golden-ratio hash: every word differs
+    return buf
+
+
+def _ids(num_rows: int, batch: int, sets: int, device) -> list[torch.Tensor]:
+    """``sets`` batches of ``batch`` distinct random ids (int64, on ``device``)."""
+    g = torch.Generator(device).manual_seed(1234)
+    return [torch.randperm(num_rows, generator=g, device=device)[:batch] for _ in range(sets)]
+
+
+def table_bytes(row_bytes: int, args) -> int:
+    """Bytes of the table for one row size: >= --table-gib and >= 8 batches of rows."""
+    return max(int(args.table_gib * 2**30) // row_bytes, 8 * args.batch) * row_bytes
+
+
+def _check(got: torch.Tensor, table: torch.Tensor, idx: torch.Tensor, name: str) -> None:
+    if not torch.equal(got.cpu().view(torch.int32), table[idx.cpu()].view(torch.int32)):
+        raise AssertionError(f"{name} returned wrong rows: the benchmark refuses to time a wrong result")
+
+
+def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nbytes: int, args, device,
+             variants) -> dict:
+    """Time every variant on the first ``nbytes`` of ``buf`` (float32, host) viewed as rows of ``row_bytes``."""
+    cols = row_bytes // 4
+    x = buf[: nbytes // row_bytes * cols].view(-1, cols)
+    n = x.shape[0]
+    ids_dev = _ids(n, args.batch, 4, device)
+    ids_cpu = [i.cpu() for i in ids_dev]
+    useful = args.batch * row_bytes
+    cuda = device.type == "cuda"
+    result = {"row_bytes": row_bytes, "table_bytes": n * row_bytes, "num_rows": n, "batch": args.batch,
+              "ids": "distinct, uniform", "variants": {}}
+
+    def timed(name, fn, wall, reps):
+        fn(0)  # compile / first touch outside the timing
+        med, times = median_seconds(fn, reps=reps, warmup=2, wall=wall, device=device)
+        result["variants"][name] = {"seconds": med, "gbps": useful / med / 1e9, "times": times}
+        log.info("%6d B %-17s %8.2f GB/s", row_bytes, name, useful / med / 1e9)
+
+    if "hmg_host" in variants:
+        table = hmgstore.HybridTensor(x, device, progress=False)
+        _check(table[ids_dev[0]], x, ids_dev[0], "hmg_host")
+        timed("hmg_host", lambda i: table[ids_dev[i % 4]], False, args.reps)
+        table.close()
+    if "hmg_gpu" in variants and cuda:
+        table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(n), progress=False)
+        _check(table[ids_dev[0]], x, ids_dev[0], "hmg_gpu")
+        timed("hmg_gpu", lambda i: table[ids_dev[i % 4]], False, args.reps)
+        table.close()
+        del table
+        torch.cuda.empty_cache()
+    if "gpu_index_select" in variants and buf_gpu is not None:
+        xg = buf_gpu[: n * cols].view(n, cols)
+        timed("gpu_index_select", lambda i: xg.index_select(0, ids_dev[i % 4]), False, args.reps)
+    if "pageable" in variants and cuda:
+        timed("pageable", lambda i: x[ids_cpu[i % 4]].to(device), True, args.slow_reps)
+    if "cpu_pinned" in variants:
+        staging = torch.empty((args.batch, cols), dtype=x.dtype, pin_memory=cuda)
+
+        def cpu_pinned(i):
+            torch.index_select(x, 0, ids_cpu[i % 4], out=staging)
+            return staging.to(device, non_blocking=True) if cuda else staging
+
+        timed("cpu_pinned", cpu_pinned, True, args.slow_reps)
+    gc.collect()
+    return result
+
+
+def run(args) -> dict:
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if args.quick:
+        args.table_gib, args.batch, args.big_table_gb = 1 / 256, 2_000, 0
+        args.reps, args.slow_reps = 3, 2
+    report = {
+        "benchmark": "gather",
+        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        "cpu_threads": torch.get_num_threads(), "sizes": [], "big_table": None,
+    }
+    if device.type == "cuda":
+        from .. import _cuda
+
+        report["cupy"] = _cuda.cupy().__version__
+        report["h2d_limit_gbps"] = h2d_limit_gbps(device)
+    all_variants = ("hmg_host", "hmg_gpu", "gpu_index_select", "pageable", "cpu_pinned")
+    if any(rb % 4 for rb in args.row_bytes):
+        raise SystemExit(f"--row-bytes must be multiples of 4, got {args.row_bytes}")
+    sizes = {rb: table_bytes(rb, args) for rb in args.row_bytes}
+    buf = _fill(max(sizes.values()))
+    buf_gpu = buf.to(device) if device.type == "cuda" else None
+    for row_bytes, nbytes in sizes.items():
+        report["sizes"].append(run_size(buf, buf_gpu, row_bytes, nbytes, args, device, all_variants))
+    del buf, buf_gpu
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    gc.collect()
+    if args.big_table_gb > 0 and device.type == "cuda":
+        big = _fill(int(args.big_table_gb * 1e9))
+        report["big_table"] = run_size(big, None, args.big_row_bytes, big.numel() * 4, args, device,
+                                       ("hmg_host", "pageable", "cpu_pinned"))
+        del big
+    if device.type == "cuda":
+        report["h2d_limit_gbps_end"] = h2d_limit_gbps(device)
+    write_report(report, args.out)
+    return report
