@@ -1,0 +1,151 @@
+"""PyG adapter: hmgstore behind PyG's remote backend, a ``(FeatureStore, GraphStore)`` pair.
+
+A stock PyG script changes one line, the one that builds the stores::
+
+    from hmgstore.plugins.pyg import from_data
+    feature_store, graph_store = from_data(data, device="cuda:0", gpu_budget="8GB")
+    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[15, 10, 5],
+                            input_nodes=train_idx, batch_size=1024, shuffle=True)
+
+PyG's own sampler draws the neighbours from the :class:`CSCGraphStore` (host
+CSC, the same order PyG builds from a ``Data``, so the same seeds draw the
+same batches); each batch's node attributes, for every node type, come from
+the :class:`HybridFeatureStore` in one :func:`hmgstore.gather_many`, on the
+store's device. Rows kept on the GPU under ``gpu_budget`` are chosen by
+in-degree, or by a ``hotness`` the caller passes.
+
+Without a ``Data``: :func:`from_tensors` takes host arrays (torch tensors,
+numpy arrays, memmaps) and a topology as COO, CSR or CSC; OGB datasets on
+disk are read by :func:`hmgstore.ogb.load_node_dataset` and passed to it.
+For heterogeneous graphs without a ``HeteroData``, fill a
+:class:`CSCGraphStore` with ``put_edge_index`` and build the feature store
+with :meth:`HybridFeatureStore.from_sources`.
+
+Node attributes only: PyG's remote-backend loaders do not fetch edge
+features. Loader options (workers, ``pin_memory``, ``PrefetchLoader``) are
+discussed in :mod:`hmgstore.plugins.pyg_feature_store`.
+"""
+from __future__ import annotations
+
+import torch
+from torch_geometric.data import Data, HeteroData
+
+from .pyg_feature_store import HybridFeatureStore, ResidentTensor, hot_rows_under_budget, resident
+from .pyg_graph_store import CSC, CSCGraphStore, to_csc
+
+__all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "ResidentTensor",
+           "hot_rows_under_budget", "resident", "to_csc"]
+
+
+def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,
+              progress: bool = True) -> tuple[HybridFeatureStore, CSCGraphStore]:
+    """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
+
+    Node attributes (every node-level tensor attribute, or the names in
+    ``attrs``) become HybridTensors over the same host memory (CPU tensors
+    only; no host copy); ``edge_index`` (or ``adj_t``) of every edge type
+    becomes CSC. ``device``: where batches' attributes land (None: the
+    current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
+    rows to keep on the GPU, hottest first by ``hotness``: a score tensor
+    [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
+    Raises TypeError for other inputs, ValueError when there is nothing to
+    store, and whatever HybridTensor raises for unusable sources.
+    """
+    if isinstance(data, HeteroData):
+        graph_store = CSCGraphStore()
+        for edge_type in data.edge_types:
+            src, _, dst = edge_type
+            _put_edges(graph_store, data[edge_type], edge_type, (data[src].num_nodes, data[dst].num_nodes))
+        sources = {}
+        for node_type in data.node_types:
+            found = _node_attrs(data[node_type], attrs, strict=False)
+            if not found:
+                raise ValueError(
+                    f"node type {node_type!r} has no node attributes{'' if attrs is None else f' among {attrs}'}; "
+                    "PyG's loaders learn node types from the feature store, so give every type one "
+                    "(e.g. data[node_type].x)")
+            sources.update({(node_type, name): value for name, value in found.items()})
+    elif isinstance(data, Data):
+        graph_store = CSCGraphStore()
+        _put_edges(graph_store, data, None, (data.num_nodes, data.num_nodes))
+        sources = {(None, name): value for name, value in _node_attrs(data, attrs, strict=True).items()}
+        if not sources:
+            raise ValueError("the Data object has no node attributes to store (x, y, ...)")
+    else:
+        raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
+    hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
+    feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
+                                                    max_sms=max_sms, progress=progress)
+    return feature_store, graph_store
+
+
+def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None = None, device=None,
+                 gpu_budget=None, hotness=None, max_sms: int | None = None, progress: bool = True,
+                 **features) -> tuple[HybridFeatureStore, CSCGraphStore]:
+    """``(feature_store, graph_store)`` of a homogeneous graph from host arrays, without a ``Data``.
+
+    Topology, exactly one of: ``edge_index`` int [2, E] (COO, source row
+    first), ``csr=(rowptr, col)`` or ``csc=(row, colptr)`` (kept as is, no
+    copy when int64). ``features``: node attributes by name, e.g.
+    ``x=np.load("feat.npy", mmap_mode="r"), y=labels``: each ``[num_nodes,
+    ...]`` torch CPU tensor, numpy array or memmap, used in place.
+    ``num_nodes`` defaults to the features' row count. ``device``,
+    ``gpu_budget`` and ``hotness`` as in :func:`from_data`.
+    """
+    given = [(name, v) for name, v in (("coo", edge_index), ("csr", csr), ("csc", csc)) if v is not None]
+    if len(given) != 1:
+        raise ValueError("pass the topology once: edge_index=..., csr=(rowptr, col) or csc=(row, colptr)")
+    if not features:
+        raise ValueError("pass node attributes by name, e.g. from_tensors(edge_index=ei, x=x, y=y)")
+    if num_nodes is None:
+        num_nodes = next(iter(features.values())).shape[0]
+    for name, value in features.items():
+        if value.shape[0] != num_nodes:
+            raise ValueError(f"feature {name!r} has {value.shape[0]} rows for a graph of {num_nodes} nodes")
+    layout, topology = given[0]
+    graph_store = CSCGraphStore()
+    graph_store.put_edge_index(topology, edge_type=None, layout=layout, size=(num_nodes, num_nodes))
+    sources = {(None, name): value for name, value in features.items()}
+    hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
+    feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
+                                                    max_sms=max_sms, progress=progress)
+    return feature_store, graph_store
+
+
+def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, int]) -> None:
+    """One edge type of a Data/HeteroData into the graph store, as CSC."""
+    if getattr(store, "edge_index", None) is not None:
+        graph_store.put_edge_index(store.edge_index, edge_type=edge_type, layout="coo", size=size)
+    elif getattr(store, "adj_t", None) is not None:  # torch_sparse SparseTensor: adj_t in CSR is adj in CSC
+        colptr, row, _ = store.adj_t.csr()
+        graph_store.put_edge_index((row, colptr), edge_type=edge_type, layout="csc", size=size)
+    else:
+        raise ValueError(f"edge type {edge_type!r} has neither edge_index nor adj_t")
+
+
+def _node_attrs(store, names, strict: bool) -> dict:
+    """Node-level tensor attributes of a Data or a HeteroData node store, by name.
+
+    ``strict``: every name in ``names`` must be present (a Data; node types
+    of a HeteroData may each hold only some of them).
+    """
+    if names is not None:
+        missing = [n for n in names if n not in store]
+        if missing and strict:
+            raise KeyError(f"attributes {missing} are not in the Data object (it holds {list(store.keys())})")
+        return {n: store[n] for n in names if n in store}
+    return {key: value for key, value in store.items()
+            if isinstance(value, torch.Tensor) and key not in ("edge_index", "adj_t") and store.is_node_attr(key)}
+
+
+def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
+    """Node type -> score: the caller's, or in-degree (zeros for types no edge points to)."""
+    groups = {group: source.shape[0] for (group, _), source in sources.items()}
+    if hotness is None:
+        degree = graph_store.in_degree()
+        return {g: degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in groups.items()}
+    if isinstance(hotness, dict):
+        return {g: torch.as_tensor(v) for g, v in hotness.items()}
+    if list(groups) != [None]:
+        raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
+    return {None: torch.as_tensor(hotness)}

@@ -1,0 +1,141 @@
+"""OGB node-property datasets read from disk with the ``ogb`` package, never downloaded.
+
+:func:`load_node_dataset` turns an OGB homogeneous node dataset that is
+already on disk (``ogbn-products``, ``ogbn-papers100M``, ``ogbn-arxiv``, ...)
+into a :class:`hmgstore.datasets.NodeGraph`, the form the examples and
+adapters take. It reads with ``ogb.nodeproppred.NodePropPredDataset`` (raw
+CSV/NPZ files, or ``processed/data_processed`` once ogb has written it), after
+checking that the files are present: ogb itself would download a missing
+dataset, or stop to ask on the terminal when the release marker is missing,
+neither of which a library call should do. ogb's console chatter goes to
+this module's logger.
+
+The layout looked for, under ``root``::
+
+    ogbn_products/RELEASE_v1.txt
+    ogbn_products/raw/edge.csv.gz, node-feat.csv.gz, node-label.csv.gz, ...   (CSV datasets)
+    ogbn_papers100M/raw/data.npz, node-label.npz                            (binary datasets)
+    <dataset>/processed/data_processed                                      (written by ogb)
+    <dataset>/split/<split name>/train.csv.gz, valid.csv.gz, test.csv.gz
+
+Features and edges stay the numpy arrays ogb returns (no copy). ogb holds
+them in memory: papers100M needs about 60 GB of RAM.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .datasets import NodeGraph
+
+log = logging.getLogger(__name__)
+
+
+def _meta(name: str):
+    """ogb's own table of dataset facts (version, binary, hetero, ...) for ``name``."""
+    import pandas as pd
+    import ogb.nodeproppred
+
+    master = pd.read_csv(Path(ogb.nodeproppred.__file__).parent / "master.csv", index_col=0, keep_default_na=False)
+    if name not in master:
+        raise ValueError(f"{name!r} is not an OGB node-property dataset; known: {', '.join(master.keys())}")
+    return master[name]
+
+
+def dataset_dir(root, name: str) -> Path:
+    """Where ogb keeps ``name`` under ``root`` (``ogbn-products`` -> ``root/ogbn_products``)."""
+    return Path(root) / name.replace("-", "_")
+
+
+def check_present(root, name: str) -> Path:
+    """The dataset folder, after checking ogb can read it without downloading or prompting.
+
+    Raises FileNotFoundError naming what is missing and how to fetch it,
+    ValueError for unknown or heterogeneous datasets.
+    """
+    meta = _meta(name)
+    if meta["is hetero"] == "True":
+        raise ValueError(f"{name} is heterogeneous; load_node_dataset reads homogeneous node datasets")
+    folder = dataset_dir(root, name)
+    fetch = (f"hmgstore never downloads; fetch it once with ogb: python -c \"from ogb.nodeproppred import "
+             f"NodePropPredDataset; NodePropPredDataset('{name}', root='{root}')\"")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no {name} under {root} (looked for {folder}). {fetch}")
+    release = folder / f"RELEASE_v{meta['version']}.txt"
+    if not release.exists():
+        raise FileNotFoundError(f"{folder} has no {release.name}: it is incomplete or from another OGB "
+                                f"release (ogb would ask on the terminal whether to re-download). {fetch}")
+    raw = folder / "raw" / ("data.npz" if meta["binary"] == "True" else "edge.csv.gz")
+    if not (folder / "processed" / "data_processed").exists() and not raw.exists():
+        raise FileNotFoundError(f"{folder} holds neither processed/data_processed nor {raw.relative_to(folder)}. "
+                                f"{fetch}")
+    return folder
+
+
+@contextlib.contextmanager
+def _ogb_quietly():
+    """Run ogb: its prints go to the log, and its ``torch.load`` of numpy pickles is allowed.
+
+    ogb 1.3 calls ``torch.load`` without ``weights_only``; since torch 2.6 that
+    refuses the numpy arrays ogb itself saved. The files are the caller's
+    local dataset, which ogb trusts, so its loads run as ogb intended.
+    """
+    out, key = io.StringIO(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD.*")
+            yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
+        for line in out.getvalue().splitlines():
+            if line.strip():
+                log.info("ogb: %s", line)
+
+
+def load_node_dataset(root, name: str = "ogbn-products") -> NodeGraph:
+    """A homogeneous OGB node dataset already under ``root``, as a :class:`NodeGraph`.
+
+    Returns CPU tensors: ``edge_index`` int64 [2, E] (with the inverse edges
+    ogb adds for undirected datasets), ``x`` [N, D] (sharing memory with
+    ogb's array when it is row-major, as in the binary datasets), ``y`` int64 [N] (-1 for unlabelled nodes, as in
+    papers100M), and the official split as int64 id tensors. The first call
+    on raw files makes ogb write ``processed/data_processed`` (the folder must
+    be writable); later calls read that. Raises FileNotFoundError when the
+    files are absent (see :func:`check_present`), ImportError without ogb.
+    """
+    try:
+        from ogb.nodeproppred import NodePropPredDataset
+    except ImportError as err:
+        raise ImportError(f"reading OGB datasets needs the ogb package ({err}); pip install ogb") from None
+    folder = check_present(root, name)
+    (folder / "processed").mkdir(exist_ok=True)
+    with _ogb_quietly():
+        dataset = NodePropPredDataset(name, root=str(root))
+        split = dataset.get_idx_split()
+    graph, labels = dataset[0]
+    if graph["node_feat"] is None:
+        raise ValueError(f"{name} has no node features")
+    labels = np.asarray(labels).reshape(graph["num_nodes"], -1)[:, 0]
+    if labels.dtype.kind == "f":  # papers100M: NaN marks unlabelled nodes
+        labels = np.where(np.isnan(labels), -1, labels)
+    return NodeGraph(
+        edge_index=torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64)),
+        x=torch.from_numpy(np.ascontiguousarray(graph["node_feat"])),  # CSV reads are column-major
+        y=torch.from_numpy(labels.astype(np.int64)),
+        train_idx=torch.from_numpy(np.array(split["train"], dtype=np.int64)),
+        val_idx=torch.from_numpy(np.array(split["valid"], dtype=np.int64)),
+        test_idx=torch.from_numpy(np.array(split["test"], dtype=np.int64)),
+        num_classes=int(dataset.num_classes),
+    )
