@@ -1,0 +1,153 @@
+"""GraphSAGE node classification with DGL, node features served by hmgstore.
+
+This is DGL's canonical mini-batch GraphSAGE script
+(dgl/examples/pytorch/graphsage/node_classification.py: NeighborSampler with
+prefetched "feat" and "label", DataLoader, three SAGEConv layers) with one
+line added, marked "hmgstore" below. Delete that line (or pass --no-hmgstore)
+and it is stock DGL reading g.ndata.
+
+    python examples/dgl_graphsage.py                     # synthetic graph, ~15 s on 2 CPU cores
+    python examples/dgl_graphsage.py --num-nodes 2000000 --device cuda --gpu-budget 4GB
+
+The graph is hmgstore's embedded synthetic community graph (no download).
+--device cuda needs a CUDA build of DGL: a CPU build of DGL (the one on the
+package registry) samples on the CPU and cannot move blocks to the GPU, so
+it trains on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+
+import hmgstore
+from hmgstore import datasets
+from hmgstore.plugins.dgl import attach, dgl_supports_cuda  # before dgl: makes DGL 2.1 import on newer torch
+
+import dgl  # noqa: E402
+import dgl.nn as dglnn  # noqa: E402
+from dgl.dataloading import DataLoader, NeighborSampler  # noqa: E402
+
+
+class SAGE(nn.Module):
+    def __init__(self, in_size, hid_size, out_size):
+        super().__init__()
+        self.layers = nn.ModuleList([
+            dglnn.SAGEConv(in_size, hid_size, "mean"),
+            dglnn.SAGEConv(hid_size, hid_size, "mean"),
+            dglnn.SAGEConv(hid_size, out_size, "mean"),
+        ])
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            if i != len(self.layers) - 1:
+                h = self.dropout(F.relu(h))
+        return h
+
+
+def evaluate(model, dataloader):
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for _, _, blocks in dataloader:
+            y_hat = model(blocks, blocks[0].srcdata["feat"])
+            y = blocks[-1].dstdata["label"]
+            correct += int((y_hat.argmax(1) == y).sum())
+            total += len(y)
+    return correct / max(total, 1)
+
+
+def train(args, device, g, data, model):
+    sampler = NeighborSampler(args.fanouts, prefetch_node_feats=["feat"], prefetch_labels=["label"])
+
+    def loader(ids, shuffle):
+        return DataLoader(g, ids, sampler, device=device, batch_size=args.batch_size, shuffle=shuffle,
+                          drop_last=False, num_workers=args.num_workers)
+
+    train_loader, val_loader = loader(data.train_idx, True), loader(data.val_idx, False)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=5e-4)
+
+    train_time = seeds = batches = 0
+    for epoch in range(args.epochs):
+        model.train()
+        total_loss, start = 0.0, time.perf_counter()
+        progress = tqdm.tqdm(train_loader, desc=f"epoch {epoch}", disable=args.no_progress)
+        for it, (_, output_nodes, blocks) in enumerate(progress):
+            x = blocks[0].srcdata["feat"]
+            y = blocks[-1].dstdata["label"]
+            loss = F.cross_entropy(model(blocks, x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total_loss += loss.item()
+            seeds += len(output_nodes)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        train_time += time.perf_counter() - start
+        batches += it + 1
+        print(f"epoch {epoch:3d} | loss {total_loss / (it + 1):.4f} | val accuracy {evaluate(model, val_loader):.4f}")
+    test_acc = evaluate(model, loader(data.test_idx, False))
+    print(f"test accuracy {test_acc:.4f}")
+    print(f"training throughput: {batches / train_time:.1f} batches/s, {seeds / train_time:,.0f} seed nodes/s "
+          f"(sampling, feature loading and training, {args.num_workers} sampler workers)")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-nodes", type=int, default=20_000, help="synthetic graph size")
+    parser.add_argument("--avg-degree", type=int, default=10)
+    parser.add_argument("--feat-dim", type=int, default=128)
+    parser.add_argument("--num-classes", type=int, default=16)
+    parser.add_argument("--device", default=None,
+                        help="cuda (needs a CUDA build of DGL) or cpu; default: cuda when DGL and torch can use it")
+    parser.add_argument("--gpu-budget", default=None,
+                        help="GPU memory for hot feature rows, e.g. 4GB (CUDA only; default: none, all rows "
+                             "read zero-copy from pinned host memory)")
+    parser.add_argument("--fanouts", type=int, nargs=3, default=[10, 10, 10])
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-hmgstore", action="store_true", help="stock DGL: read features from g.ndata")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args()
+
+    cuda_ok = torch.cuda.is_available() and dgl_supports_cuda()
+    device = torch.device(args.device or ("cuda" if cuda_ok else "cpu"))
+    if device.type == "cuda" and not cuda_ok:
+        parser.error("--device cuda needs a GPU and a CUDA build of DGL; this DGL is a CPU build (or torch sees "
+                     "no GPU), which samples on the CPU and cannot move blocks to the GPU. Use --device cpu.")
+    torch.manual_seed(args.seed)
+    dgl.seed(args.seed)
+
+    data = datasets.synthetic(args.num_nodes, args.avg_degree, args.feat_dim, args.num_classes, seed=args.seed)
+    g = dgl.graph((data.edge_index[0], data.edge_index[1]), num_nodes=data.num_nodes)
+    g.ndata["feat"], g.ndata["label"] = data.x, data.y  # as a DGL dataset's graph comes
+    # The graph stays on the CPU: DGL samples there, and DataLoader(device=...) moves blocks.
+
+    if not args.no_hmgstore:
+        hot = {}
+        if args.gpu_budget:  # the most-cited rows stay on the GPU, the rest are read from pinned host memory
+            hot = dict(gpu_budget=args.gpu_budget, hot_order=hmgstore.placement.order_by_score(g.in_degrees()))
+        table = hmgstore.HybridTensor(data.x, device, **hot)
+        # ------------------------------------------------------------------ hmgstore: the one-line swap
+        attach(g, {"feat": table, "label": data.y}, device=device)
+        # ------------------------------------------------------------------ (DGL code below is unchanged)
+    print(f"{g.num_nodes():,} nodes, {g.num_edges():,} edges, {args.feat_dim} features; device {device}; "
+          f"features from {'g.ndata' if args.no_hmgstore else 'hmgstore'}")
+
+    model = SAGE(args.feat_dim, args.hidden, data.num_classes).to(device)
+    train(args, device, g, data, model)
+
+
+if __name__ == "__main__":
+    main()

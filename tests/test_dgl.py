@@ -1,0 +1,212 @@
+"""DGL adapter on the CPU: attach(g) feeds DGL's DataLoader the same rows as g.ndata.
+
+Every DataLoader here is DGL's own, unchanged: the adapter is only reached
+through ``g.get_node_storage(...).fetch(...)`` and ``.wait()``.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+
+import pytest
+import torch
+
+import hmgstore
+from hmgstore.plugins import dgl as hdgl
+from helpers import random_table
+
+import dgl  # noqa: E402  (after the plugin, which makes dgl importable on this torch)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")
+
+
+def _homogeneous(small_graph, idtype) -> dgl.DGLGraph:
+    src, dst = small_graph.edge_index
+    return dgl.graph((src, dst), num_nodes=small_graph.num_nodes, idtype=idtype)
+
+
+def _heterogeneous(small_graph, idtype) -> tuple[dgl.DGLGraph, dict]:
+    """Papers cite papers (the small graph); 500 authors write papers, papers are written by them."""
+    src, dst = small_graph.edge_index
+    g = torch.Generator().manual_seed(3)
+    num_authors = 500
+    writer = torch.randint(0, num_authors, (small_graph.num_nodes,), generator=g)
+    paper = torch.arange(small_graph.num_nodes)
+    graph = dgl.heterograph({
+        ("paper", "cites", "paper"): (src, dst),
+        ("author", "writes", "paper"): (writer, paper),
+        ("paper", "written_by", "author"): (paper, writer),
+    }, num_nodes_dict={"paper": small_graph.num_nodes, "author": num_authors}, idtype=idtype)
+    features = {"feat": {"paper": small_graph.x, "author": random_table(num_authors, (8,), torch.float32, seed=4)},
+                "label": {"paper": small_graph.y}}
+    return graph, features
+
+
+@pytest.fixture(params=[torch.int64, torch.int32], ids=["int64", "int32"])
+def idtype(request):
+    return request.param
+
+
+# ---- feeding DGL's DataLoader ------------------------------------------------------
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_homogeneous_loader_matches_ndata(small_graph, idtype, num_workers):
+    g = _homogeneous(small_graph, idtype)
+    ref = g.clone()
+    ref.ndata["feat"], ref.ndata["label"] = small_graph.x, small_graph.y
+    hdgl.attach(g, {"feat": hmgstore.HybridTensor(small_graph.x, "cpu"), "label": small_graph.y})
+    assert isinstance(g, dgl.DGLGraph) and "feat" not in g.ndata
+
+    sampler = dgl.dataloading.NeighborSampler([5, 5], prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    loader = dgl.dataloading.DataLoader(g, small_graph.train_idx.to(idtype), sampler, batch_size=300,
+                                        shuffle=True, num_workers=num_workers)
+    batches = 0
+    for input_nodes, output_nodes, blocks in loader:
+        assert input_nodes.dtype == idtype
+        assert torch.equal(blocks[0].srcdata["feat"], ref.ndata["feat"][input_nodes.long()])
+        assert torch.equal(blocks[-1].dstdata["label"], ref.ndata["label"][output_nodes.long()])
+        batches += 1
+    assert batches == 4
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_heterogeneous_loader_matches_ndata(small_graph, idtype, num_workers):
+    g, features = _heterogeneous(small_graph, idtype)
+    hdgl.attach(g, features)
+
+    sampler = dgl.dataloading.NeighborSampler(
+        [4, 4], prefetch_node_feats={"paper": ["feat"], "author": ["feat"]}, prefetch_labels={"paper": ["label"]})
+    loader = dgl.dataloading.DataLoader(g, {"paper": small_graph.train_idx.to(idtype)}, sampler, batch_size=400,
+                                        num_workers=num_workers)
+    for input_nodes, output_nodes, blocks in loader:
+        for ntype in ("paper", "author"):
+            ids = input_nodes[ntype].long()
+            assert torch.equal(blocks[0].srcdata["feat"][ntype], features["feat"][ntype][ids])
+        assert torch.equal(blocks[-1].dstdata["label"]["paper"], small_graph.y[output_nodes["paper"].long()])
+
+
+def test_one_gather_per_batch(small_graph, monkeypatch):
+    calls = []
+    gather_many = hmgstore.gather_many
+    monkeypatch.setattr(hmgstore, "gather_many",
+                        lambda requests, **kw: calls.append(len(requests)) or gather_many(requests, **kw))
+    g, features = _heterogeneous(small_graph, torch.int64)
+    hdgl.attach(g, features)
+    sampler = dgl.dataloading.NeighborSampler(
+        [4, 4], prefetch_node_feats={"paper": ["feat"], "author": ["feat"]}, prefetch_labels={"paper": ["label"]})
+    loader = dgl.dataloading.DataLoader(g, {"paper": small_graph.train_idx}, sampler, batch_size=400)
+    batches = sum(1 for _ in loader)
+    assert calls == [3] * batches  # paper feat, author feat, paper label: one call each batch
+
+
+def test_unattached_keys_come_from_ndata_and_attached_keys_win(small_graph):
+    g = _homogeneous(small_graph, torch.int64)
+    extra = random_table(small_graph.num_nodes, (3,), torch.float64, seed=5)
+    g.ndata["extra"] = extra
+    g.ndata["feat"] = torch.zeros_like(small_graph.x)  # shadowed by the attached table
+    hdgl.attach(g, {"feat": small_graph.x})
+    sampler = dgl.dataloading.NeighborSampler([3], prefetch_node_feats=["feat", "extra"])
+    input_nodes, _, blocks = next(iter(dgl.dataloading.DataLoader(g, small_graph.train_idx, sampler, batch_size=64)))
+    assert torch.equal(blocks[0].srcdata["feat"], small_graph.x[input_nodes])
+    assert torch.equal(blocks[0].srcdata["extra"], extra[input_nodes])
+    assert isinstance(g.get_node_storage("extra"), dgl.frame.Column)
+
+
+# ---- the FeatureStorage contract ------------------------------------------------
+@pytest.mark.parametrize("pin_memory", [None, False, True])
+def test_fetch_returns_waitable_rows(small_graph, idtype, pin_memory):
+    g = hdgl.attach(_homogeneous(small_graph, idtype), {"feat": small_graph.x})
+    storage = g.get_node_storage("feat", "_N")
+    assert isinstance(storage, dgl.storages.FeatureStorage)
+    ids = torch.tensor([5, 0, 1999, 5], dtype=idtype)
+    pending = storage.fetch(ids, torch.device("cpu"), pin_memory)
+    rows = pending.wait()
+    assert rows.device.type == "cpu" and rows.dtype == torch.float32
+    assert torch.equal(rows, small_graph.x[ids.long()])
+    assert pending.wait() is rows
+    assert storage.fetch(torch.empty(0, dtype=idtype), "cpu").wait().shape == (0, 16)
+
+
+def test_fetches_of_a_thread_gather_together_and_threads_stay_apart(small_graph, monkeypatch):
+    calls = []
+    gather_many = hmgstore.gather_many
+    monkeypatch.setattr(hmgstore, "gather_many",
+                        lambda requests, **kw: calls.append(len(requests)) or gather_many(requests, **kw))
+    g = hdgl.attach(_homogeneous(small_graph, torch.int64), {"feat": small_graph.x, "label": small_graph.y})
+    feat, label = g.get_node_storage("feat"), g.get_node_storage("label")
+    ids = torch.arange(10)
+    mine = [feat.fetch(ids, "cpu"), label.fetch(ids, "cpu"), feat.fetch(ids + 10, "cpu")]
+    dropped = feat.fetch(ids, "cpu")  # never waited: not gathered
+    del dropped
+
+    def other_thread():
+        theirs = label.fetch(ids, "cpu")
+        assert torch.equal(theirs.wait(), small_graph.y[:10])
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert calls == [1]  # the other thread gathered only its own fetch
+    assert torch.equal(mine[2].wait(), small_graph.x[10:20])
+    assert torch.equal(mine[0].wait(), small_graph.x[:10]) and torch.equal(mine[1].wait(), small_graph.y[:10])
+    assert calls == [1, 3]
+
+
+def test_bad_ids_raise_at_wait_for_the_whole_batch(small_graph):
+    g = hdgl.attach(_homogeneous(small_graph, torch.int64), {"feat": small_graph.x})
+    storage = g.get_node_storage("feat")
+    good = storage.fetch(torch.tensor([1, 2]), "cpu")
+    bad = storage.fetch(torch.tensor([1, 2000]), "cpu")
+    with pytest.raises(IndexError, match="2000"):
+        bad.wait()
+    with pytest.raises(IndexError):
+        good.wait()
+    with pytest.raises(TypeError):
+        storage.fetch([1, 2], "cpu")
+    assert torch.equal(storage.fetch(torch.tensor([3]), "cpu").wait(), small_graph.x[3:4])  # a new batch
+
+
+# ---- the graph ----------------------------------------------------------------------
+def test_graph_pickles_with_its_tables(small_graph):
+    g, features = _heterogeneous(small_graph, torch.int32)
+    g.ndata["year"] = {"paper": torch.arange(small_graph.num_nodes)}
+    hdgl.attach(g, features)
+    copy = pickle.loads(pickle.dumps(g))
+    assert type(copy) is hdgl.HybridDGLGraph and copy.idtype == torch.int32
+    assert torch.equal(copy.nodes["paper"].data["year"], g.nodes["paper"].data["year"])
+    ids = torch.tensor([7, 3, 499], dtype=torch.int32)
+    rows = copy.get_node_storage("feat", "author").fetch(ids, "cpu").wait()
+    assert torch.equal(rows, features["feat"]["author"][ids.long()])
+
+
+def test_attach_accepts_tables_of_each_kind_and_adds_keys(small_graph):
+    g = _homogeneous(small_graph, torch.int64)
+    assert hdgl.attach(g, {"feat": small_graph.x.numpy()}) is g
+    view = g.local_var()
+    hdgl.attach(g, {"label": hmgstore.HybridTensor(small_graph.y, "cpu")})
+    assert {k for k, _ in g._hmgstore_storages} == {"feat", "label"}
+    assert {k for k, _ in view._hmgstore_storages} == {"feat"}  # copies keep what they had
+    ids = torch.tensor([4, 2])
+    assert torch.equal(g.get_node_storage("feat").fetch(ids, "cpu").wait(), small_graph.x[ids])
+    assert "hmgstore" in repr(g)
+
+
+def test_attach_refuses_bad_input_and_changes_nothing(small_graph):
+    g = _homogeneous(small_graph, torch.int64)
+    hetero, features = _heterogeneous(small_graph, torch.int64)
+    short = small_graph.x[:-1]
+    with pytest.raises(ValueError, match="1999 rows"):
+        hdgl.attach(g, {"label": small_graph.y, "feat": short})
+    with pytest.raises(TypeError, match="DGLGraph"):
+        hdgl.attach(small_graph, {"feat": small_graph.x})
+    with pytest.raises(TypeError, match="block"):
+        hdgl.attach(dgl.to_block(g), {"feat": small_graph.x})
+    with pytest.raises(TypeError):
+        hdgl.attach(g, {"feat": "not a table"})
+    with pytest.raises(TypeError):
+        hdgl.attach(g, {})
+    with pytest.raises(ValueError, match="per type"):
+        hdgl.attach(hetero, {"feat": small_graph.x})
+    with pytest.raises(ValueError, match="'venue'"):
+        hdgl.attach(hetero, {"feat": {"venue": small_graph.x}})
+    assert type(g) is dgl.DGLGraph and type(hetero) is dgl.DGLGraph
+    assert "_hmgstore_storages" not in g.__dict__
