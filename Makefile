@@ -1,0 +1,33 @@
+# The two set-up-and-go commands of README.md:
+#   make run    one-shot set-up, then the main job (GraphSAGE through hmgstore; GPU if present)
+#   make test   one-shot set-up, then the test suite (GPU tests skip themselves without a GPU)
+# Set-up builds .venv with torch ($(TORCH)), then `pip install -e .[$(EXTRAS)]`.
+# On a GPU machine add CuPy matching torch's CUDA: make run EXTRAS=test,cuda12
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+EXTRAS ?= test
+# Prebuilt torch-sparse/-scatter wheels save a ~25 min source build where they exist (dev and CI machines).
+WHEELS ?= $(realpath ../shared/wheels/ci-cp311)
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test bench clean
+setup: $(VENV)/.ready-$(EXTRAS)
+
+$(VENV)/.ready-$(EXTRAS): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(if $(WHEELS),PIP_FIND_LINKS=$(WHEELS)) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+run: setup
+	$(PY) examples/pyg_graphsage.py
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) -m hmgstore.bench gather
+
+clean:
+	rm -rf $(VENV) bench-out
