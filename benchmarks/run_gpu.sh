@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
-#   bash benchmarks/run_gpu.sh STAGE...     stages: env tests tests-all probe tune bench bench-quick
+#   bash benchmarks/run_gpu.sh STAGE...     stages: env tests tests-all tests-fixed probe probe-kernel tune bench bench-quick pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
 # (torch_sparse/scatter, dgl, ogb) are taken from .whl/ when present (see README).
 set -u
@@ -24,6 +24,13 @@ for stage in "$@"; do
     tune) python3 benchmarks/tune_gather.py --out "$OUT/tune" 2>&1; rc=$? ;;
     bench) python3 -m hmgstore.bench gather --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
     bench-quick) python3 -m hmgstore.bench gather --big-table-gb 0 --row-bytes 128 512 4096 --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
+    pyg) mkdir -p "$OUT/pyg"; rc=0
+         for mode in cpu gpu hmgstore hmgstore-2GB; do
+           extra=""; [ "$mode" = hmgstore-2GB ] && extra="--gpu-budget 2GB"
+           python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 --epochs 2 \
+             --max-batches 15 --no-progress --features "${mode%%-*}" $extra --json "$OUT/pyg/pyg_$mode.json" 2>&1 | tail -2 || rc=1
+         done ;;
+    tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_gpu.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }

@@ -81,7 +81,7 @@ def test_only_graphbolt_is_replaced_and_it_explains_itself():
     # dgl.distributed asks isinstance(graph, gb.FusedCSCSamplingGraph) of classic partitions
     assert not isinstance(dgl.graph(([0], [1])), dgl.graphbolt.FusedCSCSamplingGraph)
     assert not any(isinstance(m, _dgl_compat.GraphboltUnavailable)
-                   for name, m in sys.modules.items() if name != "dgl.graphbolt")
+                   for name, m in list(sys.modules.items()) if name != "dgl.graphbolt")
 
 
 def test_import_dgl_leaves_an_imported_dgl_alone():
