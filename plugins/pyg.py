@@ -30,11 +30,11 @@ from __future__ import annotations
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from .pyg_feature_store import HybridFeatureStore, ResidentTensor, hot_rows_under_budget, resident
+from .pyg_feature_store import HybridFeatureStore, ResidentTensor, resident
 from .pyg_graph_store import CSC, CSCGraphStore, to_csc
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "ResidentTensor",
-           "hot_rows_under_budget", "resident", "to_csc"]
+           "resident", "to_csc"]
 
 
 def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,

@@ -82,31 +82,6 @@ def _row_bytes(source) -> int:
     return math.prod(source.shape[1:]) * itemsize
 
 
-def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
-    """Per node type, the ids of the hottest rows that together fit in ``budget`` bytes.
-
-    ``hotness``: node type -> 1-D score tensor [num_nodes] (higher is hotter,
-    any real dtype). ``row_bytes``: node type -> bytes a row of that type costs
-    on the GPU (all its attributes together). ``budget``: int or string such
-    as ``"8GB"``. Rows of all types compete on one scale; ties keep type then
-    id order. Returns node type -> int64 ids, hottest first.
-    """
-    groups = list(row_bytes)
-    if len(groups) == 1:  # one node type: a prefix of its hotness order
-        (g,) = groups
-        return {g: placement.by_hotness(placement.order_by_score(hotness[g].reshape(-1)), budget, row_bytes[g])}
-    scores = torch.cat([hotness[g].reshape(-1).to(torch.float64) for g in groups])
-    cost = torch.cat([torch.full((hotness[g].numel(),), row_bytes[g], dtype=torch.int64) for g in groups])
-    order = placement.order_by_score(scores)
-    count = int((cost[order].cumsum(0) <= placement.parse_bytes(budget)).sum())
-    chosen, rows, start = order[:count], {}, 0
-    for g in groups:
-        end = start + hotness[g].numel()
-        rows[g] = chosen[(chosen >= start) & (chosen < end)] - start
-        start = end
-    return rows
-
-
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in shared memory: a worker's result then crosses
     to the main process without the copy DataLoader would otherwise make."""
@@ -177,7 +152,7 @@ class HybridFeatureStore(FeatureStore):
                 raise ValueError(f"hotness of node type {group!r} has {hotness[group].numel()} entries for "
                                  f"{source.shape[0]} nodes")
             row_bytes[group] = row_bytes.get(group, 0) + _row_bytes(source)
-        return hot_rows_under_budget(hotness, row_bytes, gpu_budget)
+        return placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
 
     def _add(self, key: Key, table: HybridTensor) -> None:
         gpu_rows = table.placement.gpu_rows if table.num_gpu_rows else None

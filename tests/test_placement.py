@@ -49,3 +49,16 @@ def test_by_ids_refuses_bad_ids():
     with pytest.raises(ValueError, match="more than once"):
         placement.by_ids(5, [1, 1])
     assert placement.by_ids(5, []).tiers == ("host",)
+
+
+def test_hot_rows_under_budget():
+    hot = {"a": torch.tensor([5.0, 1.0, 9.0]), "b": torch.tensor([7, 0])}
+    rows = placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 115)
+    assert rows["a"].tolist() == [2] and rows["b"].tolist() == [0]  # 9 (a2), then 7 (b0): 110 bytes
+    rows = placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, "1KB")
+    assert rows["a"].tolist() == [2, 0, 1] and rows["b"].tolist() == [0, 1]
+    assert all(len(r) == 0 for r in placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 0).values())
+    score = torch.rand(100)
+    order = placement.order_by_score(score)
+    assert torch.equal(placement.hot_rows_under_budget({None: score}, {None: 8}, 80)[None],
+                       placement.by_hotness(order, 80, 8))

@@ -226,19 +226,6 @@ def test_one_gather_per_batch_for_every_type(hetero, monkeypatch):
                                       + [(NUM_AUTHORS, batch["author"].num_nodes)])
 
 
-def test_hot_rows_under_budget():
-    hot = {"a": torch.tensor([5.0, 1.0, 9.0]), "b": torch.tensor([7, 0])}
-    rows = hpyg.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 115)
-    assert rows["a"].tolist() == [2] and rows["b"].tolist() == [0]  # 9 (a2), then 7 (b0): 110 bytes
-    rows = hpyg.hot_rows_under_budget(hot, {"a": 10, "b": 100}, "1KB")
-    assert rows["a"].tolist() == [2, 0, 1] and rows["b"].tolist() == [0, 1]
-    assert all(len(r) == 0 for r in hpyg.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 0).values())
-    score = torch.rand(100)
-    order = hmgstore.placement.order_by_score(score)
-    assert torch.equal(hpyg.hot_rows_under_budget({None: score}, {None: 8}, 80)[None],
-                       hmgstore.placement.by_hotness(order, 80, 8))
-
-
 def test_budget_on_cpu_is_ignored_and_hotness_is_checked(data, hetero):
     feature_store, _ = hpyg.from_data(data, device="cpu", gpu_budget="1MB")
     assert feature_store.table(None, "x").num_gpu_rows == 0

@@ -67,6 +67,31 @@ def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
     return order.reshape(-1)[:count].to(torch.int64)
 
 
+def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
+    """Per node type, the ids of the hottest rows that together fit in ``budget`` bytes.
+
+    ``hotness``: node type -> 1-D score tensor [num_nodes] (higher is hotter,
+    any real dtype). ``row_bytes``: node type -> bytes a row of that type costs
+    on the GPU (all its attributes together). ``budget``: int or string such
+    as ``"8GB"``. Rows of all types compete on one scale; ties keep type then
+    id order. Returns node type -> int64 ids, hottest first.
+    """
+    groups = list(row_bytes)
+    if len(groups) == 1:  # one node type: a prefix of its hotness order
+        (g,) = groups
+        return {g: by_hotness(order_by_score(hotness[g].reshape(-1)), budget, row_bytes[g])}
+    scores = torch.cat([hotness[g].reshape(-1).to(torch.float64) for g in groups])
+    cost = torch.cat([torch.full((hotness[g].numel(),), row_bytes[g], dtype=torch.int64) for g in groups])
+    order = order_by_score(scores)
+    count = int((cost[order].cumsum(0) <= parse_bytes(budget)).sum())
+    chosen, rows, start = order[:count], {}, 0
+    for g in groups:
+        end = start + hotness[g].numel()
+        rows[g] = chosen[(chosen >= start) & (chosen < end)] - start
+        start = end
+    return rows
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where each row of an ``num_rows``-row table lives, as seen from one GPU.
