@@ -16,8 +16,10 @@ setup: $(VENV)/.ready-$(EXTRAS)
 
 $(VENV)/.ready-$(EXTRAS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q $(TORCH)
-	$(if $(WHEELS),PIP_FIND_LINKS=$(WHEELS)) $(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q $(TORCH) setuptools wheel
+	# PyG's CPU sampler needs torch-sparse/-scatter; their source build imports torch, so no isolation.
+	$(if $(WHEELS),PIP_FIND_LINKS=$(WHEELS)) $(PY) -m pip install -q --no-build-isolation torch_scatter torch_sparse
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
 run: setup
