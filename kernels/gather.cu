@@ -47,7 +47,7 @@ typedef long long i64;
 #error "ROWS (rows per team per tile) is defined by hmgstore/_cuda.py"
 #endif
 
-// Job word layout; keep in sync with _cuda.py (JOB_FIELDS).
+// Job word layout; keep in sync with the J_* constants of _cuda.py (a CPU test checks it).
 #define J_IDS 0         // const int32/int64* ids (device)
 #define J_PERM 1        // const int64* output position per id, or 0: position = r
 #define J_OUT 2         // char* output rows, row_bytes apart

@@ -56,6 +56,7 @@ import torch
 
 import hmgstore
 from hmgstore import HybridTensor
+from hmgstore.tensor import resolve_device
 
 from ._dgl_compat import dgl_supports_cuda, import_dgl
 
@@ -115,10 +116,7 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         """
         if not isinstance(indices, torch.Tensor):
             raise TypeError(f"fetch takes a tensor of node ids, got {type(indices).__name__}")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        return _record(PendingFetch(self.table, indices, device, bool(pin_memory)))
+        return _record(PendingFetch(self.table, indices, resolve_device(device), bool(pin_memory)))
 
 
 class PendingFetch:

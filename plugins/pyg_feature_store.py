@@ -208,13 +208,24 @@ class HybridFeatureStore(FeatureStore):
         return self._multi_get_tensor([attr])[0]
 
     def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
-        """One :func:`hmgstore.gather_many` for every attribute of every node type asked for."""
+        """One :func:`hmgstore.gather_many` for every attribute of every node type asked for.
+
+        A whole table (``index=None``) is answered with its host source, no copy: gathering
+        it to the GPU could exhaust GPU memory, and PyG's CPU sampler reads such tables
+        (node times) on the CPU.
+        """
         in_worker = torch.utils.data.get_worker_info() is not None
         tables = self._worker_tables() if in_worker else self._device_tables()
+        whole = [attr.index is None for attr in attrs]
+        if all(whole):
+            return [self._lookup(tables, attr).source for attr in attrs]
+        if any(whole):
+            parts = iter(self._multi_get_tensor([a for a, w in zip(attrs, whole) if not w]))
+            return [self._lookup(tables, a).source if w else next(parts) for a, w in zip(attrs, whole)]
         requests, outs = [], []
         for attr in attrs:
             table = self._lookup(tables, attr)
-            index = slice(None) if attr.index is None else attr.index
+            index = attr.index
             requests.append((table, index))
             shared = in_worker and isinstance(index, torch.Tensor) and index.dim() == 1 and index.dtype != torch.bool
             outs.append(_shared_empty((index.numel(), *table.row_shape), table.dtype) if shared else None)

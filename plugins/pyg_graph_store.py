@@ -139,7 +139,7 @@ class CSCGraphStore(GraphStore):
     edge_type=None, layout="coo", size=(N, N))``; any layout is stored as
     :class:`CSC`. ``csc()`` returns the stored ``(row, colptr, perm)`` (dicts
     keyed by edge type for heterogeneous graphs) without a copy.
-    ``get_edge_index`` answers ``"csc"`` and ``"coo"`` (edges in CSC order);
+    ``get_edge_index`` answers ``"csc"`` and ``"coo"`` (edges in the order they were put);
     ``coo()``/``csr()`` convert.
     """
 
@@ -164,8 +164,13 @@ class CSCGraphStore(GraphStore):
             return None
         if edge_attr.layout == EdgeLayout.CSC:
             return csc.row, csc.colptr
-        if edge_attr.layout == EdgeLayout.COO:
-            return csc.row, ptr2index(csc.colptr, output_size=csc.num_edges)
+        if edge_attr.layout == EdgeLayout.COO:  # in the order the edges were put (edge_label pairs with it)
+            row, col = csc.row, ptr2index(csc.colptr, output_size=csc.num_edges)
+            if csc.perm is None:
+                return row, col
+            put_order = torch.empty_like(csc.perm)
+            put_order[csc.perm] = torch.arange(csc.num_edges, device=csc.perm.device)
+            return row[put_order], col[put_order]
         return None  # CSR is not held: csr() converts
 
     def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:

@@ -256,3 +256,26 @@ def test_property_matches_torch(num_rows, row, dtype, gpu_share, batch, index_dt
     out = poisoned((batch, *row), dtype, cuda_device)
     assert_same(t.gather(idx, out=out), x[idx.long()])
     t.close()
+
+
+@pytest.mark.parametrize("layout", ["gpu", "mixed"])
+def test_strided_and_expanded_cuda_indices(layout, cuda_device):
+    x = random_table(4000, (24,), torch.float32, seed=14)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(4000) if layout == "gpu" else torch.arange(0, 4000, 2))
+    base = torch.randint(0, 4000, (6000,), device=cuda_device)
+    for idx in (base[::3], base[:1].expand(500), base.view(2, 3000)[:, 7]):
+        assert_same(t[idx], x[idx.cpu()])
+
+
+def test_read_only_memmap_fully_resident(tmp_path, cuda_device):
+    """A read-only mapping over SMALL_COPY_BYTES is registered in place (read-only) to fill the GPU tier."""
+    from hmgstore import memory
+
+    rows = memory.SMALL_COPY_BYTES // 256 + 1000
+    arr = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32, shape=(rows, 64))
+    arr[:] = np.arange(arr.size, dtype=np.float32).reshape(arr.shape) * 0.5 + 1
+    arr.flush()
+    ro = np.load(tmp_path / "big.npy", mmap_mode="r")
+    t = hmgstore.HybridTensor(ro, cuda_device, gpu_rows=torch.arange(rows))
+    idx = torch.randint(0, rows, (20_000,))
+    assert_same(t[idx], torch.from_numpy(np.asarray(ro[idx.numpy()])))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("torch_sparse")  # PyG's stock sampler needs it (or pyg-lib)
 
-from torch_geometric.data import Data, EdgeAttr, HeteroData  # noqa: E402
+from torch_geometric.data import Data, EdgeAttr, HeteroData, TensorAttr  # noqa: E402
 from torch_geometric.index import index2ptr  # noqa: E402
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader, PrefetchLoader  # noqa: E402
 from torch_geometric.nn import SAGEConv  # noqa: E402
@@ -144,7 +144,12 @@ def test_csc_and_csr_inputs(data):
     sorted_ei = data.edge_index[:, torch.sort(dst, stable=True).indices]
     csc = hpyg.to_csc(sorted_ei, "coo", (n, n), is_sorted=True)
     assert csc.perm is None and csc.row.data_ptr() == sorted_ei[0].data_ptr()
-    assert store.get_edge_index(EdgeAttr(None, "coo"))[0].data_ptr() == row.data_ptr()
+    # COO answers come back in the order the edges were put (CSR order here), so edge labels line up
+    coo_row, coo_col = store.get_edge_index(EdgeAttr(None, "coo"))
+    assert torch.equal(coo_row, src[order]) and torch.equal(coo_col, dst[order])
+    store = hpyg.CSCGraphStore()
+    store.put_edge_index(torch.tensor([[0, 1, 2], [2, 0, 1]]), edge_type=None, layout="coo", size=(3, 3))
+    assert torch.equal(torch.stack(store.get_edge_index(EdgeAttr(None, "coo"))), torch.tensor([[0, 1, 2], [2, 0, 1]]))
 
 
 def test_bad_edges_are_clear_errors(data):
@@ -190,7 +195,10 @@ def test_put_get_size_remove(small_graph):
     idx = torch.tensor([5, 0, 1999, 5])
     assert torch.equal(store.get_tensor(None, "x", idx), x[idx])
     assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])  # (PyG's TensorAttr rejects numpy)
-    assert torch.equal(store.get_tensor("t", "x", None), x[:, :4])
+    whole = store.get_tensor("t", "x", None)  # a whole table is its host source, never a gathered copy
+    assert torch.equal(whole, x[:, :4]) and whole.data_ptr() == x.data_ptr()
+    got = store.multi_get_tensor([TensorAttr(None, "x", idx), TensorAttr("t", "x", None)])
+    assert torch.equal(got[0], x[idx]) and torch.equal(got[1], x[:, :4])
     assert torch.equal(store[None, "x", 7], x[7])
     assert torch.equal(store["t"].x[idx], x[idx, :4])  # PyG's AttrView
     assert store.get_tensor_size(None, "x") == tuple(x.shape)

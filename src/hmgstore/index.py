@@ -106,7 +106,7 @@ def normalize(index, num_rows: int, device: torch.device) -> Index:
     IndexError for CPU ids out of range.
     """
     ids, shape = as_tensor(index, num_rows)
-    ids = ids.reshape(-1)
+    ids = ids.reshape(-1).contiguous()  # kernels read ids densely: no strided or expanded views
     if ids.dtype not in (torch.int32, torch.int64):
         ids = ids.to(torch.int64)
     if ids.device.type == "cpu" or device.type == "cpu":

@@ -143,14 +143,21 @@ class _Registry:
 
     def release(self, keys: list[tuple[int, int]]) -> None:
         with self._lock:
+            done = []
             for key in keys:
                 entry = self._ranges.get(key)
-                if entry is None:
-                    continue
-                entry[0] -= 1
-                if entry[0] == 0:
-                    del self._ranges[key]
-                    self._unregister(entry[1])
+                if entry is not None:
+                    entry[0] -= 1
+                    if entry[0] == 0:
+                        done.append(self._ranges.pop(key)[1])
+        errors = []
+        for chunks in done:  # every count is settled before any unregistration can fail
+            try:
+                self._unregister(chunks)
+            except Exception as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
 
     def holds(self, address: int) -> bool:
         with self._lock:
@@ -191,7 +198,7 @@ class PinnedHost:
     the source stays referenced until then.
     """
 
-    def __init__(self, source: torch.Tensor, read_only: bool = False, progress: bool = True):
+    def __init__(self, source: torch.Tensor, device: torch.device, read_only: bool = False, progress: bool = True):
         self._finalizer = None
         self.registered = False  # True when ``tensor`` is the source, registered in place by us
         nbytes = extent(source)[1]
@@ -206,7 +213,7 @@ class PinnedHost:
             self.tensor = source
             self.registered = True
             # The finalizer holds the source, so memory outlives its registration.
-            self._finalizer = weakref.finalize(self, _release, keys, source)
+            self._finalizer = weakref.finalize(self, _release, keys, source, device)
         self.pitch = row_layout(self.tensor)[1]
 
     def release(self) -> None:
@@ -214,9 +221,9 @@ class PinnedHost:
             self._finalizer()
 
 
-def _release(keys, source) -> None:
+def _release(keys, source, device) -> None:
     try:
-        torch.cuda.synchronize()  # no kernel may still be reading the range
+        torch.cuda.synchronize(device)  # no kernel may still be reading the range
     except Exception:  # interpreter shutdown or a dead context: unregister anyway
         pass
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import Sequence
 
 import torch
@@ -87,11 +88,19 @@ class HybridTensor:
         self._closed = False
         self._progress = progress
         self.placement = self._choose_placement(gpu_rows, gpu_budget, hot_order)
+        #: dtype of ids inside the kernel: int32 while every new id fits
+        self._index_dtype = torch.int32 if self.placement.bounds[-1] < 2**31 else torch.int64
         if self.device.type == "cuda":
             from . import _cuda
 
             _cuda.check_device(self.device)
-            self._build_cuda(read_only, progress)
+            # Whenever the table goes, wait for kernels that may still read its memory.
+            weakref.finalize(self, _synchronize, self.device)
+            try:
+                self._build_cuda(read_only, progress)
+            except BaseException:
+                self.close()
+                raise
 
     def _choose_placement(self, gpu_rows, gpu_budget, hot_order) -> placement_mod.Placement:
         n = self.num_rows
@@ -110,29 +119,26 @@ class HybridTensor:
         return placement_mod.by_ids(n, gpu_rows)
 
     def _build_cuda(self, read_only: bool, progress: bool) -> None:
-        from . import _cuda
-
         p = self.placement
-        index_dtype = torch.int32 if p.bounds[-1] < 2**31 else torch.int64
         with torch.cuda.device(self.device):
             if p.has_host_tier:
-                self._pinned = PinnedHost(self._source, read_only, progress)
+                self._pinned = PinnedHost(self._source, self.device, read_only, progress)
             if p.num_gpu_rows:
-                self._map = None if p.new_of_old is None else p.new_of_old.to(self.device, index_dtype)
+                self._map = None if p.new_of_old is None else p.new_of_old.to(self.device, self._index_dtype)
                 self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
-                self._fill_gpu_tier(index_dtype)
+                self._fill_gpu_tier(read_only)
 
-    def _fill_gpu_tier(self, index_dtype: torch.dtype) -> None:
+    def _fill_gpu_tier(self, read_only: bool) -> None:
         """Copy the GPU tier's rows in, reading the host table through the gather kernel."""
         from . import _cuda
 
         stream = torch.cuda.current_stream(self.device)
         if self._pinned is None:  # every row resident: read the source through a temporary pin
-            self._pinned = PinnedHost(self._source, False, self._progress)
+            self._pinned = PinnedHost(self._source, self.device, read_only, self._progress)
             temporary = True
         else:
             temporary = False
-        ids = self.placement.gpu_rows.to(self.device, index_dtype)
+        ids = self.placement.gpu_rows.to(self.device, self._index_dtype)
         host = (0, self.num_rows, self._pinned.tensor.data_ptr(), self._pinned.pitch)
         _cuda.launch_gather([_cuda.Job(ids, None, self._gpu, None, self.num_rows,
                                        self.row_bytes, [host])],
@@ -197,7 +203,12 @@ class HybridTensor:
 
     # ---- lifetime ------------------------------------------------------------
     def close(self) -> None:
-        """Free the GPU tier and unregister the host memory (idempotent)."""
+        """Free the GPU tier and unregister the host memory (idempotent).
+
+        Waits for the table's device first, so no kernel still reads what is freed.
+        """
+        if self.device.type == "cuda" and not self._closed and torch.cuda.is_available():
+            _synchronize(self.device)
         if self._pinned is not None:
             self._pinned.release()
             self._pinned = None
@@ -216,7 +227,11 @@ class HybridTensor:
         # place, which would pull a registered source out from under this
         # table; such sources travel as a copy instead.
         source = self._source
-        if self._pinned is not None and self._pinned.registered:
+        if self._pinned is not None and self._pinned.registered and not source.is_shared():
+            if source.nbytes >= 1 << 30:
+                log.warning("sending a CUDA table to another process copies its %.2f GB host source; use the "
+                            "fork start method, or source.share_memory_() before building the table",
+                            source.nbytes / 1e9)
             source = source.clone()
         return {"source": source, "device": str(self.device), "max_sms": self.max_sms,
                 "gpu_rows": self.placement.gpu_rows if self.placement.num_gpu_rows else None}
@@ -249,13 +264,14 @@ class HybridTensor:
         """
         from . import _cuda
 
-        narrow = torch.int32 if self.placement.bounds[-1] < 2**31 else torch.int64
+        narrow = self._index_dtype
         sort = self._sort_ids and self.placement.has_host_tier and len(index.ids) > 1
         key = (id(index), narrow, sort, None if index.checked else self.num_rows)
         if key not in prepared:
             ids = index.ids
-            if ids.dtype != narrow:
-                ids = (ids if index.checked else ids.clamp(-1, self.num_rows)).to(narrow)
+            if ids.dtype != narrow:  # int64 -> int32 clamps first (unchecked ids must not wrap)
+                wraps = not index.checked and narrow == torch.int32
+                ids = (ids.clamp(-1, self.num_rows) if wraps else ids).to(narrow)
             perm, bounds = None, None
             if sort:
                 ids, perm = torch.sort(ids)
@@ -360,7 +376,18 @@ def _check_bounds(plans, requests, indices) -> None:
 
 @contextlib.contextmanager
 def _cuda_context(device: torch.device, stream):
+    """Run on ``device`` with ``stream`` (default: its current stream) current, so every
+    allocation and copy of the gather is ordered on that one stream."""
+    if stream is not None and stream.device != device:
+        raise ValueError(f"stream is on {stream.device} but the tables are on {device}")
     with torch.cuda.device(device):
         stream = stream if stream is not None else torch.cuda.current_stream(device)
         with torch.cuda.stream(stream):
             yield stream
+
+
+def _synchronize(device: torch.device) -> None:
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # interpreter shutdown or a dead context: nothing left to wait for
+        pass
