@@ -153,8 +153,6 @@ class CSCGraphStore(GraphStore):
         if self._edges and (edge_type is None) != (next(iter(self._edges)) is None):
             raise ValueError("a graph store is homogeneous (edge_type=None) or heterogeneous "
                              "((src, rel, dst) edge types), not both")
-        if edge_type is None and self._edges and None not in self._edges:
-            raise ValueError("a homogeneous graph store holds one edge type")
         self._edges[edge_type] = to_csc(edge_index, edge_attr.layout, edge_attr.size, edge_attr.is_sorted)
         return True
 

@@ -77,7 +77,7 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
     id order. Returns node type -> int64 ids, hottest first.
     """
     groups = list(row_bytes)
-    if len(groups) == 1:  # one node type: a prefix of its hotness order
+    if len(groups) == 1:  # one node type: the same answer without a per-row cost tensor (16 B a row)
         (g,) = groups
         return {g: by_hotness(order_by_score(hotness[g].reshape(-1)), budget, row_bytes[g])}
     scores = torch.cat([hotness[g].reshape(-1).to(torch.float64) for g in groups])
