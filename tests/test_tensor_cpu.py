@@ -114,7 +114,7 @@ def test_gather_many_matches_each_gather():
     assert hmgstore.gather_many([]) == []
     with pytest.raises(IndexError):  # a bad index anywhere stops the whole batch
         hmgstore.gather_many([(tx, idx), (ty, torch.tensor([80]))])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="HybridTensor, index"):
         hmgstore.gather_many([(x, idx)])
 
 

@@ -311,10 +311,11 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
         raise ValueError(f"outs has {len(outs)} entries for {len(requests)} requests")
     if not requests:
         return []
-    device = requests[0][0].device
     for table, _ in requests:
         if not isinstance(table, HybridTensor):
             raise TypeError(f"gather_many takes (HybridTensor, index) pairs, got {type(table).__name__}")
+    device = requests[0][0].device
+    for table, _ in requests:
         if table.device != device:
             raise ValueError(f"all tables of one gather_many must share a device: {device} and {table.device}")
         if table._closed:
