@@ -201,13 +201,12 @@ class PinnedHost:
     def __init__(self, source: torch.Tensor, device: torch.device, read_only: bool = False, progress: bool = True):
         self._finalizer = None
         self.registered = False  # True when ``tensor`` is the source, registered in place by us
-        nbytes = extent(source)[1]
+        start, size = extent(source)
         if source.is_pinned() and not _registry.holds(source.data_ptr()):
             self.tensor = source  # pinned by its owner (cudaHostAlloc, pin_memory): use as is
-        elif nbytes < SMALL_COPY_BYTES:
+        elif size < SMALL_COPY_BYTES:
             self.tensor = torch.empty_like(source, pin_memory=True).copy_(source)
         else:
-            start, size = extent(source)
             begin, end = start - start % _PAGE, -(-(start + size) // _PAGE) * _PAGE
             keys = _registry.acquire(begin, end, read_only, progress)
             self.tensor = source
