@@ -33,13 +33,13 @@ def test_by_ids_renumbers_into_contiguous_tiers():
     p = placement.by_ids(6, torch.tensor([4, 1]))
     assert p.tiers == ("gpu", "host") and p.bounds == (0, 2, 8)
     # GPU rows get slots 0, 1 in the given order; host rows keep their position after the GPU tier.
-    assert p.new_of_old.tolist() == [2, 1, 4, 5, 0, 7]
+    assert p.new_of_old().tolist() == [2, 1, 4, 5, 0, 7]
     assert p.has_host_tier and p.num_gpu_rows == 2
 
 
 def test_all_rows_resident_needs_no_map():
     p = placement.by_ids(5, torch.tensor([3, 0, 4, 1, 2]))
-    assert p.tiers == ("gpu",) and p.bounds == (0, 5) and p.new_of_old is None
+    assert p.tiers == ("gpu",) and p.bounds == (0, 5) and p.new_of_old() is None
     assert p.gpu_rows.tolist() == [0, 1, 2, 3, 4] and not p.has_host_tier
 
 

@@ -100,15 +100,24 @@ class Placement:
     peer tiers will sit between them). ``bounds``: ``len(tiers) + 1`` new-id
     boundaries; tier ``t`` holds new ids ``bounds[t] <= n < bounds[t+1]``.
     ``gpu_rows``: the old ids of the GPU tier, in slot order (int64, CPU).
-    ``new_of_old``: int64 [num_rows] map, or None when it would be the
-    identity (every row on the host, or every row on the GPU in id order).
+    The new-id map is derived from these, where it is used: see
+    :meth:`new_of_old`.
     """
 
     num_rows: int
     tiers: tuple[str, ...]
     bounds: tuple[int, ...]
     gpu_rows: torch.Tensor
-    new_of_old: torch.Tensor | None
+
+    def new_of_old(self, device=None, dtype: torch.dtype = torch.int64) -> torch.Tensor | None:
+        """``[num_rows]`` new id of every old id, built on ``device``; None when it is the
+        identity (every row on the host, or every row on the GPU in id order)."""
+        count = self.num_gpu_rows
+        if count == 0 or not self.has_host_tier:
+            return None
+        new = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
+        new[self.gpu_rows.to(device)] = torch.arange(count, dtype=dtype, device=device)
+        return new
 
     @property
     def num_gpu_rows(self) -> int:
@@ -121,7 +130,7 @@ class Placement:
 
 def host_only(num_rows: int) -> Placement:
     """Every row read from the pinned host table."""
-    return Placement(num_rows, ("host",), (0, num_rows), torch.empty(0, dtype=torch.int64), None)
+    return Placement(num_rows, ("host",), (0, num_rows), torch.empty(0, dtype=torch.int64))
 
 
 def by_ids(num_rows: int, gpu_rows) -> Placement:
@@ -144,8 +153,6 @@ def by_ids(num_rows: int, gpu_rows) -> Placement:
         raise ValueError("gpu_rows lists a row more than once; pass each id once")
     count = len(ids)
     if count == num_rows:  # every row resident: slot = id, so no map and no host tier
-        return Placement(num_rows, ("gpu",), (0, count), torch.arange(count), None)
+        return Placement(num_rows, ("gpu",), (0, count), torch.arange(count))
     # Host rows keep their position in the pinned table: new id = count + old id.
-    new_of_old = torch.arange(count, count + num_rows, dtype=torch.int64)
-    new_of_old[ids] = torch.arange(count, dtype=torch.int64)
-    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), ids, new_of_old)
+    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), ids)

@@ -124,7 +124,7 @@ class HybridTensor:
             if p.has_host_tier:
                 self._pinned = PinnedHost(self._source, self.device, read_only, progress)
             if p.num_gpu_rows:
-                self._map = None if p.new_of_old is None else p.new_of_old.to(self.device, self._index_dtype)
+                self._map = p.new_of_old(self.device, self._index_dtype)
                 self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
                 self._fill_gpu_tier(read_only)
 
