@@ -71,6 +71,7 @@ class _Spec:
     source: object  # torch CPU tensor, numpy array or memmap
     gpu_rows: torch.Tensor | None
     max_sms: int | None
+    sharded: bool = False  # a view of a table sharded over GPUs: only its own process can use it
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -156,13 +157,19 @@ class HybridFeatureStore(FeatureStore):
 
     def _add(self, key: Key, table: HybridTensor) -> None:
         gpu_rows = table.placement.gpu_rows if table.num_gpu_rows else None
-        self._specs[key] = _Spec(table.source, gpu_rows, table.max_sms)
+        self._specs[key] = _Spec(table.source, gpu_rows, table.max_sms, sharded=table.placement.num_shards > 0)
         self._device_tables()[key] = table
         self._host = None
 
     # ---- tables of this process ----------------------------------------------
     def _device_tables(self) -> dict[Key, HybridTensor]:
         if self._tables is None:  # unpickled: rebuild around the same sources, here
+            sharded = [key for key, s in self._specs.items() if s.sharded]
+            if sharded:
+                raise RuntimeError(
+                    f"the tables {sharded} are sharded over several GPUs and were built in another process; "
+                    "build the store in each process that gathers (hmgstore.distributed.shard), and pass "
+                    "filter_per_worker=False to the loader so that workers only sample")
             self._tables = {key: HybridTensor(s.source, self.device, gpu_rows=s.gpu_rows, max_sms=s.max_sms,
                                               progress=False) for key, s in self._specs.items()}
         return self._tables
@@ -279,7 +286,7 @@ class HybridFeatureStore(FeatureStore):
                         "table %s; use the fork start method, or put the source in shared memory "
                         "(tensor.share_memory_()) before building the store", source.nbytes / 1e9,
                         tuple(source.shape))
-        return _Spec(source.clone(), spec.gpu_rows, spec.max_sms)
+        return _Spec(source.clone(), spec.gpu_rows, spec.max_sms, spec.sharded)
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -11,7 +11,8 @@ Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
 from . import placement
+from .sharded import ShardedTensor
 from .tensor import HybridTensor, gather_many
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "gather_many", "placement", "__version__"]
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "__version__"]

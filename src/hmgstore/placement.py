@@ -94,43 +94,78 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where each row of an ``num_rows``-row table lives, as seen from one GPU.
+    """Where each row of an ``num_rows``-row table lives.
 
-    ``tiers``: names of the tiers in new-id order (``"gpu"`` then ``"host"``;
-    peer tiers will sit between them). ``bounds``: ``len(tiers) + 1`` new-id
-    boundaries; tier ``t`` holds new ids ``bounds[t] <= n < bounds[t+1]``.
-    ``gpu_rows``: the old ids of the GPU tier, in slot order (int64, CPU).
-    The new-id map is derived from these, where it is used: see
-    :meth:`new_of_old`.
+    ``tiers``: names of the tiers in new-id order: ``("gpu", "host")`` for a
+    table on one GPU; ``("replica", "shard0", ..., "shard{k-1}", "host")``
+    for a table sharded over ``k`` GPUs (empty tiers are left out, except
+    shards). ``bounds``: ``len(tiers) + 1`` new-id boundaries; tier ``t`` holds
+    new ids ``bounds[t] <= n < bounds[t+1]``. ``resident``: for each tier but
+    the host tier, the old ids of its rows in slot order (int64, CPU). The
+    new-id map is derived from these, where it is used: see :meth:`new_of_old`.
     """
 
     num_rows: int
     tiers: tuple[str, ...]
     bounds: tuple[int, ...]
-    gpu_rows: torch.Tensor
+    resident: tuple[torch.Tensor, ...]
 
-    def new_of_old(self, device=None, dtype: torch.dtype = torch.int64) -> torch.Tensor | None:
-        """``[num_rows]`` new id of every old id, built on ``device``; None when it is the
-        identity (every row on the host, or every row on the GPU in id order)."""
-        count = self.num_gpu_rows
-        if count == 0 or not self.has_host_tier:
+    def new_of_old(self, device=None, dtype: torch.dtype = torch.int64, *, host_tiers=()) -> torch.Tensor | None:
+        """``[num_rows]`` new id of every old id, built on ``device``.
+
+        ``host_tiers``: names of resident tiers this view cannot read (a peer
+        GPU without peer access); their rows map to the host tier instead.
+        None when the map is the identity (every row on the host, or every
+        row on one GPU in id order).
+        """
+        count = self.resident_rows
+        if count == 0 or self.tiers == ("gpu",):
             return None
         new = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
-        new[self.gpu_rows.to(device)] = torch.arange(count, dtype=dtype, device=device)
+        for name, lo, rows in zip(self.tiers, self.bounds, self.resident):
+            if name not in host_tiers and len(rows):
+                new[rows.to(device)] = torch.arange(lo, lo + len(rows), dtype=dtype, device=device)
         return new
+
+    def rows_of(self, tier: str) -> torch.Tensor:
+        """Old ids of a resident tier's rows, in slot order (KeyError for unknown tiers)."""
+        for name, rows in zip(self.tiers, self.resident):
+            if name == tier:
+                return rows
+        raise KeyError(f"no resident tier {tier!r}; tiers are {self.tiers}")
+
+    def tier_range(self, tier: str) -> tuple[int, int]:
+        """``(first, end)`` new ids of ``tier``."""
+        t = self.tiers.index(tier)
+        return self.bounds[t], self.bounds[t + 1]
+
+    @property
+    def resident_rows(self) -> int:
+        """Rows held in GPU memory somewhere (each counted once)."""
+        return sum(len(rows) for rows in self.resident)
+
+    @property
+    def gpu_rows(self) -> torch.Tensor:
+        """Old ids of the rows resident on the GPU of a one-GPU table, in slot order."""
+        return self.resident[0] if self.resident and self.tiers[0] == "gpu" else torch.empty(0, dtype=torch.int64)
 
     @property
     def num_gpu_rows(self) -> int:
         return len(self.gpu_rows)
 
     @property
+    def num_shards(self) -> int:
+        return sum(name.startswith("shard") for name in self.tiers)
+
+    @property
     def has_host_tier(self) -> bool:
-        return self.num_gpu_rows < self.num_rows
+        """Whether some row is read from the host (always true for a table with no resident row)."""
+        return self.resident_rows < self.num_rows
 
 
 def host_only(num_rows: int) -> Placement:
     """Every row read from the pinned host table."""
-    return Placement(num_rows, ("host",), (0, num_rows), torch.empty(0, dtype=torch.int64))
+    return Placement(num_rows, ("host",), (0, num_rows), ())
 
 
 def by_ids(num_rows: int, gpu_rows) -> Placement:
@@ -153,6 +188,53 @@ def by_ids(num_rows: int, gpu_rows) -> Placement:
         raise ValueError("gpu_rows lists a row more than once; pass each id once")
     count = len(ids)
     if count == num_rows:  # every row resident: slot = id, so no map and no host tier
-        return Placement(num_rows, ("gpu",), (0, count), torch.arange(count))
+        return Placement(num_rows, ("gpu",), (0, count), (torch.arange(count),))
     # Host rows keep their position in the pinned table: new id = count + old id.
-    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), ids)
+    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), (ids,))
+
+
+def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budget, replicate=0) -> Placement:
+    """Rows spread over the memory of ``num_shards`` GPUs, hottest first, the rest on the host.
+
+    Each GPU gets ``gpu_budget`` bytes (int or string, see :func:`parse_bytes`):
+    first the ``replicate`` bytes' worth of the hottest rows, copied on every
+    GPU, then its shard. The next hottest rows are dealt to the shards in
+    turn (shard ``s`` takes every ``num_shards``-th row), so every GPU owns
+    as many rows of each hotness as the others and serves as many peer reads.
+    ``hot_order``: row ids hottest first (unique, in range; it may list only
+    some rows: unlisted rows stay on the host).
+
+    Tiers: ``("replica", "shard0", ..., "host")``, the replica tier left out
+    when empty and the host tier always last (its new ids are
+    ``bounds[-2] + old_id``). Raises ValueError when ``replicate`` exceeds the
+    budget or the order repeats an id, IndexError for ids out of range.
+    """
+    from .index import as_tensor, check_range
+
+    if num_shards < 1 or num_shards > 8:
+        raise ValueError(f"a table can be sharded over 1 to 8 GPUs, not {num_shards}")
+    budget, rep_bytes = parse_bytes(gpu_budget), parse_bytes(replicate)
+    if rep_bytes > budget:
+        raise ValueError(f"replicate ({rep_bytes} B) must fit in gpu_budget ({budget} B): replicated rows "
+                         "take part of each GPU's budget")
+    order, _ = as_tensor(hot_order, num_rows)
+    order = order.reshape(-1).to("cpu", torch.int64)
+    check_range(order, num_rows)
+    per_gpu = budget // row_bytes if row_bytes else 0
+    rep = min(rep_bytes // row_bytes if row_bytes else 0, per_gpu, len(order))
+    spread = order[rep:rep + (per_gpu - rep) * num_shards]
+    if len(torch.unique(order[:rep + len(spread)])) != rep + len(spread):
+        raise ValueError("hot_order lists a row more than once; pass each id once")
+    tiers, resident = [], []
+    if rep:
+        tiers.append("replica")
+        resident.append(order[:rep])
+    for s in range(num_shards):
+        tiers.append(f"shard{s}")
+        resident.append(spread[s::num_shards])
+    bounds = [0]
+    for rows in resident:
+        bounds.append(bounds[-1] + len(rows))
+    tiers.append("host")
+    bounds.append(bounds[-1] + num_rows)
+    return Placement(num_rows, tuple(tiers), tuple(bounds), tuple(resident))

@@ -77,19 +77,12 @@ class HybridTensor:
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True):
-        self.device = resolve_device(device)
-        self._source, read_only = as_host_tensor(source)
-        self.row_bytes = row_layout(self._source)[0]
-        self.max_sms = max_sms
-        self._pinned: PinnedHost | None = None
-        self._gpu: torch.Tensor | None = None
-        self._map: torch.Tensor | None = None
-        self._sort_ids = True  # host reads in address order; the tuning script turns it off
-        self._closed = False
-        self._progress = progress
+        self._setup(source, resolve_device(device), max_sms, progress)
+        read_only = self._read_only
         self.placement = self._choose_placement(gpu_rows, gpu_budget, hot_order)
         #: dtype of ids inside the kernel: int32 while every new id fits
         self._index_dtype = torch.int32 if self.placement.bounds[-1] < 2**31 else torch.int64
+        self._reads_host = self.placement.has_host_tier
         if self.device.type == "cuda":
             from . import _cuda
 
@@ -101,6 +94,36 @@ class HybridTensor:
             except BaseException:
                 self.close()
                 raise
+
+    def _setup(self, source, device: torch.device, max_sms, progress) -> None:
+        self.device = device
+        self._source, self._read_only = as_host_tensor(source)
+        self.row_bytes = row_layout(self._source)[0]
+        self.max_sms = max_sms
+        self._pinned: PinnedHost | None = None
+        self._gpu: torch.Tensor | None = None
+        self._map: torch.Tensor | None = None
+        self._bases: dict[str, tuple[int, int]] = {}  # tier name -> (base pointer, pitch) as read from device
+        self._owner = None  # a sharded table whose memory this view reads (it frees it, not the view)
+        self._sort_ids = True  # host reads in address order; the tuning script turns it off
+        self._closed = False
+        self._progress = progress
+
+    @classmethod
+    def _view(cls, source, device: torch.device, placement: placement_mod.Placement, bases: dict, *,
+              pinned: PinnedHost | None, owner, map: torch.Tensor | None, reads_host: bool,
+              max_sms: int | None) -> "HybridTensor":
+        """A table over tiers built by someone else (a sharded table): ``bases`` gives each
+        tier's ``(pointer, pitch)`` as seen from ``device``, ``map`` the new id of every old
+        id on ``device``; ``owner`` keeps that memory alive and frees it."""
+        self = cls.__new__(cls)
+        self._setup(source, device, max_sms, False)
+        self.placement, self._bases, self._owner, self._map = placement, dict(bases), owner, map
+        self._pinned, self._reads_host = pinned, reads_host
+        self._index_dtype = map.dtype if map is not None else (
+            torch.int32 if placement.bounds[-1] < 2**31 else torch.int64)
+        weakref.finalize(self, _synchronize, device)
+        return self
 
     def _choose_placement(self, gpu_rows, gpu_budget, hot_order) -> placement_mod.Placement:
         n = self.num_rows
@@ -127,26 +150,19 @@ class HybridTensor:
                 self._map = p.new_of_old(self.device, self._index_dtype)
                 self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
                 self._fill_gpu_tier(read_only)
+                self._bases["gpu"] = (self._gpu.data_ptr(), self.row_bytes)
+            if self._pinned is not None:
+                self._bases["host"] = (self._pinned.tensor.data_ptr(), self._pinned.pitch)
 
     def _fill_gpu_tier(self, read_only: bool) -> None:
         """Copy the GPU tier's rows in, reading the host table through the gather kernel."""
-        from . import _cuda
-
-        stream = torch.cuda.current_stream(self.device)
-        if self._pinned is None:  # every row resident: read the source through a temporary pin
-            self._pinned = PinnedHost(self._source, self.device, read_only, self._progress)
-            temporary = True
-        else:
-            temporary = False
-        ids = self.placement.gpu_rows.to(self.device, self._index_dtype)
-        host = (0, self.num_rows, self._pinned.tensor.data_ptr(), self._pinned.pitch)
-        _cuda.launch_gather([_cuda.Job(ids, None, self._gpu, None, self.num_rows,
-                                       self.row_bytes, [host])],
-                            self.device, stream, None)
-        stream.synchronize()
-        if temporary:
-            self._pinned.release()
-            self._pinned = None
+        temporary = self._pinned is None  # every row resident: read the source through a temporary pin
+        pinned = PinnedHost(self._source, self.device, read_only, self._progress) if temporary else self._pinned
+        try:
+            fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device)
+        finally:
+            if temporary:
+                pinned.release()
 
     # ---- shape and identity -------------------------------------------------
     @property
@@ -209,10 +225,10 @@ class HybridTensor:
         """
         if self.device.type == "cuda" and not self._closed and torch.cuda.is_available():
             _synchronize(self.device)
-        if self._pinned is not None:
+        if self._pinned is not None and self._owner is None:
             self._pinned.release()
-            self._pinned = None
-        self._gpu = self._map = None
+        self._pinned = self._gpu = self._map = self._owner = None
+        self._bases = {}
         self._closed = True
 
     def __enter__(self):
@@ -222,6 +238,11 @@ class HybridTensor:
         self.close()
 
     def __getstate__(self):
+        if self._owner is not None:
+            raise TypeError(
+                f"a view of a table sharded over several GPUs ({self._owner!r}) cannot be sent to another "
+                "process; build the sharded table in each process (hmgstore.distributed.shard under "
+                "torchrun), or gather in the main process (PyG: filter_per_worker=False)")
         # Worker processes rebuild the table around the source. torch's
         # multiprocessing pickler moves a tensor's memory into shared memory in
         # place, which would pull a registered source out from under this
@@ -242,13 +263,11 @@ class HybridTensor:
 
     # ---- the work behind gather_many ------------------------------------------
     def _tiers(self) -> list[tuple[int, int, int, int]]:
-        p, tiers = self.placement, []
-        for name, lo, hi in zip(p.tiers, p.bounds, p.bounds[1:]):
-            if name == "gpu":
-                tiers.append((lo, hi, self._gpu.data_ptr(), self.row_bytes))
-            else:
-                tiers.append((lo, hi, self._pinned.tensor.data_ptr(), self._pinned.pitch))
-        return tiers
+        # A tier without a base (a peer this GPU cannot read, a host tier no row maps to) is never
+        # addressed: the map sends no row there.
+        p = self.placement
+        return [(lo, hi, *self._bases.get(name, (0, self.row_bytes)))
+                for name, lo, hi in zip(p.tiers, p.bounds, p.bounds[1:])]
 
     def _plan(self, index: Index, out: torch.Tensor, prepared: dict):
         """The kernel job for one index, and what is left to check of it.
@@ -265,7 +284,7 @@ class HybridTensor:
         from . import _cuda
 
         narrow = self._index_dtype
-        sort = self._sort_ids and self.placement.has_host_tier and len(index.ids) > 1
+        sort = self._sort_ids and self._reads_host and len(index.ids) > 1
         key = (id(index), narrow, sort, None if index.checked else self.num_rows)
         if key not in prepared:
             ids = index.ids
@@ -283,6 +302,22 @@ class HybridTensor:
         ids, perm, bounds = prepared[key]
         job = _cuda.Job(ids, perm, out, self._map, self.num_rows, self.row_bytes, self._tiers())
         return job, bounds
+
+
+def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device) -> None:
+    """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits."""
+    from . import _cuda
+
+    if not len(rows):
+        return
+    num_rows = pinned.tensor.shape[0]
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device)
+        ids = rows.to(device, torch.int32 if num_rows < 2**31 else torch.int64)
+        host = (0, num_rows, pinned.tensor.data_ptr(), pinned.pitch)
+        _cuda.launch_gather([_cuda.Job(ids, None, out, None, num_rows, row_layout(pinned.tensor)[0], [host])],
+                            device, stream, None)
+        stream.synchronize()
 
 
 def _check_out(out: torch.Tensor, shape, dtype, device) -> None:
@@ -320,6 +355,8 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             raise ValueError(f"all tables of one gather_many must share a device: {device} and {table.device}")
         if table._closed:
             raise RuntimeError("this table was closed; build a new HybridTensor")
+        if table._owner is not None:
+            table._owner.check()  # a sharded table whose peer process died raises here
 
     ctx = contextlib.nullcontext() if device.type == "cpu" else _cuda_context(device, stream)
     with ctx as stream:

@@ -1,0 +1,197 @@
+"""ShardedTensor: one table spread over the GPUs that one process drives.
+
+Each GPU gets ``gpu_budget`` bytes: a copy of the hottest rows (``replicate``
+bytes' worth), then its shard of the next hottest rows
+(:func:`hmgstore.placement.sharded`); every other row stays in the source,
+pinned in place once for all GPUs. ``table.on(device)`` is a
+:class:`~hmgstore.HybridTensor` view gathering into that GPU: one kernel
+launch reads its local rows, its peers' shards over NVLink (peer access) and
+host rows over PCIe. A pair of GPUs without peer access is noticed at setup:
+that view reads the peer's rows from the host instead, with a warning.
+
+For one process per GPU (torchrun), see :mod:`hmgstore.distributed`, which
+builds the same placement and views from shards that processes share
+through CUDA IPC.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+
+from . import placement as placement_mod
+from .memory import PinnedHost, as_host_tensor, row_layout
+from .tensor import HybridTensor, fill_rows, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+def plan(source: torch.Tensor, num_gpus: int, gpu_budget, hot_order, replicate) -> placement_mod.Placement:
+    """The sharded placement of ``source`` (checks arguments, explains what is missing)."""
+    if hot_order is None:
+        raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
+                         "hmgstore.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
+    if gpu_budget is None:
+        raise ValueError("a sharded table needs gpu_budget, the bytes each GPU gives to the table (e.g. '20GB')")
+    return placement_mod.sharded(source.shape[0], hot_order, row_layout(source)[0], num_gpus, gpu_budget,
+                                 replicate)
+
+
+def allocate(placement: placement_mod.Placement, tier: str, source: torch.Tensor, device: torch.device):
+    """An empty ``[rows of tier, *row_shape]`` tensor on ``device``; a clear error when it does not fit."""
+    rows = len(placement.rows_of(tier))
+    try:
+        return torch.empty((rows, *source.shape[1:]), dtype=source.dtype, device=device)
+    except torch.cuda.OutOfMemoryError:
+        free, _ = torch.cuda.mem_get_info(device)
+        raise MemoryError(
+            f"the {tier} tier ({rows} rows, {rows * row_layout(source)[0] / 1e9:.2f} GB) does not fit on {device} "
+            f"({free / 1e9:.2f} GB free); lower gpu_budget") from None
+
+
+class ShardedTensor:
+    """A table of ``N`` rows over the memory of several GPUs of this process and the host.
+
+    Args:
+        source: the full table ``[N, *row_shape]`` in host memory (torch CPU
+            tensor, numpy array, memmap); pinned in place, never copied.
+        devices: the GPUs, e.g. ``["cuda:0", "cuda:1"]`` (2 to 8 of them; one
+            works too). All ``"cpu"`` gives CPU views with the same API.
+        gpu_budget: bytes each GPU gives the table (int or ``"20GB"``).
+        hot_order: row ids hottest first; rows not listed stay on the host.
+        replicate: bytes of each GPU's budget holding the hottest rows on
+            every GPU (no peer read for them); the rest of the budget holds
+            that GPU's shard.
+        max_sms, progress: as for :class:`~hmgstore.HybridTensor`.
+
+    ``table.on(device)[idx]`` gathers into ``device``; ``table[idx]`` into
+    the current GPU. Use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, source, devices, *, gpu_budget=None, hot_order=None, replicate=0,
+                 max_sms: int | None = None, progress: bool = True):
+        self._source, read_only = as_host_tensor(source)
+        self.devices = [resolve_device(d) for d in devices]
+        if not self.devices:
+            raise ValueError("devices is empty; pass the GPUs to shard over, e.g. ['cuda:0', 'cuda:1']")
+        if len(set(self.devices)) != len(self.devices):
+            raise ValueError(f"each device may appear once: {[str(d) for d in self.devices]}")
+        kinds = {d.type for d in self.devices}
+        if len(kinds) > 1:
+            raise ValueError("shard over GPUs or over the CPU, not both")
+        self.placement = plan(self._source, len(self.devices), gpu_budget, hot_order, replicate)
+        self._pinned: PinnedHost | None = None
+        self._tiers: dict[tuple[int, str], torch.Tensor] = {}  # (device index, tier) -> rows on that GPU
+        self.views: dict[torch.device, HybridTensor] = {}
+        self.peer_access: dict[tuple[int, int], bool] = {}
+        if kinds == {"cpu"}:
+            self.views = {self.devices[0]: HybridTensor(self._source, "cpu")}
+            return
+        try:
+            self._build(read_only, max_sms, progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, read_only: bool, max_sms, progress: bool) -> None:
+        from . import _cuda
+
+        p, indices = self.placement, [d.index for d in self.devices]
+        for d in self.devices:
+            _cuda.check_device(d)
+        for i in indices:
+            for j in indices:
+                self.peer_access[i, j] = _cuda.can_access_peer(i, j)
+                if self.peer_access[i, j]:
+                    _cuda.enable_peer_access(i, j)
+        unreachable = {i: [f"shard{s}" for s, j in enumerate(indices) if not self.peer_access[i, j]]
+                       for i in indices}
+        for i, lost in unreachable.items():
+            if lost:
+                warnings.warn(f"hmgstore: cuda:{i} has no peer access to the GPUs of {', '.join(lost)}; it reads "
+                              "their rows from pinned host memory over PCIe instead", RuntimeWarning, stacklevel=3)
+        needs_host = p.has_host_tier or any(unreachable.values())
+        self._pinned = PinnedHost(self._source, self.devices[0], read_only, progress)
+        for s, d in enumerate(self.devices):
+            for tier in ("replica", f"shard{s}"):
+                if tier in p.tiers:
+                    self._tiers[d.index, tier] = allocate(p, tier, self._source, d)
+                    fill_rows(self._pinned, p.rows_of(tier), self._tiers[d.index, tier], d)
+        if not needs_host:  # every row lives on some GPU that every GPU reads: no host reads at all
+            self._pinned.release()
+            self._pinned = None
+        row_bytes = row_layout(self._source)[0]
+        shard_bases = {f"shard{s}": (self._tiers[d.index, f"shard{s}"].data_ptr(), row_bytes)
+                       for s, d in enumerate(self.devices)}
+        for d in self.devices:
+            bases = {t: b for t, b in shard_bases.items() if t not in unreachable[d.index]}
+            if "replica" in p.tiers:
+                bases["replica"] = (self._tiers[d.index, "replica"].data_ptr(), row_bytes)
+            if self._pinned is not None:
+                bases["host"] = (self._pinned.tensor.data_ptr(), self._pinned.pitch)
+            dtype = torch.int32 if p.bounds[-1] < 2**31 else torch.int64
+            with torch.cuda.device(d):
+                new = p.new_of_old(d, dtype, host_tiers=unreachable[d.index])
+            self.views[d] = HybridTensor._view(
+                self._source, d, p, bases, pinned=self._pinned, owner=self, map=new,
+                reads_host=p.has_host_tier or bool(unreachable[d.index]), max_sms=max_sms)
+
+    # ---- use ---------------------------------------------------------------------
+    def on(self, device) -> HybridTensor:
+        """The view gathering into ``device`` (one of :attr:`devices`)."""
+        device = resolve_device(device)
+        try:
+            return self.views[device]
+        except KeyError:
+            raise ValueError(f"{device} is not one of this table's devices "
+                             f"{[str(d) for d in self.views]}") from None
+
+    def gather(self, index, device=None, **kwargs) -> torch.Tensor:
+        """Rows ``index`` gathered into ``device`` (default: the current GPU, or the CPU view)."""
+        return self.on(device).gather(index, **kwargs)
+
+    __getitem__ = gather
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._source.shape
+
+    @property
+    def num_rows(self) -> int:
+        return self._source.shape[0]
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __repr__(self) -> str:
+        p = self.placement
+        sizes = ", ".join(f"{t}={hi - lo}" for t, lo, hi in zip(p.tiers, p.bounds, p.bounds[1:]) if t != "host")
+        return (f"ShardedTensor(shape={tuple(self.shape)}, dtype={self._source.dtype}, "
+                f"devices={[str(d) for d in self.devices]}, {sizes}, host={self.num_rows - p.resident_rows})")
+
+    def check(self) -> None:
+        """Nothing to check: every shard belongs to this process."""
+
+    # ---- lifetime ----------------------------------------------------------------
+    def close(self) -> None:
+        """Free every GPU's tiers and unregister the host memory (idempotent); views stop working."""
+        for d in {*self.views, *self.devices}:
+            if d.type == "cuda" and torch.cuda.is_available():
+                torch.cuda.synchronize(d)
+        for view in self.views.values():
+            view.close()
+        self._tiers.clear()
+        if self._pinned is not None:
+            self._pinned.release()
+            self._pinned = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __getstate__(self):
+        raise TypeError("a ShardedTensor holds GPU memory of this process and cannot be sent to another; "
+                        "build it where it is used (one process per GPU: hmgstore.distributed.shard)")

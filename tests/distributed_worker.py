@@ -1,0 +1,199 @@
+"""One rank of a multi-process test (run by tests/test_distributed*.py through `launch`).
+
+Usage: python distributed_worker.py SCENARIO OUT_DIR, with RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT (and LOCAL_RANK) in the environment, as torchrun
+sets them. Each rank writes OUT_DIR/rank{R}.json with what it saw; the test
+reads them. HMGSTORE_TEST_DEVICE=cuda runs the CUDA variant (one GPU per
+rank, by local rank).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import hmgstore
+import hmgstore.distributed as hd
+
+N, D = 5_000, 24
+
+
+def table() -> torch.Tensor:
+    """The test table: distinct, non-zero values in every row."""
+    g = torch.Generator().manual_seed(7)
+    return torch.randn(N, D, generator=g) + torch.arange(N, dtype=torch.float32)[:, None]
+
+
+def hot_order() -> torch.Tensor:
+    return torch.randperm(N, generator=torch.Generator().manual_seed(3))
+
+
+def device() -> torch.device:
+    if os.environ.get("HMGSTORE_TEST_DEVICE") == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def make_on_leader_only():
+    def make():
+        return table()  # only the node's first rank may build it
+    if dist.get_rank() != hd.node().leader:
+        def make():
+            raise AssertionError("make() ran on a rank that is not the node's first")
+    return make
+
+
+def build(report, budget=40 * N, replicate=10 * N, **kwargs):
+    x = hd.share_on_node(make_on_leader_only(), progress=False)
+    t = hd.shard(x, gpu_budget=budget, hot_order=hot_order(), replicate=replicate, device=device(), **kwargs)
+    report["segments_after_setup"] = sorted(n for n in os.listdir("/dev/shm") if n.startswith("hmgstore-"))
+    report["tiers"] = list(t.placement.tiers)
+    report["bounds"] = list(t.placement.bounds)
+    report["node_ranks"] = hd.node().ranks
+    return x, t
+
+
+def check_every_tier(report, x, t):
+    """Bit-exact gathers of rows from every tier (and mixed), on poisoned outputs."""
+    expected = table()
+    report["shared_equal"] = bool(torch.equal(x, expected))
+    p = t.placement
+    results = {}
+    for name in p.tiers:
+        if name == "host":
+            on_host = torch.ones(N, dtype=torch.bool)
+            for rows in p.resident:
+                on_host[rows] = False
+            rows = on_host.nonzero().view(-1)
+        else:
+            rows = p.rows_of(name)
+        idx = rows[torch.randperm(len(rows))][:700]
+        out = torch.full((len(idx), D), float("nan"), device=t.device)
+        t.table.gather(idx, out=out)
+        results[name] = [len(idx), bool(torch.equal(out.cpu(), expected[idx]))]
+    idx = torch.randint(0, N, (3000,))
+    for ids in (idx, idx.to(t.device), idx.to(torch.int32)):
+        if not torch.equal(t.table[ids].cpu(), expected[idx]):
+            results["mixed"] = [len(idx), False]
+            break
+    else:
+        results["mixed"] = [len(idx), True]
+    report["tiers_exact"] = results
+
+
+def scenario_shard(report):
+    x, t = build(report)
+    check_every_tier(report, x, t)
+    try:
+        t.table[torch.tensor([0, N])]
+    except IndexError as err:
+        report["bad_index"] = str(err)
+    t.close()
+    report["closed"] = True
+
+
+def scenario_mismatch(report):
+    x = hd.share_on_node(make_on_leader_only(), progress=False)
+    order = hot_order() if dist.get_rank() != 1 else torch.arange(N)
+    try:
+        hd.shard(x, gpu_budget=40 * N, hot_order=order, replicate=10 * N, device=device())
+    except ValueError as err:
+        report["error"] = str(err)
+
+
+def scenario_leader_fails(report):
+    def make():
+        raise OSError("feature file missing")
+    try:
+        hd.share_on_node(make, progress=False)
+    except (RuntimeError, OSError) as err:
+        report["error"] = f"{type(err).__name__}: {err}"
+
+
+def scenario_kill(report):
+    """The last rank kills itself; the others keep gathering and must get PeerLostError."""
+    x, t = build(report, peer_exit_timeout=float(os.environ.get("PEER_EXIT_TIMEOUT", "30")))
+    if dist.get_rank() == dist.get_world_size() - 1:
+        _write(report)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    idx = torch.randint(0, N, (1000,))
+    try:
+        while time.monotonic() - start < 60:
+            t.table[idx]
+            time.sleep(0.01)
+        report["error"] = None
+    except hd.PeerLostError as err:
+        report["error"] = str(err)
+        report["seconds"] = time.monotonic() - start
+    t.close()
+
+
+def scenario_kill_blocked(report):
+    """As kill, but the survivors wait in a collective: they must not hang."""
+    x, t = build(report, peer_exit_timeout=float(os.environ.get("PEER_EXIT_TIMEOUT", "3")))
+    if dist.get_rank() == dist.get_world_size() - 1:
+        _write(report)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    _write(report)
+    dist.barrier()  # waits for the dead rank: only hmgstore's watch ends it
+    report["barrier_returned"] = True
+
+
+def scenario_clean_exit(report):
+    """Ranks close and leave at different times: nobody may take that for a crash."""
+    x, t = build(report)
+    t.table[torch.arange(10)]
+    t.close()
+    if dist.get_rank() == 0:
+        time.sleep(3)  # the others have exited by now; the watch must stay quiet
+    report["survived"] = True
+
+
+def _write(report):
+    with open(os.path.join(sys.argv[2], f"rank{report['rank']}.json"), "w") as f:
+        json.dump(report, f)
+
+
+def main():
+    backend = "nccl" if os.environ.get("HMGSTORE_TEST_DEVICE") == "cuda" else "gloo"
+    if backend == "nccl":
+        device()
+    dist.init_process_group(backend)
+    report = {"rank": dist.get_rank(), "pid": os.getpid()}
+    globals()[f"scenario_{sys.argv[1]}"](report)
+    report["rss"] = _memory()
+    _write(report)
+    if hd._node is not None and hd._node.lost is not None:
+        os._exit(0)  # the process group was aborted by hmgstore: nothing left to tear down
+    dist.destroy_process_group()
+
+
+def _memory() -> dict:
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon", "RssFile", "RssShmem")):
+                    key, value = line.split(":")
+                    out[key] = int(value.split()[0]) * 1024
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    out["Pss"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+if __name__ == "__main__":
+    main()

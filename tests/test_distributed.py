@@ -1,0 +1,167 @@
+"""hmgstore.distributed with several processes on the CPU (gloo): what CI checks.
+
+Each test starts real ranks (tests/distributed_worker.py) the way torchrun
+would (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and reads what each saw.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hmgstore import memory, placement
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", node_of=None, env=None,
+           timeout: float = 120) -> tuple[list[int], dict[int, dict], list[str]]:
+    """Run ``world`` ranks of ``scenario``; returns exit codes, reports and stderr by rank."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        e = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HMGSTORE_TEST_DEVICE": device,
+             "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1", **(env or {})}
+        if node_of is not None:
+            e["HMGSTORE_NODE_ID"] = f"node{node_of(rank)}"
+            e["LOCAL_RANK"] = str(rank // 2)
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(tmp_path)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + timeout
+    errs = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang)")
+        errs.append(err)
+    reports = {}
+    for rank in range(world):
+        f = tmp_path / f"rank{rank}.json"
+        if f.exists():
+            reports[rank] = json.loads(f.read_text())
+    return [p.returncode for p in procs], reports, errs
+
+
+def _leftover_segments() -> set[str]:
+    return {n for n in os.listdir(memory.segment_dir()) if n.startswith(memory.SEGMENT_PREFIX)}
+
+
+@pytest.fixture
+def no_leaks():
+    before = _leftover_segments()
+    yield
+    assert _leftover_segments() == before, "shared-memory segments were left behind"
+
+
+def test_shard_on_three_ranks(tmp_path, no_leaks):
+    codes, reports, errs = launch("shard", 3, tmp_path)
+    assert codes == [0, 0, 0], errs
+    for rank, r in reports.items():
+        assert r["shared_equal"], f"rank {rank} saw a different shared table"
+        assert r["segments_after_setup"] == [], "the segment's name must be gone once every rank mapped it"
+        assert r["tiers"] == ["replica", "shard0", "shard1", "shard2", "host"]
+        assert all(ok for _, ok in r["tiers_exact"].values()), r["tiers_exact"]
+        assert "out of range" in r["bad_index"] or str(5000) in r["bad_index"]
+        assert r["node_ranks"] == [0, 1, 2] and r["closed"]
+    assert len({json.dumps(r["bounds"]) for r in reports.values()}) == 1
+
+
+def test_each_node_shards_over_its_own_ranks(tmp_path, no_leaks):
+    codes, reports, errs = launch("shard", 4, tmp_path, node_of=lambda rank: rank % 2)
+    assert codes == [0] * 4, errs
+    assert reports[0]["node_ranks"] == reports[2]["node_ranks"] == [0, 2]
+    assert reports[1]["node_ranks"] == reports[3]["node_ranks"] == [1, 3]
+    for r in reports.values():
+        assert r["tiers"] == ["replica", "shard0", "shard1", "host"] and r["shared_equal"]
+        assert all(ok for _, ok in r["tiers_exact"].values())
+
+
+def test_ranks_that_disagree_are_told_which(tmp_path, no_leaks):
+    codes, reports, errs = launch("mismatch", 2, tmp_path)
+    assert codes == [0, 0], errs
+    for r in reports.values():
+        assert "rank 1 builds a different table than rank 0" in r["error"] or \
+               "rank 0 builds a different table than rank 1" in r["error"]
+
+
+def test_a_failing_leader_fails_every_rank(tmp_path, no_leaks):
+    codes, reports, errs = launch("leader_fails", 3, tmp_path)
+    assert codes == [0, 0, 0], errs
+    assert "feature file missing" in reports[0]["error"]
+    for rank in (1, 2):
+        assert "could not build the shared table" in reports[rank]["error"]
+        assert "feature file missing" in reports[rank]["error"]
+
+
+def test_killed_rank_makes_the_others_raise(tmp_path, no_leaks):
+    start = time.monotonic()
+    codes, reports, errs = launch("kill", 3, tmp_path)
+    assert codes[2] == -9
+    for rank in (0, 1):
+        assert codes[rank] == 0, errs[rank]
+        assert "rank 2" in reports[rank]["error"] and "exited without closing" in reports[rank]["error"]
+        assert reports[rank]["seconds"] < 10
+    assert time.monotonic() - start < 60
+
+
+def test_killed_rank_ends_survivors_stuck_in_a_collective(tmp_path, no_leaks):
+    codes, reports, errs = launch("kill_blocked", 3, tmp_path, env={"PEER_EXIT_TIMEOUT": "3"}, timeout=90)
+    assert codes[2] == -9
+    for rank in (0, 1):
+        assert codes[rank] != 0, "a survivor finished as if nothing happened"
+        assert "barrier_returned" not in reports.get(rank, {})
+        # gloo may notice the closed connection first; either way the process ends, with hmgstore's reason
+        assert "rank 2" in errs[rank] or "Connection" in errs[rank] or "closed" in errs[rank], errs[rank][-2000:]
+
+
+def test_clean_exits_are_not_crashes(tmp_path, no_leaks):
+    codes, reports, errs = launch("clean_exit", 3, tmp_path)
+    assert codes == [0, 0, 0], errs
+    assert all(r["survived"] for r in reports.values())
+    assert "exited without closing" not in errs[0]
+
+
+def test_shard_needs_an_initialised_process_group():
+    import hmgstore.distributed as hd
+
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        hd.share_on_node(torch.zeros(3))
+
+
+def test_segments_of_dead_processes_are_swept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"{memory.SEGMENT_PREFIX}{dead.pid}-test"
+    Path(memory.segment_dir(), name).write_bytes(b"x")
+    live = f"{memory.SEGMENT_PREFIX}{os.getpid()}-test"
+    Path(memory.segment_dir(), live).write_bytes(b"x")
+    try:
+        assert name in memory.sweep_stale_segments()
+        assert not Path(memory.segment_dir(), name).exists() and Path(memory.segment_dir(), live).exists()
+    finally:
+        memory.unlink_segment(live)
+        memory.unlink_segment(name)
+
+
+def test_segment_too_large_for_shm_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("HMGSTORE_SHM_DIR", str(tmp_path))
+    with pytest.raises(MemoryError, match="HMGSTORE_SHM_DIR"):
+        memory.create_segment((1 << 50,), torch.uint8)
+    assert list(tmp_path.iterdir()) == []
