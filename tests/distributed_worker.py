@@ -159,6 +159,28 @@ def scenario_clean_exit(report):
     report["survived"] = True
 
 
+def scenario_rss(report):
+    """Host memory of a node-shared, pinned table held by every rank (RSS_TABLE_GB, default 2)."""
+    rows = int(float(os.environ.get("RSS_TABLE_GB", "2")) * 1e9) // (4 * 256)
+
+    def make():
+        return torch.arange(rows * 256, dtype=torch.float32).view(rows, 256)
+
+    before = _memory()
+    x = hd.share_on_node(make, progress=False)
+    t = hd.shard(x, gpu_budget=64 * 1024 * 1024, hot_order=torch.arange(rows), device=device())
+    idx = torch.randint(0, rows, (100_000,))
+    report["exact"] = bool(torch.equal(t.table[idx].cpu(), x[idx]))
+    dist.barrier()
+    report["table_bytes"] = x.nbytes
+    report["before"] = before
+    report["held"] = _memory()
+    with open("/proc/meminfo") as f:
+        report["meminfo_shmem"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("Shmem:"))
+    dist.barrier()
+    t.close()
+
+
 def _write(report):
     with open(os.path.join(sys.argv[2], f"rank{report['rank']}.json"), "w") as f:
         json.dump(report, f)

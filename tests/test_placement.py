@@ -62,3 +62,46 @@ def test_hot_rows_under_budget():
     order = placement.order_by_score(score)
     assert torch.equal(placement.hot_rows_under_budget({None: score}, {None: 8}, 80)[None],
                        placement.by_hotness(order, 80, 8))
+
+
+def test_sharded_deals_hot_rows_in_turn():
+    order = torch.tensor([9, 3, 7, 1, 0, 5, 2, 8, 4, 6])
+    # 4 rows per GPU (row_bytes 10, budget 40): 1 replicated, 3 per shard on 2 GPUs.
+    p = placement.sharded(10, order, 10, 2, 40, replicate=10)
+    assert p.tiers == ("replica", "shard0", "shard1", "host")
+    assert p.rows_of("replica").tolist() == [9]
+    assert p.rows_of("shard0").tolist() == [3, 1, 5] and p.rows_of("shard1").tolist() == [7, 0, 2]
+    assert p.bounds == (0, 1, 4, 7, 17) and p.resident_rows == 7 and p.num_shards == 2
+    new = p.new_of_old()
+    for t, lo in zip(p.tiers[:-1], p.bounds):
+        assert new[p.rows_of(t)].tolist() == list(range(lo, lo + len(p.rows_of(t))))
+    for host_row in (8, 4, 6):  # host rows keep their place after the resident tiers
+        assert new[host_row] == 7 + host_row
+    assert p.num_gpu_rows == 0  # a sharded table has no single GPU tier
+
+
+def test_sharded_unreachable_shard_reads_host():
+    p = placement.sharded(6, torch.arange(6), 4, 2, 8)  # 2 rows per GPU, no replica
+    assert p.tiers == ("shard0", "shard1", "host")
+    new = p.new_of_old(host_tiers=("shard1",))
+    assert new[p.rows_of("shard0")].tolist() == [0, 1]
+    assert new[p.rows_of("shard1")].tolist() == [4 + r for r in p.rows_of("shard1").tolist()]
+
+
+def test_sharded_everything_resident_and_partial_orders():
+    p = placement.sharded(5, torch.arange(5), 1, 3, "2B")
+    assert not p.has_host_tier and p.resident_rows == 5
+    assert sorted(torch.cat(p.resident).tolist()) == [0, 1, 2, 3, 4]
+    p = placement.sharded(5, torch.tensor([4]), 1, 2, 100)  # unlisted rows stay on the host
+    assert p.resident_rows == 1 and p.has_host_tier
+
+
+def test_sharded_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="must fit in gpu_budget"):
+        placement.sharded(5, torch.arange(5), 1, 2, 2, replicate=3)
+    with pytest.raises(ValueError, match="more than once"):
+        placement.sharded(5, torch.tensor([1, 1, 2]), 1, 2, 2)
+    with pytest.raises(IndexError):
+        placement.sharded(5, torch.tensor([7]), 1, 2, 2)
+    with pytest.raises(ValueError, match="1 to 8 GPUs"):
+        placement.sharded(5, torch.arange(5), 1, 9, 2)
