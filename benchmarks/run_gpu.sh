@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env tests tests-all tests-fixed probe probe-kernel tune bench bench-quick pyg
+#                                          multi (2+ GPUs: tests/test_multigpu.py, test_distributed.py) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
 # (torch_sparse/scatter, dgl, ogb) are taken from .whl/ when present (see README).
 set -u
@@ -30,6 +31,9 @@ for stage in "$@"; do
            python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 --epochs 2 \
              --max-batches 15 --no-progress --features "${mode%%-*}" $extra --json "$OUT/pyg/pyg_$mode.json" 2>&1 | tail -2 || rc=1
          done ;;
+    multi) nvidia-smi topo -m; df -h /dev/shm
+           python3 -m pytest -q -s -rs tests/test_multigpu.py tests/test_distributed.py tests/test_sharded_cpu.py \
+             >"$OUT/multi.log" 2>&1; rc=$?; grep -v '^ *"' "$OUT/multi.log" | tail -40 ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_gpu.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
