@@ -166,6 +166,9 @@ def scenario_rss(report):
     def make():
         return torch.arange(rows * 256, dtype=torch.float32).view(rows, 256)
 
+    if device().type == "cuda":  # the CUDA context's own host memory is not the table's
+        torch.zeros(1, device=device())
+        hmgstore.HybridTensor(torch.ones(4, 4), device())[torch.arange(2)]
     before = _memory()
     x = hd.share_on_node(make, progress=False)
     t = hd.shard(x, gpu_budget=64 * 1024 * 1024, hot_order=torch.arange(rows), device=device())

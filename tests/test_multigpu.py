@@ -160,7 +160,9 @@ def test_adapters_serve_a_sharded_view(small_graph):
         store = HybridFeatureStore(d0)
         store.put_tensor(t.on(d0), group_name=None, attr_name="x")
         idx = torch.randint(0, n, (700,))
-        assert torch.equal(store.get_tensor(group_name=None, attr_name="x", index=idx).cpu(), x[idx])
+        (attr,) = store.get_all_tensor_attrs()
+        attr.index = idx
+        assert torch.equal(store.multi_get_tensor([attr])[0].cpu(), x[idx])
 
         g = hdgl.attach(dgl.graph(tuple(small_graph.edge_index), num_nodes=n), {"feat": t.on(d0)})
         sampler = dgl.dataloading.NeighborSampler([5, 5])

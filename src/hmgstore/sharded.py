@@ -148,7 +148,9 @@ class ShardedTensor:
                              f"{[str(d) for d in self.views]}") from None
 
     def gather(self, index, device=None, **kwargs) -> torch.Tensor:
-        """Rows ``index`` gathered into ``device`` (default: the current GPU, or the CPU view)."""
+        """Rows ``index`` gathered into ``device`` (default: the only device, else the current GPU)."""
+        if device is None and len(self.views) == 1:
+            device = next(iter(self.views))
         return self.on(device).gather(index, **kwargs)
 
     __getitem__ = gather
