@@ -88,7 +88,18 @@ def check_every_tier(report, x, t):
     report["tiers_exact"] = results
 
 
+def _gpu_free() -> int:
+    if device().type != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
 def scenario_shard(report):
+    if device().type == "cuda":
+        torch.zeros(1, device=device())
+    free = _gpu_free()
     x, t = build(report)
     check_every_tier(report, x, t)
     try:
@@ -97,6 +108,10 @@ def scenario_shard(report):
         report["bad_index"] = str(err)
     t.close()
     report["closed"] = True
+    dist.barrier()  # every rank has closed: every shard is unmapped and freed
+    report["gpu_free_lost"] = free - _gpu_free()
+    report["registered_ranges"] = len(hmgstore.memory._registry._ranges)
+    report["ipc_mappings_open"] = len(t._opened)
 
 
 def scenario_mismatch(report):

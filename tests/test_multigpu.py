@@ -108,11 +108,32 @@ def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
         assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
         assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
         assert r["bad_index"]
+        assert r["registered_ranges"] == 0 and r["ipc_mappings_open"] == 0
+        assert r["gpu_free_lost"] < 16 << 20, f"rank {rank}: {r['gpu_free_lost']} B of GPU memory not given back"
+
+
+def _gpus_free():
+    torch.cuda.synchronize()
+    return [torch.cuda.mem_get_info(d)[0] for d in _devices()]
+
+
+def _assert_gpus_given_back(free_before):
+    import time
+
+    deadline = time.monotonic() + 10  # the driver tears down a dead process's context asynchronously
+    while True:
+        lost = [b - a for a, b in zip(_gpus_free(), free_before)]
+        if all(x < 16 << 20 for x in lost) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert all(x < 16 << 20 for x in lost), f"GPU memory not given back after the ranks ended: {lost}"
 
 
 def test_distributed_killed_rank(tmp_path, no_leaks):
     k = torch.cuda.device_count()
+    free = _gpus_free()
     codes, reports, errs = launch("kill", k, tmp_path, device="cuda", timeout=300)
+    _assert_gpus_given_back(free)
     assert codes[-1] == -9
     for rank in range(k - 1):
         assert codes[rank] == 0, errs[rank]
@@ -130,7 +151,9 @@ def test_distributed_killed_rank_unblocks_nccl(tmp_path, no_leaks):
 
 def test_distributed_clean_exit(tmp_path, no_leaks):
     k = torch.cuda.device_count()
+    free = _gpus_free()
     codes, reports, errs = launch("clean_exit", k, tmp_path, device="cuda", timeout=300)
+    _assert_gpus_given_back(free)
     assert codes == [0] * k, errs
 
 
