@@ -34,6 +34,7 @@ for stage in "$@"; do
     multi) nvidia-smi topo -m; df -h /dev/shm
            python3 -m pytest -q -s -rs tests/test_multigpu.py tests/test_distributed.py tests/test_sharded_cpu.py \
              >"$OUT/multi.log" 2>&1; rc=$?; grep -v '^ *"' "$OUT/multi.log" | tail -40 ;;
+    peer) python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_gpu.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

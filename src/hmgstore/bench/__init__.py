@@ -1,4 +1,4 @@
-"""Benchmarks: ``python -m hmgstore.bench gather`` (and more as they come).
+"""Benchmarks: ``python -m hmgstore.bench gather`` and ``python -m hmgstore.bench peer``.
 
 Every benchmark times with :mod:`hmgstore.bench.timing` (CUDA events for GPU
 work, a synchronised wall clock for work that involves the CPU; warm-up, then

@@ -1,19 +1,27 @@
-"""Command line: ``python -m hmgstore.bench {gather} [options]``."""
+"""Command line: ``python -m hmgstore.bench {gather,peer} [options]``."""
 from __future__ import annotations
 
 import argparse
 import logging
 
-from . import gather
+from . import gather, peer
+
+BENCHMARKS = {"gather": gather.run, "peer": peer.run}
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hmgstore.bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
     gather.add_arguments(sub.add_parser("gather", help="random-row gathers vs PCIe limit and baselines"))
-    args = parser.parse_args(argv)
+    peer.add_arguments(sub.add_parser("peer", help="gathers of rows held by other GPUs, all GPUs at once "
+                                                    "(2+ GPUs), vs peer memcpy and index_select + copy"))
+    return parser
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    report = {"gather": gather.run}[args.benchmark](args)
+    report = BENCHMARKS[args.benchmark](args)
     print(report.pop("_table_text"))
     print(f"\nwritten under {args.out}")
 

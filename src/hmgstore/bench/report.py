@@ -99,17 +99,21 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(report: dict, out_dir) -> Path:
-    """Add ratios, write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the folder."""
+def write_report(report: dict, out_dir, *, ratios=add_ratios, text_of=table_text, plot_to=plot) -> Path:
+    """Add ratios, write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out_dir``; return the folder.
+
+    ``ratios``, ``text_of``, ``plot_to``: the benchmark's own ratio, table and
+    plot functions (default: the gather benchmark's).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    add_ratios(report)
+    ratios(report)
     name = report["benchmark"]
-    text = table_text(report)
+    text = text_of(report)
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
     (out / f"{name}.md").write_text(f"# {name}\n\ncommand: `{report['command']}`\n\n{text}\n")
     try:
-        plot(report, out / f"{name}.png")
+        plot_to(report, out / f"{name}.png")
     except ImportError:
         log.warning("matplotlib is not installed: no plot (pip install 'hmgstore[bench]')")
     report["_table_text"] = text

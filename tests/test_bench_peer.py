@@ -1,0 +1,271 @@
+"""``python -m hmgstore.bench peer``: arguments, GPU selection, sizing, id choice, a CPU dry run, the report.
+
+The CUDA parts (start gate, concurrent timing, peer copies) run only on a
+machine with 2+ GPUs (the ``multigpu`` test at the end); on the CPU the
+same work functions run serially with ``device='cpu'`` standing for each GPU.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hmgstore import HybridTensor, placement
+from hmgstore.bench import peer, peer_report, peer_work
+from hmgstore.bench.__main__ import build_parser
+from hmgstore.bench.gather import _fill
+from hmgstore.bench.report import write_report
+
+
+# ---- arguments and GPU selection ---------------------------------------------------
+def test_defaults_parse():
+    args = build_parser().parse_args(["peer"])
+    assert args.benchmark == "peer"
+    assert args.row_bytes == [128, 256, 512, 1024, 2048, 4096]
+    assert placement.parse_bytes(args.shard_bytes) == 2 * 2**30
+    assert placement.parse_bytes(args.copy_bytes) == 2**30
+    assert args.batch == 500_000 and args.gpus is None and args.out == "bench-out/peer"
+    assert not args.no_gate and not args.quick and args.reps > 1
+
+
+def test_options_parse():
+    args = build_parser().parse_args(["peer", "--row-bytes", "128", "4096", "--shard-bytes", "1GB", "--batch", "1000",
+                                      "--reps", "3", "--gpus", "0", "2", "--out", "x/y", "--no-gate",
+                                      "--max-batch-mib", "64", "--copy-bytes", "256MiB"])
+    assert args.row_bytes == [128, 4096] and args.shard_bytes == "1GB" and args.batch == 1000
+    assert args.reps == 3 and args.gpus == [0, 2] and args.out == "x/y" and args.no_gate
+    assert args.max_batch_mib == 64 and placement.parse_bytes(args.copy_bytes) == 256 * 2**20
+
+
+def test_gather_still_parses():
+    assert build_parser().parse_args(["gather", "--quick"]).benchmark == "gather"
+
+
+def test_without_gpu_the_command_says_it_needs_two(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "peer", "--out", str(tmp_path / "p")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "needs 2 or more CUDA GPUs" in res.stderr and "no GPU" in res.stderr
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("requested, available, words", [
+    (None, 0, ["2 or more", "no GPU"]),
+    (None, 1, ["2 or more", "only 1 GPU"]),
+    ([1], 4, ["2 or more", "only [1]"]),
+    ([0, 0], 4, ["more than once"]),
+    ([0, 5], 4, ["no such GPU", "[5]"]),
+    (None, 9, ["at most 8"]),
+])
+def test_select_gpus_refuses(requested, available, words):
+    with pytest.raises(SystemExit) as err:
+        peer.select_gpus(requested, available)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_select_gpus():
+    assert peer.select_gpus(None, 4) == [0, 1, 2, 3]
+    assert peer.select_gpus([3, 1], 4) == [3, 1]
+
+
+# ---- sizing ------------------------------------------------------------------------
+def test_sizing_defaults():
+    gib = 2**30
+    s = peer.sizing(128, 4, 2 * gib, 500_000, 256 << 20)
+    assert s.rows_per_shard == 2 * gib // 128 and s.num_rows == 4 * s.rows_per_shard
+    assert s.remote_rows == 3 * s.rows_per_shard
+    assert s.batch == 500_000 and s.per_round == 8  # 64 MB batches: 8 of them reach 512 MiB
+    big = peer.sizing(4096, 4, 2 * gib, 500_000, 256 << 20)
+    assert big.batch == (256 << 20) // 4096 and big.batch * 4096 <= 256 << 20
+    assert big.per_round == 2
+
+
+def test_sizing_keeps_batches_sparse_and_checks_rows():
+    s = peer.sizing(1024, 2, 1 << 20, 500_000, 256 << 20)  # 1024 rows a shard, 1024 remote
+    assert s.batch == 1024 // 4
+    with pytest.raises(ValueError, match="multiples of 4"):
+        peer.sizing(130, 2, 1 << 20, 10, 1 << 20)
+    with pytest.raises(ValueError, match="fewer than 4 rows"):
+        peer.sizing(4096, 2, 8192, 10, 1 << 20)
+
+
+# ---- ids ---------------------------------------------------------------------------
+@pytest.mark.parametrize("order", ["arange", "random"])
+@pytest.mark.parametrize("k", [2, 3, 8])
+def test_remote_batch_picks_distinct_rows_of_other_shards(order, k):
+    n, rb = 1000 * k + 7, 64
+    hot = torch.arange(n) if order == "arange" else torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    p = placement.sharded(n, hot, rb, k, 1000 * rb)
+    owner_of = torch.full((n,), -1)
+    for s in range(k):
+        owner_of[p.rows_of(f"shard{s}")] = s
+    for gpu in range(k):
+        b = peer.remote_batch(p, gpu, 500, torch.Generator().manual_seed(gpu))
+        assert b.ids.dtype == torch.int64 and len(b.ids) == 500 and len(torch.unique(b.ids)) == 500
+        assert (owner_of[b.ids] != gpu).all() and (owner_of[b.ids] >= 0).all()
+        assert torch.equal(owner_of[b.ids], b.owner)
+        for s in range(k):
+            m = b.owner == s
+            assert torch.equal(p.rows_of(f"shard{s}")[b.slot[m]], b.ids[m])
+        assert not torch.equal(b.ids, torch.sort(b.ids).values)  # random order, not sorted
+
+
+def test_remote_batch_too_big():
+    p = placement.sharded(40, torch.arange(40), 4, 2, 80)
+    with pytest.raises(ValueError, match="fewer than a batch"):
+        peer.remote_batch(p, 0, 21, torch.Generator().manual_seed(0))
+
+
+def test_grouped_segments_cover_the_batch_in_owner_order():
+    b = peer.RemoteBatch(ids=torch.tensor([10, 11, 12, 13, 14, 15]), owner=torch.tensor([2, 0, 2, 3, 0, 2]),
+                         slot=torch.tensor([5, 6, 7, 8, 9, 1]))
+    ids, segs = b.grouped()
+    assert ids.tolist() == [11, 14, 10, 12, 15, 13]
+    assert [(j, s.tolist(), lo, hi) for j, s, lo, hi in segs] == [
+        (0, [6, 9], 0, 2), (2, [5, 7, 1], 2, 5), (3, [8], 5, 6)]
+
+
+def test_mixed_and_host_ids():
+    ids = peer.mixed_ids(100, 40, torch.Generator().manual_seed(1))
+    assert len(torch.unique(ids)) == 40 and ids.min() >= 0 and ids.max() < 100
+    h = peer.host_ids(ids, 100, pin=False)
+    assert h.dtype == torch.int32 and torch.equal(h.long(), ids)
+    assert peer.host_ids(ids, 2**31, pin=False).dtype == torch.int64
+
+
+def test_pattern_is_distinct_non_zero_and_seeded():
+    a, b = peer._pattern(1 << 12, 0, "cpu"), peer._pattern(1 << 12, 1, "cpu")
+    words = a.view(torch.int64)
+    assert a.dtype == torch.uint8 and a.numel() == 1 << 12
+    assert (words != 0).all() and len(torch.unique(words)) == len(words)
+    assert not torch.equal(a, b)
+
+
+# ---- the whole benchmark on the CPU, each "GPU" a CPU device -----------------------
+def _cpu_run(k=3, row_bytes=(64, 256)):
+    runner = peer_work.Runner(["cpu"] * k, reps=2, warmup=1)
+    report = {"benchmark": "peer", "command": "test", "date": "today", "num_gpus": k,
+              "device_names": ["cpu"] * k, "peer_access": [(0, 1, True)], "start_mode": runner.start_mode,
+              "peer_memcpy": {"bytes": 1 << 16}, "sizes": []}
+    report["peer_memcpy"]["start"] = peer.peer_memcpy(runner, 1 << 16)
+    buf = _fill(k * (1 << 16))
+    for rb in row_bytes:
+        sz = peer.sizing(rb, k, 1 << 16, 300, 1 << 20, round_bytes=1 << 16)
+        cols = rb // 4
+        x = buf[: sz.num_rows * cols].view(sz.num_rows, cols)
+        p = placement.sharded(sz.num_rows, torch.arange(sz.num_rows), rb, k, sz.rows_per_shard * rb)
+        view = HybridTensor(x, "cpu")
+        shards = [x[p.rows_of(f"shard{j}")] for j in range(k)]
+        variants = peer.measure_variants(runner, x, p, [view] * k, shards, sz)
+        report["sizes"].append({"row_bytes": rb, "batch": sz.batch, "batches_per_round": sz.per_round,
+                                "table_bytes": sz.num_rows * rb, "variants": variants})
+    report["peer_memcpy"]["end"] = report["peer_memcpy"]["start"]
+    return report
+
+
+def test_cpu_dry_run_checks_and_times_every_variant(tmp_path):
+    report = _cpu_run()
+    for size in report["sizes"]:
+        v = size["variants"]
+        assert set(v) == {"hmg_remote", "hmg_alone", "hmg_mixed", "ids_copy", "index_select_copy"}
+        assert len(v["hmg_remote"]["gbps"]) == 3 and len(v["hmg_alone"]["gbps"]) == 1
+        assert all(g > 0 for name in v for g in v[name]["gbps"])
+    out = write_report(report, tmp_path, ratios=peer_report.add_ratios, text_of=peer_report.table_text,
+                       plot_to=peer_report.plot)
+    saved = json.loads((out / "peer.json").read_text())
+    assert saved["sizes"][0]["remote_x_memcpy"] > 0
+    assert (out / "peer.md").read_text().count("\n| ") >= 3
+    assert (out / "peer.png").stat().st_size > 0
+    assert "| row B | batch | hmg remote GB/s mean (min) |" in report["_table_text"]
+
+
+def test_check_catches_an_unwritten_or_wrong_output():
+    runner = peer_work.Runner(["cpu"] * 2, reps=1, warmup=0)
+    x = _fill(64 * 16).view(64, 4)
+    outs = [torch.empty(8, 4), torch.empty(8, 4)]
+    ids = [[torch.arange(8)], [torch.arange(8, 16)]]
+    view = HybridTensor(x, "cpu")
+    work = peer_work.gather_work([view, view], outs, ids)
+    runner.check(work, outs, [x[:8], x[8:16]], "ok")
+    lazy = [work[0], lambda k, stream: None]  # GPU 1 writes nothing: the poison stays
+    with pytest.raises(AssertionError, match="GPU 1"):
+        runner.check(lazy, outs, [x[:8], x[8:16]], "lazy")
+    with pytest.raises(AssertionError, match="wrong bytes"):
+        runner.check(work, outs, [x[:8], x[16:24]], "wrong")
+    two = peer_work.gather_work([view, view], outs, [[torch.arange(8), torch.arange(16, 24)], [torch.arange(8, 16)] * 2])
+    runner.check(two, outs, lambda i: [x[:8] if i == 0 else x[16:24], x[8:16]], "two sets", items=2)
+    with pytest.raises(AssertionError, match="GPU 0 .* item 1"):
+        runner.check(two, outs, lambda i: [x[:8], x[8:16]], "second set", items=2)
+
+
+def test_index_select_copy_delivers_grouped_rows_on_cpu():
+    k, rb = 4, 16
+    n = 4 * 50
+    x = _fill(n * rb).view(n, rb // 4)
+    p = placement.sharded(n, torch.randperm(n, generator=torch.Generator().manual_seed(0)), rb, k, 50 * rb)
+    shards = [x[p.rows_of(f"shard{j}")] for j in range(k)]
+    batches = [peer.remote_batch(p, g, 30, torch.Generator().manual_seed(g)) for g in range(k)]
+    grouped = [b.grouped() for b in batches]
+    outs = [torch.empty(30, rb // 4) for _ in range(k)]
+    work = peer_work.index_select_copy_work(shards, [[segs] for _, segs in grouped], outs, lambda key, device: None)
+    peer_work.Runner(["cpu"] * k, reps=1).check(work, outs, [x[ids] for ids, _ in grouped], "index_select_copy")
+
+
+# ---- the report ---------------------------------------------------------------------
+def _variant(gbps_per_gpu, nbytes=10**9):
+    return peer_report.summarize(nbytes, {"seconds": [nbytes / g / 1e9 for g in gbps_per_gpu],
+                                          "wall_seconds": nbytes / min(gbps_per_gpu) / 1e9})
+
+
+def test_summarize_and_ratios():
+    v = _variant([100.0, 50.0])
+    assert v["gbps"] == pytest.approx([100.0, 50.0])
+    assert v["gbps_mean"] == pytest.approx(75.0) and v["gbps_min"] == pytest.approx(50.0)
+    assert v["gbps_wall"] == pytest.approx(50.0)
+    report = {"peer_memcpy": {"start": _variant([300.0, 300.0])}, "sizes": [{"variants": {
+        "hmg_remote": _variant([150.0, 150.0]), "index_select_copy": _variant([100.0, 100.0]),
+        "hmg_alone": _variant([200.0]), "hmg_mixed": _variant([240.0, 240.0])}}, {"variants": {}}]}
+    peer_report.add_ratios(report)
+    s = report["sizes"][0]
+    assert s["remote_x_memcpy"] == pytest.approx(0.5)
+    assert s["remote_x_index_select_copy"] == pytest.approx(1.5)
+    assert s["remote_x_alone"] == pytest.approx(0.75)
+    assert s["mixed_x_memcpy"] == pytest.approx(0.8)
+    assert report["sizes"][1]["remote_x_memcpy"] is None
+
+
+def test_table_text():
+    report = {"date": "2026-11-22", "num_gpus": 2, "device_names": ["NVIDIA H200", "NVIDIA H200"],
+              "start_mode": "start gate", "peer_access": [(0, 1, True), (1, 0, False)],
+              "peer_memcpy": {"bytes": 2**30, "start": _variant([390.0, 380.0]), "end": _variant([385.0, 381.0])},
+              "sizes": [{"row_bytes": 512, "batch": 500000, "batches_per_round": 2, "variants": {
+                  "hmg_remote": _variant([300.0, 290.0]), "index_select_copy": _variant([200.0, 100.0]),
+                  "hmg_alone": _variant([330.0]), "hmg_mixed": _variant([400.0, 410.0]),
+                  "ids_copy": {"seconds": [40e-6, 60e-6]}}}]}
+    # ids_copy's seconds are per round (2 batches): 30 us per batch on the slowest GPU
+    peer_report.add_ratios(report)
+    text = peer_report.table_text(report)
+    assert "2 x NVIDIA H200" in text and "start gate" in text and "1.0 GiB" in text
+    assert "385.0 (380.0)" in text  # memcpy mean (min) at the start
+    assert "NO PEER ACCESS for 1->0" in text
+    row = next(line for line in text.splitlines() if line.startswith("| 512 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # less ids: 1 GB in (1/300 s - 40 us) and (1/290 s - 60 us): 303.6 and 295.1 GB/s, mean 299.4
+    assert cells == ["512", "500000", "295.0 (290.0)", "0.77", "1.97", "0.89", "299.4 (0.78)", "405.0 (400.0)",
+                     "330.0", "150.0 (100.0)", "30"]
+
+
+# ---- on a machine with 2+ GPUs --------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_quick_run_on_gpus(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "peer", "--quick", "--row-bytes", "128", "1024",
+                          "--gpus", "0", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads((tmp_path / "peer.json").read_text())
+    assert [s["row_bytes"] for s in report["sizes"]] == [128, 1024]
+    assert all(g > 0 for s in report["sizes"] for g in s["variants"]["hmg_remote"]["gbps"])
