@@ -181,7 +181,7 @@ def test_adapters_serve_a_sharded_view(small_graph):
     with hmgstore.ShardedTensor(x, _devices(), gpu_budget=x[0].nbytes * n // 4, replicate=x[0].nbytes * 50,
                                 hot_order=torch.randperm(n)) as t:
         store = HybridFeatureStore(d0)
-        store.put_tensor(t.on(d0), group_name=None, attr_name="x")
+        store.put_tensor(t.on(d0), group_name=None, attr_name="x", index=None)
         idx = torch.randint(0, n, (700,))
         (attr,) = store.get_all_tensor_attrs()
         attr.index = idx
