@@ -33,8 +33,13 @@ for stage in "$@"; do
          done ;;
     multi) nvidia-smi topo -m; df -h /dev/shm
            python3 -m pytest -q -s -rs tests/test_multigpu.py tests/test_distributed.py tests/test_sharded_cpu.py \
+             tests/test_multi_gpu_example.py tests/test_bench_peer.py \
              >"$OUT/multi.log" 2>&1; rc=$?; grep -v '^ *"' "$OUT/multi.log" | tail -40 ;;
     peer) python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
+    multi-pyg) mkdir -p "$OUT/pyg"
+           torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
+             --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-steps 30 --no-progress \
+             --json "$OUT/pyg/multi_gpu_pyg.json" >"$OUT/multi-pyg.log" 2>&1; rc=$?; tail -30 "$OUT/multi-pyg.log" ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_gpu.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac

@@ -189,13 +189,13 @@ def scenario_rss(report):
     t = hd.shard(x, gpu_budget=64 * 1024 * 1024, hot_order=torch.arange(rows), device=device())
     idx = torch.randint(0, rows, (100_000,))
     report["exact"] = bool(torch.equal(t.table[idx].cpu(), x[idx]))
-    dist.barrier()
+    dist.barrier(group=hd.node().group)
     report["table_bytes"] = x.nbytes
     report["before"] = before
     report["held"] = _memory()
     with open("/proc/meminfo") as f:
         report["meminfo_shmem"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("Shmem:"))
-    dist.barrier()
+    dist.barrier(group=hd.node().group)
     t.close()
 
 
