@@ -23,10 +23,10 @@ SMALL = ["--num-nodes", "3000", "--feat-dim", "16", "--hidden", "32", "--fanout"
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
-def torchrun(nproc: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the example as ``python -m torch.distributed.run --standalone``; kill every rank on a hang."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **NO_MULTICAST)
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **NO_MULTICAST, **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(EXAMPLE), *args]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -65,7 +65,7 @@ def check_result(result: dict, world: int) -> None:
 
 def test_two_cpu_processes(tmp_path, no_leaks):  # noqa: F811
     out = tmp_path / "result.json"
-    done = torchrun(2, [*SMALL, "--json", str(out)], timeout=120)
+    done = torchrun(2, [*SMALL, "--json", str(out)], timeout=120, env={"CUDA_VISIBLE_DEVICES": ""})  # gloo
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["backend"] == "gloo"

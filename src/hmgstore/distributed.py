@@ -24,6 +24,7 @@ host table with torch, and the sharing, checks and watching are the same.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import logging
@@ -72,6 +73,7 @@ class _Node:
     lost_at: float = 0.0
     peer_exit_timeout: float | None = 30.0
     watch: threading.Thread | None = field(default=None, repr=False)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def local_rank(self) -> int:
@@ -121,7 +123,16 @@ def _make_node() -> _Node:
     state = _Node(mine, ranks, rank, [info[r][1] for r in ranks], board)
     state.watch = threading.Thread(target=_watch, args=(state,), name="hmgstore-peer-watch", daemon=True)
     state.watch.start()
+    atexit.register(_stop_watch, state)
     return state
+
+
+def _stop_watch(state: _Node) -> None:
+    """Stop and join the watch before the interpreter goes: a daemon thread caught inside torch
+    at shutdown ends the process with std::terminate."""
+    state.stop.set()
+    if state.watch is not None and state.watch is not threading.current_thread():
+        state.watch.join(timeout=5)
 
 
 def _opened(state: _Node, change: int) -> None:
@@ -134,10 +145,12 @@ def _watch(state: _Node) -> None:
     """Poll the node's peers; when one dies with tables open (a peer that closed its tables
     may leave), fail this process's gathers, then the process itself."""
     peers = [k for k in range(len(state.ranks)) if k != state.local_rank]
+    board = state.board.numpy()  # plain loads: no torch call (and no GIL release inside torch) in this thread
     while state.lost is None:
-        time.sleep(WATCH_SECONDS)
+        if state.stop.wait(WATCH_SECONDS):
+            return
         for k in peers:
-            if state.board[k] == 0 or memory.process_alive(state.pids[k]):
+            if board[k] == 0 or memory.process_alive(state.pids[k]):
                 continue
             state.lost = (f"rank {state.ranks[k]} (pid {state.pids[k]}) on this node exited without closing its "
                           "hmgstore tables (killed or crashed); its GPU shard can no longer be read. This "
@@ -156,9 +169,8 @@ def _watch(state: _Node) -> None:
         return
     deadline = state.lost_at + state.peer_exit_timeout
     while time.monotonic() < deadline:
-        if state.open_tables == 0:
+        if state.open_tables == 0 or state.stop.wait(WATCH_SECONDS):
             return
-        time.sleep(WATCH_SECONDS)
     print(f"hmgstore: exiting after waiting {state.peer_exit_timeout:g} s for this process to stop on its own "
           f"(peer_exit_timeout): {state.lost}", file=sys.stderr, flush=True)
     os._exit(1)

@@ -1,0 +1,297 @@
+"""GraphSAGE on every GPU of a node: one process per GPU (torchrun), DDP, features sharded by hmgstore.
+
+The multi-GPU form of examples/pyg_graphsage.py (same model, same timing):
+each process trains a DistributedDataParallel copy of the model on its own
+slice of the training ids, with PyG's NeighborLoader over hmgstore's stores.
+What hmgstore changes is marked ``<-- hmgstore``:
+
+- the node's first process builds the graph once and puts its arrays in
+  node-shared memory (:func:`hmgstore.distributed.share_on_node`): one host
+  copy per node, however many processes;
+- the feature table is sharded over the node's GPUs
+  (:func:`hmgstore.distributed.shard`): each GPU holds the hottest rows
+  (``--replicate`` bytes of them) and its shard of the next hottest, up to
+  ``--gpu-budget`` bytes; a gather reads its own GPU, its peers' over NVLink
+  and the rest from host memory, in one kernel launch.
+
+    torchrun --standalone --nproc-per-node 4 examples/multi_gpu_pyg.py --gpu-budget 2GB --replicate 256MB
+    torchrun --standalone --nproc-per-node 2 examples/multi_gpu_pyg.py --num-nodes 3000   # CPU only: gloo
+
+Without a GPU the same script runs on the CPU with gloo (features gathered
+from the shared host table). Each process samples with PyG's CPU sampler in
+its main thread, which on GPUs takes most of a step (114 ms of 133 on two
+H200s, 2M nodes, fanout 15,10,5); ``--num-workers`` > 0 samples in worker
+processes while the main process still gathers on its GPU
+(``filter_per_worker=False``). Every rank runs the same number of steps (the
+sampler drops the ids that would make slices uneven), as DDP's gradient
+all-reduce needs.
+
+Timing is split per step as in examples/pyg_graphsage.py: sampling, gather
+(features and labels of the sampled nodes, on the device) and train (which
+includes DDP's all-reduce, so it waits for the slowest rank). Rank 0 prints
+each rank's figures and their aggregate; ``--json`` writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch_geometric
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+from torch_geometric.loader import NeighborLoader
+from tqdm import tqdm
+
+import hmgstore
+import hmgstore.distributed as hd
+from hmgstore import HybridTensor, datasets, placement
+from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, to_csc
+from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
+
+TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_pyg.py [options]"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"start it with: {TORCHRUN}")
+    p.add_argument("--num-nodes", type=int, default=1_000_000, help="synthetic graph: nodes")
+    p.add_argument("--avg-degree", type=int, default=10, help="synthetic graph: edges per node")
+    p.add_argument("--feat-dim", type=int, default=128, help="synthetic graph: feature width")
+    p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the feature table, e.g. 2GB")
+    p.add_argument("--replicate", default="256MB",
+                   help="part of --gpu-budget holding the hottest rows on every GPU; the rest holds its shard")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=1024, help="seed nodes per batch, per process")
+    p.add_argument("--fanout", default="15,10,5", help="neighbours sampled per layer")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop each epoch, and the test, after this many steps (for timing runs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="rank 0 writes the results (aggregate and every rank's) here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def start_process_group() -> torch.device:
+    """Join torchrun's job (NCCL on GPUs, gloo without); returns this process's device."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        sys.exit("error: this script runs one process per GPU and must be started by torchrun "
+                 f"(RANK and WORLD_SIZE are not set):\n    {TORCHRUN}\n"
+                 "On a machine without GPUs, --nproc-per-node 2 runs two CPU processes.")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if not torch.cuda.is_available():
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        sys.exit(f"error: local rank {local_rank} has no GPU (this node has {torch.cuda.device_count()}); "
+                 "start at most one process per GPU")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def shared_graph(args) -> dict[str, torch.Tensor]:
+    """The synthetic graph's arrays in node-shared memory, built once per node (collective).
+
+    Only the node's first rank builds the graph; each array is copied into
+    shared memory and the private copy dropped before the next one. Every
+    rank gets the same CPU tensors: ``x`` [N, D], ``y`` [N], the topology as
+    CSC ``row`` [E] and ``colptr`` [N + 1] (what PyG's sampler reads), and
+    ``train_idx``/``test_idx``. Every node builds the same graph (same seed).
+    """
+    built: dict[str, torch.Tensor] = {}
+
+    def build(name: str):
+        def make() -> torch.Tensor:  # runs on the node's first rank only
+            if not built:
+                graph = datasets.synthetic(num_nodes=args.num_nodes, avg_degree=args.avg_degree,
+                                           feat_dim=args.feat_dim, seed=args.seed)
+                csc = to_csc(graph.edge_index, "coo", size=(graph.num_nodes, graph.num_nodes))
+                built.update(x=graph.x, y=graph.y, row=csc.row, colptr=csc.colptr, train_idx=graph.train_idx,
+                             test_idx=graph.test_idx)
+            return built.pop(name)
+        return make
+
+    names = ("x", "y", "row", "colptr", "train_idx", "test_idx")
+    return {name: hd.share_on_node(build(name), progress=not args.no_progress) for name in names}  # <-- hmgstore
+
+
+# ---- reporting: not part of the training script ------------------------------------------
+def seeds_on_several_ranks(trained: torch.Tensor) -> int:
+    """Training ids that more than one rank trained on this epoch (0 when the slices are disjoint).
+
+    ``trained``: bool [num_train_ids] on this rank's device, True where this
+    rank's loader delivered that training id. Collective (one all-reduce).
+    """
+    count = trained.to(torch.int32)
+    dist.all_reduce(count)
+    return int((count > 1).sum())
+
+
+def steady(epochs: list[dict]) -> list[dict]:
+    """Epochs after the first, which pays for warm-up (kernel compilation, page faults); all if only one."""
+    return epochs[1:] or epochs
+
+
+def aggregate(ranks: list[dict]) -> dict:
+    """Rank 0's summary of every rank's epochs: throughput over all ranks, mean per-batch split."""
+    epochs = []
+    for per_rank in zip(*(r["epochs"] for r in ranks)):
+        seconds = max(e["seconds"] for e in per_rank)  # DDP keeps ranks in step: the slowest sets the pace
+        batches = sum(e["batches"] for e in per_rank)
+        epochs.append({"epoch": per_rank[0]["epoch"], "seconds": seconds, "batches": batches,
+                       "batches_per_s": batches / seconds,
+                       "seeds_on_several_ranks": per_rank[0]["seeds_on_several_ranks"],
+                       **{f"{k[:-2]}_ms_per_batch": statistics.mean(1e3 * e[k] / e["batches"] for e in per_rank)
+                          for k in ("sampling_s", "gather_s", "train_s")}})
+    keys = ("batches_per_s", "sampling_ms_per_batch", "gather_ms_per_batch", "train_ms_per_batch")
+    return {"epochs": epochs, **{f"steady_{k}": statistics.median(e[k] for e in steady(epochs)) for k in keys}}
+
+
+# ---- the script ----------------------------------------------------------------------------
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    device = start_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    progress = not args.no_progress and rank == 0
+    torch.manual_seed(args.seed)
+    fanout = [int(k) for k in args.fanout.split(",")]
+
+    graph = shared_graph(args)
+    num_nodes, num_classes = graph["x"].shape[0], int(graph["y"].max()) + 1
+    in_degree = graph["colptr"].diff()
+    x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=placement.order_by_score(in_degree),  # <-- hmgstore
+                 replicate=args.replicate, device=device, progress=progress)
+    feature_store = HybridFeatureStore(device)
+    feature_store.put_tensor(x.table, group_name=None, attr_name="x", index=None)
+    feature_store.put_tensor(HybridTensor(graph["y"], device), group_name=None, attr_name="y", index=None)
+    graph_store = CSCGraphStore()
+    graph_store.put_edge_index((graph["row"], graph["colptr"]), edge_type=None, layout="csc",
+                               size=(num_nodes, num_nodes))
+
+    # Every epoch the sampler shuffles all training ids with a common seed and gives this rank
+    # every world-th one: disjoint, equal slices (the few ids left over are dropped).
+    train_sampler = DistributedSampler(range(len(graph["train_idx"])), num_replicas=world, rank=rank,
+                                       shuffle=True, seed=args.seed, drop_last=True)
+    loader_kwargs = dict(num_neighbors=fanout, batch_size=args.batch_size, num_workers=args.num_workers,
+                         persistent_workers=args.num_workers > 0,
+                         filter_per_worker=False)  # workers (if any) sample; this process gathers on its GPU
+    train_loader = NeighborLoader((feature_store, graph_store), input_nodes=graph["train_idx"],
+                                  sampler=train_sampler, **loader_kwargs)
+    test_loader = NeighborLoader((feature_store, graph_store),
+                                 input_nodes=graph["test_idx"].tensor_split(world)[rank], **loader_kwargs)
+
+    model = SAGE(args.feat_dim, args.hidden, num_classes, len(fanout)).to(device)
+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    timer = StepTimer(device)
+    timer.watch_gather(train_loader)
+
+    def train(epoch: int) -> dict:
+        model.train()
+        train_sampler.set_epoch(epoch)
+        trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
+        before, batches, start = dict(timer.split()), 0, time.perf_counter()
+        total = min(len(train_loader), args.max_steps or len(train_loader))
+        bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress)
+        loader = iter(train_loader)
+        while batches < total:
+            with timer("load"):
+                batch = next(loader)
+            with timer("to_device"):
+                batch = batch.to(device, non_blocking=True)
+            with timer("train"):
+                optimizer.zero_grad()
+                out = model(batch.x, batch.edge_index)[:batch.batch_size]
+                loss = F.cross_entropy(out, batch.y[:batch.batch_size])
+                loss.backward()  # DDP all-reduces the gradients here
+                optimizer.step()
+            trained[batch.input_id] = True  # positions in train_idx of this batch's seeds
+            batches += 1
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.close()
+        seconds = time.perf_counter() - start
+        after = timer.split()
+        return {"epoch": epoch, "seconds": seconds, "batches": batches, "batches_per_s": batches / seconds,
+                "loss": loss.item(), "seeds": int(trained.sum()),
+                "seeds_on_several_ranks": seeds_on_several_ranks(trained),
+                **{k: after[k] - before[k] for k in after}}
+
+    @torch.no_grad()
+    def test() -> float:
+        """Accuracy over every rank's slice of the test ids (collective)."""
+        model.eval()
+        counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, total
+        for step, batch in enumerate(tqdm(test_loader, desc="test", disable=not progress)):
+            if step == args.max_steps:
+                break
+            batch = batch.to(device, non_blocking=True)
+            pred = model.module(batch.x, batch.edge_index)[:batch.batch_size].argmax(dim=-1)
+            counts[0] += (pred == batch.y[:batch.batch_size]).sum()
+            counts[1] += batch.batch_size
+        dist.all_reduce(counts)
+        return int(counts[0]) / max(1, int(counts[1]))
+
+    epochs = [train(epoch) for epoch in range(1, args.epochs + 1)]
+    accuracy = test()
+
+    mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "device": str(device),
+            "host": platform.node(), "train_ids": train_sampler.num_samples, "epochs": epochs,
+            "steady_batches_per_s": statistics.median(e["batches_per_s"] for e in steady(epochs)),
+            "steady_split_s_per_batch": {k: statistics.median(e[k] / e["batches"] for e in steady(epochs))
+                                         for k in ("sampling_s", "gather_s", "train_s")}}
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+
+    feature_store.close()
+    x.close()  # <-- hmgstore: collective; frees this GPU's shard once no peer reads it
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+
+    p = x.placement
+    result = {
+        "command": " ".join(["torchrun", f"--nproc-per-node={os.environ.get('LOCAL_WORLD_SIZE', world)}",
+                             *sys.argv]) if argv is None else argv,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
+                     "hmgstore": hmgstore.__version__},
+        "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
+        "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
+        "fanout": fanout, "num_workers": args.num_workers,
+        "placement_rows": {**{t: len(rows) for t, rows in zip(p.tiers, p.resident)},
+                           "host": p.num_rows - p.resident_rows},
+        "dataset": {"name": "synthetic", "num_nodes": num_nodes, "num_edges": graph["row"].numel(),
+                    "feat_dim": args.feat_dim, "x_gb": graph["x"].nbytes / 1e9},
+        "aggregate": aggregate(ranks),
+        "test_acc": accuracy,
+        "ranks": ranks,
+    }
+    for r in ranks:
+        split = r["steady_split_s_per_batch"]
+        print(f"rank {r['rank']} ({r['device']}): {r['steady_batches_per_s']:.2f} batches/s, loss "
+              f"{r['epochs'][-1]['loss']:.3f}; per batch "
+              + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items()))
+    total = result["aggregate"]
+    print(f"{world} ranks ({result['backend']}): {total['steady_batches_per_s']:.2f} batches/s over all ranks; "
+          f"gather {total['steady_gather_ms_per_batch']:.1f} ms per batch; test accuracy {accuracy:.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == "__main__":
+    main()
