@@ -198,6 +198,12 @@ class HybridFeatureStore(FeatureStore):
                            f"it holds {sorted(self._specs, key=str)}") from None
 
     # ---- PyG's FeatureStore interface -----------------------------------------
+    def put_tensor(self, tensor, *args, **kwargs) -> bool:
+        """PyG's ``put_tensor``, with ``index`` defaulting to None (the whole table)."""
+        if len(args) < 3 and not (args and isinstance(args[0], TensorAttr)) and "index" not in kwargs:
+            kwargs["index"] = None
+        return super().put_tensor(tensor, *args, **kwargs)
+
     def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
         if not (attr.index is None or (isinstance(attr.index, slice) and attr.index == slice(None))):
             raise ValueError("hmgstore tables are read-only once built: put whole tensors (index=None), "

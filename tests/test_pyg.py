@@ -191,7 +191,7 @@ def test_put_get_size_remove(small_graph):
     x, y = small_graph.x, small_graph.y
     store.put_tensor(x, group_name=None, attr_name="x", index=None)
     store.put_tensor(y.numpy(), group_name=None, attr_name="y", index=None)
-    store.put_tensor(hmgstore.HybridTensor(x[:, :4], "cpu"), group_name="t", attr_name="x", index=None)
+    store.put_tensor(hmgstore.HybridTensor(x[:, :4], "cpu"), group_name="t", attr_name="x")  # index: whole
     idx = torch.tensor([5, 0, 1999, 5])
     assert torch.equal(store.get_tensor(None, "x", idx), x[idx])
     assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])  # (PyG's TensorAttr rejects numpy)
