@@ -88,6 +88,29 @@ def check_every_tier(report, x, t):
     report["tiers_exact"] = results
 
 
+def scenario_dgl(report):
+    """DGL's DataLoader on each rank, its features fetched from this rank's sharded view."""
+    from hmgstore.plugins import dgl as hdgl
+
+    import dgl
+
+    x, t = build(report)
+    g = torch.Generator().manual_seed(5)
+    src, dst = torch.randint(0, N, (8 * N,), generator=g), torch.randint(0, N, (8 * N,), generator=g)
+    graph = hdgl.attach(dgl.graph((src, dst), num_nodes=N), {"feat": t.table})
+    seeds = torch.arange(N)[dist.get_rank()::dist.get_world_size()]  # one loader per rank, its own seeds
+    sampler = dgl.dataloading.NeighborSampler([5, 5], prefetch_node_feats=["feat"])
+    loader = dgl.dataloading.DataLoader(graph, seeds, sampler, batch_size=256, device=t.device)
+    exact, batches = True, 0
+    for input_nodes, _, blocks in loader:
+        exact &= bool(torch.equal(blocks[0].srcdata["feat"].cpu(), table()[input_nodes.cpu()]))
+        batches += 1
+        if batches == 3:
+            break
+    report["dgl_exact"], report["dgl_batches"] = exact, batches
+    t.close()
+
+
 def _gpu_free() -> int:
     if device().type != "cuda":
         return 0

@@ -138,6 +138,13 @@ def test_clean_exits_are_not_crashes(tmp_path, no_leaks):
     assert "exited without closing" not in errs[0]
 
 
+def test_dgl_loader_per_rank_over_sharded_features(tmp_path, no_leaks):
+    pytest.importorskip("hmgstore.plugins.dgl")  # makes dgl importable on this torch
+    codes, reports, errs = launch("dgl", 2, tmp_path)
+    assert codes == [0, 0], errs
+    assert all(r["dgl_exact"] and r["dgl_batches"] == 3 for r in reports.values())
+
+
 def test_shard_needs_an_initialised_process_group():
     import hmgstore.distributed as hd
 
