@@ -155,13 +155,19 @@ def scenario_leader_fails(report):
         report["error"] = f"{type(err).__name__}: {err}"
 
 
-def scenario_kill(report):
-    """The last rank kills itself; the others keep gathering and must get PeerLostError."""
-    x, t = build(report, peer_exit_timeout=float(os.environ.get("PEER_EXIT_TIMEOUT", "30")))
+def _build_then_kill_last_rank(report, peer_exit_timeout: str):
+    """Build the table on every rank; the last rank then kills itself (a crash, no clean-up)."""
+    x, t = build(report, peer_exit_timeout=float(os.environ.get("PEER_EXIT_TIMEOUT", peer_exit_timeout)))
     if dist.get_rank() == dist.get_world_size() - 1:
         _write(report)
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGKILL)
+    return x, t
+
+
+def scenario_kill(report):
+    """The last rank kills itself; the others keep gathering and must get PeerLostError."""
+    x, t = _build_then_kill_last_rank(report, "30")
     start = time.monotonic()
     idx = torch.randint(0, N, (1000,))
     try:
@@ -177,11 +183,7 @@ def scenario_kill(report):
 
 def scenario_kill_blocked(report):
     """As kill, but the survivors wait in a collective: they must not hang."""
-    x, t = build(report, peer_exit_timeout=float(os.environ.get("PEER_EXIT_TIMEOUT", "3")))
-    if dist.get_rank() == dist.get_world_size() - 1:
-        _write(report)
-        time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGKILL)
+    x, t = _build_then_kill_last_rank(report, "3")
     _write(report)
     dist.barrier()  # waits for the dead rank: only hmgstore's watch ends it
     report["barrier_returned"] = True

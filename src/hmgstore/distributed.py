@@ -410,18 +410,12 @@ def _shard_cuda(state: _Node, source, read_only, p, device, buses, max_sms, prog
                 unreachable.append(tier)
                 warnings.warn(f"hmgstore: rank {state.rank} reads the rows of rank {state.ranks[s]}'s shard from "
                               f"pinned host memory over PCIe: {why}", RuntimeWarning, stacklevel=3)
-        reads_host = p.has_host_tier or bool(unreachable)
-        if reads_host:
-            bases["host"] = (pinned.tensor.data_ptr(), pinned.pitch)
-        else:
+        if not p.has_host_tier and not unreachable:  # no row is read from the host
             pinned.release()
             pinned = None
-        dtype = torch.int32 if p.bounds[-1] < 2**31 else torch.int64
-        with torch.cuda.device(device):
-            new = p.new_of_old(device, dtype, host_tiers=unreachable)
         result = DistributedTensor(state, source, p, None, buffer=buffer, opened=opened, pinned=pinned, tiers=tiers)
-        result.table = HybridTensor._view(source, device, p, bases, pinned=pinned, owner=result, map=new,
-                                          reads_host=reads_host, max_sms=max_sms)
+        result.table = HybridTensor._view(source, device, p, bases, pinned=pinned, owner=result,
+                                          unreachable=unreachable, max_sms=max_sms)
     except BaseException:
         undo()
         raise

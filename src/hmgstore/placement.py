@@ -140,6 +140,11 @@ class Placement:
         return self.bounds[t], self.bounds[t + 1]
 
     @property
+    def index_dtype(self) -> torch.dtype:
+        """dtype of ids inside the kernel: int32 while every new id fits."""
+        return torch.int32 if self.bounds[-1] < 2**31 else torch.int64
+
+    @property
     def resident_rows(self) -> int:
         """Rows held in GPU memory somewhere (each counted once)."""
         return sum(len(rows) for rows in self.resident)

@@ -128,14 +128,8 @@ class ShardedTensor:
             bases = {t: b for t, b in shard_bases.items() if t not in unreachable[d.index]}
             if "replica" in p.tiers:
                 bases["replica"] = (self._tiers[d.index, "replica"].data_ptr(), row_bytes)
-            if self._pinned is not None:
-                bases["host"] = (self._pinned.tensor.data_ptr(), self._pinned.pitch)
-            dtype = torch.int32 if p.bounds[-1] < 2**31 else torch.int64
-            with torch.cuda.device(d):
-                new = p.new_of_old(d, dtype, host_tiers=unreachable[d.index])
-            self.views[d] = HybridTensor._view(
-                self._source, d, p, bases, pinned=self._pinned, owner=self, map=new,
-                reads_host=p.has_host_tier or bool(unreachable[d.index]), max_sms=max_sms)
+            self.views[d] = HybridTensor._view(self._source, d, p, bases, pinned=self._pinned, owner=self,
+                                               unreachable=unreachable[d.index], max_sms=max_sms)
 
     # ---- use ---------------------------------------------------------------------
     def on(self, device) -> HybridTensor:

@@ -81,7 +81,7 @@ class HybridTensor:
         read_only = self._read_only
         self.placement = self._choose_placement(gpu_rows, gpu_budget, hot_order)
         #: dtype of ids inside the kernel: int32 while every new id fits
-        self._index_dtype = torch.int32 if self.placement.bounds[-1] < 2**31 else torch.int64
+        self._index_dtype = self.placement.index_dtype
         self._reads_host = self.placement.has_host_tier
         if self.device.type == "cuda":
             from . import _cuda
@@ -111,17 +111,20 @@ class HybridTensor:
 
     @classmethod
     def _view(cls, source, device: torch.device, placement: placement_mod.Placement, bases: dict, *,
-              pinned: PinnedHost | None, owner, map: torch.Tensor | None, reads_host: bool,
-              max_sms: int | None) -> "HybridTensor":
+              pinned: PinnedHost | None, owner, unreachable=(), max_sms: int | None) -> "HybridTensor":
         """A table over tiers built by someone else (a sharded table): ``bases`` gives each
-        tier's ``(pointer, pitch)`` as seen from ``device``, ``map`` the new id of every old
-        id on ``device``; ``owner`` keeps that memory alive and frees it."""
+        readable tier's ``(pointer, pitch)`` as seen from ``device``, plus ``"host"`` when
+        ``pinned`` is given; ``unreachable`` names the shards ``device`` reads from the host
+        instead; ``owner`` keeps that memory alive and frees it."""
         self = cls.__new__(cls)
         self._setup(source, device, max_sms, False)
-        self.placement, self._bases, self._owner, self._map = placement, dict(bases), owner, map
-        self._pinned, self._reads_host = pinned, reads_host
-        self._index_dtype = map.dtype if map is not None else (
-            torch.int32 if placement.bounds[-1] < 2**31 else torch.int64)
+        self.placement, self._bases, self._owner, self._pinned = placement, dict(bases), owner, pinned
+        if pinned is not None:
+            self._bases["host"] = (pinned.tensor.data_ptr(), pinned.pitch)
+        self._reads_host = placement.has_host_tier or bool(unreachable)
+        self._index_dtype = placement.index_dtype
+        with torch.cuda.device(device):
+            self._map = placement.new_of_old(device, self._index_dtype, host_tiers=tuple(unreachable))
         weakref.finalize(self, _synchronize, device)
         return self
 
@@ -313,7 +316,7 @@ def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device:
     num_rows = pinned.tensor.shape[0]
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device)
-        ids = rows.to(device, torch.int32 if num_rows < 2**31 else torch.int64)
+        ids = rows.to(device, placement_mod.host_only(num_rows).index_dtype)
         host = (0, num_rows, pinned.tensor.data_ptr(), pinned.pitch)
         _cuda.launch_gather([_cuda.Job(ids, None, out, None, num_rows, row_layout(pinned.tensor)[0], [host])],
                             device, stream, None)
