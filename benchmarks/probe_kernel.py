@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 import hmgstore
-from hmgstore import _cuda
+from hmgstore import cuda
+from hmgstore.cuda import gather as kernel
 from hmgstore.bench.gather import _fill
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
 
@@ -50,7 +51,7 @@ def main():
     p.add_argument("--batch", type=int, default=500_000)
     args = p.parse_args()
     dev = torch.device("cuda", 0)
-    cp = _cuda.cupy()
+    cp = cuda.cupy()
     naive = cp.RawKernel(NAIVE, "naive")
     limit = h2d_limit_gbps(dev)
     buf = _fill(int(args.table_gib * 2**30))
@@ -80,7 +81,7 @@ def main():
 
         def kernel_only(i):
             s = sorted_ids[i % 3]
-            _cuda.launch_gather([_cuda.Job(s.values, s.indices, out, None, n, rb, t._tiers())], dev, stream)
+            kernel.launch_gather([kernel.Job(s.values, s.indices, out, None, n, rb, t._tiers)], dev, stream)
 
         out.fill_(float("nan"))
         kernel_only(0)

@@ -8,7 +8,7 @@ and batches of 500k distinct random ids:
   2. threads per block x rows per team (ROWS: loads in flight per thread), host and GPU tier;
   3. SM cap (max_sms): how few SMs saturate PCIe;
   4. the fixed costs of a gather: validation (aminmax + sync) and the sort.
-Writes tune.json and tune.md; the constants in _cuda.py / gather.cu cite it.
+Writes tune.json and tune.md; the constants in hmgstore/cuda/gather.py cite it.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 import hmgstore
-from hmgstore import _cuda
+from hmgstore import cuda
+from hmgstore.cuda import gather as kernel
 from hmgstore.bench.gather import _fill, _ids, table_bytes
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
 from hmgstore.index import check_range
@@ -72,26 +73,26 @@ def main():
     lines += ["", "## 2. launch geometry: threads x ROWS [launch bounds] (GB/s)", "",
               "| tier | row B | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(configs)]
     res["geometry"] = []
-    defaults = _cuda.BLOCK, _cuda.ROWS, _cuda.KERNEL_OPTIONS
+    defaults = kernel.BLOCK, kernel.ROWS, kernel.KERNEL_OPTIONS
     for tier, sizes in (("host", (128, 512, 4096)), ("gpu", (128, 512, 1024, 4096))):
         for rb in sizes:
-            _cuda.BLOCK, _cuda.ROWS, _cuda.KERNEL_OPTIONS = defaults
+            kernel.BLOCK, kernel.ROWS, kernel.KERNEL_OPTIONS = defaults
             t, ids = table_at(rb, gpu=tier == "gpu")
             row = []
             for (block, rows, lb), name in zip(configs, names):
-                _cuda.BLOCK, _cuda.ROWS = block, rows
-                _cuda.KERNEL_OPTIONS = ("-std=c++17",) + (
+                kernel.BLOCK, kernel.ROWS = block, rows
+                kernel.KERNEL_OPTIONS = (
                     (f"-DLB_THREADS={lb.split(',')[0]}", f"-DLB_MIN_BLOCKS={lb.split(',')[1]}") if lb else ())
                 try:
                     g = gbps_of(t, ids)
-                except _cuda.cupy().cuda.driver.CUDADriverError:  # too many registers for this block size
+                except cuda.cupy().cuda.driver.CUDADriverError:  # too many registers for this block size
                     g = float("nan")
                 row.append(g)
                 res["geometry"].append({"tier": tier, "row_bytes": rb, "config": name, "gbps": g})
             lines.append(f"| {tier} | {rb} | " + " | ".join(f"{g:.1f}" for g in row) + " |")
             t.close()
             torch.cuda.empty_cache()
-    _cuda.BLOCK, _cuda.ROWS, _cuda.KERNEL_OPTIONS = defaults
+    kernel.BLOCK, kernel.ROWS, kernel.KERNEL_OPTIONS = defaults
 
     # 3. SM cap
     sms = torch.cuda.get_device_properties(dev).multi_processor_count

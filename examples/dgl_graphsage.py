@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import tqdm
 
 import hmgstore
-from hmgstore import datasets
+from hmgstore import data as datasets
 from hmgstore.plugins.dgl import attach, dgl_supports_cuda  # before dgl: makes DGL 2.1 import on newer torch
 
 import dgl  # noqa: E402

@@ -52,7 +52,8 @@ from tqdm import tqdm
 
 import hmgstore
 import hmgstore.distributed as hd
-from hmgstore import HybridTensor, datasets, placement
+from hmgstore import HybridTensor, placement
+from hmgstore import data as datasets
 from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, to_csc
 from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
 
@@ -271,7 +272,7 @@ def main(argv=None) -> dict | None:
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
         "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
         "fanout": fanout, "num_workers": args.num_workers,
-        "placement_rows": {**{t: len(rows) for t, rows in zip(p.tiers, p.resident)},
+        "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},
                            "host": p.num_rows - p.resident_rows},
         "dataset": {"name": "synthetic", "num_nodes": num_nodes, "num_edges": graph["row"].numel(),
                     "feat_dim": args.feat_dim, "x_gb": graph["x"].nbytes / 1e9},

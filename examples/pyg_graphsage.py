@@ -36,7 +36,7 @@ from torch_geometric.nn import SAGEConv
 from tqdm import tqdm
 
 import hmgstore
-from hmgstore import datasets
+from hmgstore import data as datasets
 from hmgstore.plugins.pyg import from_data
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_graph(args) -> tuple[datasets.NodeGraph, str]:
     """The OGB dataset asked for (or found), else the embedded synthetic graph."""
-    from hmgstore import ogb
+    from hmgstore.data import ogb
 
     if args.dataset == "auto" or args.dataset.startswith("ogbn-"):
         for name in OGB_DATASETS if args.dataset == "auto" else (args.dataset,):

@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from hmgstore import datasets
+from hmgstore import data as datasets
 
 
 def _has_cuda() -> bool:

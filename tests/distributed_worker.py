@@ -44,7 +44,7 @@ def device() -> torch.device:
 def make_on_leader_only():
     def make():
         return table()  # only the node's first rank may build it
-    if dist.get_rank() != hd.node().leader:
+    if dist.get_rank() != hd.this_node().leader:
         def make():
             raise AssertionError("make() ran on a rank that is not the node's first")
     return make
@@ -54,9 +54,9 @@ def build(report, budget=40 * N, replicate=10 * N, **kwargs):
     x = hd.share_on_node(make_on_leader_only(), progress=False)
     t = hd.shard(x, gpu_budget=budget, hot_order=hot_order(), replicate=replicate, device=device(), **kwargs)
     report["segments_after_setup"] = sorted(n for n in os.listdir("/dev/shm") if n.startswith("hmgstore-"))
-    report["tiers"] = list(t.placement.tiers)
+    report["tiers"] = list(t.placement.names)
     report["bounds"] = list(t.placement.bounds)
-    report["node_ranks"] = hd.node().ranks
+    report["node_ranks"] = hd.this_node().ranks
     return x, t
 
 
@@ -66,7 +66,7 @@ def check_every_tier(report, x, t):
     report["shared_equal"] = bool(torch.equal(x, expected))
     p = t.placement
     results = {}
-    for name in p.tiers:
+    for name in p.names:
         if name == "host":
             on_host = torch.ones(N, dtype=torch.bool)
             for rows in p.resident:
@@ -131,9 +131,9 @@ def scenario_shard(report):
         report["bad_index"] = str(err)
     t.close()
     report["closed"] = True
-    dist.barrier(group=hd.node().group)  # every rank has closed (gloo: an NCCL barrier would allocate GPU memory)
+    dist.barrier(group=hd.this_node().group)  # every rank has closed (gloo: an NCCL barrier would allocate GPU memory)
     report["gpu_free_lost"] = free - _gpu_free()
-    report["registered_ranges"] = len(hmgstore.memory._registry._ranges)
+    report["registered_ranges"] = len(hmgstore.memory.registered_ranges())
     report["ipc_mappings_open"] = len(t._opened)
 
 
@@ -214,13 +214,13 @@ def scenario_rss(report):
     t = hd.shard(x, gpu_budget=64 * 1024 * 1024, hot_order=torch.arange(rows), device=device())
     idx = torch.randint(0, rows, (100_000,))
     report["exact"] = bool(torch.equal(t.table[idx].cpu(), x[idx]))
-    dist.barrier(group=hd.node().group)
+    dist.barrier(group=hd.this_node().group)
     report["table_bytes"] = x.nbytes
     report["before"] = before
     report["held"] = _memory()
     with open("/proc/meminfo") as f:
         report["meminfo_shmem"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("Shmem:"))
-    dist.barrier(group=hd.node().group)
+    dist.barrier(group=hd.this_node().group)
     t.close()
 
 
@@ -238,9 +238,16 @@ def main():
     globals()[f"scenario_{sys.argv[1]}"](report)
     report["rss"] = _memory()
     _write(report)
-    if hd._node is not None and hd._node.lost is not None:
+    if _node_lost():
         os._exit(0)  # the process group was aborted by hmgstore: nothing left to tear down
     dist.destroy_process_group()
+
+
+def _node_lost() -> bool:
+    from hmgstore.distributed import node as node_module
+
+    state = node_module._node
+    return state is not None and state.lost is not None
 
 
 def _memory() -> dict:

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from hmgstore.plugins import _dgl_compat
+from hmgstore.plugins.dgl import _compat as _dgl_compat
 from hmgstore.plugins import dgl as hdgl  # noqa: F401  (imports dgl, stubbing graphbolt if needed)
 
 import dgl  # noqa: E402
@@ -34,7 +34,7 @@ def test_fresh_interpreter_imports_plugin_then_uses_dgl_with_spawned_workers(tmp
         import torch
         import hmgstore.plugins.dgl as hdgl  # before dgl: this is the documented order
         import dgl
-        from hmgstore import datasets
+        from hmgstore import data as datasets
 
         if __name__ == "__main__":
             data = datasets.synthetic(num_nodes=600, avg_degree=5, feat_dim=8, num_classes=3, seed=2)

@@ -43,6 +43,6 @@ def test_normalize_keeps_int32_and_widens_narrow_types():
     assert normalize(torch.tensor([1, 2], dtype=torch.int32), 5, CPU).ids.dtype == torch.int32
     assert normalize(torch.tensor([1, 2], dtype=torch.uint8), 5, CPU).ids.dtype == torch.int64
     idx = normalize(torch.tensor([[1], [2]]), 5, CPU)
-    assert idx.ids.shape == (2,) and idx.shape == (2, 1) and idx.checked
+    assert idx.ids.shape == (2,) and idx.shape == (2, 1)
     with pytest.raises(IndexError):
         normalize([7], 5, CPU)

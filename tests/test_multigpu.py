@@ -20,7 +20,7 @@ def _devices():
 
 
 def _rows_by_tier(p):
-    rows = {name: p.rows_of(name) for name in p.tiers if name != "host"}
+    rows = {name: p.rows_of(name) for name in p.names if name != "host"}
     on_host = torch.ones(p.num_rows, dtype=torch.bool)
     for r in p.resident:
         on_host[r] = False
@@ -36,7 +36,7 @@ def test_every_tier_from_every_gpu_is_exact(dtype, row_shape):
     row_bytes = x[0].nbytes
     with hmgstore.ShardedTensor(x, _devices(), gpu_budget=3000 * row_bytes, replicate=500 * row_bytes,
                                 hot_order=torch.randperm(n)) as t:
-        assert t.placement.tiers[0] == "replica" and t.placement.has_host_tier
+        assert t.placement.names[0] == "replica" and t.placement.has_host_tier
         for d in t.devices:
             for tier, rows in _rows_by_tier(t.placement).items():
                 idx = rows[torch.randperm(len(rows))][:999]
@@ -74,7 +74,7 @@ def test_all_rows_on_gpus_needs_no_host_reads():
 
 
 def test_without_peer_access_rows_come_from_the_host(monkeypatch):
-    from hmgstore import _cuda
+    from hmgstore.cuda import peer as _cuda
 
     monkeypatch.setattr(_cuda, "can_access_peer", lambda a, b: a == b)
     x = random_table(10_000, (16,), torch.float32)
@@ -172,7 +172,7 @@ def test_distributed_host_memory_is_held_once(tmp_path, no_leaks, request):
 def test_adapters_serve_a_sharded_view(small_graph):
     """PyG's store and DGL's storage take a sharded view like any table: rows of a sampled batch."""
     from hmgstore.plugins import dgl as hdgl
-    from hmgstore.plugins.pyg_feature_store import HybridFeatureStore
+    from hmgstore.plugins.pyg.feature_store import HybridFeatureStore
 
     import dgl  # noqa: E402  (after the plugin)
 

@@ -31,7 +31,7 @@ def test_by_hotness_takes_what_fits():
 
 def test_by_ids_renumbers_into_contiguous_tiers():
     p = placement.by_ids(6, torch.tensor([4, 1]))
-    assert p.tiers == ("gpu", "host") and p.bounds == (0, 2, 8)
+    assert p.names == ("gpu", "host") and p.bounds == (0, 2, 8)
     # GPU rows get slots 0, 1 in the given order; host rows keep their position after the GPU tier.
     assert p.new_of_old().tolist() == [2, 1, 4, 5, 0, 7]
     assert p.has_host_tier and p.num_gpu_rows == 2
@@ -39,7 +39,7 @@ def test_by_ids_renumbers_into_contiguous_tiers():
 
 def test_all_rows_resident_needs_no_map():
     p = placement.by_ids(5, torch.tensor([3, 0, 4, 1, 2]))
-    assert p.tiers == ("gpu",) and p.bounds == (0, 5) and p.new_of_old() is None
+    assert p.names == ("gpu",) and p.bounds == (0, 5) and p.new_of_old() is None
     assert p.gpu_rows.tolist() == [0, 1, 2, 3, 4] and not p.has_host_tier
 
 
@@ -48,7 +48,7 @@ def test_by_ids_refuses_bad_ids():
         placement.by_ids(5, [0, 5])
     with pytest.raises(ValueError, match="more than once"):
         placement.by_ids(5, [1, 1])
-    assert placement.by_ids(5, []).tiers == ("host",)
+    assert placement.by_ids(5, []).names == ("host",)
 
 
 def test_hot_rows_under_budget():
@@ -68,12 +68,12 @@ def test_sharded_deals_hot_rows_in_turn():
     order = torch.tensor([9, 3, 7, 1, 0, 5, 2, 8, 4, 6])
     # 4 rows per GPU (row_bytes 10, budget 40): 1 replicated, 3 per shard on 2 GPUs.
     p = placement.sharded(10, order, 10, 2, 40, replicate=10)
-    assert p.tiers == ("replica", "shard0", "shard1", "host")
+    assert p.names == ("replica", "shard0", "shard1", "host")
     assert p.rows_of("replica").tolist() == [9]
     assert p.rows_of("shard0").tolist() == [3, 1, 5] and p.rows_of("shard1").tolist() == [7, 0, 2]
     assert p.bounds == (0, 1, 4, 7, 17) and p.resident_rows == 7 and p.num_shards == 2
     new = p.new_of_old()
-    for t, lo in zip(p.tiers[:-1], p.bounds):
+    for t, lo in zip(p.names[:-1], p.bounds):
         assert new[p.rows_of(t)].tolist() == list(range(lo, lo + len(p.rows_of(t))))
     for host_row in (8, 4, 6):  # host rows keep their place after the resident tiers
         assert new[host_row] == 7 + host_row
@@ -82,7 +82,7 @@ def test_sharded_deals_hot_rows_in_turn():
 
 def test_sharded_unreachable_shard_reads_host():
     p = placement.sharded(6, torch.arange(6), 4, 2, 8)  # 2 rows per GPU, no replica
-    assert p.tiers == ("shard0", "shard1", "host")
+    assert p.names == ("shard0", "shard1", "host")
     new = p.new_of_old(host_tiers=("shard1",))
     assert new[p.rows_of("shard0")].tolist() == [0, 1]
     assert new[p.rows_of("shard1")].tolist() == [4 + r for r in p.rows_of("shard1").tolist()]

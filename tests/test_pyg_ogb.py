@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("ogb")
 pytest.importorskip("torch_geometric")
 
-from hmgstore import ogb as hogb  # noqa: E402
+from hmgstore.data import ogb as hogb  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using 'NeighborSampler' without a 'pyg-lib'")
 

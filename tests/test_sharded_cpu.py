@@ -11,7 +11,7 @@ def test_cpu_sharded_table_gathers_like_indexing():
     with hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=320, hot_order=torch.randperm(1000), replicate=64) as t:
         idx = torch.randint(0, 1000, (300,))
         assert torch.equal(t[idx], x[idx]) and torch.equal(t.on("cpu")[idx], x[idx])
-        assert t.placement.tiers == ("replica", "shard0", "host") and len(t) == 1000
+        assert t.placement.names == ("replica", "shard0", "host") and len(t) == 1000
         assert "ShardedTensor" in repr(t)
         with pytest.raises(IndexError):
             t[torch.tensor([1000])]

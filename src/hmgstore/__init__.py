@@ -1,18 +1,31 @@
 """hmgstore — Hybrid-Memory Graph Store.
 
-GPU gathers of feature rows from pinned host memory (zero-copy over PCIe) and
-a GPU-resident hot-row tier, in one kernel launch per batch, behind a small
-tensor-like API::
+GPU gathers of feature rows from pinned host memory (zero-copy over PCIe),
+other GPUs' memory (NVLink) and a GPU-resident hot-row tier, in one kernel
+launch per batch, behind a small tensor-like API::
 
     table = hmgstore.HybridTensor(x, device="cuda:0", gpu_rows=hot_ids)
     y = table[idx]
+
+The package, by layer:
+
+- ``tensor`` (HybridTensor, gather_many), ``index`` (the range check),
+  ``placement`` (which row lives where), ``sharded`` (ShardedTensor: several
+  GPUs of one process): the table and its one gather;
+- ``cuda``: the CUDA layer, the only place that imports CuPy;
+- ``memory``: host memory, pinned for zero-copy reads and shared by a node;
+- ``graph``: framework-free topology (CSC);
+- ``distributed``: one process per GPU (torchrun) on one node;
+- ``data``: synthetic and OGB graphs; ``bench``: ``python -m hmgstore.bench``.
 
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
 from . import placement
+from .placement import Placement, Tier
 from .sharded import ShardedTensor
-from .tensor import HybridTensor, gather_many
+from .tensor import HybridTensor, gather_many, resolve_device
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "__version__"]
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "Placement", "Tier", "resolve_device",
+           "__version__"]

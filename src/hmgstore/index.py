@@ -1,12 +1,17 @@
-"""Turning what users index with into a checked, flat id tensor.
+"""Turning what users index with into checked, flat id tensors: the one range check.
 
-Every gather goes through :func:`normalize` before any kernel sees an id: a
-zero-copy kernel that reads one row past the end of a pinned table touches an
-unmapped address, which kills the CUDA context of the whole process. So an id
-that is negative or ``>= num_rows`` is refused here, with its value and
-position, while the process can still recover. (Negative ids are refused
-rather than wrapped as ``torch`` would: in a sampler's output they are a bug,
-never a request for the last row.)
+Every gather goes through :func:`normalize_many` before any kernel sees an
+id: a zero-copy kernel that reads one row past the end of a pinned table
+touches an unmapped address, which kills the CUDA context of the whole
+process. So an id that is negative or ``>= num_rows`` is refused here, with
+its value and position, while the process can still recover. (Negative ids
+are refused rather than wrapped as ``torch`` would: in a sampler's output
+they are a bug, never a request for the last row.) The kernel checks again,
+as a guard, and skips such a row rather than read it.
+
+Ids that come from the CPU are checked on the CPU before they are copied;
+ids already on a GPU are checked there, all indices of one gather with a
+single device-to-host read.
 """
 from __future__ import annotations
 
@@ -15,50 +20,63 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_SIGNED = (torch.int64, torch.int32, torch.int16, torch.int8)
+_UNSIGNED = tuple(getattr(torch, name) for name in ("uint8", "uint16", "uint32", "uint64") if hasattr(torch, name))
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
 class Index:
-    """A normalised index: ``ids`` is 1-D int32/int64 on the table's device.
+    """A checked index: ``ids`` is 1-D int32/int64 on the table's device, each in range.
 
     ``shape`` is the shape the result takes in front of the row's own shape
     (``()`` for a scalar index, which drops the leading dimension as ``x[5]``
-    does). ``checked`` says whether the range check is done: ids that came
-    from the CPU are checked there; ids already on a GPU are checked by the
-    gather itself, folded into work it does anyway (see tensor.py), before
-    any kernel reads a row.
+    does).
     """
 
     ids: torch.Tensor
     shape: tuple[int, ...]
-    checked: bool
+
+
+def _scalar(value) -> torch.Tensor:
+    value = int(value)
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise IndexError(f"index {value} is out of range (beyond int64)")
+    return torch.tensor([value], dtype=torch.int64)
 
 
 def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Convert ``index`` to an integer tensor without checking its range.
 
-    Accepts a torch tensor or numpy array of an integer dtype (any shape, any
-    device), a bool mask of length ``num_rows``, a Python/numpy int, a slice,
-    or a list of ints. Raises TypeError for float, complex or other dtypes.
+    Accepts a torch tensor or numpy array of a signed or unsigned integer
+    dtype (any shape, any device), a bool mask of length ``num_rows``, a
+    Python/numpy int, a slice, or a list of ints. Returns ``(ids, shape)``:
+    ids int64 or int32 (uint64 ids are reinterpreted as int64, so ids of
+    2^63 and above look negative and fail the range check). Raises TypeError
+    for float, complex or other types, IndexError for ints beyond int64.
     """
     if isinstance(index, (bool, np.bool_)):
         raise TypeError("a bool is not a row index; pass an int, a slice or an integer tensor")
     if isinstance(index, (int, np.integer)):
-        return torch.tensor([int(index)], dtype=torch.int64), ()
+        return _scalar(index), ()
     if isinstance(index, slice):
         ids = torch.arange(*index.indices(num_rows), dtype=torch.int64)
         return ids, (len(ids),)
     if isinstance(index, np.ndarray):
         if index.dtype.kind not in "iub":
             raise TypeError(f"index must hold integers or bools, got numpy {index.dtype}")
-        index = torch.from_numpy(np.ascontiguousarray(index).copy() if not index.flags.writeable else np.ascontiguousarray(index))
+        index = torch.from_numpy(np.ascontiguousarray(index).copy() if not index.flags.writeable
+                                 else np.ascontiguousarray(index))
     elif isinstance(index, (list, tuple)):
         if len(index) == 0:
             return torch.empty(0, dtype=torch.int64), (0,)
         try:
             index = torch.as_tensor(index)
-        except (TypeError, ValueError, RuntimeError) as err:
+        except (RuntimeError, OverflowError) as err:
+            if "verflow" in str(err):
+                raise IndexError(f"an index in the list is out of range (beyond int64): {err}") from None
+            raise TypeError(f"could not read a list index as integers: {err}") from None
+        except (TypeError, ValueError) as err:
             raise TypeError(f"could not read a list index as integers: {err}") from None
     elif not isinstance(index, torch.Tensor):
         raise TypeError(
@@ -71,9 +89,14 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
                 f"a bool mask must have shape ({num_rows},), one entry per row; got {tuple(index.shape)}")
         ids = index.nonzero().flatten()
         return ids, (len(ids),)
-    if index.dtype not in _INT_DTYPES:
-        raise TypeError(f"index must be an integer tensor (int32 or int64), got {index.dtype}")
-    return index, tuple(index.shape)
+    shape = tuple(index.shape)
+    if index.dtype in (torch.int64, torch.int32):
+        return index, shape
+    if index.dtype in _SIGNED or index.dtype in _UNSIGNED[:3]:
+        return index.to(torch.int64), shape
+    if _UNSIGNED and index.dtype == _UNSIGNED[-1]:  # uint64: same bits as int64; >= 2^63 looks negative
+        return index.view(torch.int64), shape
+    raise TypeError(f"index must be an integer tensor (int32 or int64), got {index.dtype}")
 
 
 def check_range(ids: torch.Tensor, num_rows: int) -> None:
@@ -81,36 +104,73 @@ def check_range(ids: torch.Tensor, num_rows: int) -> None:
 
     ``ids``: 1-D integer tensor on any device. On CUDA this costs one small
     reduction and one device-to-host read (a synchronisation of the current
-    stream): the price of never launching a gather on a bad id.
+    stream).
     """
     if ids.numel() == 0:
         return
     lo, hi = (int(v) for v in torch.stack(list(torch.aminmax(ids))).tolist())
     if lo >= 0 and hi < num_rows:
         return
+    _raise_first_bad(ids, num_rows)
+
+
+def _raise_first_bad(ids: torch.Tensor, num_rows: int) -> None:
     bad = ((ids < 0) | (ids >= num_rows)).nonzero()[0, 0]
     value = int(ids[bad])
+    shown = f"{value} (or {value + 2**64} read as unsigned)" if value < 0 and value < -2**62 else str(value)
     raise IndexError(
-        f"index {value} at position {int(bad)} is out of range for a table of "
+        f"index {shown} at position {int(bad)} is out of range for a table of "
         f"{num_rows} rows (valid ids are 0..{num_rows - 1})")
 
 
-def normalize(index, num_rows: int, device: torch.device) -> Index:
-    """Convert ``index`` for a table of ``num_rows`` rows on ``device``.
-
-    Returns an :class:`Index` whose ``ids`` are 1-D, int32 or int64 (int32
-    stays int32, narrower types become int64), on ``device``. Indices from the
-    CPU are range-checked on the CPU before they are copied (no GPU
-    synchronisation); indices already on a GPU are left for the caller to
-    check (``checked=False``). Raises TypeError for non-integer indices and
-    IndexError for CPU ids out of range.
-    """
+def _flatten(index, num_rows: int, device: torch.device) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """1-D int32/int64 ids of ``index`` and the result's leading shape; CPU ids bound for a GPU are
+    first copied to memory of our own, so the ids checked are the ids the kernel reads."""
     ids, shape = as_tensor(index, num_rows)
-    ids = ids.reshape(-1).contiguous()  # kernels read ids densely: no strided or expanded views
-    if ids.dtype not in (torch.int32, torch.int64):
-        ids = ids.to(torch.int64)
-    if ids.device.type == "cpu" or device.type == "cpu":
-        ids = ids.cpu()
-        check_range(ids, num_rows)
-        return Index(ids.to(device, non_blocking=True), shape, True)
-    return Index(ids.to(device), shape, False)
+    if ids.device.type == "cpu" and device.type == "cuda" and ids.is_pinned():
+        # A caller may reuse a pinned id buffer as soon as gather() returns, before an asynchronous
+        # copy from it would run: check and copy a private (pageable) copy instead.
+        ids = torch.empty(ids.shape, dtype=ids.dtype).copy_(ids)
+    return ids.reshape(-1).contiguous(), shape  # kernels read ids densely: no strided views
+
+
+def normalize_many(requests, device: torch.device) -> list[Index]:
+    """Check and convert every ``(index, num_rows)`` of one gather for a table on ``device``.
+
+    Returns one :class:`Index` per request: ids 1-D, int32 or int64 (int32
+    stays int32, other integer types become int64), on ``device``, each in
+    ``[0, num_rows)``. A request whose index object (and row count) appeared
+    before gets the same Index. CPU ids are checked on the CPU before they
+    are copied (no GPU synchronisation); ids already on a GPU are checked on
+    their GPU, every index of the call with one device-to-host read. Raises
+    TypeError for non-integer indices and IndexError (value and position)
+    for ids out of range, before anything is read.
+    """
+    done: dict[tuple[int, int], Index] = {}
+    pending = []  # (key, ids, shape, num_rows) of ids already on a GPU
+    for index, num_rows in requests:
+        key = (id(index), num_rows)
+        if key in done or any(p[0] == key for p in pending):
+            continue
+        ids, shape = _flatten(index, num_rows, device)
+        if ids.device.type == "cpu" or device.type == "cpu":
+            ids = ids.cpu()
+            check_range(ids, num_rows)
+            done[key] = Index(ids.to(device, non_blocking=True), shape)
+        else:
+            pending.append((key, ids.to(device), shape, num_rows))
+    if pending:
+        nonempty = [p for p in pending if p[1].numel()]
+        if nonempty:
+            bounds = torch.cat([torch.stack(torch.aminmax(ids)) for _, ids, _, _ in nonempty]).tolist()  # one sync
+            for k, (_, ids, _, num_rows) in enumerate(nonempty):
+                if bounds[2 * k] < 0 or bounds[2 * k + 1] >= num_rows:
+                    _raise_first_bad(ids, num_rows)
+        for key, ids, shape, _ in pending:
+            done[key] = Index(ids, shape)
+    return [done[(id(index), num_rows)] for index, num_rows in requests]
+
+
+def normalize(index, num_rows: int, device: torch.device) -> Index:
+    """:func:`normalize_many` for one index."""
+    return normalize_many([(index, num_rows)], device)[0]

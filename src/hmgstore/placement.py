@@ -1,18 +1,24 @@
-"""Which row of a table lives in which tier.
+"""Which row of a table lives in which tier: placement policy, decided here and nowhere else.
 
-A table of ``N`` rows is seen, from one GPU, as a short list of tiers, each a
-contiguous range of *new ids* (DESIGN.md): first the rows resident on this GPU,
-then (for multi-GPU tables) the rows of each peer GPU's shard, last the host
-tier. The host tier is the source table pinned in place, so it holds every row
-in its original order and a host row's new id is ``host_start + old_id``: no
-host data moves. ``new_of_old[old_id]`` gives any row's new id; a kernel maps a
-new id to ``(tier, offset)`` by comparing it with the tier boundaries.
+A table of ``N`` rows is seen, from one GPU, as a short list of :class:`Tier`
+objects, each a contiguous range of *new ids*: first the rows resident on
+this GPU, then (for multi-GPU tables) the rows of each peer GPU's shard, last
+the host tier. The host tier is the source table pinned in place, so it holds
+every row in its original order and a host row's new id is ``host.start +
+old_id``: no host data moves. ``new_of_old[old_id]`` gives any row's new id;
+the kernel maps a new id to ``(tier, offset)`` by comparing it with the tier
+boundaries.
 
-Placement is decided here and nowhere else; this module only computes ids and
-does not touch tensors' data.
+Policies: :func:`for_table` (rows by id, or the hottest rows under a GPU
+budget), :func:`sharded` (hot rows replicated and dealt over several GPUs)
+and :func:`hot_rows_under_budget` (several tables, e.g. node types, sharing
+one budget). Adapters pass hotness and budgets through to these. This module
+only computes ids; it does not touch tables' data.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -25,19 +31,25 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_bytes(size) -> int:
     """Read a byte count: an int, or a string such as ``"8GB"``, ``"512 MiB"``, ``"1.5e9"``.
 
-    Raises ValueError for negative sizes and strings it cannot read.
+    Raises ValueError for negative or non-finite sizes and strings it cannot read.
     """
     if isinstance(size, bool):
         raise ValueError(f"not a byte count: {size!r}")
     if isinstance(size, (int, float)):
-        value = int(size)
+        value = size
     else:
         m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(size))
         unit = m.group(2).upper() if m else None
         if not m or unit not in _UNITS:
             raise ValueError(
                 f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB' or '512MiB'")
-        value = int(float(m.group(1)) * _UNITS[unit])
+        try:
+            value = float(m.group(1)) * _UNITS[unit]
+        except ValueError:
+            raise ValueError(f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB'") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"a size must be finite, got {size!r}")
+    value = int(value)
     if value < 0:
         raise ValueError(f"a size cannot be negative: {size!r}")
     return value
@@ -48,9 +60,16 @@ def order_by_score(score: torch.Tensor) -> torch.Tensor:
 
     ``score``: 1-D tensor of shape [N], any real dtype, CPU. Returns int64 [N].
     Ties keep ascending id order (stable), so the result is deterministic.
+    Raises ValueError for other shapes and for NaN scores.
     """
+    score = torch.as_tensor(score)
     if score.dim() != 1:
         raise ValueError(f"a hotness score must be 1-D, one value per row; got shape {tuple(score.shape)}")
+    if score.is_floating_point():
+        nan = torch.isnan(score).nonzero()
+        if len(nan):
+            raise ValueError(f"the hotness score of row {int(nan[0, 0])} is NaN; give every row a number "
+                             "(0 for rows never touched)")
     return torch.sort(score.cpu(), descending=True, stable=True).indices
 
 
@@ -61,26 +80,33 @@ def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
     some rows). ``budget``: bytes (int or string, see :func:`parse_bytes`).
     Returns int64 ids, a prefix of ``order``.
     """
+    order = torch.as_tensor(order)
     if row_bytes <= 0:
-        return order[:0].to(torch.int64)
+        return order.reshape(-1)[:0].to(torch.int64)
     count = parse_bytes(budget) // row_bytes
     return order.reshape(-1)[:count].to(torch.int64)
 
 
 def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
-    """Per node type, the ids of the hottest rows that together fit in ``budget`` bytes.
+    """Per group (e.g. node type), the ids of the hottest rows that together fit in ``budget`` bytes.
 
-    ``hotness``: node type -> 1-D score tensor [num_nodes] (higher is hotter,
-    any real dtype). ``row_bytes``: node type -> bytes a row of that type costs
-    on the GPU (all its attributes together). ``budget``: int or string such
-    as ``"8GB"``. Rows of all types compete on one scale; ties keep type then
-    id order. Returns node type -> int64 ids, hottest first.
+    ``hotness``: group -> 1-D score tensor [rows of the group] (higher is
+    hotter, any real dtype). ``row_bytes``: group -> bytes a row of that group
+    costs on the GPU (all its attributes together). ``budget``: int or string
+    such as ``"8GB"``. Rows of all groups compete on one scale; ties keep
+    group then id order. Returns group -> int64 ids, hottest first. Raises
+    ValueError when a group of ``row_bytes`` has no score.
     """
     groups = list(row_bytes)
-    if len(groups) == 1:  # one node type: the same answer without a per-row cost tensor (16 B a row)
+    missing = [g for g in groups if g not in hotness]
+    if missing:
+        raise ValueError(f"no hotness for {missing}; pass one score per row of every node type "
+                         "(e.g. hotness={node_type: in_degree})")
+    hotness = {g: torch.as_tensor(hotness[g]).reshape(-1) for g in groups}
+    if len(groups) == 1:  # one group: the same answer without a per-row cost tensor (16 B a row)
         (g,) = groups
-        return {g: by_hotness(order_by_score(hotness[g].reshape(-1)), budget, row_bytes[g])}
-    scores = torch.cat([hotness[g].reshape(-1).to(torch.float64) for g in groups])
+        return {g: by_hotness(order_by_score(hotness[g]), budget, row_bytes[g])}
+    scores = torch.cat([hotness[g].to(torch.float64) for g in groups])
     cost = torch.cat([torch.full((hotness[g].numel(),), row_bytes[g], dtype=torch.int64) for g in groups])
     order = order_by_score(scores)
     count = int((cost[order].cumsum(0) <= parse_bytes(budget)).sum())
@@ -92,23 +118,102 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
     return rows
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where each row of an ``num_rows``-row table lives.
+def check_hotness(hotness: dict, num_rows: dict) -> dict:
+    """``hotness`` as tensors, after checking each group's score has one entry per row.
 
-    ``tiers``: names of the tiers in new-id order: ``("gpu", "host")`` for a
-    table on one GPU; ``("replica", "shard0", ..., "shard{k-1}", "host")``
-    for a table sharded over ``k`` GPUs (empty tiers are left out, except
-    shards). ``bounds``: ``len(tiers) + 1`` new-id boundaries; tier ``t`` holds
-    new ids ``bounds[t] <= n < bounds[t+1]``. ``resident``: for each tier but
-    the host tier, the old ids of its rows in slot order (int64, CPU). The
-    new-id map is derived from these, where it is used: see :meth:`new_of_old`.
+    ``num_rows``: group -> rows of that group. Raises ValueError naming the
+    group that is missing or has the wrong length.
+    """
+    checked = {}
+    for group, count in num_rows.items():
+        if group not in hotness:
+            raise ValueError(f"no hotness for node type {group!r}; pass one score per node of every type")
+        score = torch.as_tensor(hotness[group])
+        if score.numel() != count:
+            raise ValueError(f"hotness of node type {group!r} has {score.numel()} entries for {count} nodes")
+        checked[group] = score
+    return checked
+
+
+def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) -> dict:
+    """Group -> score: ``hotness`` when given, else in-degree (zeros for groups no edge points to).
+
+    ``in_degree``: group -> int64 [rows]; ``num_rows``: group -> rows of the group.
+    """
+    if hotness is not None:
+        return {g: torch.as_tensor(v) for g, v in hotness.items()}
+    return {g: in_degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in num_rows.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class Tier:
+    """One contiguous range of new ids ``[start, end)`` and where its rows are.
+
+    ``name``: ``"gpu"`` (a one-GPU table's resident rows), ``"replica"``
+    (hot rows copied on every GPU), ``"shard{s}"`` (GPU ``s``'s share) or
+    ``"host"`` (the pinned source). ``rows``: old ids of a resident tier's
+    rows in slot order (int64, CPU); None for the host tier, which holds
+    every row in id order. ``base`` and ``pitch``: the address of the tier's
+    first row as seen from the GPU that reads it, and the bytes between rows;
+    0 until a table binds them (:meth:`bind`).
+    """
+
+    name: str
+    start: int
+    end: int
+    rows: torch.Tensor | None = None
+    base: int = 0
+    pitch: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def bind(self, base: int, pitch: int) -> "Tier":
+        """This tier read at ``base`` with ``pitch`` bytes between rows."""
+        return dataclasses.replace(self, base=base, pitch=pitch)
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Where each row of a ``num_rows``-row table lives: its :class:`Tier` objects in new-id order.
+
+    A table on one GPU has tiers ``gpu, host``; a table sharded over ``k``
+    GPUs ``replica, shard0 .. shard{k-1}, host`` (empty tiers are left out,
+    except shards). The new-id map is derived where it is used: see
+    :meth:`new_of_old`.
     """
 
     num_rows: int
-    tiers: tuple[str, ...]
-    bounds: tuple[int, ...]
-    resident: tuple[torch.Tensor, ...]
+    tiers: tuple[Tier, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tiers)
+
+    @property
+    def bounds(self) -> tuple[int, ...]:
+        """``len(tiers) + 1`` new-id boundaries: tier ``t`` holds ``bounds[t] <= n < bounds[t+1]``."""
+        return (self.tiers[0].start, *(t.end for t in self.tiers)) if self.tiers else (0,)
+
+    @property
+    def resident(self) -> tuple[torch.Tensor, ...]:
+        """Old ids of every resident tier's rows, in tier order."""
+        return tuple(t.rows for t in self.tiers if t.rows is not None)
+
+    def tier(self, name: str) -> Tier:
+        """The tier called ``name`` (KeyError for unknown tiers)."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier {name!r}; tiers are {self.names}")
+
+    def rows_of(self, name: str) -> torch.Tensor:
+        """Old ids of a resident tier's rows, in slot order (KeyError for unknown or host tiers)."""
+        rows = self.tier(name).rows
+        if rows is None:
+            raise KeyError(f"tier {name!r} is not resident: it holds every row of the table")
+        return rows
 
     def new_of_old(self, device=None, dtype: torch.dtype = torch.int64, *, host_tiers=()) -> torch.Tensor | None:
         """``[num_rows]`` new id of every old id, built on ``device``.
@@ -119,25 +224,13 @@ class Placement:
         row on one GPU in id order).
         """
         count = self.resident_rows
-        if count == 0 or self.tiers == ("gpu",):
+        if count == 0 or self.names == ("gpu",):
             return None
         new = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
-        for name, lo, rows in zip(self.tiers, self.bounds, self.resident):
-            if name not in host_tiers and len(rows):
-                new[rows.to(device)] = torch.arange(lo, lo + len(rows), dtype=dtype, device=device)
+        for t in self.tiers:
+            if t.rows is not None and t.name not in host_tiers and len(t.rows):
+                new[t.rows.to(device)] = torch.arange(t.start, t.end, dtype=dtype, device=device)
         return new
-
-    def rows_of(self, tier: str) -> torch.Tensor:
-        """Old ids of a resident tier's rows, in slot order (KeyError for unknown tiers)."""
-        for name, rows in zip(self.tiers, self.resident):
-            if name == tier:
-                return rows
-        raise KeyError(f"no resident tier {tier!r}; tiers are {self.tiers}")
-
-    def tier_range(self, tier: str) -> tuple[int, int]:
-        """``(first, end)`` new ids of ``tier``."""
-        t = self.tiers.index(tier)
-        return self.bounds[t], self.bounds[t + 1]
 
     @property
     def index_dtype(self) -> torch.dtype:
@@ -152,7 +245,7 @@ class Placement:
     @property
     def gpu_rows(self) -> torch.Tensor:
         """Old ids of the rows resident on the GPU of a one-GPU table, in slot order."""
-        return self.resident[0] if self.resident and self.tiers[0] == "gpu" else torch.empty(0, dtype=torch.int64)
+        return self.tiers[0].rows if self.tiers and self.tiers[0].name == "gpu" else torch.empty(0, dtype=torch.int64)
 
     @property
     def num_gpu_rows(self) -> int:
@@ -160,7 +253,7 @@ class Placement:
 
     @property
     def num_shards(self) -> int:
-        return sum(name.startswith("shard") for name in self.tiers)
+        return sum(t.name.startswith("shard") for t in self.tiers)
 
     @property
     def has_host_tier(self) -> bool:
@@ -168,9 +261,32 @@ class Placement:
         return self.resident_rows < self.num_rows
 
 
+def _stack(num_rows: int, resident: list[tuple[str, torch.Tensor]], host: bool = True) -> Placement:
+    """Resident tiers in the given order, then the host tier (new id = its start + old id)."""
+    tiers, start = [], 0
+    for name, rows in resident:
+        tiers.append(Tier(name, start, start + len(rows), rows))
+        start += len(rows)
+    if host:
+        tiers.append(Tier("host", start, start + num_rows))
+    return Placement(num_rows, tuple(tiers))
+
+
 def host_only(num_rows: int) -> Placement:
     """Every row read from the pinned host table."""
-    return Placement(num_rows, ("host",), (0, num_rows), ())
+    return _stack(num_rows, [])
+
+
+def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
+    """1-D int64 CPU ids, each checked to be in ``[0, num_rows)`` and listed once."""
+    from .index import as_tensor, check_range
+
+    ids, _ = as_tensor(ids, num_rows)
+    ids = ids.reshape(-1).to("cpu", torch.int64)
+    check_range(ids, num_rows)
+    if len(torch.unique(ids)) != len(ids):
+        raise ValueError(f"{what} lists a row more than once; pass each id once")
+    return ids
 
 
 def by_ids(num_rows: int, gpu_rows) -> Placement:
@@ -182,20 +298,36 @@ def by_ids(num_rows: int, gpu_rows) -> Placement:
     ``gpu_rows``: 1-D integer ids, unique, each in ``[0, num_rows)``. Raises
     IndexError for an id out of range and ValueError for a repeated id.
     """
-    from .index import as_tensor, check_range
-
-    ids, _ = as_tensor(gpu_rows, num_rows)
-    ids = ids.reshape(-1).to("cpu", torch.int64)
+    ids = _ids(gpu_rows, num_rows, "gpu_rows")
     if len(ids) == 0:
         return host_only(num_rows)
-    check_range(ids, num_rows)
-    if len(torch.unique(ids)) != len(ids):
-        raise ValueError("gpu_rows lists a row more than once; pass each id once")
-    count = len(ids)
-    if count == num_rows:  # every row resident: slot = id, so no map and no host tier
-        return Placement(num_rows, ("gpu",), (0, count), (torch.arange(count),))
-    # Host rows keep their position in the pinned table: new id = count + old id.
-    return Placement(num_rows, ("gpu", "host"), (0, count, count + num_rows), (ids,))
+    if len(ids) == num_rows:  # every row resident: slot = id, so no map and no host tier
+        return _stack(num_rows, [("gpu", torch.arange(num_rows))], host=False)
+    return _stack(num_rows, [("gpu", ids)])
+
+
+def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=None, gpu_budget=None,
+              hot_order=None) -> Placement:
+    """The placement of one table on ``device``, from the arguments :class:`~hmgstore.HybridTensor` takes.
+
+    ``gpu_rows`` (ids), or ``gpu_budget`` (bytes) with ``hot_order`` (ids,
+    hottest first). They are checked on every device, so a script that runs
+    on the CPU fails the same way it would on a GPU; on the CPU every row is
+    then read from the source. Raises ValueError for conflicting or missing
+    arguments and repeated ids, IndexError for ids out of range.
+    """
+    if gpu_rows is not None and (gpu_budget is not None or hot_order is not None):
+        raise ValueError("pass either gpu_rows, or gpu_budget with hot_order, not both")
+    if gpu_budget is not None:
+        if hot_order is None:
+            raise ValueError(
+                "gpu_budget needs hot_order, the row ids hottest first (e.g. "
+                "hmgstore.placement.order_by_score(in_degree)); or pass gpu_rows")
+        gpu_rows = by_hotness(hot_order, gpu_budget, row_bytes)  # by_ids checks the rows chosen
+    elif hot_order is not None:
+        raise ValueError("hot_order is only used with gpu_budget; pass gpu_budget too")
+    placement = host_only(num_rows) if gpu_rows is None else by_ids(num_rows, gpu_rows)
+    return host_only(num_rows) if torch.device(device).type == "cpu" else placement
 
 
 def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budget, replicate=0) -> Placement:
@@ -209,13 +341,19 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     ``hot_order``: row ids hottest first (unique, in range; it may list only
     some rows: unlisted rows stay on the host).
 
-    Tiers: ``("replica", "shard0", ..., "host")``, the replica tier left out
-    when empty and the host tier always last (its new ids are
-    ``bounds[-2] + old_id``). Raises ValueError when ``replicate`` exceeds the
-    budget or the order repeats an id, IndexError for ids out of range.
+    Tiers: ``replica, shard0, ..., host``, the replica tier left out when
+    empty and the host tier always last (its new ids are ``host.start +
+    old_id``). Raises ValueError for missing arguments, when ``replicate``
+    exceeds the budget or the order repeats an id, IndexError for ids out of
+    range.
     """
     from .index import as_tensor, check_range
 
+    if hot_order is None:
+        raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
+                         "hmgstore.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
+    if gpu_budget is None:
+        raise ValueError("a sharded table needs gpu_budget, the bytes each GPU gives to the table (e.g. '20GB')")
     if num_shards < 1 or num_shards > 8:
         raise ValueError(f"a table can be sharded over 1 to 8 GPUs, not {num_shards}")
     budget, rep_bytes = parse_bytes(gpu_budget), parse_bytes(replicate)
@@ -230,16 +368,6 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     spread = order[rep:rep + (per_gpu - rep) * num_shards]
     if len(torch.unique(order[:rep + len(spread)])) != rep + len(spread):
         raise ValueError("hot_order lists a row more than once; pass each id once")
-    tiers, resident = [], []
-    if rep:
-        tiers.append("replica")
-        resident.append(order[:rep])
-    for s in range(num_shards):
-        tiers.append(f"shard{s}")
-        resident.append(spread[s::num_shards])
-    bounds = [0]
-    for rows in resident:
-        bounds.append(bounds[-1] + len(rows))
-    tiers.append("host")
-    bounds.append(bounds[-1] + num_rows)
-    return Placement(num_rows, tuple(tiers), tuple(bounds), tuple(resident))
+    resident = [("replica", order[:rep])] if rep else []
+    resident += [(f"shard{s}", spread[s::num_shards]) for s in range(num_shards)]
+    return _stack(num_rows, resident)

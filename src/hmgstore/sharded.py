@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 
 import torch
 
 from . import placement as placement_mod
-from .memory import PinnedHost, as_host_tensor, row_layout
+from .memory.pinned import PinnedHost, as_host_tensor, row_layout, synchronize
 from .tensor import HybridTensor, fill_rows, resolve_device
 
 log = logging.getLogger(__name__)
 
 
-def plan(source: torch.Tensor, num_gpus: int, gpu_budget, hot_order, replicate) -> placement_mod.Placement:
-    """The sharded placement of ``source`` (checks arguments, explains what is missing)."""
-    if hot_order is None:
-        raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
-                         "hmgstore.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
-    if gpu_budget is None:
-        raise ValueError("a sharded table needs gpu_budget, the bytes each GPU gives to the table (e.g. '20GB')")
-    return placement_mod.sharded(source.shape[0], hot_order, row_layout(source)[0], num_gpus, gpu_budget,
-                                 replicate)
-
-
-def allocate(placement: placement_mod.Placement, tier: str, source: torch.Tensor, device: torch.device):
+def allocate_tier(placement: placement_mod.Placement, tier: str, source: torch.Tensor, device: torch.device):
     """An empty ``[rows of tier, *row_shape]`` tensor on ``device``; a clear error when it does not fit."""
     rows = len(placement.rows_of(tier))
     try:
@@ -80,13 +70,16 @@ class ShardedTensor:
         kinds = {d.type for d in self.devices}
         if len(kinds) > 1:
             raise ValueError("shard over GPUs or over the CPU, not both")
-        self.placement = plan(self._source, len(self.devices), gpu_budget, hot_order, replicate)
+        self.placement = placement_mod.sharded(self._source.shape[0], hot_order, row_layout(self._source)[0],
+                                               len(self.devices), gpu_budget, replicate)
+        self._closed = False
         self._pinned: PinnedHost | None = None
         self._tiers: dict[tuple[int, str], torch.Tensor] = {}  # (device index, tier) -> rows on that GPU
         self.views: dict[torch.device, HybridTensor] = {}
         self.peer_access: dict[tuple[int, int], bool] = {}
         if kinds == {"cpu"}:
-            self.views = {self.devices[0]: HybridTensor(self._source, "cpu")}
+            host = placement_mod.host_only(self._source.shape[0])
+            self.views = {self.devices[0]: HybridTensor.from_tiers(self._source, "cpu", host, (), owner=self)}
             return
         try:
             self._build(read_only, max_sms, progress)
@@ -95,41 +88,44 @@ class ShardedTensor:
             raise
 
     def _build(self, read_only: bool, max_sms, progress: bool) -> None:
-        from . import _cuda
+        from .cuda import check_device, peer
 
         p, indices = self.placement, [d.index for d in self.devices]
         for d in self.devices:
-            _cuda.check_device(d)
+            check_device(d)
         for i in indices:
             for j in indices:
-                self.peer_access[i, j] = _cuda.can_access_peer(i, j)
+                self.peer_access[i, j] = peer.can_access_peer(i, j)
                 if self.peer_access[i, j]:
-                    _cuda.enable_peer_access(i, j)
+                    peer.enable_peer_access(i, j)
         unreachable = {i: [f"shard{s}" for s, j in enumerate(indices) if not self.peer_access[i, j]]
                        for i in indices}
         for i, lost in unreachable.items():
             if lost:
                 warnings.warn(f"hmgstore: cuda:{i} has no peer access to the GPUs of {', '.join(lost)}; it reads "
                               "their rows from pinned host memory over PCIe instead", RuntimeWarning, stacklevel=3)
+        # Dropped without close(): wait for every GPU before the tiers go, since any of them may read any shard.
+        weakref.finalize(self, synchronize, list(self.devices))
         needs_host = p.has_host_tier or any(unreachable.values())
-        self._pinned = PinnedHost(self._source, self.devices[0], read_only, progress)
+        # Every GPU may read the host tier: releasing it waits for all of them.
+        self._pinned = PinnedHost(self._source, list(self.devices), read_only, progress)
         for s, d in enumerate(self.devices):
             for tier in ("replica", f"shard{s}"):
-                if tier in p.tiers:
-                    self._tiers[d.index, tier] = allocate(p, tier, self._source, d)
+                if tier in p.names:
+                    self._tiers[d.index, tier] = allocate_tier(p, tier, self._source, d)
                     fill_rows(self._pinned, p.rows_of(tier), self._tiers[d.index, tier], d)
         if not needs_host:  # every row lives on some GPU that every GPU reads: no host reads at all
             self._pinned.release()
             self._pinned = None
         row_bytes = row_layout(self._source)[0]
-        shard_bases = {f"shard{s}": (self._tiers[d.index, f"shard{s}"].data_ptr(), row_bytes)
-                       for s, d in enumerate(self.devices)}
+        shards = [p.tier(f"shard{s}").bind(self._tiers[d.index, f"shard{s}"].data_ptr(), row_bytes)
+                  for s, d in enumerate(self.devices)]
         for d in self.devices:
-            bases = {t: b for t, b in shard_bases.items() if t not in unreachable[d.index]}
-            if "replica" in p.tiers:
-                bases["replica"] = (self._tiers[d.index, "replica"].data_ptr(), row_bytes)
-            self.views[d] = HybridTensor._view(self._source, d, p, bases, pinned=self._pinned, owner=self,
-                                               unreachable=unreachable[d.index], max_sms=max_sms)
+            readable = [t for t in shards if t.name not in unreachable[d.index]]
+            if "replica" in p.names:
+                readable.append(p.tier("replica").bind(self._tiers[d.index, "replica"].data_ptr(), row_bytes))
+            self.views[d] = HybridTensor.from_tiers(self._source, d, p, readable, owner=self, pinned=self._pinned,
+                                                    unreachable=unreachable[d.index], max_sms=max_sms)
 
     # ---- use ---------------------------------------------------------------------
     def on(self, device) -> HybridTensor:
@@ -162,21 +158,26 @@ class ShardedTensor:
 
     def __repr__(self) -> str:
         p = self.placement
-        sizes = ", ".join(f"{t}={hi - lo}" for t, lo, hi in zip(p.tiers, p.bounds, p.bounds[1:]) if t != "host")
+        sizes = ", ".join(f"{t.name}={t.size}" for t in p.tiers if t.name != "host")
         return (f"ShardedTensor(shape={tuple(self.shape)}, dtype={self._source.dtype}, "
                 f"devices={[str(d) for d in self.devices]}, {sizes}, host={self.num_rows - p.resident_rows})")
 
     def check(self) -> None:
-        """Nothing to check: every shard belongs to this process."""
+        """Raise RuntimeError once the table is closed (every shard belongs to this process,
+        so nothing else can take them away)."""
+        if self._closed:
+            raise RuntimeError("this ShardedTensor was closed; build a new one")
 
     # ---- lifetime ----------------------------------------------------------------
     def close(self) -> None:
-        """Free every GPU's tiers and unregister the host memory (idempotent); views stop working."""
-        for d in {*self.views, *self.devices}:
-            if d.type == "cuda" and torch.cuda.is_available():
-                torch.cuda.synchronize(d)
+        """Free every GPU's tiers and unregister the host memory (idempotent); views stop working.
+
+        Each view first waits for its gathers in flight; then every GPU is waited for.
+        """
+        self._closed = True
         for view in self.views.values():
             view.close()
+        synchronize([d for d in self.devices if d.type == "cuda" and torch.cuda.is_available()])
         self._tiers.clear()
         if self._pinned is not None:
             self._pinned.release()

@@ -9,21 +9,39 @@ bit-identical either way.
 
 ``gather_many`` fuses the gathers of several tables (features, labels, node
 types of a batch) into one launch; adapters call it once per batch.
-Validation lives in the public functions; ``_plan`` and ``_launch`` do the
+Validation lives in the public functions; ``_job`` and the launch do the
 work.
+
+Streams. A gather runs on ``stream`` if given, else on the current stream
+of the table's device, and its result is ready on that stream; the host
+does not wait for it, except that ids already on a GPU are range-checked
+with one device-to-host read. Output buffers it allocates belong to that
+stream. A caller who passes ``out`` or CUDA ids and then uses them on
+another stream orders the streams itself (events, or ``record_stream``), as
+with any torch operation.
+
+Lifetime. ``close()`` waits for gathers in flight in other threads and
+refuses new ones; it then waits for the device, so no kernel still reads
+what it frees. A table sent to another process (pickle, or torch's
+multiprocessing) is rebuilt there, around the same source, on its first use.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from . import placement as placement_mod
-from .index import Index, check_range, normalize
-from .memory import PinnedHost, as_host_tensor, row_layout
+from .index import Index, normalize_many
+from .memory.pinned import PinnedHost, as_host_tensor, row_layout, synchronize
+from .placement import Placement, Tier
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +72,12 @@ class HybridTensor:
             numpy array or an ``np.memmap``. It is pinned in place (no second
             host copy; sources under 64 MiB are copied to pinned memory) and
             kept alive by the table. Each row must be contiguous; the step
-            between rows may be larger (column slices work).
+            between rows may be larger (column slices work). Its shape and
+            memory are fixed at build: ``requires_grad`` is dropped (gathers
+            carry no gradient), and a later ``set_()`` or ``.data = ...`` on
+            the caller's tensor does not reach the table. Memory that moves
+            under it (``resize_()`` past its size, ``share_memory_()``) makes
+            the next gather raise RuntimeError.
         device: where gathered rows go: ``"cuda"``, ``"cuda:1"``, ``"cpu"``;
             ``None`` picks the current GPU, or the CPU when there is none.
         gpu_rows: ids of rows to keep resident on the GPU (unique, in range).
@@ -67,100 +90,106 @@ class HybridTensor:
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning large tables.
 
-    On the CPU, ``gpu_rows``/``gpu_budget`` are accepted and ignored, so the
-    same code runs with and without a GPU.
+    On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
+    every row is read from the source, so the same code runs with and
+    without a GPU.
 
     Raises TypeError/ValueError for unusable sources and placements,
-    RuntimeError when CUDA is asked for without a GPU, ImportError when CuPy
-    is missing.
+    IndexError for placement ids out of range, RuntimeError when CUDA is
+    asked for without a GPU, ImportError when CuPy is missing.
     """
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True):
         self._setup(source, resolve_device(device), max_sms, progress)
-        read_only = self._read_only
-        self.placement = self._choose_placement(gpu_rows, gpu_budget, hot_order)
-        #: dtype of ids inside the kernel: int32 while every new id fits
-        self._index_dtype = self.placement.index_dtype
-        self._reads_host = self.placement.has_host_tier
-        if self.device.type == "cuda":
-            from . import _cuda
-
-            _cuda.check_device(self.device)
-            # Whenever the table goes, wait for kernels that may still read its memory.
-            weakref.finalize(self, _synchronize, self.device)
-            try:
-                self._build_cuda(read_only, progress)
-            except BaseException:
-                self.close()
-                raise
+        self.placement = placement_mod.for_table(self.num_rows, self.row_bytes, self.device, gpu_rows=gpu_rows,
+                                                 gpu_budget=gpu_budget, hot_order=hot_order)
+        self._build()
 
     def _setup(self, source, device: torch.device, max_sms, progress) -> None:
         self.device = device
+        self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
         self.row_bytes = row_layout(self._source)[0]
         self.max_sms = max_sms
+        self._progress = progress
         self._pinned: PinnedHost | None = None
         self._gpu: torch.Tensor | None = None
         self._map: torch.Tensor | None = None
-        self._bases: dict[str, tuple[int, int]] = {}  # tier name -> (base pointer, pitch) as read from device
-        self._owner = None  # a sharded table whose memory this view reads (it frees it, not the view)
+        self._tiers: tuple[Tier, ...] = ()  # bound to this device's addresses
+        self._reads_host = False
+        self._host_address = None  # the source's address when the host tier is the source itself
+        self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
+        self._deferred = None  # why and how the table is built on first use (after unpickling)
         self._sort_ids = True  # host reads in address order; the tuning script turns it off
+        self._closing = False
         self._closed = False
-        self._progress = progress
+        self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
+
+    def _build(self) -> None:
+        p = self.placement
+        self._reads_host = p.has_host_tier
+        if self.device.type != "cuda":
+            return
+        from . import cuda
+
+        cuda.check_device(self.device)
+        # Whenever the table goes, wait for kernels that may still read its memory.
+        weakref.finalize(self, synchronize, (self.device,))
+        try:
+            with torch.cuda.device(self.device):
+                tiers = []
+                if p.has_host_tier:
+                    self._pinned = PinnedHost(self._source, self.device, self._read_only, self._progress)
+                if p.num_gpu_rows:
+                    self._map = p.new_of_old(self.device, p.index_dtype)
+                    self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
+                    self._fill_gpu_tier()
+                    tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.row_bytes))
+                if self._pinned is not None:
+                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch))
+                    self._host_address = self._pinned.address if self._pinned.tensor is self._source else None
+                self._tiers = tuple(tiers)
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
-    def _view(cls, source, device: torch.device, placement: placement_mod.Placement, bases: dict, *,
-              pinned: PinnedHost | None, owner, unreachable=(), max_sms: int | None) -> "HybridTensor":
-        """A table over tiers built by someone else (a sharded table): ``bases`` gives each
-        readable tier's ``(pointer, pitch)`` as seen from ``device``, plus ``"host"`` when
-        ``pinned`` is given; ``unreachable`` names the shards ``device`` reads from the host
-        instead; ``owner`` keeps that memory alive and frees it."""
+    def from_tiers(cls, source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
+                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> "HybridTensor":
+        """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
+
+        ``tiers``: the resident tiers ``device`` reads, bound to their
+        addresses as seen from it (:meth:`hmgstore.placement.Tier.bind`);
+        ``pinned``: the source pinned for ``device``, when some rows are read
+        from the host; ``unreachable``: names of resident tiers ``device``
+        cannot read, whose rows it reads from the host instead. ``owner``
+        must have ``check()``, which raises when the view can no longer be
+        read (a gather calls it first); the view's :meth:`close` leaves the
+        memory to the owner. On the CPU, pass ``tiers=()``.
+        """
         self = cls.__new__(cls)
-        self._setup(source, device, max_sms, False)
-        self.placement, self._bases, self._owner, self._pinned = placement, dict(bases), owner, pinned
+        self._setup(source, resolve_device(device), max_sms, False)
+        self.placement, self._owner, self._pinned = placement, owner, pinned
+        bound = {t.name: t for t in tiers}
         if pinned is not None:
-            self._bases["host"] = (pinned.tensor.data_ptr(), pinned.pitch)
+            bound["host"] = placement.tier("host").bind(pinned.address, pinned.pitch)
+            self._host_address = pinned.address if pinned.tensor is self._source else None
+        # A tier without an address (a peer this GPU cannot read) is never addressed: the map sends no row there.
+        self._tiers = tuple(bound.get(t.name, t) for t in placement.tiers) if self.device.type == "cuda" else ()
         self._reads_host = placement.has_host_tier or bool(unreachable)
-        self._index_dtype = placement.index_dtype
-        with torch.cuda.device(device):
-            self._map = placement.new_of_old(device, self._index_dtype, host_tiers=tuple(unreachable))
-        weakref.finalize(self, _synchronize, device)
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                self._map = placement.new_of_old(self.device, placement.index_dtype, host_tiers=tuple(unreachable))
+                # A first gather may run on another stream (DGL's prefetch thread): the map must be written by then.
+                torch.cuda.current_stream(self.device).synchronize()
+            weakref.finalize(self, synchronize, (self.device,))
         return self
 
-    def _choose_placement(self, gpu_rows, gpu_budget, hot_order) -> placement_mod.Placement:
-        n = self.num_rows
-        if gpu_rows is not None and (gpu_budget is not None or hot_order is not None):
-            raise ValueError("pass either gpu_rows, or gpu_budget with hot_order, not both")
-        if gpu_budget is not None:
-            if hot_order is None:
-                raise ValueError(
-                    "gpu_budget needs hot_order, the row ids hottest first (e.g. "
-                    "hmgstore.placement.order_by_score(in_degree)); or pass gpu_rows")
-            gpu_rows = placement_mod.by_hotness(torch.as_tensor(hot_order), gpu_budget, self.row_bytes)
-        elif hot_order is not None:
-            raise ValueError("hot_order is only used with gpu_budget; pass gpu_budget too")
-        if gpu_rows is None or self.device.type == "cpu":
-            return placement_mod.host_only(n)
-        return placement_mod.by_ids(n, gpu_rows)
-
-    def _build_cuda(self, read_only: bool, progress: bool) -> None:
-        p = self.placement
-        with torch.cuda.device(self.device):
-            if p.has_host_tier:
-                self._pinned = PinnedHost(self._source, self.device, read_only, progress)
-            if p.num_gpu_rows:
-                self._map = p.new_of_old(self.device, self._index_dtype)
-                self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
-                self._fill_gpu_tier(read_only)
-                self._bases["gpu"] = (self._gpu.data_ptr(), self.row_bytes)
-            if self._pinned is not None:
-                self._bases["host"] = (self._pinned.tensor.data_ptr(), self._pinned.pitch)
-
-    def _fill_gpu_tier(self, read_only: bool) -> None:
+    def _fill_gpu_tier(self) -> None:
         """Copy the GPU tier's rows in, reading the host table through the gather kernel."""
         temporary = self._pinned is None  # every row resident: read the source through a temporary pin
-        pinned = PinnedHost(self._source, self.device, read_only, self._progress) if temporary else self._pinned
+        pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
         try:
             fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device)
         finally:
@@ -189,29 +218,46 @@ class HybridTensor:
         return self.placement.num_gpu_rows
 
     @property
-    def source(self) -> torch.Tensor:
-        """The host tensor the table reads from (the caller's memory)."""
-        return self._source
+    def read_only(self) -> bool:
+        """Whether the source is read-only memory (e.g. a memmap opened with ``mode="r"``)."""
+        return self._read_only
+
+    @property
+    def source(self):
+        """The host table the table reads from (the caller's memory, no copy).
+
+        A torch CPU tensor; for a read-only source, the caller's read-only
+        numpy array itself, so that writing to it raises instead of crashing.
+        """
+        return self._given if self._read_only else self._source
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __len__(self) -> int:
         return self.num_rows
 
     def __repr__(self) -> str:
         return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}, "
-                f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.tiers})")
+                f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}"
+                f"{', closed' if self._closed else ''})")
 
     # ---- gathering -----------------------------------------------------------
     def gather(self, index, *, out: torch.Tensor | None = None, stream=None) -> torch.Tensor:
         """Rows ``index`` of the table, on ``self.device``.
 
-        ``index``: int32/int64 tensor (CPU or CUDA, any shape), numpy array,
-        list, int, slice or bool mask. Returns ``[*index.shape, *row_shape]``
-        of the table's dtype (an int drops the first dimension, like
+        ``index``: integer tensor (CPU or CUDA, any shape; int32/int64, or
+        another integer dtype, converted), numpy array, list, int, slice or
+        bool mask. Returns ``[*index.shape, *row_shape]`` of the table's
+        dtype (an int or a 0-d tensor drops the first dimension, like
         ``x[5]``). ``out``: optional contiguous destination of that shape,
         dtype and device. ``stream``: torch CUDA stream to run on (default:
-        the current stream); the result is ready on that stream.
+        the current stream); the result is ready on that stream (see the
+        module docstring for the stream contract).
         Raises IndexError for ids out of range (before any memory is read),
-        TypeError for non-integer indices, ValueError for a bad ``out``.
+        TypeError for non-integer indices, ValueError for a bad ``out``,
+        RuntimeError for a closed table.
         """
         return gather_many([(self, index)], outs=[out], stream=stream)[0]
 
@@ -221,17 +267,56 @@ class HybridTensor:
         raise TypeError("iterate over a HybridTensor by indexing it with a batch of ids")
 
     # ---- lifetime ------------------------------------------------------------
+    def _enter(self) -> None:
+        """Count a gather in flight on this thread; refuse it if the table is closing."""
+        me = threading.get_ident()
+        self._users[me] = self._users.get(me, 0) + 1  # only this thread writes its own entry
+        if self._closing:
+            self._exit()
+            raise RuntimeError("this table was closed; build a new HybridTensor")
+
+    def _exit(self) -> None:
+        me = threading.get_ident()
+        left = self._users[me] - 1
+        if left:
+            self._users[me] = left
+        else:
+            del self._users[me]
+
+    def _ready(self) -> None:
+        """Raise if a gather cannot read this table now; build it first if it was unpickled."""
+        if self._deferred is not None:
+            self._build_deferred()
+        if self._owner is not None:
+            self._owner.check()  # e.g. a sharded table whose peer process died raises here
+        if self._host_address is not None and self._source.data_ptr() != self._host_address:
+            raise RuntimeError(
+                "the source's memory moved after the table was built (resize_() past its size or "
+                "share_memory_() on the tensor it was built from); the table cannot read it any more. "
+                "Build the table after such changes, and leave its source alone while it is in use")
+
     def close(self) -> None:
         """Free the GPU tier and unregister the host memory (idempotent).
 
-        Waits for the table's device first, so no kernel still reads what is freed.
+        Waits for gathers in flight on this table in other threads and
+        refuses new ones (RuntimeError), then waits for the table's device,
+        so no kernel still reads what is freed.
         """
-        if self.device.type == "cuda" and not self._closed and torch.cuda.is_available():
-            _synchronize(self.device)
+        if self._closed:
+            return
+        self._closing = True  # a gather that registers itself from now on sees this and backs out
+        me, start, warned = threading.get_ident(), time.monotonic(), False
+        while any(t != me for t in list(self._users)):  # list(): one atomic snapshot of the dict
+            time.sleep(0.001)
+            if not warned and time.monotonic() - start > 10:
+                log.warning("hmgstore: close() has waited 10 s for a gather on another thread to finish")
+                warned = True
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            synchronize((self.device,))
         if self._pinned is not None and self._owner is None:
             self._pinned.release()
         self._pinned = self._gpu = self._map = self._owner = None
-        self._bases = {}
+        self._tiers = ()
         self._closed = True
 
     def __enter__(self):
@@ -240,86 +325,148 @@ class HybridTensor:
     def __exit__(self, *exc):
         self.close()
 
-    def __getstate__(self):
+    # ---- crossing processes ----------------------------------------------------
+    def _state(self, for_process: bool) -> dict:
+        """What another process rebuilds this table from (see :func:`_reduce`)."""
+        source = _sendable_source(self, for_process)
+        unusable = None
         if self._owner is not None:
-            raise TypeError(
-                f"a view of a table sharded over several GPUs ({self._owner!r}) cannot be sent to another "
-                "process; build the sharded table in each process (hmgstore.distributed.shard under "
-                "torchrun), or gather in the main process (PyG: filter_per_worker=False)")
-        # Worker processes rebuild the table around the source. torch's
-        # multiprocessing pickler moves a tensor's memory into shared memory in
-        # place, which would pull a registered source out from under this
-        # table; such sources travel as a copy instead.
-        source = self._source
-        if self._pinned is not None and self._pinned.registered and not source.is_shared():
-            if source.nbytes >= 1 << 30:
-                log.warning("sending a CUDA table to another process copies its %.2f GB host source; use the "
-                            "fork start method, or source.share_memory_() before building the table",
-                            source.nbytes / 1e9)
-            source = source.clone()
-        return {"source": source, "device": str(self.device), "max_sms": self.max_sms,
-                "gpu_rows": self.placement.gpu_rows if self.placement.num_gpu_rows else None}
+            unusable = (f"this table is a view of {self._owner!r}, whose GPU memory belongs to the process that "
+                        "built it; build the sharded table in each process that gathers "
+                        "(hmgstore.distributed.shard under torchrun), or gather in the main process "
+                        "(PyG: filter_per_worker=False)")
+        elif self._deferred is not None:
+            unusable = self._deferred.get("unusable")
+        return {"source": source, "device": str(self.device), "max_sms": self.max_sms, "closed": self._closed,
+                "gpu_rows": self.placement.gpu_rows if self.placement.num_gpu_rows else None,
+                "unusable": unusable}
 
-    def __setstate__(self, state):
-        self.__init__(state["source"], state["device"], gpu_rows=state["gpu_rows"],
-                      max_sms=state["max_sms"], progress=False)
+    def __reduce__(self):
+        return _rebuild, (self._state(for_process=False),)
 
-    # ---- the work behind gather_many ------------------------------------------
-    def _tiers(self) -> list[tuple[int, int, int, int]]:
-        # A tier without a base (a peer this GPU cannot read, a host tier no row maps to) is never
-        # addressed: the map sends no row there.
-        p = self.placement
-        return [(lo, hi, *self._bases.get(name, (0, self.row_bytes)))
-                for name, lo, hi in zip(p.tiers, p.bounds, p.bounds[1:])]
+    def _build_deferred(self) -> None:
+        with _deferred_lock:
+            state = self._deferred
+            if state is None:
+                return
+            if state["unusable"]:
+                raise RuntimeError(state["unusable"])
+            self._build()
+            self._deferred = None
 
-    def _plan(self, index: Index, out: torch.Tensor, prepared: dict):
-        """The kernel job for one index, and what is left to check of it.
 
-        Returns ``(job, bounds)``: ``bounds`` is None for checked ids, else a
-        2-element device tensor ``[min, max]`` of the ids, which the caller
-        reads back (one synchronisation for a whole batch) before launching.
-        Unchecked ids are clamped to ``[-1, num_rows]`` before being narrowed
-        to int32, so no out-of-range id can wrap into range. ``prepared``
-        caches narrowed/sorted ids per index within one batch, so features
-        and labels indexed by the same ids sort them once. Runs on the
-        current stream.
-        """
-        from . import _cuda
+_deferred_lock = threading.Lock()
 
-        narrow = self._index_dtype
-        sort = self._sort_ids and self._reads_host and len(index.ids) > 1
-        key = (id(index), narrow, sort, None if index.checked else self.num_rows)
-        if key not in prepared:
-            ids = index.ids
-            if ids.dtype != narrow:  # int64 -> int32 clamps first (unchecked ids must not wrap)
-                wraps = not index.checked and narrow == torch.int32
-                ids = (ids.clamp(-1, self.num_rows) if wraps else ids).to(narrow)
-            perm, bounds = None, None
-            if sort:
-                ids, perm = torch.sort(ids)
-                if not index.checked:  # sorted: the ends are the extremes, no reduction needed
-                    bounds = ids[:: len(ids) - 1]
-            elif not index.checked and len(ids):
-                bounds = torch.stack(torch.aminmax(ids))
-            prepared[key] = (ids, perm, bounds)
-        ids, perm, bounds = prepared[key]
-        job = _cuda.Job(ids, perm, out, self._map, self.num_rows, self.row_bytes, self._tiers())
-        return job, bounds
+
+def _reduce_for_process(table: HybridTensor):
+    """How torch's multiprocessing (ForkingPickler: DataLoader workers, queues) sends a table."""
+    return _rebuild, (table._state(for_process=True),)
+
+
+ForkingPickler.register(HybridTensor, _reduce_for_process)
+
+
+def _sendable_source(table: HybridTensor, for_process: bool):
+    """The table's source, in a form that is safe and cheap to send.
+
+    - A memmap travels as its file name and is opened again (no copy).
+    - torch's multiprocessing moves a tensor's memory into shared memory in
+      place, unless it is shared already; that would pull pinned pages out
+      from under this table (its kernels would read freed memory), so a
+      pinned source that is not shared travels as a copy.
+    - Otherwise the source itself (plain pickle copies its bytes).
+    """
+    given = table._given
+    if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
+        return _MemmapSpec.of(given)
+    source = table._source
+    pinned = table._pinned is not None and (table._pinned.registered or table._pinned.owner_pinned)
+    if for_process and pinned and not source.is_shared():
+        if source.nbytes >= 1 << 30:
+            log.warning("hmgstore: sending a CUDA table to another process copies its %.2f GB host source; use "
+                        "the fork start method, or source.share_memory_() before building the table",
+                        source.nbytes / 1e9)
+        return source.clone()
+    return given if isinstance(given, np.ndarray) else source
+
+
+class _MemmapSpec:
+    """A memmap's file, layout and mode, to open it again in another process."""
+
+    def __init__(self, filename, dtype, shape, offset, mode, order):
+        self.filename, self.dtype, self.shape, self.offset, self.mode, self.order = \
+            filename, dtype, shape, offset, mode, order
+
+    @classmethod
+    def of(cls, array: np.memmap) -> "_MemmapSpec":
+        base = array
+        while isinstance(base.base, np.memmap):
+            base = base.base
+        # Offset of this view from the file's start: the memmap's own offset plus the view's.
+        view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
+        return cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C")
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset, shape=self.shape,
+                         order=self.order)
+
+
+def _rebuild(state: dict) -> HybridTensor:
+    """A table from :meth:`HybridTensor._state`: checked now, built (CUDA memory, pinning) on first use."""
+    source = state["source"]
+    if isinstance(source, _MemmapSpec):
+        source = source.open()
+    table = HybridTensor.__new__(HybridTensor)
+    table._setup(source, resolve_device(state["device"]), state["max_sms"], False)
+    table.placement = placement_mod.for_table(table.num_rows, table.row_bytes, table.device,
+                                              gpu_rows=state["gpu_rows"])
+    if state["closed"]:
+        table._closing = table._closed = True
+    elif table.device.type == "cuda" or state["unusable"]:
+        table._deferred = state
+    return table
+
+
+# ---- the work behind gather_many ----------------------------------------------
+def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict):
+    """The kernel job for one table's ids (checked). Runs on the current stream.
+
+    ``prepared`` caches narrowed/sorted ids per index within one batch, so
+    features and labels indexed by the same ids convert and sort them once.
+    """
+    from .cuda import gather
+
+    narrow = table.placement.index_dtype
+    sort = table._sort_ids and table._reads_host and len(index.ids) > 1
+    key = (id(index), narrow, sort)
+    if key not in prepared:
+        ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
+        perm = None
+        if sort:
+            ids, perm = torch.sort(ids)
+        prepared[key] = (ids, perm)
+    ids, perm = prepared[key]
+    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
 
 
 def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device) -> None:
-    """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits."""
-    from . import _cuda
+    """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits.
+
+    ``rows``: ids in range (they come from a placement).
+    """
+    from .cuda import gather
 
     if not len(rows):
         return
     num_rows = pinned.tensor.shape[0]
+    host = placement_mod.host_only(num_rows)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device)
-        ids = rows.to(device, placement_mod.host_only(num_rows).index_dtype)
-        host = (0, num_rows, pinned.tensor.data_ptr(), pinned.pitch)
-        _cuda.launch_gather([_cuda.Job(ids, None, out, None, num_rows, row_layout(pinned.tensor)[0], [host])],
-                            device, stream, None)
+        ids = rows.to(device, host.index_dtype)
+        tiers = [host.tier("host").bind(pinned.address, pinned.pitch)]
+        gather.launch_gather([gather.Job(ids, None, out, None, num_rows, row_layout(pinned.tensor)[0], tiers)],
+                             device, stream, None)
         stream.synchronize()
 
 
@@ -332,87 +479,71 @@ def _check_out(out: torch.Tensor, shape, dtype, device) -> None:
             f"{'' if out.is_contiguous() else ', not contiguous'}")
 
 
+def _check_requests(requests, outs) -> torch.device:
+    for table, _ in requests:
+        if not isinstance(table, HybridTensor):
+            raise TypeError(
+                f"gather_many takes (HybridTensor, index) pairs, got {type(table).__name__}; wrap a plain "
+                "tensor once, hmgstore.HybridTensor(x, device), and gather from the table")
+    device = requests[0][0].device
+    for table, _ in requests:
+        if table.device != device:
+            raise ValueError(f"all tables of one gather_many must share a device: {device} and {table.device}")
+    given = [out for out in outs if out is not None]
+    if len({out.data_ptr() for out in given if out.numel()}) != len([o for o in given if o.numel()]):
+        raise ValueError("the same out buffer is given for two requests; give each its own")
+    return device
+
+
 def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, stream=None) -> list[torch.Tensor]:
     """Gather from several tables at once: ``[table[index] for table, index in requests]``.
 
     Every table must be on the same device. On CUDA, all gathers run in one
     kernel launch on ``stream`` (default: the current stream), which is what
     makes a batch's features, labels and node types cost one launch. ``outs``,
-    if given, is a list of destinations (or None) matching ``requests``.
-    Every index is validated before anything runs, so a bad index in any
-    request raises (IndexError/TypeError) without reading memory.
+    if given, is a list of destinations (or None) matching ``requests``, each
+    its own buffer. Every index is validated before anything runs, so a bad
+    index in any request raises (IndexError/TypeError) without reading memory.
     """
     requests = list(requests)
-    if outs is None:
-        outs = [None] * len(requests)
+    outs = [None] * len(requests) if outs is None else list(outs)
     if len(outs) != len(requests):
         raise ValueError(f"outs has {len(outs)} entries for {len(requests)} requests")
     if not requests:
         return []
-    for table, _ in requests:
-        if not isinstance(table, HybridTensor):
-            raise TypeError(f"gather_many takes (HybridTensor, index) pairs, got {type(table).__name__}")
-    device = requests[0][0].device
-    for table, _ in requests:
-        if table.device != device:
-            raise ValueError(f"all tables of one gather_many must share a device: {device} and {table.device}")
-        if table._closed:
-            raise RuntimeError("this table was closed; build a new HybridTensor")
-        if table._owner is not None:
-            table._owner.check()  # a sharded table whose peer process died raises here
-
-    ctx = contextlib.nullcontext() if device.type == "cpu" else _cuda_context(device, stream)
-    with ctx as stream:
-        indices = _normalize_all(requests, device)
-        results = []
-        for (table, _), index, out in zip(requests, indices, outs):
-            if out is None:
-                out = torch.empty((len(index.ids), *table.row_shape), dtype=table.dtype, device=device)
+    device = _check_requests(requests, outs)
+    tables = list({id(t): t for t, _ in requests}.values())
+    entered = []
+    try:
+        for table in tables:
+            table._enter()
+            entered.append(table)
+            table._ready()
+        context = contextlib.nullcontext() if device.type == "cpu" else _cuda_context(device, stream)
+        with context as stream:
+            indices = normalize_many([(index, table.num_rows) for table, index in requests], device)
+            results = []
+            for (table, _), index, out in zip(requests, indices, outs):
+                if out is None:
+                    out = torch.empty((len(index.ids), *table.row_shape), dtype=table.dtype, device=device)
+                else:
+                    _check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
+                    out = out.view(len(index.ids), *table.row_shape)
+                results.append(out)
+            if device.type == "cpu":
+                for (table, _), index, out in zip(requests, indices, results):
+                    torch.index_select(table._source, 0, index.ids, out=out)
             else:
-                _check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
-                out = out.view(len(index.ids), *table.row_shape)
-            results.append(out)
-        if device.type == "cpu":
-            for (table, _), index, out in zip(requests, indices, results):
-                torch.index_select(table._source, 0, index.ids, out=out)
-        else:
-            from . import _cuda
+                from .cuda import gather
 
-            prepared = {}
-            plans = [table._plan(index, out, prepared) for (table, _), index, out in zip(requests, indices, results)]
-            _check_bounds(plans, requests, indices)
-            jobs = [job for job, _ in plans]
-            _cuda.launch_gather(jobs, device, stream, min((t.max_sms or 1 << 30) for t, _ in requests)
-                                if any(t.max_sms for t, _ in requests) else None)
-    return [out.view(*index.shape, *table.row_shape) for (table, _), index, out in zip(requests, indices, results)]
-
-
-def _normalize_all(requests, device) -> list[Index]:
-    """Normalise each request's index; one index object shared by several tables is converted once."""
-    done: dict[tuple[int, int], Index] = {}
-    result = []
-    for table, index in requests:
-        key = (id(index), table.num_rows)
-        if key not in done:
-            done[key] = normalize(index, table.num_rows, device)
-        result.append(done[key])
-    return result
-
-
-def _check_bounds(plans, requests, indices) -> None:
-    """Read back every unchecked index's [min, max] at once; raise for the first bad one."""
-    pending, seen = [], set()
-    for (_, bounds), (table, _), index in zip(plans, requests, indices):
-        if bounds is not None and (id(bounds), table.num_rows) not in seen:
-            seen.add((id(bounds), table.num_rows))
-            pending.append((bounds, table, index))
-    if not pending:
-        return
-    values = (pending[0][0] if len(pending) == 1 else torch.cat([b for b, _, _ in pending])).tolist()  # the one sync
-    for k, (_, table, index) in enumerate(pending):
-        lo, hi = values[2 * k], values[2 * k + 1]
-        if lo < 0 or hi >= table.num_rows:
-            check_range(index.ids, table.num_rows)  # names the value and position
+                prepared = {}
+                jobs = [_job(table, index, out, prepared) for (table, _), index, out in zip(requests, indices, results)]
+                caps = [t.max_sms for t in tables if t.max_sms]
+                gather.launch_gather(jobs, device, stream, min(caps) if caps else None)
+    finally:
+        for table in entered:
+            table._exit()
+    return [out.view((*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
 
 
 @contextlib.contextmanager
@@ -425,10 +556,3 @@ def _cuda_context(device: torch.device, stream):
         stream = stream if stream is not None else torch.cuda.current_stream(device)
         with torch.cuda.stream(stream):
             yield stream
-
-
-def _synchronize(device: torch.device) -> None:
-    try:
-        torch.cuda.synchronize(device)
-    except Exception:  # interpreter shutdown or a dead context: nothing left to wait for
-        pass

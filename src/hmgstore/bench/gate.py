@@ -11,25 +11,14 @@ The gate gives up after ``timeout_s`` and records that it did: if something
 in the issue path waits for the GPU (a device-to-host read, an implicit
 synchronisation), the host would otherwise wait for a gate that only the
 host can open. :meth:`StartGate.timed_out` tells the caller to discard that
-measurement. Uses CuPy through :func:`hmgstore._cuda.cupy` (GPU only).
+measurement. Uses CuPy through :mod:`hmgstore.cuda` (GPU only).
 
-Measured on 4 H200s (2026-11-21, ``python -m hmgstore.bench peer`` with and
-without ``--no-gate``): without the gate a GPU's event time also holds the
-host's time to issue its first gather (GPU 0 alone, two 256 MiB batches of
-4 KiB rows: 1.68 ms a round instead of 1.50), and the GPUs overlap less (128 B
-rows, 4 GPUs: 239 GB/s each instead of 214, from less contention).
+Why a gate, measured: benchmarks/NOTES.md ("Start gate").
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
-
-def _source() -> str:
-    import importlib.resources
-
-    return importlib.resources.files("hmgstore.kernels").joinpath("bench_gate.cu").read_text()
 
 
 class StartGate:
@@ -41,9 +30,9 @@ class StartGate:
     """
 
     def __init__(self, devices, timeout_s: float = 5.0):
-        from .. import _cuda
+        from .. import cuda
 
-        self._cp = _cuda.cupy()
+        self._cp = cuda.cupy()
         self.timeout_ns = int(timeout_s * 1e9)
         self.devices = [torch.device(d) for d in devices]
         # Pinned memory from cudaHostAlloc is mapped into every GPU at the same address (UVA).
@@ -54,30 +43,16 @@ class StartGate:
             if attrs.devicePointer != t.data_ptr():
                 raise RuntimeError("pinned host memory is not mapped at its host address; the start gate needs UVA")
         self._slot = {d: i for i, d in enumerate(self.devices)}
-        self._kernels = {}
-        self._streams = {}
 
     def _kernel(self, index: int):
-        if index not in self._kernels:
-            with self._cp.cuda.Device(index):
-                k = self._cp.RawKernel(_source(), "hmg_bench_gate")
-                k.compile()
-            self._kernels[index] = k
-        return self._kernels[index]
+        from .. import cuda
+
+        return cuda.module(index, ("bench_gate.cu",)).get_function("hmg_bench_gate")
 
     def prepare(self) -> None:
         """Compile the gate for every device now, so that a compiler error shows before any timing."""
         for d in self.devices:
             self._kernel(d.index)
-
-    def _cupy_stream(self, stream: torch.cuda.Stream):
-        wrapped = self._streams.get(stream.cuda_stream)
-        if wrapped is None:
-            with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14; its successor is not in 13
-                warnings.simplefilter("ignore", DeprecationWarning)
-                wrapped = self._streams[stream.cuda_stream] = self._cp.cuda.ExternalStream(
-                    stream.cuda_stream, stream.device.index)
-        return wrapped
 
     def close(self) -> None:
         """Arm the gate for the next round. Call only when no gate kernel is running."""
@@ -86,13 +61,15 @@ class StartGate:
 
     def hold(self, stream: torch.cuda.Stream) -> None:
         """Queue the gate on ``stream``: what is queued after it waits for :meth:`open`."""
+        from .. import cuda
+
         index = stream.device.index
         slot = self._slot[torch.device("cuda", index)]
         kernel = self._kernel(index)
         with self._cp.cuda.Device(index):
             kernel((1,), (1,), (np.uint64(self._flag.data_ptr()), np.uint64(self.timeout_ns),
                                 np.uint64(self._timed_out.data_ptr() + 4 * slot)),
-                   stream=self._cupy_stream(stream))
+                   stream=cuda.cupy_stream(stream))
 
     def open(self) -> None:
         self._flag[0] = 1

@@ -142,9 +142,9 @@ def run(args) -> dict:
         "cpu_threads": torch.get_num_threads(), "sizes": [], "big_table": None,
     }
     if device.type == "cuda":
-        from .. import _cuda
+        from .. import cuda
 
-        report["cupy"] = _cuda.cupy().__version__
+        report["cupy"] = cuda.cupy().__version__
         report["h2d_limit_gbps"] = h2d_limit_gbps(device)
     all_variants = ("hmg_host", "hmg_gpu", "gpu_index_select", "pageable", "cpu_pinned")
     if any(rb % 4 for rb in args.row_bytes):

@@ -304,25 +304,26 @@ def run(args) -> dict:
         raise SystemExit(f"--row-bytes must be positive multiples of 4, got {args.row_bytes}")
     if args.quick:
         args.shard_bytes, args.batch, args.copy_bytes, args.reps = "64MiB", 20_000, "64MiB", 3
-    from .. import _cuda
+    from .. import cuda
+    from ..cuda import peer as cuda_peer
 
     devices = [torch.device("cuda", g) for g in gpus]
     for d in devices:
-        _cuda.check_device(d)
+        cuda.check_device(d)
     shard_bytes, copy_bytes = parse_bytes(args.shard_bytes), parse_bytes(args.copy_bytes)
     sizes = [sizing(rb, len(gpus), shard_bytes, args.batch, args.max_batch_mib << 20) for rb in args.row_bytes]
-    peer_access = [(i, j, _cuda.can_access_peer(i, j)) for i in gpus for j in gpus if i != j]
+    peer_access = [(i, j, cuda_peer.can_access_peer(i, j)) for i in gpus for j in gpus if i != j]
     for i, j, ok in peer_access:
         if ok:
-            _cuda.enable_peer_access(i, j)
+            cuda_peer.enable_peer_access(i, j)
     runner = Runner(devices, args.reps, WARMUP, use_gate=not args.no_gate)
     report = {
         "benchmark": "peer",
         "command": "python -m hmgstore.bench " + shlex.join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "num_gpus": len(gpus), "gpus": gpus, "device_names": [torch.cuda.get_device_name(d) for d in devices],
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": _cuda.cupy().__version__,
-        "driver": _cuda.cupy().cuda.runtime.driverGetVersion(), "hmgstore": hmgstore.__version__,
+        "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cuda.cupy().__version__,
+        "driver": cuda.cupy().cuda.runtime.driverGetVersion(), "hmgstore": hmgstore.__version__,
         "peer_access": peer_access, "shard_bytes": shard_bytes, "warmup": WARMUP, "reps": args.reps,
         "peer_memcpy": {"bytes": copy_bytes}, "sizes": [],
     }

@@ -2,7 +2,7 @@
 
 :func:`load_node_dataset` turns an OGB homogeneous node dataset that is
 already on disk (``ogbn-products``, ``ogbn-papers100M``, ``ogbn-arxiv``, ...)
-into a :class:`hmgstore.datasets.NodeGraph`, the form the examples and
+into a :class:`hmgstore.data.NodeGraph`, the form the examples and
 adapters take. It reads with ``ogb.nodeproppred.NodePropPredDataset`` (raw
 CSV/NPZ files, or ``processed/data_processed`` once ogb has written it), after
 checking that the files are present: ogb itself would download a missing
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datasets import NodeGraph
+from .community import NodeGraph
 
 log = logging.getLogger(__name__)
 

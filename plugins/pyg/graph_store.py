@@ -20,116 +20,26 @@ Everything lives in host memory (PyG samples on the CPU).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 from torch_geometric.data import EdgeAttr, GraphStore
 from torch_geometric.data.graph_store import EdgeLayout
-from torch_geometric.index import index2ptr, ptr2index
 from torch_geometric.utils import index_sort
 
+from hmgstore.graph import CSC
+from hmgstore.graph import to_csc as _to_csc
 
-@dataclass(frozen=True)
-class CSC:
-    """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``."""
-
-    row: torch.Tensor
-    colptr: torch.Tensor
-    perm: torch.Tensor | None
-    size: tuple[int, int]
-
-    @property
-    def num_edges(self) -> int:
-        return self.row.numel()
-
-    def in_degree(self) -> torch.Tensor:
-        """int64 [num_dst]: edges into each destination node."""
-        return self.colptr.diff()
+__all__ = ["CSC", "CSCGraphStore", "to_csc"]
 
 
-def _as_index(tensor, what: str) -> torch.Tensor:
-    """A 1-D int64 CPU tensor (converted only when it is not one already)."""
-    if not isinstance(tensor, torch.Tensor):
-        tensor = torch.as_tensor(tensor)
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
-        raise TypeError(f"{what} must hold integer node ids or offsets, got dtype {tensor.dtype}")
-    if tensor.dim() != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {tuple(tensor.shape)}")
-    return tensor.to("cpu", torch.int64)
-
-
-def _check_ids(ids: torch.Tensor, bound: int | None, what: str) -> int:
-    """``bound`` (or ``max + 1`` when None) after checking every id is in ``[0, bound)``."""
-    if ids.numel() == 0:
-        return bound or 0
-    lo, hi = (int(v) for v in torch.aminmax(ids))
-    if bound is None:
-        bound = hi + 1
-    if lo < 0 or hi >= bound:
-        raise IndexError(f"{what} holds node id {lo if lo < 0 else hi}, outside [0, {bound}); "
-                         "pass the right size=(num_src_nodes, num_dst_nodes)")
-    return bound
-
-
-def _check_ptr(ptr: torch.Tensor, num_edges: int, what: str) -> None:
-    if ptr.numel() == 0 or int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or bool((ptr.diff() < 0).any()):
-        raise ValueError(f"{what} must start at 0, never decrease and end at the number of edges ({num_edges})")
+def pyg_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyG's own sort of edges by destination (sampler/utils.py: sort_csc), so the CSC order
+    matches what PyG builds from a ``Data`` and the same seeds draw the same neighbours."""
+    return index_sort(col, max_value=num_dst)
 
 
 def to_csc(edge_index, layout, size=None, is_sorted: bool = False) -> CSC:
-    """Convert one edge type to :class:`CSC`.
-
-    ``edge_index``: for ``layout="coo"`` a ``[2, E]`` tensor or a pair
-    ``(row, col)``; for ``"csr"`` a pair ``(rowptr, col)``; for ``"csc"`` a
-    pair ``(row, colptr)``. Integer tensors (int64 is kept without a copy;
-    other dtypes and devices are converted). ``size``: ``(num_src, num_dst)``,
-    inferred from the ids when None. ``is_sorted``: COO edges already sorted
-    by destination (checked; saves the sort).
-    Raises TypeError/ValueError for malformed input, IndexError for ids
-    outside ``size``.
-    """
-    layout = EdgeLayout(layout)
-    num_src, num_dst = size if size is not None else (None, None)
-    if isinstance(edge_index, np.ndarray):
-        edge_index = torch.from_numpy(edge_index)
-    if isinstance(edge_index, torch.Tensor) and layout == EdgeLayout.COO:
-        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-            raise ValueError(f"a COO edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
-    elif not (isinstance(edge_index, (tuple, list)) and len(edge_index) == 2):
-        raise TypeError(f"a {layout.value.upper()} edge index is a pair of 1-D tensors, "
-                        f"got {type(edge_index).__name__}")
-    first, second = edge_index[0], edge_index[1]
-
-    if layout == EdgeLayout.CSC:
-        row, colptr = _as_index(first, "row"), _as_index(second, "colptr")
-        _check_ptr(colptr, row.numel(), "colptr")
-        if num_dst is not None and colptr.numel() != num_dst + 1:
-            raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
-        num_src = _check_ids(row, num_src, "row")
-        return CSC(row, colptr, None, (num_src, colptr.numel() - 1))
-
-    if layout == EdgeLayout.CSR:
-        rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
-        _check_ptr(rowptr, col.numel(), "rowptr")
-        if num_src is not None and rowptr.numel() != num_src + 1:
-            raise ValueError(f"rowptr has {rowptr.numel()} entries for {num_src} source nodes (needs num_src + 1)")
-        row, num_src, is_sorted = ptr2index(rowptr), rowptr.numel() - 1, False
-    else:
-        row, col = _as_index(first, "edge_index[0]"), _as_index(second, "edge_index[1]")
-        if row.numel() != col.numel():
-            raise ValueError(f"row and col differ in length ({row.numel()} and {col.numel()})")
-        num_src = _check_ids(row, num_src, "edge_index[0]")
-    num_dst = _check_ids(col, num_dst, "edge_index[1]" if layout == EdgeLayout.COO else "col")
-
-    if is_sorted:
-        if bool((col.diff() < 0).any()):
-            raise ValueError("is_sorted=True but the edges are not sorted by destination (edge_index[1])")
-        perm = None
-    else:  # PyG's own sort (sampler/utils.py: sort_csc), so the CSC order matches a Data's
-        col, perm = index_sort(col, max_value=num_dst)
-        row = row[perm]
-    return CSC(row, index2ptr(col, num_dst), perm, (num_src, num_dst))
+    """:func:`hmgstore.graph.to_csc` with PyG's edge order (see :func:`pyg_sort`)."""
+    return _to_csc(edge_index, layout, size, is_sorted, sort=pyg_sort)
 
 
 class CSCGraphStore(GraphStore):
@@ -163,12 +73,7 @@ class CSCGraphStore(GraphStore):
         if edge_attr.layout == EdgeLayout.CSC:
             return csc.row, csc.colptr
         if edge_attr.layout == EdgeLayout.COO:  # in the order the edges were put (edge_label pairs with it)
-            row, col = csc.row, ptr2index(csc.colptr, output_size=csc.num_edges)
-            if csc.perm is None:
-                return row, col
-            put_order = torch.empty_like(csc.perm)
-            put_order[csc.perm] = torch.arange(csc.num_edges, device=csc.perm.device)
-            return row[put_order], col[put_order]
+            return csc.coo_in_given_order()
         return None  # CSR is not held: csr() converts
 
     def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:

@@ -26,20 +26,20 @@ Two loader settings need care, and are handled here:
   therefore returned as :class:`ResidentTensor`, a plain tensor (no
   ``__torch_function__`` overhead; results of operations on it are ordinary
   tensors) whose ``pin_memory()`` returns itself: there is nothing to pin.
+
+Tables cross processes (spawned workers) by hmgstore's own rule for tables
+(see :mod:`hmgstore.tensor`): they are rebuilt where they are first used.
 """
 from __future__ import annotations
 
 import logging
-import math
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
-from hmgstore import HybridTensor, gather_many, placement
-from hmgstore.tensor import resolve_device
+from hmgstore import HybridTensor, gather_many, placement, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -64,30 +64,18 @@ def resident(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.as_subclass(ResidentTensor) if tensor.is_cuda else tensor
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """What a table is built from: enough to rebuild it in another process."""
-
-    source: object  # torch CPU tensor, numpy array or memmap
-    gpu_rows: torch.Tensor | None
-    max_sms: int | None
-    sharded: bool = False  # a view of a table sharded over GPUs: only its own process can use it
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.source.shape)
-
-
-def _row_bytes(source) -> int:
-    itemsize = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
-    return math.prod(source.shape[1:]) * itemsize
-
-
 def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in shared memory: a worker's result then crosses
     to the main process without the copy DataLoader would otherwise make."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
     return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
+
+
+def _whole(table: HybridTensor) -> torch.Tensor:
+    """A whole table as a host tensor: its source, no copy; a read-only source is copied, since
+    writing to a tensor over read-only memory crashes the process."""
+    source = table.source
+    return torch.from_numpy(np.array(source)) if isinstance(source, np.ndarray) else source
 
 
 class HybridFeatureStore(FeatureStore):
@@ -102,20 +90,22 @@ class HybridFeatureStore(FeatureStore):
     CPU tensor, numpy array, memmap) becomes a table with every row read
     from pinned host memory; a :class:`hmgstore.HybridTensor` on the store's
     device is kept with its own placement. Tables are read-only: putting
-    part of a tensor (``index`` other than None) raises ValueError.
+    part of a tensor (``index`` other than None) raises ValueError, and so
+    does a table whose row count differs from the other attributes of its
+    node type.
 
     ``get_tensor``/``multi_get_tensor`` take any index HybridTensor takes
-    (int32/int64 tensor on any device, slice, int; None: every row; PyG's
-    ``TensorAttr`` itself cannot hold a numpy array) and return ``[len(index), *row_shape]`` tensors of the table's dtype
-    on ``device``. Unknown attributes raise KeyError, ids out of range
-    IndexError (before any memory is read).
+    (integer tensor on any device, slice, int; None: every row, as the host
+    source itself, or a copy of a read-only source; PyG's ``TensorAttr``
+    itself cannot hold a numpy array) and return ``[len(index), *row_shape]``
+    tensors of the table's dtype on ``device``. Unknown attributes raise
+    KeyError, ids out of range IndexError (before any memory is read).
     """
 
     def __init__(self, device=None):
         super().__init__()
         self.device = resolve_device(device)
-        self._specs: dict[Key, _Spec] = {}
-        self._tables: dict[Key, HybridTensor] | None = {}  # None after unpickling: rebuilt on first use
+        self._tables: dict[Key, HybridTensor] = {}
         self._host: tuple[int, dict[Key, HybridTensor]] | None = None  # (pid, CPU tables) in workers
 
     @classmethod
@@ -127,75 +117,61 @@ class HybridFeatureStore(FeatureStore):
         numpy array or memmap; used in place, never copied on the host).
         ``gpu_budget`` (bytes or ``"8GB"``; CUDA only) keeps the hottest rows
         by ``hotness`` (node type -> score [num_nodes], higher is hotter)
-        resident on the GPU; a row of a type costs all its attributes' bytes.
-        ``max_sms`` and ``progress`` are passed to every HybridTensor.
+        resident on the GPU; a row of a type costs all its attributes' bytes
+        (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms`` and
+        ``progress`` are passed to every HybridTensor.
         """
         store = cls(device)
         gpu_rows: dict = {}
         if gpu_budget is not None and store.device.type == "cuda":
-            gpu_rows = store._place(sources, gpu_budget, hotness)
+            if hotness is None:
+                raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
+                                 "kept on the GPU; pass hotness={node_type: score}")
+            rows, row_bytes = {}, {}
+            for (group, _), source in sources.items():
+                rows[group] = source.shape[0]
+                item = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
+                row_bytes[group] = row_bytes.get(group, 0) + item * int(np.prod(source.shape[1:], dtype=np.int64))
+            hotness = placement.check_hotness(hotness, rows)
+            gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
         for (group, attr), source in sources.items():
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
                                  progress=progress)
             store._add((group, attr), table)
         return store
 
-    @staticmethod
-    def _place(sources: dict, gpu_budget, hotness: dict | None) -> dict:
-        if hotness is None:
-            raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
-                             "kept on the GPU; pass hotness={node_type: score}")
-        hotness, row_bytes = {g: torch.as_tensor(v) for g, v in hotness.items()}, {}
-        for (group, _), source in sources.items():
-            if group not in hotness:
-                raise ValueError(f"no hotness for node type {group!r}; pass one score per node of every type")
-            if hotness[group].numel() != source.shape[0]:
-                raise ValueError(f"hotness of node type {group!r} has {hotness[group].numel()} entries for "
-                                 f"{source.shape[0]} nodes")
-            row_bytes[group] = row_bytes.get(group, 0) + _row_bytes(source)
-        return placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
-
     def _add(self, key: Key, table: HybridTensor) -> None:
-        gpu_rows = table.placement.gpu_rows if table.num_gpu_rows else None
-        self._specs[key] = _Spec(table.source, gpu_rows, table.max_sms, sharded=table.placement.num_shards > 0)
-        self._device_tables()[key] = table
+        for (group, attr), other in self._tables.items():
+            if group == key[0] and attr != key[1] and other.num_rows != table.num_rows:
+                raise ValueError(
+                    f"attribute {key[1]!r} of node type {group!r} has {table.num_rows} rows, but {attr!r} of the "
+                    f"same type has {other.num_rows}; every attribute of a node type has one row per node")
+        self._tables[key] = table
         self._host = None
 
     # ---- tables of this process ----------------------------------------------
-    def _device_tables(self) -> dict[Key, HybridTensor]:
-        if self._tables is None:  # unpickled: rebuild around the same sources, here
-            sharded = [key for key, s in self._specs.items() if s.sharded]
-            if sharded:
-                raise RuntimeError(
-                    f"the tables {sharded} are sharded over several GPUs and were built in another process; "
-                    "build the store in each process that gathers (hmgstore.distributed.shard), and pass "
-                    "filter_per_worker=False to the loader so that workers only sample")
-            self._tables = {key: HybridTensor(s.source, self.device, gpu_rows=s.gpu_rows, max_sms=s.max_sms,
-                                              progress=False) for key, s in self._specs.items()}
-        return self._tables
-
     def _worker_tables(self) -> dict[Key, HybridTensor]:
         """CPU tables over the same host sources, for DataLoader worker processes."""
         if self.device.type == "cpu":
-            return self._device_tables()
+            return self._tables
         if self._host is None or self._host[0] != os.getpid():
             log.warning("hmgstore: a DataLoader worker is gathering features on the CPU (a worker cannot use "
                         "the GPU of its parent). Pass filter_per_worker=False to the loader so that workers "
                         "only sample and the main process gathers on %s.", self.device)
-            self._host = (os.getpid(), {key: HybridTensor(s.source, "cpu", progress=False)
-                                        for key, s in self._specs.items()})
+            self._host = (os.getpid(), {key: HybridTensor(t.source, "cpu", progress=False)
+                                        for key, t in self._tables.items()})
         return self._host[1]
 
     def table(self, group_name, attr_name: str) -> HybridTensor:
         """The HybridTensor holding ``(group_name, attr_name)`` (KeyError if absent)."""
-        return self._lookup(self._device_tables(), TensorAttr(group_name, attr_name))
+        return self._lookup(self._tables, TensorAttr(group_name, attr_name))
 
     def _lookup(self, tables: dict, attr: TensorAttr) -> HybridTensor:
         try:
             return tables[(attr.group_name, attr.attr_name)]
         except KeyError:
             raise KeyError(f"no tensor ({attr.group_name!r}, {attr.attr_name!r}) in the feature store; "
-                           f"it holds {sorted(self._specs, key=str)}") from None
+                           f"it holds {sorted(self._tables, key=str)}") from None
 
     # ---- PyG's FeatureStore interface -----------------------------------------
     def put_tensor(self, tensor, *args, **kwargs) -> bool:
@@ -223,18 +199,18 @@ class HybridFeatureStore(FeatureStore):
     def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
         """One :func:`hmgstore.gather_many` for every attribute of every node type asked for.
 
-        A whole table (``index=None``) is answered with its host source, no copy: gathering
-        it to the GPU could exhaust GPU memory, and PyG's CPU sampler reads such tables
-        (node times) on the CPU.
+        A whole table (``index=None``) is answered with its host source (see :func:`_whole`):
+        gathering it to the GPU could exhaust GPU memory, and PyG's CPU sampler reads such
+        tables (node times) on the CPU.
         """
         in_worker = torch.utils.data.get_worker_info() is not None
-        tables = self._worker_tables() if in_worker else self._device_tables()
+        tables = self._worker_tables() if in_worker else self._tables
         whole = [attr.index is None for attr in attrs]
         if all(whole):
-            return [self._lookup(tables, attr).source for attr in attrs]
+            return [_whole(self._lookup(tables, attr)) for attr in attrs]
         if any(whole):
             parts = iter(self._multi_get_tensor([a for a, w in zip(attrs, whole) if not w]))
-            return [self._lookup(tables, a).source if w else next(parts) for a, w in zip(attrs, whole)]
+            return [_whole(self._lookup(tables, a)) if w else next(parts) for a, w in zip(attrs, whole)]
         requests, outs = [], []
         for attr in attrs:
             table = self._lookup(tables, attr)
@@ -245,58 +221,28 @@ class HybridFeatureStore(FeatureStore):
         return [resident(out) for out in gather_many(requests, outs=outs)]
 
     def _remove_tensor(self, attr: TensorAttr) -> bool:
-        key = (attr.group_name, attr.attr_name)
-        if self._tables is not None:
-            self._tables.pop(key, None)
         self._host = None
-        return self._specs.pop(key, None) is not None
+        return self._tables.pop((attr.group_name, attr.attr_name), None) is not None
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
-        spec = self._specs.get((attr.group_name, attr.attr_name))
-        return None if spec is None else spec.shape
+        table = self._tables.get((attr.group_name, attr.attr_name))
+        return None if table is None else tuple(table.shape)
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
         """Fresh ``TensorAttr(group_name, attr_name)`` objects (PyG sets their index)."""
-        return [self._tensor_attr_cls(group, attr) for group, attr in self._specs]
+        return [self._tensor_attr_cls(group, attr) for group, attr in self._tables]
 
     # ---- lifetime ---------------------------------------------------------------
     def close(self) -> None:
         """Free every table's GPU memory and host registration (the store is unusable after)."""
-        for table in (self._tables or {}).values():
+        for table in self._tables.values():
             table.close()
 
     def __getstate__(self):
-        # Tables are rebuilt where they are used: a worker process must not
-        # inherit CUDA state, and sources travel as (shared) host tensors.
         state = dict(self.__dict__)
-        state["_tables"], state["_host"] = None, None
-        if self.device.type == "cuda":
-            state["_specs"] = {key: self._sendable(spec) for key, spec in self._specs.items()}
+        state["_host"] = None  # CPU tables of a worker are the worker's own
         return state
 
-    @staticmethod
-    def _sendable(spec: _Spec) -> _Spec:
-        """A spec safe to pickle while this process's tables read its source.
-
-        Sending a torch tensor to another process moves its storage into
-        shared memory in place, which would pull the pages out from under a
-        table registered in place (its kernels would read unregistered
-        memory). A CUDA store therefore sends a copy, unless the source is
-        shared already; the default fork start method never pickles.
-        """
-        source = spec.source
-        if not isinstance(source, torch.Tensor) or source.is_shared():
-            return spec
-        if source.nbytes >= 1 << 30:
-            log.warning("hmgstore: sending a CUDA feature store to another process copies its %.2f GB host "
-                        "table %s; use the fork start method, or put the source in shared memory "
-                        "(tensor.share_memory_()) before building the store", source.nbytes / 1e9,
-                        tuple(source.shape))
-        return _Spec(source.clone(), spec.gpu_rows, spec.max_sms, spec.sharded)
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
     def __repr__(self) -> str:
-        rows = ", ".join(f"{k}: {tuple(s.shape)}" for k, s in self._specs.items())
+        rows = ", ".join(f"{k}: {tuple(t.shape)}" for k, t in self._tables.items())
         return f"HybridFeatureStore(device={self.device}, {rows})"

@@ -16,22 +16,24 @@ in-degree, or by a ``hotness`` the caller passes.
 
 Without a ``Data``: :func:`from_tensors` takes host arrays (torch tensors,
 numpy arrays, memmaps) and a topology as COO, CSR or CSC; OGB datasets on
-disk are read by :func:`hmgstore.ogb.load_node_dataset` and passed to it.
+disk are read by :func:`hmgstore.data.ogb.load_node_dataset` and passed to it.
 For heterogeneous graphs without a ``HeteroData``, fill a
 :class:`CSCGraphStore` with ``put_edge_index`` and build the feature store
 with :meth:`HybridFeatureStore.from_sources`.
 
 Node attributes only: PyG's remote-backend loaders do not fetch edge
 features. Loader options (workers, ``pin_memory``, ``PrefetchLoader``) are
-discussed in :mod:`hmgstore.plugins.pyg_feature_store`.
+discussed in :mod:`hmgstore.plugins.pyg.feature_store`.
 """
 from __future__ import annotations
 
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from .pyg_feature_store import HybridFeatureStore, ResidentTensor, resident
-from .pyg_graph_store import CSC, CSCGraphStore, to_csc
+from hmgstore import placement
+
+from .feature_store import HybridFeatureStore, ResidentTensor, resident
+from .graph_store import CSC, CSCGraphStore, to_csc
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "ResidentTensor",
            "resident", "to_csc"]
@@ -139,13 +141,10 @@ def _node_attrs(store, names, strict: bool) -> dict:
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
-    """Node type -> score: the caller's, or in-degree (zeros for types no edge points to)."""
-    groups = {group: source.shape[0] for (group, _), source in sources.items()}
-    if hotness is None:
-        degree = graph_store.in_degree()
-        return {g: degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in groups.items()}
-    if isinstance(hotness, dict):
-        return {g: torch.as_tensor(v) for g, v in hotness.items()}
-    if list(groups) != [None]:
-        raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
-    return {None: torch.as_tensor(hotness)}
+    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.placement.hotness_or_in_degree`)."""
+    rows = {group: source.shape[0] for (group, _), source in sources.items()}
+    if hotness is not None and not isinstance(hotness, dict):
+        if list(rows) != [None]:
+            raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
+        hotness = {None: hotness}
+    return placement.hotness_or_in_degree(hotness, graph_store.in_degree(), rows)

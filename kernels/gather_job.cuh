@@ -1,0 +1,25 @@
+// The description of one gather job: J_WORDS int64 words, built by hmgstore/cuda/gather.py
+// (job_words), read by kernels/gather.cu. This header is the one definition of the layout:
+// the Python side parses these #defines (names, integer values and +/- of earlier names),
+// and the kernel source is compiled with this header in front of it.
+#define MAX_TIERS 10  // GPU, replica, up to 8 peer shards, host
+
+#define J_IDS 0         // const int32/int64* ids (device)
+#define J_PERM 1        // const int64* output position per id, or 0: position = r
+#define J_OUT 2         // char* output rows, row_bytes apart
+#define J_MAP 3         // const int32/int64* new id per old id, or 0: new id = id
+#define J_N 4           // rows in this job
+#define J_NUM_ROWS 5    // rows of the table (ids must be below)
+#define J_ROW_BYTES 6
+#define J_TILE_START 7  // first tile of this job in the launch
+#define J_FLAGS 8       // F_* bits below
+#define J_NTIERS 9
+#define J_BOUNDS 10                          // MAX_TIERS + 1 words: new-id boundaries of the tiers
+#define J_BASE (J_BOUNDS + MAX_TIERS + 1)    // MAX_TIERS words: address of each tier's first row
+#define J_PITCH (J_BASE + MAX_TIERS)         // MAX_TIERS words: bytes between a tier's rows
+#define J_WORDS (J_PITCH + MAX_TIERS)
+
+#define F_IDS64 1         // ids are int64 (else int32)
+#define F_MAP64 2         // map is int64 (else int32)
+#define F_VEC_SHIFT 8     // bits 8..15: log2 of the vector width in bytes
+#define F_TPR_SHIFT 16    // bits 16..23: log2 of the threads per row (team size)

@@ -1,0 +1,150 @@
+"""HybridFeatureStorage: a DGL ``FeatureStorage`` over a HybridTensor, with fused fetches.
+
+``fetch`` only records the request; the first ``wait()`` gathers every request
+that the same thread recorded for the same table device and stream, in one
+:func:`hmgstore.gather_many` call (one kernel launch on CUDA), on the stream
+that was current when they were recorded (see the package docstring).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+import hmgstore
+from hmgstore import HybridTensor, resolve_device
+
+from ._compat import import_dgl
+
+dgl = import_dgl()
+
+#: Live fetches a batch holds before its dead ones (dropped unwaited) are pruned.
+PRUNE_AT = 64
+
+
+class HybridFeatureStorage(dgl.storages.FeatureStorage):
+    """A DGL ``FeatureStorage`` over one :class:`hmgstore.HybridTensor`.
+
+    ``table``: ``[N, *row_shape]`` rows of one node feature of one node type.
+    Pickles with its table, which a DataLoader worker process rebuilds only
+    if it gathers (hmgstore's rule for tables): workers that only sample
+    never pin memory or create a CUDA context.
+    """
+
+    def __init__(self, table: HybridTensor):
+        if not isinstance(table, HybridTensor):
+            raise TypeError(f"HybridFeatureStorage wraps a HybridTensor, got {type(table).__name__}")
+        self.table = table
+
+    def __repr__(self) -> str:
+        return f"HybridFeatureStorage({self.table})"
+
+    def fetch(self, indices, device, pin_memory=False, **kwargs) -> PendingFetch:
+        """Request rows ``indices``; ``.wait()`` on the result returns them on ``device``.
+
+        ``indices``: int32 or int64 tensor ``[n]`` on the CPU or a GPU.
+        ``device``: where the rows should land (``torch.device`` or str).
+        ``pin_memory``: for a CPU table and a CUDA ``device``, stage the rows
+        in pinned memory and copy them asynchronously (None counts as False).
+        Other keyword arguments of DGL's signature are ignored.
+
+        ``wait()`` returns ``[n, *row_shape]`` of the table's dtype on
+        ``device``. The gather happens at the first ``wait()`` of any fetch of
+        this thread, for all of them at once; bad ids (out of range,
+        non-integer) raise there (IndexError/TypeError), before any memory is
+        read, for every fetch of that gather.
+        """
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"fetch takes a tensor of node ids, got {type(indices).__name__}")
+        return _record(PendingFetch(self.table, indices, resolve_device(device), bool(pin_memory)))
+
+
+class PendingFetch:
+    """A recorded fetch; ``wait()`` returns its rows, gathering its whole batch the first time."""
+
+    __slots__ = ("table", "indices", "device", "pin_memory", "_batch", "_rows", "__weakref__")
+
+    def __init__(self, table: HybridTensor, indices: torch.Tensor, device: torch.device, pin_memory: bool):
+        self.table, self.indices, self.device, self.pin_memory = table, indices, device, pin_memory
+        self._batch: _Batch | None = None
+        self._rows: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        """The rows ``[n, *row_shape]`` on the requested device (see ``HybridFeatureStorage.fetch``)."""
+        if self._rows is None:
+            self._batch.run()
+        return self._rows
+
+
+class _Batch:
+    """The fetches one thread recorded for one table device and stream since its last gather."""
+
+    def __init__(self, stream):
+        self.stream = stream  # torch CUDA stream, or None for CPU tables
+        self._fetches: list[weakref.ref] = []  # weak: a fetch dropped unwaited is not gathered
+        self._lock = threading.Lock()
+        self._done = False
+        self._error: Exception | None = None
+
+    def add(self, fetch: PendingFetch) -> bool:
+        """Record ``fetch``; False once this batch has been gathered."""
+        with self._lock:
+            if self._done:
+                return False
+            if len(self._fetches) >= PRUNE_AT and len(self._fetches) & (len(self._fetches) - 1) == 0:
+                self._fetches = [ref for ref in self._fetches if ref() is not None]  # fetches never waited on
+            self._fetches.append(weakref.ref(fetch))
+            fetch._batch = self
+            return True
+
+    def run(self) -> None:
+        """Gather every live fetch of the batch (once); re-raise its error to every waiter."""
+        with self._lock:
+            if not self._done:
+                self._done = True
+                try:
+                    self._gather()
+                except Exception as err:  # noqa: BLE001 - handed to every fetch of the batch
+                    self._error = err
+        if self._error is not None:
+            raise self._error
+
+    def _gather(self) -> None:
+        fetches = [f for f in (ref() for ref in self._fetches) if f is not None]
+        self._fetches = []
+        outs = [_pinned_staging(f) for f in fetches]
+        # gather_many sets the CUDA device itself (DGL's prefetch thread starts on GPU 0).
+        rows = hmgstore.gather_many([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
+        for fetch, r in zip(fetches, rows):
+            if r.device != fetch.device:
+                # Into a GPU: ordered on its current stream. Into host memory: blocking, because
+                # a non-blocking copy to the CPU returns before the rows have arrived.
+                r = r.to(fetch.device, non_blocking=fetch.device.type == "cuda")
+            fetch._rows = r
+            fetch.table = fetch.indices = None
+
+
+def _pinned_staging(fetch: PendingFetch) -> torch.Tensor | None:
+    """A pinned host buffer for a CPU table's rows bound for a GPU, when pinning was asked for."""
+    table = fetch.table
+    if not (fetch.pin_memory and table.device.type == "cpu" and fetch.device.type == "cuda"):
+        return None
+    return torch.empty((*fetch.indices.shape, *table.row_shape), dtype=table.dtype, pin_memory=True)
+
+
+_open_batches = threading.local()  # per thread: {(table device, stream id): _Batch}
+
+
+def _record(fetch: PendingFetch) -> PendingFetch:
+    device = fetch.table.device
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    key = (device, None if stream is None else stream.cuda_stream)
+    batches = _open_batches.__dict__.setdefault("batches", {})
+    batch = batches.get(key)
+    if batch is None or not batch.add(fetch):
+        batch = batches[key] = _Batch(stream)
+        batch.add(fetch)
+    return fetch
+
+

@@ -1,0 +1,15 @@
+"""The CUDA layer: the only place that imports CuPy.
+
+CuPy is imported lazily, the first time a CUDA table is built, so that
+``import hmgstore`` and the CPU path work on machines without a GPU or CuPy.
+
+- :mod:`.runtime`: CuPy itself, device checks, kernel compilation (NVRTC,
+  once per device and options) and CuPy handles on torch streams;
+- :mod:`.host`: page-locking host memory in place (cudaHostRegister);
+- :mod:`.gather`: the gather kernel's job layout and its launch;
+- :mod:`.peer`: other GPUs of the node: peer access, raw device buffers and
+  CUDA IPC.
+"""
+from .runtime import check_device, cupy, cupy_stream, kernel_source, module
+
+__all__ = ["check_device", "cupy", "cupy_stream", "kernel_source", "module"]

@@ -1,0 +1,178 @@
+"""The gather kernel (``kernels/gather.cu``): its job layout and its launch.
+
+The layout of a job's description is defined once, in
+``kernels/gather_job.cuh``; this module reads its ``#define`` lines and the
+kernel is compiled with the header in front of it, so the two cannot drift.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .runtime import cupy, cupy_stream, kernel_source, module
+
+#: Threads per block. Chosen by benchmarks/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
+#: 256 matched 512 within noise and beat 128.
+BLOCK = 256
+#: Rows each team copies per tile, so every thread keeps this many loads in flight (see gather.cu).
+#: 4 lifted the GPU tier from 0.55 to 0.76 of index_select at 512 B rows (benchmarks/NOTES.md, step 5).
+ROWS = 4
+HEADER, SOURCE = "gather_job.cuh", "gather.cu"
+#: Extra NVRTC options; the tuning script sets launch bounds through it.
+KERNEL_OPTIONS: tuple[str, ...] = ()
+
+
+def _evaluate(expr: str, known: dict[str, int]) -> int:
+    """The value of a ``#define`` body: integers, earlier names, + and -, parentheses."""
+
+    def value(node) -> int:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in known:
+            return known[node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            left, right = value(node.left), value(node.right)
+            return left + right if isinstance(node.op, ast.Add) else left - right
+        raise ValueError(f"cannot read {expr!r} in {HEADER}: only integers, earlier names, + and - are allowed")
+
+    return value(ast.parse(expr, mode="eval").body)
+
+
+def read_layout(text: str) -> dict[str, int]:
+    """Every ``#define NAME value`` of a header, in order, with values evaluated."""
+    layout: dict[str, int] = {}
+    for name, expr in re.findall(r"^#define\s+(\w+)\s+([^/\n]+?)\s*(?://.*)?$", text, flags=re.M):
+        layout[name] = _evaluate(expr, layout)
+    return layout
+
+
+LAYOUT = read_layout(kernel_source(HEADER))
+MAX_TIERS = LAYOUT["MAX_TIERS"]
+J_WORDS = LAYOUT["J_WORDS"]
+
+
+@dataclass
+class Job:
+    """One table's share of a launch: rows ``ids`` -> ``out`` (see gather.cu).
+
+    ``ids``: 1-D int32/int64 CUDA tensor of old row ids, each in
+    ``[0, num_rows)`` (sorted if ``perm`` is given); ``perm``: int64 output
+    position of each id, or None; ``out``: contiguous CUDA tensor of
+    ``len(ids)`` rows of ``row_bytes`` each. ``tiers``: the table's tiers in
+    new-id order, each with ``start``, ``end``, ``base`` and ``pitch``
+    (:class:`hmgstore.placement.Tier`); ``map``: int32/int64 CUDA tensor, new
+    id per old id, or None when new id = old id.
+    """
+
+    ids: torch.Tensor
+    perm: torch.Tensor | None
+    out: torch.Tensor
+    map: torch.Tensor | None
+    num_rows: int
+    row_bytes: int
+    tiers: Sequence
+
+
+def vector_bytes(row_bytes: int, *addresses: int) -> int:
+    """Widest vector (16, 8, 4, 2 or 1 bytes) dividing the row size and every address/pitch."""
+    width = 16
+    for value in (row_bytes, *addresses):
+        while width > 1 and value % width:
+            width //= 2
+    return width
+
+
+def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
+    """The job's ``J_WORDS`` description and how many tiles it spans."""
+    L = LAYOUT
+    if len(job.tiers) > MAX_TIERS:
+        raise ValueError(f"a table may have at most {MAX_TIERS} tiers, got {len(job.tiers)}")
+    vec = vector_bytes(job.row_bytes, job.out.data_ptr(), *(p for t in job.tiers for p in (t.base, t.pitch)))
+    nvec = job.row_bytes // vec
+    tpr_log2 = min(5, max(0, (nvec - 1).bit_length()))  # team: pow2 >= nvec, at most a warp
+    rows_per_tile = (BLOCK >> tpr_log2) * ROWS
+    tiles = -(-len(job.ids) // rows_per_tile)
+    words = [0] * J_WORDS
+    words[L["J_IDS"]] = job.ids.data_ptr()
+    words[L["J_PERM"]] = job.perm.data_ptr() if job.perm is not None else 0
+    words[L["J_OUT"]] = job.out.data_ptr()
+    words[L["J_MAP"]] = job.map.data_ptr() if job.map is not None else 0
+    words[L["J_N"]] = len(job.ids)
+    words[L["J_NUM_ROWS"]] = job.num_rows
+    words[L["J_ROW_BYTES"]] = job.row_bytes
+    words[L["J_TILE_START"]] = tile_start
+    words[L["J_FLAGS"]] = (
+        (L["F_IDS64"] if job.ids.dtype == torch.int64 else 0)
+        | (L["F_MAP64"] if job.map is not None and job.map.dtype == torch.int64 else 0)
+        | (vec.bit_length() - 1) << L["F_VEC_SHIFT"]
+        | tpr_log2 << L["F_TPR_SHIFT"])
+    words[L["J_NTIERS"]] = len(job.tiers)
+    words[L["J_BOUNDS"]] = job.tiers[0].start
+    for t, tier in enumerate(job.tiers):
+        words[L["J_BOUNDS"] + t + 1] = tier.end
+        words[L["J_BASE"] + t] = tier.base
+        words[L["J_PITCH"] + t] = tier.pitch
+    return words, tiles
+
+
+def _kernel(device_index: int):
+    return module(device_index, (HEADER, SOURCE), (*KERNEL_OPTIONS, f"-DROWS={ROWS}")).get_function("hmg_gather")
+
+
+_occupancy: dict[tuple, int] = {}
+_occupancy_lock = threading.Lock()
+
+
+def _blocks_per_sm(device_index: int, kernel) -> int:
+    key = (device_index, KERNEL_OPTIONS, ROWS, BLOCK)
+    with _occupancy_lock:
+        if key not in _occupancy:
+            cp = cupy()
+            with cp.cuda.Device(device_index):
+                _occupancy[key] = max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                    kernel.kernel.ptr, BLOCK, 0))
+        return _occupancy[key]
+
+
+def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None) -> int:
+    """Blocks to launch: every tile once, at most ``max_sms`` SMs' worth of resident blocks.
+
+    The grid strides over tiles, so a smaller grid does the same work with a
+    smaller share of the GPU: with ``max_sms=k`` the gather holds at most k
+    SMs' worth of thread slots (the hardware spreads those blocks over SMs;
+    it bounds the share, not which SMs). ``None`` fills the GPU once.
+    """
+    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    if max_sms is not None:
+        sms = max(1, min(int(max_sms), sms))
+    return int(max(1, min(total_tiles, sms * _blocks_per_sm(device_index, kernel))))
+
+
+def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stream,
+                  max_sms: int | None = None) -> None:
+    """Run every job in one launch of ``hmg_gather`` on ``stream``.
+
+    All tensors named by the jobs must be on ``device`` (or, for tier bases,
+    readable from it) and stay alive until the stream reaches this point;
+    allocations made on ``stream`` through torch's caching allocator do.
+    """
+    jobs = [j for j in jobs if len(j.ids) and j.row_bytes]
+    if not jobs:
+        return
+    words, tile_start = [], 0
+    for job in jobs:
+        w, tiles = job_words(job, tile_start)
+        words.extend(w)
+        tile_start += tiles
+    table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    kernel = _kernel(device.index)
+    grid = grid_size(device.index, kernel, tile_start, max_sms)
+    with cupy().cuda.Device(device.index):
+        kernel((grid,), (BLOCK,), (np.uint64(table.data_ptr()), np.int32(len(jobs)), np.int64(tile_start)),
+               stream=cupy_stream(stream))

@@ -1,0 +1,74 @@
+"""CuPy, device checks, kernel compilation and stream handles."""
+from __future__ import annotations
+
+import importlib.resources
+import threading
+import warnings
+
+import torch
+
+_lock = threading.Lock()
+_cupy = None
+_modules: dict[tuple, object] = {}  # (device index, files, options) -> compiled RawModule
+_streams: dict[int, object] = {}  # torch stream handle -> CuPy wrapper of it
+
+
+def cupy():
+    """The cupy module, or ImportError saying which package to install."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy as cp
+        except ImportError as err:
+            cuda = torch.version.cuda or "12.x"
+            major = cuda.split(".")[0]
+            raise ImportError(
+                f"hmgstore needs CuPy for CUDA tables and it could not be imported ({err}). "
+                f"Install the build matching your torch's CUDA {cuda}: "
+                f"pip install cupy-cuda{major}x   (or pip install 'hmgstore[cuda{major}]'); "
+                "or build the table with device='cpu'.") from None
+        _cupy = cp
+    return _cupy
+
+
+def check_device(device: torch.device) -> None:
+    """Raise a clear error if ``device`` (a CUDA device) cannot be used."""
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device {device} was asked for, but torch sees no CUDA GPU "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda}). "
+            "Install a CUDA build of torch on a GPU machine, or pass device='cpu'.")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device {device} does not exist: torch sees {torch.cuda.device_count()} GPU(s)")
+    cupy()
+
+
+def kernel_source(*names: str) -> str:
+    """The text of ``kernels/<name>`` files (installed as ``hmgstore.kernels``), joined in order."""
+    folder = importlib.resources.files("hmgstore.kernels")
+    return "\n".join(folder.joinpath(name).read_text() for name in names)
+
+
+def module(device_index: int, files: tuple[str, ...], options: tuple[str, ...] = ()):
+    """The CuPy ``RawModule`` compiled from ``files`` (concatenated) for one device, compiled once."""
+    key = (device_index, files, options)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            cp = cupy()
+            with cp.cuda.Device(device_index):
+                mod = cp.RawModule(code=kernel_source(*files), options=("-std=c++17", *options))
+                mod.compile()
+            _modules[key] = mod
+        return mod
+
+
+def cupy_stream(stream: torch.cuda.Stream):
+    """CuPy's handle on a torch stream (cached: wrapping costs a few microseconds)."""
+    handle = stream.cuda_stream
+    wrapped = _streams.get(handle)
+    if wrapped is None:
+        with warnings.catch_warnings():  # ExternalStream is deprecated in CuPy 14, but CuPy 13 lacks its successor
+            warnings.simplefilter("ignore", DeprecationWarning)
+            wrapped = _streams[handle] = cupy().cuda.ExternalStream(handle, stream.device.index)
+    return wrapped

@@ -1,0 +1,109 @@
+"""The processes of this node: who they are, and hmgstore's control channel among them.
+
+:func:`this_node` finds, once per process group, which ranks of the job run on the
+same host as this one (by hostname, or ``$HMGSTORE_NODE_ID`` where one host
+simulates several), makes a gloo group for them (hmgstore's few control
+messages never go through NCCL), and a small board in node-shared memory
+where each rank says how many tables it has open, for the peer watch
+(:mod:`.watch`). After ``destroy_process_group()`` and a new
+``init_process_group()``, the next call starts afresh.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+#: How long hmgstore's control messages (set-up, hand-shakes) wait for a rank
+#: that is alive but slow: the node leader may be filling a large table.
+SETUP_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+@dataclass
+class Node:
+    """This process's view of its node: its ranks, the control group and the peer watch's state."""
+
+    world: object  # the default process group this was made for
+    group: object  # gloo group of this node's ranks
+    ranks: list[int]  # global ranks on this node, ascending
+    rank: int
+    pids: list[int]
+    board: torch.Tensor  # int32 [len(ranks)] in node-shared memory: each rank's open tables
+    open_tables: int = 0
+    lost: str | None = None
+    lost_at: float = 0.0
+    peer_exit_timeout: float | None = 30.0
+    watch: threading.Thread | None = field(default=None, repr=False)
+    stop: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def local_rank(self) -> int:
+        return self.ranks.index(self.rank)
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+    def check(self) -> None:
+        """Raise :class:`~hmgstore.distributed.PeerLostError` once a peer died with tables open."""
+        if self.lost is not None:
+            from .watch import PeerLostError
+
+            raise PeerLostError(self.lost)
+
+    def opened(self, change: int) -> None:
+        """Count this process's open tables, here and on the node's board (which peers watch)."""
+        self.open_tables += change
+        self.board[self.local_rank] = self.open_tables
+
+
+_node: Node | None = None
+_lock = threading.Lock()
+
+
+def _default_group():
+    return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+
+
+def this_node() -> Node:
+    """This node's state for the current process group, made on first use (collective over it)."""
+    global _node
+    from . import watch
+
+    with _lock:
+        if _node is not None and _node.world is not _default_group():  # a new process group: start afresh
+            watch.stop(_node)
+            _node = None
+        if _node is None:
+            _node = _make_node()
+            watch.start(_node)
+        return _node
+
+
+def _make_node() -> Node:
+    from .share import share_in_group
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "hmgstore.distributed needs torch.distributed: call torch.distributed.init_process_group() first "
+            "(torchrun sets its environment). For one process driving several GPUs use hmgstore.ShardedTensor")
+    world = dist.get_world_size()
+    everyone = dist.new_group(list(range(world)), backend="gloo", timeout=SETUP_TIMEOUT)
+    me = (os.environ.get("HMGSTORE_NODE_ID") or socket.gethostname(), os.getpid())
+    info = [None] * world
+    dist.all_gather_object(info, me, group=everyone)
+    names = list(dict.fromkeys(name for name, _ in info))
+    groups = {name: [r for r in range(world) if info[r][0] == name] for name in names}
+    mine = None
+    for name in names:  # every rank creates every node's group, in the same order
+        g = dist.new_group(groups[name], backend="gloo", timeout=SETUP_TIMEOUT)
+        if name == me[0]:
+            mine = g
+    ranks, rank = groups[me[0]], dist.get_rank()
+    board = share_in_group(lambda: torch.zeros(len(ranks), dtype=torch.int32), mine, ranks, rank, progress=False)
+    return Node(_default_group(), mine, ranks, rank, [info[r][1] for r in ranks], board)

@@ -1,0 +1,247 @@
+"""Tables sharded over the GPUs of a node, one process per GPU: :func:`shard`.
+
+Collective: each process allocates and fills its own shard (and a copy of
+the replicated hot rows) on its GPU, the shards' CUDA IPC handles are
+exchanged over the node's gloo group, and each process gets a
+:class:`~hmgstore.HybridTensor` view reading its own rows, its peers' shards
+over NVLink and the rest from the host table, in one launch. Across nodes
+each node holds the whole table, sharded over its own GPUs.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import warnings
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from .. import placement as placement_mod
+from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..sharded import allocate_tier
+from ..tensor import HybridTensor, fill_rows, resolve_device
+from .node import Node, this_node
+
+log = logging.getLogger(__name__)
+
+#: Rows of the source whose bytes go into the checksum ranks compare.
+CHECKSUM_ROWS = 64
+
+
+def _signature(source: torch.Tensor, p: placement_mod.Placement) -> tuple:
+    """What every rank of a node must agree on: the table's shape and dtype, the placement, and a
+    checksum of the placement's resident rows and of the bytes of rows spread through the table."""
+    placed = 0
+    for rows in p.resident:
+        placed = zlib.crc32(rows.numpy().tobytes(), placed)
+    n = source.shape[0]
+    sample = source[torch.linspace(0, n - 1, min(n, CHECKSUM_ROWS)).long()] if n else source[:0]
+    data = zlib.crc32(sample.contiguous().view(torch.uint8).numpy().tobytes())
+    return tuple(source.shape), str(source.dtype), p.names, p.bounds, placed, data
+
+
+class DistributedTensor:
+    """This process's part of a table sharded over its node's GPUs; see :func:`shard`.
+
+    ``table``: the :class:`~hmgstore.HybridTensor` view to gather with (pass
+    it to PyG's or DGL's adapters); ``placement``: the node-wide placement,
+    where shard ``s`` belongs to the node's ``s``-th rank. ``close()`` is
+    collective over the node; it waits until no peer reads this shard.
+    """
+
+    def __init__(self, state: Node, source: torch.Tensor, placement, view: HybridTensor, *,
+                 buffer=None, opened=(), pinned=None, tiers=None):
+        self._state, self._source, self.placement, self.table = state, source, placement, view
+        self._buffer, self._opened, self._pinned, self._tiers = buffer, list(opened), pinned, tiers or {}
+        self._closed = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.table.device
+
+    def gather(self, index, **kwargs) -> torch.Tensor:
+        return self.table.gather(index, **kwargs)
+
+    __getitem__ = gather
+
+    def check(self) -> None:
+        """Raise :class:`PeerLostError` if a process sharing this table has died."""
+        self._state.check()
+
+    def close(self, timeout: float = 120.0) -> None:
+        """Free this process's shard, close its peers' and unpin host memory (collective, idempotent).
+
+        Waits (at most ``timeout`` seconds) until every process of the node
+        has stopped gathering; skips the wait when a peer has died.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        state = self._state
+        self.table.close()  # refuses new gathers, waits for those in flight and for the device
+        if state.lost is None:
+            try:
+                dist.monitored_barrier(group=state.group, timeout=datetime.timedelta(seconds=timeout))
+            except Exception as err:  # a peer that is gone cannot read our shard any more
+                log.warning("hmgstore: not every process of the node reached close() (%s); freeing anyway", err)
+        from ..cuda import peer
+
+        errors = []
+        for ptr in self._opened:
+            try:
+                peer.ipc_close(ptr, self.device.index)
+            except Exception as err:
+                errors.append(err)
+        self._opened.clear()
+        self._tiers.clear()
+        if self._buffer is not None:
+            self._buffer.free()
+            self._buffer = None
+        if self._pinned is not None:
+            self._pinned.release()
+            self._pinned = None
+        state.opened(-1)
+        if errors:
+            raise RuntimeError(f"could not close {len(errors)} peer mapping(s): {errors[0]}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        p = self.placement
+        sizes = ", ".join(f"{t.name}={t.size}" for t in p.tiers if t.name != "host")
+        return (f"DistributedTensor(rank={self._state.rank}, device={self.device}, shape={tuple(self._source.shape)}, "
+                f"{sizes}, host={p.num_rows - p.resident_rows})")
+
+
+def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: int | None = None,
+          progress: bool = True, peer_exit_timeout: float | None = 30.0) -> DistributedTensor:
+    """Shard ``source`` over the GPUs of this node, one process per GPU (collective).
+
+    Every rank of the job calls it with the same table (best a
+    :func:`share_on_node` tensor, so the node holds one copy), the same
+    ``gpu_budget``/``hot_order``/``replicate`` (as for
+    :class:`~hmgstore.ShardedTensor`) and its own ``device`` (default: the
+    current GPU; set it with ``torch.cuda.set_device(local_rank)``). The
+    node's ``s``-th rank owns shard ``s``. Ranks that disagree on the table
+    or placement get a ValueError naming what differs. A pair of GPUs without
+    peer access reads each other's rows from host memory, with a warning.
+    ``peer_exit_timeout``: seconds this process may go on after a node peer
+    died before hmgstore ends it (None: never).
+
+    Returns a :class:`DistributedTensor`; gather with its ``.table``.
+    """
+    state = this_node()
+    state.peer_exit_timeout = peer_exit_timeout
+    state.check()
+    device = resolve_device(device)
+    source, read_only = as_host_tensor(source)
+    p = placement_mod.sharded(source.shape[0], hot_order, row_layout(source)[0], len(state.ranks), gpu_budget,
+                              replicate)
+    cuda = device.type == "cuda"
+    if cuda:
+        from ..cuda import check_device, peer
+
+        check_device(device)
+    mine = (_signature(source, p), peer.pci_bus_id(device.index) if cuda else None, device.type)
+    everyone = [None] * len(state.ranks)
+    dist.all_gather_object(everyone, mine, group=state.group)
+    for k, theirs in enumerate(everyone):
+        if theirs[0] != mine[0] or theirs[2] != mine[2]:
+            raise ValueError(
+                f"rank {state.ranks[k]} builds a different table than rank {state.rank}: (shape, dtype, tiers, "
+                f"bounds, checksum of resident rows, checksum of sampled rows' data, device type) "
+                f"{(*theirs[0], theirs[2])} vs {(*mine[0], mine[2])}; pass every rank the same source "
+                "(hmgstore.distributed.share_on_node builds it once per node), gpu_budget, hot_order and replicate")
+    if not cuda:
+        result = DistributedTensor(state, source, p, None)
+        # Gathers check the node's peers here too.
+        result.table = HybridTensor.from_tiers(source, "cpu", placement_mod.host_only(p.num_rows), (), owner=result)
+        state.opened(+1)
+        return result
+    return _shard_cuda(state, source, read_only, p, device, [bus for _, bus, _ in everyone], max_sms, progress)
+
+
+def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress) -> DistributedTensor:
+    from ..cuda import peer
+
+    me, index = state.local_rank, device.index
+    row_bytes = row_layout(source)[0]
+    tiers, opened, readable, buffer, pinned = {}, [], [], None, None
+
+    def undo():
+        for ptr in opened:
+            with contextlib.suppress(Exception):
+                peer.ipc_close(ptr, index)
+        if buffer is not None:
+            buffer.free()
+        if pinned is not None:
+            pinned.release()
+
+    try:  # this rank's own tiers; any failure is told to the others, who would wait for its handle
+        pinned = PinnedHost(source, device, read_only, progress)
+        rows = p.rows_of(f"shard{me}")
+        buffer = peer.DeviceBuffer(len(rows) * row_bytes, index)
+        fill_rows(pinned, rows, buffer.as_tensor((len(rows), *source.shape[1:]), source.dtype), device)
+        if "replica" in p.names:
+            tiers["replica"] = allocate_tier(p, "replica", source, device)
+            fill_rows(pinned, p.rows_of("replica"), tiers["replica"], device)
+            readable.append(p.tier("replica").bind(tiers["replica"].data_ptr(), row_bytes))
+        payload = ("ok", buffer.ipc_handle())
+    except Exception as err:
+        payload = ("error", f"{type(err).__name__}: {err}")
+    handles = [None] * len(state.ranks)
+    dist.all_gather_object(handles, payload, group=state.group)
+    failed = [(state.ranks[k], h[1]) for k, h in enumerate(handles) if h[0] == "error"]
+    if failed:
+        undo()
+        raise RuntimeError("could not build the sharded table: " +
+                           "; ".join(f"rank {r}: {why}" for r, why in failed))
+    try:
+        unreachable = []
+        for s, ((_, handle), bus) in enumerate(zip(handles, buses)):
+            tier = p.tier(f"shard{s}")
+            if s == me:
+                readable.append(tier.bind(buffer.ptr, row_bytes))
+                continue
+            why = _open_peer(handle, bus, device, opened, readable, tier, row_bytes)
+            if why is not None:
+                unreachable.append(tier.name)
+                warnings.warn(f"hmgstore: rank {state.rank} reads the rows of rank {state.ranks[s]}'s shard from "
+                              f"pinned host memory over PCIe: {why}", RuntimeWarning, stacklevel=3)
+        if not p.has_host_tier and not unreachable:  # no row is read from the host
+            pinned.release()
+            pinned = None
+        result = DistributedTensor(state, source, p, None, buffer=buffer, opened=opened, pinned=pinned, tiers=tiers)
+        result.table = HybridTensor.from_tiers(source, device, p, readable, owner=result, pinned=pinned,
+                                               unreachable=unreachable, max_sms=max_sms)
+    except BaseException:
+        undo()
+        raise
+    state.opened(+1)
+    dist.barrier(group=state.group)  # every shard is filled and mapped before anyone gathers
+    return result
+
+
+def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, readable: list, tier,
+               row_bytes: int) -> str | None:
+    """Map a peer's shard and add ``tier`` bound to it to ``readable``; returns why it cannot be read, or None."""
+    from ..cuda import peer
+
+    ordinal = peer.local_ordinal(bus)
+    if ordinal is None:
+        return f"its GPU ({bus}) is not visible to this process (CUDA_VISIBLE_DEVICES)"
+    if not peer.can_access_peer(device.index, ordinal):
+        return f"{device} has no peer access to cuda:{ordinal}"
+    try:
+        ptr = peer.ipc_open(handle, device.index)
+    except Exception as err:
+        return f"opening its CUDA IPC handle failed ({err})"
+    opened.append(ptr)
+    readable.append(tier.bind(ptr, row_bytes))
+    return None

@@ -1,0 +1,76 @@
+"""Host tables held once per node: built by the node's first rank, mapped by the others.
+
+The protocol, over the node's gloo group: the leader builds the table into a
+new shared segment (:mod:`hmgstore.memory.shared`) and broadcasts its name;
+the others map it; after a barrier the leader removes the name, so nothing is
+left in /dev/shm however the processes end. The leader removes it also when
+the broadcast or the barrier fails (a peer died, or looked in another
+``HMGSTORE_SHM_DIR``); the others then raise.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..memory import shared
+from ..memory.pinned import as_host_tensor
+
+
+def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> torch.Tensor:
+    """:func:`share_on_node` over a known group of one node's ``ranks``."""
+    leader = rank == ranks[0]
+    name, table, error, meta = None, None, None, [None]
+    if leader:
+        try:
+            source, _ = as_host_tensor(make() if callable(make) else make)
+            name, table = shared.create_segment(tuple(source.shape), source.dtype)
+            shared.copy_in_chunks(table, source, progress, "sharing host table")
+            meta[0] = ("ok", name, tuple(source.shape), source.dtype)
+        except Exception as err:  # the others must hear of it, or they wait for the table forever
+            meta[0], error = ("error", f"{type(err).__name__}: {err}"), err
+            if name is not None:
+                shared.unlink_segment(name)
+                name = None
+    try:
+        dist.broadcast_object_list(meta, src=ranks[0], group=group)
+    except BaseException:
+        if name is not None:
+            shared.unlink_segment(name)
+        raise
+    if meta[0][0] == "error":
+        if error is not None:
+            raise error
+        raise RuntimeError(f"rank {ranks[0]} (this node's first) could not build the shared table: {meta[0][1]}")
+    _, name, shape, dtype = meta[0]
+    failure = None
+    if not leader:
+        try:
+            table = shared.attach_segment(name, shape, dtype)
+        except Exception as err:
+            failure = err
+    try:
+        dist.barrier(group=group)  # everyone has mapped it (or failed to)
+    finally:
+        if leader:
+            shared.unlink_segment(name)
+    if failure is not None:
+        raise failure
+    return table
+
+
+def share_on_node(make, *, progress: bool = True) -> torch.Tensor:
+    """A host table in shared memory, built once per node and mapped by each of its processes.
+
+    ``make``: a callable returning the table (torch CPU tensor, numpy array,
+    memmap), called on the node's first rank only; or the table itself, used
+    on that rank and ignored on the others. Collective: every rank calls it.
+    Returns a CPU tensor over the shared pages (the same memory in every
+    process of the node; writes are seen by all). The pages go when the last
+    process drops its tensor or exits. Raises MemoryError when /dev/shm is
+    too small (see :func:`hmgstore.memory.create_segment`), and RuntimeError
+    on every rank if the first rank's ``make`` fails.
+    """
+    from .node import this_node
+
+    state = this_node()
+    return share_in_group(make, state.group, state.ranks, state.rank, progress)

@@ -1,0 +1,81 @@
+"""The peer watch: every process watches the others of its node.
+
+When a peer dies without closing its tables (killed, crashed), its GPU shard
+can no longer be read: this process's gathers raise :class:`PeerLostError`
+at once, the default process group is aborted (so a pending NCCL collective
+fails instead of hanging), and after ``peer_exit_timeout`` seconds a process
+still running exits with status 1 after saying why. A peer that closed its
+tables may leave at any time.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+from ..memory.shared import process_alive
+from .node import Node
+
+log = logging.getLogger(__name__)
+
+#: How often each process looks at its node's peers.
+WATCH_SECONDS = 0.25
+
+
+class PeerLostError(RuntimeError):
+    """A process of this node that shares a table with this one has exited."""
+
+
+def start(state: Node) -> None:
+    state.watch = threading.Thread(target=_watch, args=(state,), name="hmgstore-peer-watch", daemon=True)
+    state.watch.start()
+    atexit.register(stop, state)
+
+
+def stop(state: Node) -> None:
+    """Stop and join the watch. Called at exit too: a daemon thread caught inside torch at
+    shutdown ends the process with std::terminate."""
+    state.stop.set()
+    if state.watch is not None and state.watch is not threading.current_thread():
+        state.watch.join(timeout=5)
+
+
+def _watch(state: Node) -> None:
+    """Poll the node's peers; when one dies with tables open, fail this process's gathers,
+    then the process itself."""
+    peers = [k for k in range(len(state.ranks)) if k != state.local_rank]
+    board = state.board.numpy()  # plain loads: no torch call (and no GIL release inside torch) in this thread
+    while state.lost is None:
+        if state.stop.wait(WATCH_SECONDS):
+            return
+        for k in peers:
+            if board[k] == 0 or process_alive(state.pids[k]):
+                continue
+            state.lost = (f"rank {state.ranks[k]} (pid {state.pids[k]}) on this node exited without closing its "
+                          "hmgstore tables (killed or crashed); its GPU shard can no longer be read. This "
+                          "process cannot go on: restart the job (torchrun --max-restarts restarts it for you)")
+            state.lost_at = time.monotonic()
+            break
+    if state.open_tables == 0:
+        log.warning("hmgstore: %s", state.lost)
+        return
+    print(f"hmgstore: ERROR: {state.lost}", file=sys.stderr, flush=True)
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.is_initialized():
+        with contextlib.suppress(Exception):  # unblocks a collective waiting for the dead rank
+            abort()
+    if state.peer_exit_timeout is None:
+        return
+    deadline = state.lost_at + state.peer_exit_timeout
+    while time.monotonic() < deadline:
+        if state.open_tables == 0 or state.stop.wait(WATCH_SECONDS):
+            return
+    print(f"hmgstore: exiting after waiting {state.peer_exit_timeout:g} s for this process to stop on its own "
+          f"(peer_exit_timeout): {state.lost}", file=sys.stderr, flush=True)
+    os._exit(1)

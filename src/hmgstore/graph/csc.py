@@ -1,0 +1,165 @@
+"""Graph topology as CSC, framework-free: what samplers read.
+
+One edge type is held as :class:`CSC`:
+
+- ``row``: int64 [E], source node of each edge, edges grouped by destination;
+- ``colptr``: int64 [num_dst + 1], edges of destination ``v`` are
+  ``row[colptr[v]:colptr[v + 1]]``;
+- ``perm``: int64 [E] or None, position in the given edge list of each CSC
+  edge (None when the input was CSC, or COO already sorted by destination),
+  so that sampled edge ids refer to the caller's edge ids.
+
+:func:`to_csc` converts COO, CSR or CSC input, with as few copies as the input
+allows (int64 CSC input is kept as it is). Everything here is torch on the
+CPU; framework adapters build on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..index import check_range
+
+LAYOUTS = ("coo", "csr", "csc")
+
+
+@dataclass(frozen=True, eq=False)
+class CSC:
+    """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``."""
+
+    row: torch.Tensor
+    colptr: torch.Tensor
+    perm: torch.Tensor | None
+    size: tuple[int, int]
+
+    @property
+    def num_edges(self) -> int:
+        return self.row.numel()
+
+    def in_degree(self) -> torch.Tensor:
+        """int64 [num_dst]: edges into each destination node."""
+        return self.colptr.diff()
+
+    def col(self) -> torch.Tensor:
+        """int64 [E]: destination of each edge, in CSC order."""
+        return ptr2index(self.colptr, self.num_edges)
+
+    def coo_in_given_order(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(row, col)`` of every edge, in the order the edges were given."""
+        row, col = self.row, self.col()
+        if self.perm is None:
+            return row, col
+        given = torch.empty_like(self.perm)
+        given[self.perm] = torch.arange(self.num_edges, device=self.perm.device)
+        return row[given], col[given]
+
+
+def index2ptr(index: torch.Tensor, size: int) -> torch.Tensor:
+    """Offsets ``[size + 1]`` of sorted ids ``index`` (int64): CSR/CSC compression."""
+    return torch._convert_indices_from_coo_to_csr(index, size, out_int32=False)
+
+
+def ptr2index(ptr: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
+    """The id of each entry of offsets ``ptr``: the inverse of :func:`index2ptr`."""
+    index = torch.arange(ptr.numel() - 1, dtype=ptr.dtype, device=ptr.device)
+    return index.repeat_interleave(ptr.diff(), output_size=output_size)
+
+
+def stable_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted col, perm)``, ties kept in input order."""
+    return torch.sort(col, stable=True)
+
+
+def _as_index(tensor, what: str) -> torch.Tensor:
+    """A 1-D int64 CPU tensor (converted only when it is not one already)."""
+    if isinstance(tensor, np.ndarray):
+        tensor = torch.from_numpy(tensor)
+    elif not isinstance(tensor, torch.Tensor):
+        tensor = torch.as_tensor(tensor)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        raise TypeError(f"{what} must hold integer node ids or offsets, got dtype {tensor.dtype}")
+    if tensor.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {tuple(tensor.shape)}")
+    return tensor.to("cpu", torch.int64)
+
+
+def _node_count(ids: torch.Tensor, bound: int | None, what: str) -> int:
+    """``bound`` (or ``max + 1`` when None) after checking every id is in ``[0, bound)``."""
+    if ids.numel() == 0:
+        return bound or 0
+    if bound is None:
+        bound = int(ids.max()) + 1
+    try:
+        check_range(ids, bound)
+    except IndexError as err:
+        raise IndexError(f"{what} holds a node id outside [0, {bound}): {err}; "
+                         "pass the right size=(num_src_nodes, num_dst_nodes)") from None
+    return bound
+
+
+def _check_ptr(ptr: torch.Tensor, num_edges: int, what: str) -> None:
+    if ptr.numel() == 0 or int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or bool((ptr.diff() < 0).any()):
+        raise ValueError(f"{what} must start at 0, never decrease and end at the number of edges ({num_edges})")
+
+
+def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
+           sort: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = stable_sort) -> CSC:
+    """Convert one edge type to :class:`CSC`.
+
+    ``edge_index``: for ``layout="coo"`` a ``[2, E]`` tensor (or numpy
+    array) or a pair ``(row, col)``; for ``"csr"`` a pair ``(rowptr, col)``;
+    for ``"csc"`` a pair ``(row, colptr)``. Integer tensors (int64 is kept
+    without a copy; other dtypes and devices are converted). ``size``:
+    ``(num_src, num_dst)``, inferred from the ids when None. ``is_sorted``:
+    COO edges already sorted by destination (checked; saves the sort).
+    ``sort``: how COO edges are ordered by destination, ``(col, num_dst) ->
+    (sorted col, perm)``; adapters pass their framework's own sort so that
+    its samplers see the same edge order as from its own graph objects.
+    Raises TypeError/ValueError for malformed input, IndexError for ids
+    outside ``size``.
+    """
+    layout = str(getattr(layout, "value", layout)).lower()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    num_src, num_dst = size if size is not None else (None, None)
+    if isinstance(edge_index, np.ndarray):
+        edge_index = torch.from_numpy(edge_index)
+    if isinstance(edge_index, torch.Tensor) and layout == "coo":
+        if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError(f"a COO edge_index must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+    elif not (isinstance(edge_index, (tuple, list)) and len(edge_index) == 2):
+        raise TypeError(f"a {layout.upper()} edge index is a pair of 1-D tensors, got {type(edge_index).__name__}")
+    first, second = edge_index[0], edge_index[1]
+
+    if layout == "csc":
+        row, colptr = _as_index(first, "row"), _as_index(second, "colptr")
+        _check_ptr(colptr, row.numel(), "colptr")
+        if num_dst is not None and colptr.numel() != num_dst + 1:
+            raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
+        num_src = _node_count(row, num_src, "row")
+        return CSC(row, colptr, None, (num_src, colptr.numel() - 1))
+
+    if layout == "csr":
+        rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
+        _check_ptr(rowptr, col.numel(), "rowptr")
+        if num_src is not None and rowptr.numel() != num_src + 1:
+            raise ValueError(f"rowptr has {rowptr.numel()} entries for {num_src} source nodes (needs num_src + 1)")
+        row, num_src, is_sorted = ptr2index(rowptr, col.numel()), rowptr.numel() - 1, False
+    else:
+        row, col = _as_index(first, "edge_index[0]"), _as_index(second, "edge_index[1]")
+        if row.numel() != col.numel():
+            raise ValueError(f"row and col differ in length ({row.numel()} and {col.numel()})")
+        num_src = _node_count(row, num_src, "edge_index[0]")
+    num_dst = _node_count(col, num_dst, "edge_index[1]" if layout == "coo" else "col")
+
+    if is_sorted:
+        if bool((col.diff() < 0).any()):
+            raise ValueError("is_sorted=True but the edges are not sorted by destination (edge_index[1])")
+        perm = None
+    else:
+        col, perm = sort(col, num_dst)
+        row = row[perm]
+    return CSC(row, index2ptr(col, num_dst), perm, (num_src, num_dst))

@@ -1,0 +1,9 @@
+"""Host memory: tables pinned for zero-copy reads (:mod:`.pinned`) and segments shared by
+the processes of a node (:mod:`.shared`)."""
+from .pinned import PinnedHost, as_host_tensor, extent, registered_ranges, row_layout
+from .shared import (SEGMENT_PREFIX, attach_segment, create_segment, process_alive, segment_dir,
+                     sweep_stale_segments, unlink_segment)
+
+__all__ = ["PinnedHost", "as_host_tensor", "extent", "registered_ranges", "row_layout", "SEGMENT_PREFIX",
+           "attach_segment", "create_segment", "process_alive", "segment_dir", "sweep_stale_segments",
+           "unlink_segment"]

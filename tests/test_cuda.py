@@ -1,0 +1,74 @@
+"""The CUDA layer's pure parts, testable without a GPU: job layout, vectors, kernel source."""
+import importlib.resources
+import importlib.util
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from hmgstore import cuda
+from hmgstore.cuda import gather
+from hmgstore.placement import Tier
+
+L = gather.LAYOUT
+
+
+def test_vector_width_divides_everything():
+    assert gather.vector_bytes(512, 4096, 1024) == 16
+    assert gather.vector_bytes(28, 4096) == 4
+    assert gather.vector_bytes(512, 4104) == 8
+    assert gather.vector_bytes(3, 4096) == 1
+
+
+def test_job_words_layout():
+    out = torch.empty(10, 40, dtype=torch.uint8)
+    ids = torch.arange(10, dtype=torch.int32)
+    tiers = [Tier("gpu", 0, 7, torch.arange(7), 1 << 20, 40), Tier("host", 7, 107, None, 1 << 30, 64)]
+    job = gather.Job(ids, None, out, None, 100, 40, tiers)
+    words, tiles = gather.job_words(job, tile_start=5)
+    assert len(words) == gather.J_WORDS
+    assert words[L["J_N"]] == 10 and words[L["J_TILE_START"]] == 5 and words[L["J_NTIERS"]] == 2
+    assert words[L["J_BOUNDS"]:L["J_BOUNDS"] + 3] == [0, 7, 107]
+    assert words[L["J_BASE"]:L["J_BASE"] + 2] == [1 << 20, 1 << 30]
+    assert words[L["J_PITCH"]:L["J_PITCH"] + 2] == [40, 64]
+    flags = words[L["J_FLAGS"]]
+    vec_log2, tpr_log2 = (flags >> L["F_VEC_SHIFT"]) & 0xFF, (flags >> L["F_TPR_SHIFT"]) & 0xFF
+    assert 1 << vec_log2 == 8  # 40-byte rows: 8-byte vectors
+    assert 1 << tpr_log2 == 8  # 5 vectors -> a team of 8 threads
+    assert tiles == -(-10 // ((gather.BLOCK >> tpr_log2) * gather.ROWS))
+    assert flags & L["F_IDS64"] == 0  # int32 ids
+
+
+def test_too_many_tiers_refused():
+    tiers = [Tier("host", 0, 2, None, 0, 16)] * (gather.MAX_TIERS + 1)
+    job = gather.Job(torch.arange(2), None, torch.empty(2, 4), None, 2, 16, tiers)
+    with pytest.raises(ValueError, match="tiers"):
+        gather.job_words(job, 0)
+
+
+def test_job_layout_is_read_from_the_header_the_kernel_is_compiled_with():
+    header = importlib.resources.files("hmgstore.kernels").joinpath(gather.HEADER).read_text()
+    kernel = importlib.resources.files("hmgstore.kernels").joinpath(gather.SOURCE).read_text()
+    assert gather.read_layout(header) == gather.LAYOUT
+    assert L["J_BASE"] == L["J_BOUNDS"] + L["MAX_TIERS"] + 1 and L["J_WORDS"] == L["J_PITCH"] + L["MAX_TIERS"]
+    assert "#define J_" not in kernel  # the layout is written once, in the header
+    assert gather.read_layout("#define A 3\n#define B (A + 4) // seven\n") == {"A": 3, "B": 7}
+    with pytest.raises(ValueError, match="only integers"):
+        gather.read_layout("#define A (B * 2)\n")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="checks the message given without CuPy")
+def test_missing_cupy_says_what_to_install():
+    with pytest.raises(ImportError, match="pip install cupy-cuda"):
+        cuda.cupy()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to compile (no GPU needed)")
+def test_kernel_compiles_without_spills(tmp_path):
+    source = tmp_path / "gather_full.cu"
+    source.write_text(cuda.kernel_source(gather.HEADER, gather.SOURCE))
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", f"-DROWS={gather.ROWS}", "-Xptxas", "-v", "-c",
+                          str(source), "-o", str(tmp_path / "g.o")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "0 bytes spill stores" in res.stderr
