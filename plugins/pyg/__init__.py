@@ -34,9 +34,10 @@ from hmgstore import placement
 
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
+from .sampler import HybridNeighborSampler
 
-__all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "ResidentTensor",
-           "resident", "to_csc"]
+__all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
+           "ResidentTensor", "resident", "to_csc"]
 
 
 def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,

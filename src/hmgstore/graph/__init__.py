@@ -1,4 +1,12 @@
-"""Framework-free graph topology: CSC conversion now; the topology tiers and the sampler build on it."""
-from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
+"""Framework-free graph topology and neighbour sampling.
 
-__all__ = ["CSC", "LAYOUTS", "index2ptr", "ptr2index", "stable_sort", "to_csc"]
+- :mod:`.csc`: CSC conversion from COO, CSR or CSC input;
+- :mod:`.topology`: one edge type's CSC held for sampling, its neighbour ids in tiers (GPU, pinned host);
+- :mod:`.sampler`: multi-hop uniform neighbour sampling with relabelling, on a GPU or the CPU.
+"""
+from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
+from .sampler import NeighborSampler, Sample, sample_hop
+from .topology import Topology
+
+__all__ = ["CSC", "LAYOUTS", "index2ptr", "ptr2index", "stable_sort", "to_csc", "NeighborSampler", "Sample",
+           "sample_hop", "Topology"]

@@ -1,0 +1,101 @@
+// hmgstore neighbour sampling: one hop, one edge type. Built by hmgstore/cuda/sample.py.
+//
+// The topology is CSC: the neighbours of destination v are row[colptr[v] .. colptr[v+1]).
+// `row` lives in two tiers, like a feature table: the adjacency lists of hot nodes packed in
+// GPU memory (positions [0, G)), and the whole `row` array in pinned host memory, read
+// zero-copy (positions [G, G + E)). start[v] is where v's list begins in that position
+// space (G + colptr[v] for a host list); with no GPU tier, start is colptr itself.
+//
+// Seed i (a node of this hop's frontier) gets c_i = counts[i] output slots at
+// offsets[i] .. offsets[i] + c_i (an exclusive scan the caller computed; c_i <= deg_i
+// unless sampling with replacement). Each slot holds a *position* p in [0, deg_i): the
+// neighbour is row[start[v] + p] and the CSC edge id colptr[v] + p.
+//
+// Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
+// thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
+// hmgstore/graph/sampler.py computes the same function with torch (bit-identical).
+//
+// Kernels:
+// - hmg_sample_floyd: one thread per seed that samples without replacement (c_i < deg_i).
+//   Robert Floyd's algorithm: for t = 0 .. c-1, j = deg - c + t, r = draw(i, t) mod (j+1);
+//   slot t takes r, or j if r was taken already. Every c-subset is equally likely. The
+//   membership test reads the seed's earlier slots (c^2/2 reads, L1-resident for the
+//   fanouts GNNs use: 225/2 for c = 15).
+// - hmg_sample_read: one thread per output slot. Finds its seed by binary search over the
+//   offsets, fills in the position (t itself when the seed takes every neighbour; a draw
+//   mod deg with replacement; else what hmg_sample_floyd wrote), then reads the neighbour
+//   id from its tier and writes it and the edge id. Neighbouring threads serve neighbouring
+//   slots of one seed, so their reads fall in the same adjacency list.
+
+typedef long long i64;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 mix64(u64 z) {  // splitmix64's finaliser
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A uniform draw in [0, n) for slot t of seed i (63 random bits mod n: bias below n / 2^63).
+__device__ __forceinline__ i64 draw(u64 key, i64 i, i64 t, i64 n) {
+  const u64 h = mix64(key ^ ((u64)i * 0xD1B54A32D192ED03ull));
+  return (i64)((mix64(h + (u64)t) >> 1) % (u64)n);
+}
+
+__device__ __forceinline__ i64 load_id(const void* base, i64 k, bool wide) {
+  return wide ? reinterpret_cast<const i64*>(base)[k] : (i64)reinterpret_cast<const int*>(base)[k];
+}
+
+extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ seeds, const i64* __restrict__ colptr,
+                                            const i64* __restrict__ counts, const i64* __restrict__ offsets,
+                                            i64* __restrict__ pos, i64 num_seeds, u64 key) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < num_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seeds[i];
+    const i64 deg = colptr[v + 1] - colptr[v];
+    const i64 c = counts[i];
+    if (c >= deg) continue;  // takes every neighbour: hmg_sample_read fills it in
+    i64* out = pos + offsets[i];
+    for (i64 t = 0; t < c; ++t) {
+      const i64 j = deg - c + t;
+      i64 r = draw(key, i, t, j + 1);
+      for (i64 s = 0; s < t; ++s) {
+        if (out[s] == r) {
+          r = j;
+          break;
+        }
+      }
+      out[t] = r;
+    }
+  }
+}
+
+extern "C" __global__ void hmg_sample_read(const i64* __restrict__ seeds, const i64* __restrict__ colptr,
+                                           const i64* __restrict__ start, const i64* __restrict__ counts,
+                                           const i64* __restrict__ offsets, i64 num_seeds, i64* __restrict__ pos,
+                                           i64 num_slots, const void* gpu_row, const void* host_row, i64 gpu_edges,
+                                           int wide, int replace, u64 key, i64* __restrict__ nbr,
+                                           i64* __restrict__ eid) {
+  for (i64 s = blockIdx.x * (i64)blockDim.x + threadIdx.x; s < num_slots; s += (i64)gridDim.x * blockDim.x) {
+    i64 lo = 0, hi = num_seeds - 1;  // the last seed i with offsets[i] <= s
+    while (lo < hi) {
+      const i64 mid = (lo + hi + 1) >> 1;
+      if (offsets[mid] <= s) lo = mid; else hi = mid - 1;
+    }
+    const i64 i = lo, t = s - offsets[i];
+    const i64 v = seeds[i];
+    const i64 first = colptr[v], deg = colptr[v + 1] - first;
+    i64 p;
+    if (replace) {
+      p = draw(key, i, t, deg);
+    } else if (counts[i] >= deg) {
+      p = t;
+    } else {
+      p = pos[s];
+    }
+    pos[s] = p;
+    const i64 at = (start ? start[v] : first) + p;
+    nbr[s] = at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    eid[s] = first + p;
+  }
+}

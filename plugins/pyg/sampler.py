@@ -1,0 +1,221 @@
+"""HybridNeighborSampler: PyG's ``BaseSampler`` over hmgstore's neighbour sampler.
+
+A stock loader takes it unchanged::
+
+    sampler = HybridNeighborSampler((feature_store, graph_store), [15, 10, 5], device="cuda", gpu_budget="2GB")
+    loader = NeighborLoader((feature_store, graph_store), [15, 10, 5], neighbor_sampler=sampler,
+                            input_nodes=train_idx, batch_size=1024, shuffle=True)
+
+It samples with :class:`hmgstore.graph.NeighborSampler` over the graph's
+topology held in tiers (:class:`hmgstore.graph.Topology`): on a GPU, the
+adjacency lists of hot nodes in GPU memory and the rest in pinned host memory,
+read zero-copy; on the CPU, with vectorised torch (no pyg-lib, no
+torch-sparse). Its output follows PyG's conventions (``SamplerOutput`` /
+``HeteroSamplerOutput``: ``node`` seeds first, ``row`` the neighbour's and
+``col`` the seed's local index, ``edge`` the CSC position, mapped to edge ids
+by :attr:`edge_permutation`, per-hop counts, ``batch`` when disjoint) and
+stays on the sampler's device: the feature store then gathers with ids
+already on the GPU.
+
+As with any custom PyG sampler, options such as ``replace`` and ``disjoint``
+belong to the sampler's constructor: ``NeighborLoader`` does not forward
+them. A GPU sampler runs in the loader's main process (``num_workers=0``).
+"""
+from __future__ import annotations
+
+import torch
+from torch_geometric.data import Data, FeatureStore, GraphStore, HeteroData
+from torch_geometric.sampler import (BaseSampler, EdgeSamplerInput, HeteroSamplerOutput, NegativeSampling,
+                                     NodeSamplerInput, SamplerOutput)
+from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+from torch_geometric.sampler.neighbor_sampler import edge_sample
+
+from hmgstore import placement, resolve_device
+from hmgstore.graph import CSC, NeighborSampler, Topology
+
+from .graph_store import CSCGraphStore, to_csc
+
+
+def _graph_of(data) -> tuple[dict, dict]:
+    """``(edge type -> CSC, node type -> node count)`` of a Data, HeteroData or (FeatureStore, GraphStore)."""
+    if isinstance(data, Data):
+        n = data.num_nodes
+        if getattr(data, "edge_index", None) is not None:
+            csc = to_csc(data.edge_index, "coo", (n, n))
+        elif getattr(data, "adj_t", None) is not None:
+            colptr, row, _ = data.adj_t.csr()
+            csc = to_csc((row, colptr), "csc", (n, n))
+        else:
+            raise ValueError("the Data object has neither edge_index nor adj_t")
+        return {None: csc}, {None: n}
+    if isinstance(data, HeteroData):
+        edges = {}
+        for et in data.edge_types:
+            size = (data[et[0]].num_nodes, data[et[-1]].num_nodes)
+            edges[et] = to_csc(data[et].edge_index, "coo", size)
+        return edges, {nt: data[nt].num_nodes for nt in data.node_types}
+    if isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], FeatureStore) \
+            and isinstance(data[1], GraphStore):
+        feature_store, graph_store = data
+        if isinstance(graph_store, CSCGraphStore):
+            edges = {et: graph_store.edges(et) for et in graph_store.edge_types}
+        else:  # any GraphStore: PyG's own CSC call
+            attrs = graph_store.get_all_edge_attrs()
+            rows, colptrs, perms = graph_store.csc()
+            if not isinstance(rows, dict):
+                rows, colptrs, perms = {None: rows}, {None: colptrs}, {None: perms}
+            edges = {}
+            for attr in attrs:
+                et = attr.edge_type
+                csc = to_csc((rows[et], colptrs[et]), "csc", attr.size)
+                edges[et] = CSC(csc.row, csc.colptr, perms.get(et), csc.size)
+        num_nodes = {}
+        for et, csc in edges.items():
+            src, dst = (et[0], et[-1]) if et is not None else (None, None)
+            num_nodes[src], num_nodes[dst] = csc.size
+        for attr in feature_store.get_all_tensor_attrs():  # node types with features but no edges
+            if attr.group_name not in num_nodes:
+                num_nodes[attr.group_name] = feature_store.get_tensor_size(attr)[0]
+        return edges, num_nodes
+    raise TypeError("HybridNeighborSampler takes a Data, a HeteroData or a (FeatureStore, GraphStore) pair, "
+                    f"got {type(data).__name__}")
+
+
+def _budgets(gpu_budget, edges: dict) -> dict:
+    """Per edge type, its share of ``gpu_budget`` (a dict is taken as given), by bytes of neighbour ids."""
+    if gpu_budget is None or isinstance(gpu_budget, dict):
+        return dict(gpu_budget or {})
+    total = placement.parse_bytes(gpu_budget)
+    weights = {et: max(1, csc.num_edges) for et, csc in edges.items()}
+    whole = sum(weights.values())
+    return {et: total * w // whole for et, w in weights.items()}
+
+
+class HybridNeighborSampler(BaseSampler):
+    """PyG's ``BaseSampler`` sampling neighbours with hmgstore, on the CPU or a GPU.
+
+    Args:
+        data: a ``Data``, a ``HeteroData``, or a ``(FeatureStore, GraphStore)``
+            pair (hmgstore's :class:`CSCGraphStore` is used without a copy;
+            another graph store is read through its ``csc()``).
+        num_neighbors: neighbours per hop, a list (``[15, 10, 5]``; ``-1``:
+            all), or a dict per edge type.
+        replace: sample with replacement.
+        disjoint: every seed gets its own subgraph; the output has ``batch``.
+        subgraph_type: ``"directional"`` (PyG's default) or
+            ``"bidirectional"`` (edges added in both directions afterwards).
+        device: where the topology is held and sampling runs (None: the
+            current GPU, or the CPU).
+        gpu_budget: bytes of GPU memory for hot adjacency lists (int, string
+            such as ``"2GB"``, or a dict per edge type); the rest is read from
+            pinned host memory. None: none on the GPU. A budget that holds the
+            whole topology puts it all on the GPU.
+        hot_order: destination node ids, hottest first (a tensor, or a dict per
+            edge type); default: by degree.
+        generator: a CPU ``torch.Generator`` for the draws (default: torch's
+            global one, so ``torch.manual_seed`` fixes the batches).
+        time_attr, weight_attr: not supported yet (temporal and
+            edge-weighted sampling): NotImplementedError.
+    """
+
+    def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
+                 subgraph_type="directional", device=None, gpu_budget=None, hot_order=None,
+                 generator: torch.Generator | None = None, time_attr=None, weight_attr=None, progress: bool = True):
+        if time_attr is not None:
+            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
+                                      "NeighborSampler for it")
+        if weight_attr is not None:
+            raise NotImplementedError("HybridNeighborSampler does not do edge-weighted sampling (weight_attr) yet; "
+                                      "use PyG's NeighborSampler for it")
+        self.subgraph_type = SubgraphType(subgraph_type)
+        if self.subgraph_type == SubgraphType.induced:
+            raise NotImplementedError("subgraph_type='induced' is not supported; use 'directional' or "
+                                      "'bidirectional'")
+        self.device = resolve_device(device)
+        edges, self.num_nodes = _graph_of(data)
+        self.edge_types = list(edges)
+        self.is_hetero = None not in edges
+        budgets = _budgets(gpu_budget, edges)
+        orders = hot_order if isinstance(hot_order, dict) else {et: hot_order for et in edges}
+        topologies = {}
+        try:
+            for et, csc in edges.items():
+                topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et), hot_order=orders.get(et),
+                                          progress=progress)
+        except BaseException:
+            for topo in topologies.values():
+                topo.close()
+            raise
+        if not isinstance(num_neighbors, NumNeighbors):
+            num_neighbors = NumNeighbors(num_neighbors)
+        values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
+        per_type = values if self.is_hetero else {None: values}
+        self.num_neighbors = num_neighbors
+        self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
+                                       generator=generator)
+        self.replace, self.disjoint = replace, disjoint
+        self._perm = {et: (None if csc.perm is None else csc.perm.to(self.device)) for et, csc in edges.items()}
+
+    @property
+    def topologies(self) -> dict:
+        """Edge type (None when homogeneous) -> :class:`hmgstore.graph.Topology`."""
+        return self.sampler.topologies
+
+    @property
+    def edge_permutation(self):
+        """CSC position -> edge id, per edge type (on the sampler's device), as PyG's loaders read it."""
+        return self._perm if self.is_hetero else self._perm[None]
+
+    def _check_process(self) -> None:
+        if self.device.type == "cuda" and torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("a GPU HybridNeighborSampler samples in the loader's main process: pass num_workers=0 "
+                               "(or build the sampler with device='cpu' to sample in the workers)")
+
+    def _sample(self, seed, seed_time=None, **kwargs):
+        """PyG's ``sample_fn``: seeds (a tensor, or a dict per node type) -> a sampler output."""
+        if seed_time is not None:
+            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (seed times were given)")
+        self._check_process()
+        out = self.sampler.sample(seed if isinstance(seed, dict) else {None: seed})
+        if not self.is_hetero:
+            return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=out.edge[None],
+                                 batch=None if out.batch is None else out.batch[None],
+                                 num_sampled_nodes=out.num_sampled_nodes[None],
+                                 num_sampled_edges=out.num_sampled_edges[None])
+        return HeteroSamplerOutput(node=out.node, row=out.row, col=out.col, edge=out.edge, batch=out.batch,
+                                   num_sampled_nodes=out.num_sampled_nodes, num_sampled_edges=out.num_sampled_edges)
+
+    def _finish(self, out):
+        if self.subgraph_type == SubgraphType.bidirectional:
+            out = out.to_bidirectional()
+        return out
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs):
+        """The subgraphs around ``index.node`` (CPU seeds, as PyG gives them); tensors on the sampler's device."""
+        seed = index.node if index.input_type is None else {index.input_type: index.node}
+        out = self._finish(self._sample(seed, index.time))
+        out.metadata = (index.input_id, index.time)
+        return out
+
+    def sample_from_edges(self, index: EdgeSamplerInput, neg_sampling: NegativeSampling | None = None):
+        """The subgraphs around the edges ``index`` and their negatives, with PyG's own negative sampling;
+        the edge labels and label indices come back on the sampler's device."""
+        num_nodes = self.num_nodes if self.is_hetero else self.num_nodes[None]
+        out = edge_sample(index, self._sample, num_nodes, self.disjoint, None, neg_sampling)
+        out = self._finish(out)
+        out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
+        return out
+
+    def close(self) -> None:
+        """Free the topology's GPU memory and host registration."""
+        self.sampler.close()
+
+    def __getstate__(self):
+        if self.device.type == "cuda":
+            raise TypeError("a GPU HybridNeighborSampler cannot be sent to another process; it samples in the "
+                            "loader's main process: pass num_workers=0")
+        return self.__dict__
+
+    def __repr__(self) -> str:
+        return (f"HybridNeighborSampler(device={self.device}, num_neighbors={self.num_neighbors.values}, "
+                f"replace={self.replace}, disjoint={self.disjoint}, topologies={list(self.topologies.values())})")

@@ -1,0 +1,299 @@
+"""Neighbour sampling over :class:`~hmgstore.graph.topology.Topology` objects, hop by hop.
+
+For each hop and edge type, every node found in the previous hop (the seeds
+first) gets up to ``k`` of its in-neighbours, uniformly: without replacement
+(every ``min(k, degree)``-subset equally likely; Floyd's algorithm), or with
+replacement (``k`` draws when the degree is not 0); ``k = -1`` takes every
+neighbour. New nodes are numbered in the order they are first met, after the
+nodes already known, so that a batch's nodes come seeds first and hop by hop,
+as PyG's loaders expect.
+
+The same code runs on both devices: on a GPU the per-slot work is done by the
+kernels of ``kernels/sample.cu`` and the rest (counts, offsets, relabelling)
+by torch; on the CPU all of it is vectorised torch, with no compiled
+extension. Draws come from a counter-based hash keyed per hop by the
+sampler's ``torch.Generator`` (or torch's default one), so results are
+reproducible under ``torch.manual_seed`` and are the same on the CPU and on
+a GPU.
+
+Relabelling (``dedup="sort"``) keeps the batch's known node keys sorted and
+finds new ones with ``searchsorted``; in disjoint mode a key is ``seed index *
+num_nodes + node``, so every seed grows its own tree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..index import normalize_many
+from .topology import Topology
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that has it."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _M1, _M2, _SEED_STEP = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                                    0x94D049BB133111EB, 0xD1B54A32D192ED03))
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 values."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic), as mix64 in sample.cu."""
+    z = z + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _M1
+    z = (z ^ _shift_right(z, 27)) * _M2
+    return z ^ _shift_right(z, 31)
+
+
+def draw(key: int, seed_index: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
+    """A uniform int64 in ``[0, n)`` for slot ``t`` of seed ``seed_index``: ``draw`` in sample.cu.
+
+    ``key``: the hop's 64-bit key (a Python int); ``seed_index``, ``t``, ``n``:
+    int64 tensors (or ints) of one shape, ``n >= 1``.
+    """
+    h = _mix64(seed_index * _SEED_STEP ^ _signed(key))
+    return _shift_right(_mix64(h + t), 1) % n
+
+
+def slot_counts(degree: torch.Tensor, k: int, replace: bool) -> torch.Tensor:
+    """Neighbours to sample per seed: every one for ``k < 0``, ``k`` (when the degree is not 0)
+    with replacement, else ``min(k, degree)``."""
+    if k < 0:
+        return degree.clone()
+    if replace:
+        return torch.where(degree > 0, k, 0)
+    return degree.clamp(max=k)
+
+
+def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch.Tensor) -> torch.Tensor:
+    """Floyd's algorithm for many seeds at once: ``[seeds, max count]`` positions, -1 past each count."""
+    width = int(count.max()) if len(count) else 0
+    chosen = torch.full((len(count), width), -1, dtype=torch.int64)
+    for t in range(width):
+        active = count > t
+        j = degree - count + t
+        r = draw(key, index, t, torch.where(active, j + 1, 1))
+        taken = (chosen[:, :t] == r[:, None]).any(1)
+        chosen[:, t] = torch.where(active, torch.where(taken, j, r), -1)
+    return chosen
+
+
+def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int):
+    """Sample one hop: ``(neighbours, edge ids, counts)``.
+
+    ``seeds``: int64 [S] destination ids on the topology's device, in range.
+    Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
+    ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
+    (neighbours per seed; M is their sum).
+    """
+    degree = topology.degree(seeds)
+    counts = slot_counts(degree, k, replace)
+    offsets = counts.cumsum(0) - counts
+    num_slots = int(counts.sum())  # the hop's one synchronisation: output sizes
+    if topology.device.type == "cuda":
+        from ..cuda import sample as kernels
+
+        _, nbr, eid = kernels.sample_hop(
+            seeds, topology.colptr, topology.start, counts, offsets, num_slots, topology.gpu_row,
+            topology.host_address, topology.gpu_edges, topology.index_bytes == 8, replace, key,
+            torch.cuda.current_stream(topology.device))
+        return nbr, eid, counts
+    seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
+    t = torch.arange(num_slots) - offsets[seg]
+    if replace:
+        pos = draw(key, seg, t, degree[seg])
+    else:
+        pos = t  # seeds that take every neighbour
+        floyd = (counts < degree).nonzero().view(-1)
+        if len(floyd):
+            chosen = _floyd_cpu(key, floyd, counts[floyd], degree[floyd])
+            pos = pos.clone()
+            pos[(counts < degree)[seg]] = chosen[chosen >= 0]
+    first = topology.colptr[seeds][seg]
+    eid = first + pos
+    return topology.row[eid].long(), eid, counts
+
+
+class NodeSet:
+    """The nodes of one type in a batch, in order, and their keys kept sorted for lookups.
+
+    ``keys``: int64 node keys (node ids; ``seed * num_nodes + node`` in
+    disjoint mode) on one device. The initial keys (the seeds) are taken as
+    they are, repeats included, so that a batch starts with its seeds.
+    """
+
+    def __init__(self, keys: torch.Tensor):
+        self.parts = [keys]
+        self.count = len(keys)
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        first = torch.full((len(unique),), len(keys), dtype=torch.int64, device=keys.device)
+        first.scatter_reduce_(0, inverse, torch.arange(len(keys), device=keys.device), "amin")
+        self._sorted, self._local = unique, first
+
+    @property
+    def keys(self) -> torch.Tensor:
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
+
+    def add(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Local ids of ``candidates``; keys not seen before are appended, in first-seen order."""
+        local = torch.full_like(candidates, -1)
+        if len(self._sorted):
+            at = torch.searchsorted(self._sorted, candidates).clamp_(max=len(self._sorted) - 1)
+            found = self._sorted[at] == candidates
+            local = torch.where(found, self._local[at], local)
+        else:
+            found = torch.zeros_like(candidates, dtype=torch.bool)
+        fresh = (~found).nonzero().view(-1)
+        if len(fresh):
+            new_keys, inverse = torch.unique(candidates[fresh], return_inverse=True)
+            first = torch.full((len(new_keys),), len(fresh), dtype=torch.int64, device=candidates.device)
+            first.scatter_reduce_(0, inverse, torch.arange(len(fresh), device=candidates.device), "amin")
+            order = torch.argsort(first)  # new keys by first appearance
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(len(order), device=order.device)
+            local[fresh] = self.count + rank[inverse]
+            self.parts.append(new_keys[order])
+            merged_keys = torch.cat([self._sorted, new_keys])
+            merged_local = torch.cat([self._local, self.count + rank])
+            self._sorted, by = torch.sort(merged_keys)
+            self._local = merged_local[by]
+            self.count += len(new_keys)
+        return local
+
+
+@dataclass
+class Sample:
+    """A sampled batch; every field is keyed by node type or edge type (None when homogeneous).
+
+    ``node``: global ids per node type, seeds first, hop by hop. ``row`` /
+    ``col``: per edge type, local ids (into ``node`` of the source / the
+    destination type) of each sampled edge's neighbour and seed; ``edge``: its
+    CSC position. ``batch``: in disjoint mode, the seed each node belongs to.
+    ``num_sampled_nodes`` / ``num_sampled_edges``: per hop (nodes: the seeds
+    first).
+    """
+
+    node: dict
+    row: dict
+    col: dict
+    edge: dict
+    batch: dict | None
+    num_sampled_nodes: dict
+    num_sampled_edges: dict = field(default_factory=dict)
+
+
+class NeighborSampler:
+    """Multi-hop neighbour sampling over the edge types of a graph, on one device.
+
+    Args:
+        topologies: edge type -> :class:`Topology` (one device for all); key
+            None for a homogeneous graph, ``(src, rel, dst)`` tuples otherwise.
+        num_nodes: node type -> node count (key None when homogeneous).
+        num_neighbors: edge type -> neighbours per hop (``-1``: all); a list
+            for every edge type alike. Hops past an edge type's list sample 0.
+        replace: sample with replacement.
+        disjoint: every seed gets its own subgraph (see the module docstring).
+        generator: the ``torch.Generator`` (CPU) that keys the draws; default:
+            torch's global one, so ``torch.manual_seed`` fixes the samples.
+    """
+
+    def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
+                 disjoint: bool = False, generator: torch.Generator | None = None):
+        if not topologies:
+            raise ValueError("a sampler needs at least one edge type's topology")
+        devices = {t.device for t in topologies.values()}
+        if len(devices) != 1:
+            raise ValueError(f"every topology of a sampler must be on one device, got {sorted(map(str, devices))}")
+        self.device = devices.pop()
+        self.topologies, self.num_nodes = dict(topologies), dict(num_nodes)
+        self.hetero = None not in self.topologies
+        for et, topo in self.topologies.items():
+            src, dst = (et[0], et[-1]) if self.hetero else (None, None)
+            if (topo.num_src, topo.num_dst) != (self.num_nodes[src], self.num_nodes[dst]):
+                raise ValueError(f"edge type {et!r} joins {topo.num_src} -> {topo.num_dst} nodes, but the node "
+                                 f"types have {self.num_nodes[src]} and {self.num_nodes[dst]}")
+        if not isinstance(num_neighbors, dict):
+            num_neighbors = {et: list(num_neighbors) for et in self.topologies}
+        unknown = [et for et in num_neighbors if et not in self.topologies]
+        if unknown:
+            raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
+        self.num_neighbors = {et: [int(k) for k in num_neighbors.get(et, [])] for et in self.topologies}
+        self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
+        self.replace, self.disjoint, self.generator = replace, disjoint, generator
+
+    def _key(self) -> int:
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator))
+
+    def sample(self, seeds: dict) -> Sample:
+        """Sample the subgraphs around ``seeds``: node type -> node ids (an integer tensor on any
+        device, a list, ...; key None when homogeneous). Raises KeyError for unknown node types,
+        TypeError for non-integer ids and IndexError for ids out of range, before sampling."""
+        unknown = [nt for nt in seeds if nt not in self.num_nodes]
+        if unknown:
+            raise KeyError(f"no node type {unknown[0]!r}; the graph has {list(self.num_nodes)}")
+        checked = normalize_many([(ids, self.num_nodes[nt]) for nt, ids in seeds.items()], self.device)
+        seeds = {nt: index.ids.long() for nt, index in zip(seeds, checked)}
+        node_types = list(self.num_nodes)
+        sets, frontier, num_nodes_hop = {}, {}, {nt: [] for nt in node_types}
+        for nt in node_types:
+            ids = seeds.get(nt)
+            ids = torch.empty(0, dtype=torch.int64, device=self.device) if ids is None else ids
+            if self.disjoint:
+                ids = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids
+            sets[nt] = NodeSet(ids)
+            frontier[nt] = (0, len(ids))
+            num_nodes_hop[nt].append(len(ids))
+        rows = {et: [] for et in self.topologies}
+        cols = {et: [] for et in self.topologies}
+        edges = {et: [] for et in self.topologies}
+        num_edges_hop = {et: [] for et in self.topologies}
+        for hop in range(self.num_hops):
+            before = {nt: s.count for nt, s in sets.items()}
+            for et, topo in self.topologies.items():
+                fanout = self.num_neighbors[et]
+                k = fanout[hop] if hop < len(fanout) else 0
+                src, dst = (et[0], et[-1]) if self.hetero else (None, None)
+                lo, hi = frontier[dst]
+                if k == 0 or hi == lo:
+                    num_edges_hop[et].append(0)
+                    continue
+                keys = sets[dst].keys[lo:hi]
+                nodes = keys % self.num_nodes[dst] if self.disjoint else keys
+                nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, self._key())
+                seed_local = torch.arange(lo, hi, device=self.device).repeat_interleave(counts, output_size=len(nbr))
+                if self.disjoint:
+                    owner = (keys // self.num_nodes[dst]).repeat_interleave(counts, output_size=len(nbr))
+                    nbr = owner * self.num_nodes[src] + nbr
+                rows[et].append(sets[src].add(nbr))
+                cols[et].append(seed_local)
+                edges[et].append(eid)
+                num_edges_hop[et].append(len(eid))
+            for nt, s in sets.items():
+                frontier[nt] = (before[nt], s.count)
+                num_nodes_hop[nt].append(s.count - before[nt])
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        node, batch = {}, ({} if self.disjoint else None)
+        for nt, s in sets.items():
+            keys = s.keys
+            node[nt] = keys % self.num_nodes[nt] if self.disjoint else keys
+            if self.disjoint:
+                batch[nt] = keys // self.num_nodes[nt]
+        row, col, edge = ({et: torch.cat(p) if p else empty for et, p in parts.items()}
+                          for parts in (rows, cols, edges))
+        return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
+
+    def close(self) -> None:
+        for topo in self.topologies.values():
+            topo.close()

@@ -1,0 +1,151 @@
+"""Topology in tiers: one edge type's CSC held for a sampler on one device.
+
+``colptr`` (int64, so more than 2^31 edges work) lives on the device. The
+neighbour ids (``row``) are held like a feature table: the adjacency lists of
+hot destination nodes packed in GPU memory, and the whole ``row`` array in
+pinned host memory, read zero-copy by the sampling kernel. Neighbour ids are
+int32 whenever the source node count allows, which halves the bytes read over
+PCIe. On the CPU everything stays where it is and the sampler reads it with
+torch.
+
+Which lists are hot: ``hot_order`` (destination ids, hottest first: e.g. from
+pre-sampling), by default the nodes with the most neighbours; lists are taken
+in that order while they fit in ``gpu_budget`` bytes.
+"""
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import placement
+from ..memory.pinned import CHUNK_BYTES, PinnedHost, synchronize
+from ..tensor import resolve_device
+from .csc import CSC
+
+
+def narrowest_ids(row: torch.Tensor, num_src: int, progress: bool = False) -> torch.Tensor:
+    """``row`` as int32 when every id fits (a new array, half the bytes), else as it is.
+
+    The conversion runs in chunks, under a progress bar for large arrays.
+    """
+    if num_src >= 2**31 or row.dtype == torch.int32:
+        return row
+    out = torch.empty(row.shape, dtype=torch.int32)
+    step = max(1, CHUNK_BYTES // 8)
+    with tqdm(total=row.numel(), unit="edge", unit_scale=True, desc="narrowing neighbour ids to int32",
+              leave=False, disable=not progress or row.numel() * 8 < CHUNK_BYTES) as bar:
+        for lo in range(0, row.numel(), step):
+            hi = min(row.numel(), lo + step)
+            out[lo:hi].copy_(row[lo:hi])
+            bar.update(hi - lo)
+    return out
+
+
+class Topology:
+    """One edge type's CSC (:class:`~hmgstore.graph.CSC`) held for sampling on ``device``.
+
+    Args:
+        csc: the edge type's CSC (host tensors; ``row`` int32 or int64).
+        device: where sampling runs (``"cuda"``, ``"cpu"``; None: the current
+            GPU, or the CPU).
+        gpu_budget: bytes of GPU memory for hot adjacency lists (int or
+            ``"2GB"``; None or 0: every list read from pinned host memory; a
+            budget that holds every list keeps the whole topology on the GPU).
+        hot_order: destination node ids, hottest first (default: by degree).
+        narrow: hold neighbour ids as int32 when the source node count allows
+            (the default); False keeps int64 ids as given.
+        progress: progress bars while converting and pinning large arrays.
+
+    Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
+    host array the host tier reads), ``perm`` (CSC position -> given edge id,
+    or None), ``gpu_edges`` (positions held on the GPU).
+    """
+
+    def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
+                 progress: bool = True):
+        self.device = resolve_device(device)
+        self.num_src, self.num_dst = csc.size
+        self.num_edges = csc.num_edges
+        self.perm = csc.perm
+        self.row = narrowest_ids(csc.row, self.num_src, progress) if narrow else csc.row
+        self.gpu_edges = 0
+        self.gpu_row: torch.Tensor | None = None
+        self.start: torch.Tensor | None = None
+        self.hot_nodes: torch.Tensor | None = None  # destinations whose lists are on the GPU, when only some are
+        self._pinned: PinnedHost | None = None
+        self._closed = False
+        if self.device.type == "cpu":
+            self.colptr = csc.colptr
+            return
+        from .. import cuda
+
+        cuda.check_device(self.device)
+        try:
+            self._build(csc.colptr, gpu_budget, hot_order, progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool) -> None:
+        device, item = self.device, self.row.element_size()
+        self.colptr = colptr.to(device)
+        budget = 0 if gpu_budget is None else placement.parse_bytes(gpu_budget)
+        degree = colptr.diff()
+        if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
+            self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
+            return
+        self._pinned = PinnedHost(self.row, device, progress=progress)
+        if budget < item:
+            return
+        order = placement.order_by_score(degree) if hot_order is None else torch.as_tensor(hot_order).reshape(-1)
+        from ..index import check_range
+
+        check_range(order, self.num_dst)
+        fits = int((degree[order].cumsum(0) * item <= budget).sum())
+        hot = order[:fits]
+        sizes = degree[hot]
+        self.gpu_edges = int(sizes.sum())
+        packed_at = sizes.cumsum(0) - sizes  # where each hot list starts in the GPU tier
+        # Positions of the hot lists' edges in `row`, list after list.
+        edges = torch.repeat_interleave(colptr[hot] - packed_at, sizes, output_size=self.gpu_edges)
+        edges += torch.arange(self.gpu_edges)
+        self.gpu_row = self.row[edges].to(device)
+        start = colptr[:-1] + self.gpu_edges  # host lists: after the GPU tier's positions
+        start[hot] = packed_at
+        self.start = start.to(device)
+        self.hot_nodes = hot
+
+    @property
+    def host_address(self) -> int:
+        """Address of the pinned host tier (0 when every list is on the GPU or on the CPU)."""
+        return 0 if self._pinned is None else self._pinned.address
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of one neighbour id (4 or 8)."""
+        return self.row.element_size()
+
+    def degree(self, nodes: torch.Tensor) -> torch.Tensor:
+        """int64 neighbours of each of ``nodes`` (ids on ``device``)."""
+        return self.colptr[nodes + 1] - self.colptr[nodes]
+
+    def check(self) -> None:
+        if self._closed:
+            raise RuntimeError("this topology was closed; build a new one")
+
+    def close(self) -> None:
+        """Free the GPU tier and unregister the host tier (idempotent); waits for the device first."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            synchronize((self.device,))
+        if self._pinned is not None:
+            self._pinned.release()
+        self._pinned = self.gpu_row = self.start = None
+
+    def __repr__(self) -> str:
+        where = (f"gpu_edges={self.gpu_edges}, host_edges={self.num_edges - self.gpu_edges}"
+                 if self.device.type == "cuda" else "host")
+        return (f"Topology({self.num_src} -> {self.num_dst} nodes, {self.num_edges} edges, "
+                f"int{8 * self.index_bytes} ids, device={self.device}, {where})")

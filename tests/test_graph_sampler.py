@@ -1,0 +1,269 @@
+"""hmgstore.graph: neighbour sampling over topology in tiers, on the CPU and (gpu marker) on a GPU.
+
+Every placement of the topology is tried on the GPU: all lists on the host (zero-copy), some on the
+GPU, all on the GPU. CPU and GPU draw the same samples from the same generator seed.
+"""
+import itertools
+
+import pytest
+import torch
+
+from hmgstore.graph import NeighborSampler, Topology, to_csc
+from hmgstore.graph.sampler import draw
+
+# (device, share of the topology's bytes given to the GPU)
+PLACEMENTS = [pytest.param(("cpu", None), id="cpu"),
+              pytest.param(("cuda", None), id="cuda-host", marks=pytest.mark.gpu),
+              pytest.param(("cuda", 0.3), id="cuda-mixed", marks=pytest.mark.gpu),
+              pytest.param(("cuda", 1.0), id="cuda-gpu", marks=pytest.mark.gpu)]
+
+
+def power_law_graph(num_nodes=3000, num_edges=30000, seed=0):
+    """A directed graph with a heavy-tailed in-degree, some nodes without in-edges, no duplicate edges."""
+    g = torch.Generator().manual_seed(seed)
+    dst = (torch.rand(num_edges, generator=g) ** 3 * num_nodes).long()
+    src = torch.randint(0, num_nodes, (num_edges,), generator=g)
+    pairs = torch.unique(src * num_nodes + dst)
+    return torch.stack([pairs // num_nodes, pairs % num_nodes])
+
+
+def build(edge_index, num_nodes, placement, narrow=True, **kwargs):
+    device, share = placement
+    csc = to_csc(edge_index, "coo", (num_nodes, num_nodes))
+    budget = None if share is None else int(share * csc.num_edges * (4 if narrow else 8))
+    topo = Topology(csc, device, gpu_budget=budget, narrow=narrow, progress=False)
+    return NeighborSampler({None: topo}, {None: num_nodes}, kwargs.pop("num_neighbors", [5, 3]), **kwargs), csc
+
+
+def edges_of(out):
+    """Global (source, destination, CSC position) of every sampled edge, on the CPU."""
+    node = out.node[None].cpu()
+    return node[out.row[None].cpu()], node[out.col[None].cpu()], out.edge[None].cpu()
+
+
+def check_edges_exist(out, csc):
+    src, dst, eid = edges_of(out)
+    assert torch.equal(csc.row[eid], src)  # the edge at that CSC position joins exactly these nodes
+    assert torch.equal(torch.searchsorted(csc.colptr, eid, right=True) - 1, dst)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("narrow", [True, False], ids=["int32-ids", "int64-ids"])
+def test_samples_are_edges_of_the_graph_with_the_right_counts(placement, replace, narrow):
+    n = 3000
+    ei = power_law_graph(n)
+    sampler, csc = build(ei, n, placement, narrow, num_neighbors=[6, 4], replace=replace)
+    torch.manual_seed(3)
+    seeds = torch.randperm(n)[:300]
+    out = sampler.sample({None: seeds})
+    node = out.node[None].cpu()
+    assert torch.equal(node[:300], seeds)  # seeds first, as given
+    assert len(torch.unique(node)) == len(node)  # each node once
+    check_edges_exist(out, csc)
+    degree = csc.colptr.diff()
+    nodes_hop, edges_hop = out.num_sampled_nodes[None], out.num_sampled_edges[None]
+    assert sum(nodes_hop) == len(node) and sum(edges_hop) == len(out.edge[None]) and nodes_hop[0] == 300
+    src, dst, eid = edges_of(out)
+    start = 0
+    for hop, k in enumerate([6, 4]):
+        first = sum(nodes_hop[:hop])
+        frontier = node[first:first + nodes_hop[hop]]  # the nodes found in the previous hop (the seeds first)
+        hop_dst, hop_eid = dst[start:start + edges_hop[hop]], eid[start:start + edges_hop[hop]]
+        counts = torch.zeros(n, dtype=torch.int64).index_add_(0, hop_dst, torch.ones_like(hop_dst))
+        want = torch.where(degree > 0, k, 0) if replace else degree.clamp(max=k)
+        assert torch.equal(counts[frontier], want[frontier])  # min(k, degree), or k with replacement
+        if not replace:  # no neighbour twice for one seed
+            assert len(torch.unique(hop_eid)) == len(hop_eid)
+        start += edges_hop[hop]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_degree_zero_all_neighbours_and_huge_degree(placement):
+    n, hub = 80_000, 7
+    others = torch.arange(n)[torch.arange(n) != hub]
+    ei = torch.cat([torch.stack([others, torch.full_like(others, hub)]),  # hub: n - 1 > 65,536 in-neighbours
+                    torch.tensor([[1, 2, 3], [5, 5, 6]])], dim=1)
+    sampler, csc = build(ei, n, placement, num_neighbors=[-1])
+    out = sampler.sample({None: torch.tensor([hub, 5, 6, 9])})  # 9 has no in-edge
+    src, dst, _ = edges_of(out)
+    assert (dst == hub).sum() == n - 1 and torch.equal(torch.sort(src[dst == hub]).values, others)
+    assert sorted(src[dst == 5].tolist()) == [1, 2] and src[dst == 6].tolist() == [3] and not (dst == 9).any()
+    check_edges_exist(out, csc)
+    for k, replace in ((10, False), (100, False), (10, True)):
+        sampler.num_neighbors = {None: [k]}
+        sampler.replace = replace
+        out = sampler.sample({None: torch.tensor([hub, 9])})
+        src, dst, eid = edges_of(out)
+        assert (dst == hub).sum() == k and not (dst == 9).any()
+        assert replace or len(torch.unique(eid)) == k
+        check_edges_exist(out, csc)
+
+
+def chi_square(counts: torch.Tensor) -> float:
+    expected = counts.sum() / len(counts)
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# chi-square quantiles at p = 0.999: a uniform sampler fails a test 1 time in 1000
+CHI2_999 = {5: 20.52, 6: 22.46, 14: 36.12}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_uniform_subsets_without_replacement(placement):
+    n = 10
+    ei = torch.tensor([[1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 0]])  # node 0 has 6 in-neighbours
+    sampler, _ = build(ei, n, placement, num_neighbors=[2])
+    torch.manual_seed(0)
+    draws = 30_000
+    out = sampler.sample({None: torch.zeros(draws, dtype=torch.long)})  # node 0 as 30,000 seeds
+    src, _, _ = edges_of(out)
+    pairs = torch.sort(src.view(draws, 2), dim=1).values  # every seed's 2 neighbours, as a set
+    subsets = {s: i for i, s in enumerate(itertools.combinations(range(1, 7), 2))}
+    codes = torch.tensor([subsets[tuple(p)] for p in pairs.tolist()])
+    counts = torch.bincount(codes, minlength=15).double()
+    assert chi_square(counts) < CHI2_999[14], counts
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_uniform_draws_with_replacement(placement):
+    ei = torch.tensor([[1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 0, 0, 0, 0]])
+    sampler, _ = build(ei, 10, placement, num_neighbors=[3], replace=True)
+    out = sampler.sample({None: torch.zeros(10_000, dtype=torch.long)})
+    src, _, _ = edges_of(out)
+    counts = torch.bincount(src, minlength=8)[1:].double()
+    assert chi_square(counts) < CHI2_999[6], counts
+
+
+def test_draws_are_uniform_and_reproducible():
+    n = torch.full((60_000,), 6)
+    values = draw(12345, torch.arange(60_000), 0, n)
+    assert values.min() >= 0 and values.max() < 6
+    assert chi_square(torch.bincount(values).double()) < CHI2_999[5]
+    assert torch.equal(values, draw(12345, torch.arange(60_000), 0, n))
+    assert not torch.equal(values, draw(12346, torch.arange(60_000), 0, n))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_reproducible_under_manual_seed_and_generator(placement):
+    ei = power_law_graph()
+    sampler, _ = build(ei, 3000, placement, num_neighbors=[5, 5])
+    seeds = torch.arange(0, 3000, 7)
+    torch.manual_seed(11)
+    a = sampler.sample({None: seeds})
+    torch.manual_seed(11)
+    b = sampler.sample({None: seeds})
+    c = sampler.sample({None: seeds})
+    assert torch.equal(a.node[None], b.node[None]) and torch.equal(a.edge[None], b.edge[None])
+    assert not torch.equal(a.edge[None], c.edge[None])
+    sampler.generator = torch.Generator().manual_seed(5)
+    d = sampler.sample({None: seeds})
+    sampler.generator = torch.Generator().manual_seed(5)
+    assert torch.equal(d.edge[None], sampler.sample({None: seeds}).edge[None])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [None, 0.3, 1.0], ids=["host", "mixed", "gpu"])
+@pytest.mark.parametrize("replace", [False, True])
+def test_gpu_draws_the_cpu_samples_bit_for_bit(share, replace):
+    ei = power_law_graph()
+    cpu, _ = build(ei, 3000, ("cpu", None), num_neighbors=[8, 4, -1], replace=replace)
+    gpu, _ = build(ei, 3000, ("cuda", share), num_neighbors=[8, 4, -1], replace=replace)
+    seeds = torch.randperm(3000)[:500]
+    torch.manual_seed(21)
+    a = cpu.sample({None: seeds})
+    torch.manual_seed(21)
+    b = gpu.sample({None: seeds.cuda()})
+    assert b.node[None].is_cuda
+    for field in ("node", "row", "col", "edge"):
+        assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), field
+    assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_disjoint_trees_per_seed(placement):
+    ei = power_law_graph()
+    sampler, csc = build(ei, 3000, placement, num_neighbors=[4, 3], disjoint=True)
+    seeds = torch.tensor([5, 5, 17])  # a repeated seed grows two trees
+    out = sampler.sample({None: seeds})
+    node, batch = out.node[None].cpu(), out.batch[None].cpu()
+    assert torch.equal(node[:3], seeds) and batch[:3].tolist() == [0, 1, 2]
+    src_local, dst_local = out.row[None].cpu(), out.col[None].cpu()
+    assert torch.equal(batch[src_local], batch[dst_local])  # edges stay inside their seed's tree
+    pairs = batch * 3000 + node
+    assert len(torch.unique(pairs)) == len(pairs)  # a node appears once per tree
+    check_edges_exist(out, csc)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_heterogeneous_with_edge_types_missing_from_a_batch(placement):
+    device, share = placement
+    g = torch.Generator().manual_seed(2)
+    sizes = {"paper": 500, "author": 300, "venue": 7}
+    edges = {("author", "writes", "paper"): torch.stack([torch.randint(0, 300, (2000,), generator=g),
+                                                          torch.randint(0, 500, (2000,), generator=g)]),
+             ("paper", "cites", "paper"): torch.stack([torch.randint(0, 500, (3000,), generator=g),
+                                                       torch.randint(0, 500, (3000,), generator=g)]),
+             ("paper", "in", "venue"): torch.stack([torch.arange(500), torch.arange(500) % 7])}
+    topologies, cscs = {}, {}
+    for et, ei in edges.items():
+        cscs[et] = to_csc(ei, "coo", (sizes[et[0]], sizes[et[-1]]))
+        budget = None if share is None else int(share * cscs[et].num_edges * 4)
+        topologies[et] = Topology(cscs[et], device, gpu_budget=budget, progress=False)
+    sampler = NeighborSampler(topologies, sizes, {("author", "writes", "paper"): [3, 2],
+                                                  ("paper", "cites", "paper"): [2, 2], ("paper", "in", "venue"): [4, 0]})
+    out = sampler.sample({"author": torch.tensor([1, 2, 3])})  # no edge type points to authors: nothing sampled
+    assert out.node["author"].tolist() == [1, 2, 3] and len(out.node["paper"]) == 0
+    assert all(len(e) == 0 for e in out.edge.values())
+    assert out.num_sampled_nodes["author"] == [3, 0, 0]
+    out = sampler.sample({"paper": torch.tensor([0, 10, 20]), "venue": torch.tensor([3])})
+    for et, csc in cscs.items():
+        src = out.node[et[0]].cpu()[out.row[et].cpu()]
+        dst = out.node[et[-1]].cpu()[out.col[et].cpu()]
+        eid = out.edge[et].cpu()
+        assert torch.equal(csc.row[eid], src) and torch.equal(torch.searchsorted(csc.colptr, eid, right=True) - 1, dst)
+        assert sum(out.num_sampled_edges[et]) == len(eid)
+    assert out.num_sampled_edges[("paper", "in", "venue")][1] == 0  # fanout 0 in hop 2
+    assert out.node["venue"][0] == 3 and out.node["paper"][:3].tolist() == [0, 10, 20]
+    with pytest.raises(KeyError, match="topic"):
+        sampler.sample({"topic": torch.tensor([0])})
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_bad_seeds_are_refused_before_sampling(placement):
+    sampler, _ = build(power_law_graph(), 3000, placement)
+    device = torch.device(placement[0])
+    for bad in (torch.tensor([0, 3000]), torch.tensor([-1]), torch.tensor([2**40])):
+        for where in ("cpu", device):
+            with pytest.raises(IndexError, match="out of range"):
+                sampler.sample({None: bad.to(where)})
+    with pytest.raises(TypeError):
+        sampler.sample({None: torch.tensor([0.5])})
+    out = sampler.sample({None: torch.tensor([1, 2])})  # still works (on a GPU: the context is alive)
+    assert out.node[None][:2].tolist() == [1, 2]
+
+
+def test_sampler_checks_its_arguments():
+    csc = to_csc(power_law_graph(), "coo", (3000, 3000))
+    topo = Topology(csc, "cpu")
+    with pytest.raises(ValueError, match="joins"):
+        NeighborSampler({None: topo}, {None: 10}, [2])
+    with pytest.raises(ValueError, match="edge types"):
+        NeighborSampler({None: topo}, {None: 3000}, {("a", "b", "c"): [2]})
+    with pytest.raises(ValueError, match="at least one"):
+        NeighborSampler({}, {None: 3000}, [2])
+
+
+def test_cpu_sampler_cost_is_modest():
+    """Not a speed test: a guard that the vectorised CPU path does no per-seed Python work."""
+    ei = power_law_graph(20_000, 200_000)
+    sampler, _ = build(ei, 20_000, ("cpu", None), num_neighbors=[15, 10, 5])
+    calls = []
+    import hmgstore.graph.sampler as mod
+    original = mod.draw
+    mod.draw = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+    try:
+        sampler.sample({None: torch.randperm(20_000)[:1024]})
+    finally:
+        mod.draw = original
+    assert 0 < len(calls) <= 15 + 10 + 5  # one vectorised draw per Floyd step of each hop
