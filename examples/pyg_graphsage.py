@@ -1,16 +1,18 @@
 """GraphSAGE node classification with PyG's NeighborLoader, features served by hmgstore.
 
 This is the canonical PyG mini-batch script (as in PyG's ogbn-products
-example). The change that puts hmgstore under it is the line marked
+example). The changes that put hmgstore under it are the lines marked
 ``<-- hmgstore``: the loader gets ``(feature_store, graph_store)`` instead of
-``data``; everything else is stock PyG.
+``data``, and hmgstore's neighbour sampler (on the GPU when there is one,
+its topology in GPU and pinned host memory); everything else is stock PyG.
 
     python examples/pyg_graphsage.py                                   # synthetic graph, GPU if present
     python examples/pyg_graphsage.py --dataset-root ~/ogb --gpu-budget 8GB   # ogbn-products if on disk
-    python examples/pyg_graphsage.py --features cpu --json cpu.json   # stock PyG, data.x on the CPU
-    python examples/pyg_graphsage.py --features gpu --json gpu.json   # stock PyG, data.x on the GPU
+    python examples/pyg_graphsage.py --sampler pyg      # hmgstore's stores, PyG's CPU sampler (needs torch-sparse)
+    python examples/pyg_graphsage.py --features cpu --sampler pyg   # stock PyG, data.x on the CPU
+    python examples/pyg_graphsage.py --features gpu     # data.x and the topology on the GPU: the ceiling
 
-Each training step is split into sampling (PyG's sampler, plus loader
+Each training step is split into sampling (the sampler, plus loader
 overhead), gather (features and labels of the sampled nodes on the device,
 including the batch's copy to it) and training, CUDA-synchronised at each
 boundary (so nothing overlaps while timing). With ``--num-workers > 0`` the
@@ -37,7 +39,7 @@ from tqdm import tqdm
 
 import hmgstore
 from hmgstore import data as datasets
-from hmgstore.plugins.pyg import from_data
+from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
 
@@ -69,6 +71,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hmgstore stores, or stock PyG with data.x on the CPU / on the GPU")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--gpu-budget", default=None, help="hmgstore: GPU memory for hot rows, e.g. 8GB (default: none)")
+    p.add_argument("--sampler", choices=("hmgstore", "pyg"), default="hmgstore",
+                   help="hmgstore's neighbour sampler (GPU or CPU, no compiled extension), or PyG's own "
+                        "(CPU; needs torch-sparse or pyg-lib)")
+    p.add_argument("--topology-budget", default=None,
+                   help="hmgstore sampler on a GPU: GPU memory for hot adjacency lists, e.g. 2GB; 'all' keeps the "
+                        "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
+                        "read from pinned host memory)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanout", default="15,10,5", help="neighbours sampled per layer")
@@ -143,6 +152,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.features == "gpu" and device.type != "cuda":
+        sys.exit("error: --features gpu holds the table on a GPU, and there is none here (torch sees no CUDA "
+                 "device); use --features hmgstore or --features cpu")
     graph, dataset_name = load_graph(args)
     data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
     fanout = [int(k) for k in args.fanout.split(",")]
@@ -154,7 +166,17 @@ def main(argv=None) -> dict:
         source = from_data(data, device=device, gpu_budget=args.gpu_budget)  # <-- hmgstore
         loader_kwargs["filter_per_worker"] = False  # workers (if any) sample; the main process gathers on the GPU
     elif args.features == "gpu":
-        data.x, data.y = data.x.to(device), data.y.to(device)  # baseline: the whole table on the GPU
+        data = data.to(device)  # baseline: the whole table on the GPU
+        source = data
+    if args.sampler == "hmgstore":
+        budget = args.topology_budget or ("all" if args.features == "gpu" else None)
+        budget = 2**62 if budget == "all" else budget
+        on = device if args.features != "cpu" else torch.device("cpu")
+        sampler = HybridNeighborSampler(source, fanout, device=on, gpu_budget=budget)  # <-- hmgstore
+        loader_kwargs["neighbor_sampler"] = sampler
+        if on.type == "cuda" and args.num_workers:
+            print("the GPU sampler samples in the main process: --num-workers is set to 0", file=sys.stderr)
+            loader_kwargs.update(num_workers=0, persistent_workers=False)
 
     train_loader = NeighborLoader(source, num_neighbors=fanout, input_nodes=graph.train_idx, shuffle=True,
                                   **loader_kwargs)
@@ -214,7 +236,8 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "hmgstore": hmgstore.__version__},
-        "features": args.features, "gpu_budget": args.gpu_budget, "num_workers": args.num_workers,
+        "features": args.features, "gpu_budget": args.gpu_budget, "num_workers": loader_kwargs["num_workers"],
+        "sampler": args.sampler, "topology_budget": args.topology_budget,
         "dataset": {"name": dataset_name, "num_nodes": graph.num_nodes, "num_edges": graph.edge_index.shape[1],
                     "feat_dim": graph.x.shape[1], "x_gb": graph.x.nelement() * graph.x.element_size() / 1e9},
         "epochs": epochs,
@@ -225,7 +248,7 @@ def main(argv=None) -> dict:
         "test_acc": accuracy,
     }
     split = result["steady_split_s_per_batch"]
-    print(f"{dataset_name}, features={args.features}: test accuracy {accuracy:.4f}; "
+    print(f"{dataset_name}, features={args.features}, sampler={args.sampler}: test accuracy {accuracy:.4f}; "
           f"{result['steady_epoch_s']:.2f} s/epoch, {result['steady_batches_per_s']:.2f} batches/s; per batch "
           + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items()))
     if args.json:

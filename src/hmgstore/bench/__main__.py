@@ -1,12 +1,12 @@
-"""Command line: ``python -m hmgstore.bench {gather,peer} [options]``."""
+"""Command line: ``python -m hmgstore.bench {gather,peer,sample} [options]``."""
 from __future__ import annotations
 
 import argparse
 import logging
 
-from . import gather, peer
+from . import gather, peer, sample
 
-BENCHMARKS = {"gather": gather.run, "peer": peer.run}
+BENCHMARKS = {"gather": gather.run, "peer": peer.run, "sample": sample.run}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     gather.add_arguments(sub.add_parser("gather", help="random-row gathers vs PCIe limit and baselines"))
     peer.add_arguments(sub.add_parser("peer", help="gathers of rows held by other GPUs, all GPUs at once "
                                                     "(2+ GPUs), vs peer memcpy and index_select + copy"))
+    sample.add_arguments(sub.add_parser("sample", help="neighbour sampling: topology on the GPU, zero-copy from "
+                                                        "the host, cached; vs PyG's and DGL's CPU samplers"))
     return parser
 
 

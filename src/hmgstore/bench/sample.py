@@ -1,0 +1,305 @@
+"""``python -m hmgstore.bench sample``: neighbour sampling, hmgstore against the CPU samplers.
+
+For each graph, batches of ``--batch`` seeds drawn uniformly from its nodes
+are sampled with fanout ``--fanout`` (PyG's NeighborLoader semantics:
+without replacement, relabelled, seeds first). Figures are batches/s and
+sampled edges/s, medians over ``--batches`` batches after warm-up, wall
+clock with the device synchronised (a batch's output ready on the device).
+
+Variants:
+
+- ``hmg_gpu``: topology all in GPU memory (the ceiling);
+- ``hmg_host``: all neighbour ids in pinned host memory, read zero-copy;
+- ``hmg_cache``: ``--cache`` of the neighbour-id bytes on the GPU, lists
+  chosen by degree, the rest zero-copy;
+- ``hmg_cpu``: hmgstore's vectorised torch path on the CPU;
+- ``pyg_cpu``: PyG's CPU sampler (torch-sparse's ``neighbor_sample``, one
+  thread per call, as PyG's loader runs it), when torch-sparse is installed;
+- ``dgl_cpu``: DGL's CPU ``NeighborSampler.sample_blocks`` (all cores:
+  fused sampling and relabelling), when DGL is installed.
+
+Graphs are power-law CSC topologies generated directly (degrees from a Zipf
+law over randomly permuted node ids; neighbours uniform over the nodes):
+``--graphs`` names them as ``NODES:EDGES`` (e.g. ``2M:20M``; a papers100M-shaped
+graph is ``111M:1.6B``). Each variant's first batch is checked: every
+sampled edge must be an edge of the graph, else the benchmark stops.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import logging
+import re
+import sys
+
+import torch
+
+import hmgstore
+
+from ..graph import CSC, NeighborSampler, Topology
+from .report import write_report
+from .timing import median_seconds
+
+log = logging.getLogger(__name__)
+
+VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_cpu", "pyg_cpu", "dgl_cpu")
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
+
+
+def _count(text: str) -> int:
+    m = re.fullmatch(r"([0-9.]+)([KMBG]?)", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (write 2M, 20M, 1.6B, ...)")
+    return int(float(m.group(1)) * _SUFFIX[m.group(2)])
+
+
+def _graph_spec(text: str) -> tuple[int, int]:
+    try:
+        nodes, edges = text.split(":")
+        return _count(nodes), _count(edges)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a graph is NODES:EDGES, e.g. 2M:20M; got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=None, metavar="NODES:EDGES",
+                   help="graphs to sample (default: 2M:20M; on a CPU machine 200K:2M)")
+    p.add_argument("--fanout", default="15,10,5", help="neighbours per hop (default: 15,10,5)")
+    p.add_argument("--batch", type=int, default=1024, help="seeds per batch (default: 1024)")
+    p.add_argument("--batches", type=int, default=20, help="timed batches per variant (default: 20)")
+    p.add_argument("--slow-batches", type=int, default=5, help="timed batches of the CPU baselines (default: 5)")
+    p.add_argument("--cache", type=float, default=0.2, help="hmg_cache: share of the topology's bytes on the GPU")
+    p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of the in-degrees (default: 1.0)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--out", default="bench-out/sample", help="folder for sample.json, .md and .png")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def power_law_csc(num_nodes: int, num_edges: int, skew: float, seed: int = 0, device=None) -> CSC:
+    """A CSC topology with Zipf(``skew``) in-degrees over permuted node ids and uniform neighbours.
+
+    Built directly in CSC form (no sort), on ``device`` when given (fast) and
+    returned in host memory: ``row`` int32 when the node count allows.
+    """
+    g = torch.Generator(device or "cpu").manual_seed(seed)
+    weight = (torch.arange(1, num_nodes + 1, dtype=torch.float64, device=device) ** -skew)
+    degree = torch.floor(weight / weight.sum() * num_edges).long()
+    short = num_edges - int(degree.sum())
+    degree[:short] += 1  # the rounding remainder goes to the hottest nodes
+    degree = degree[torch.randperm(num_nodes, generator=g, device=device)]
+    colptr = torch.zeros(num_nodes + 1, dtype=torch.int64, device=device)
+    torch.cumsum(degree, 0, out=colptr[1:])
+    dtype = torch.int32 if num_nodes < 2**31 else torch.int64
+    row = torch.randint(0, num_nodes, (num_edges,), generator=g, dtype=dtype, device=device)
+    return CSC(row.cpu(), colptr.cpu(), None, (num_nodes, num_nodes))
+
+
+def _check_edges(csc: CSC, src, dst, eid, name: str) -> None:
+    """Raise unless every (src, dst, CSC position) is an edge of ``csc`` (global ids)."""
+    src, dst, eid = src.cpu().long(), dst.cpu().long(), eid.cpu().long()
+    ok = torch.equal(csc.row[eid].long(), src) and torch.equal(torch.searchsorted(csc.colptr, eid, right=True) - 1,
+                                                               dst)
+    if not ok:
+        raise AssertionError(f"{name} sampled edges that are not in the graph: the benchmark refuses to time it")
+
+
+def _check(csc: CSC, node, row_local, col_local, eid, name: str) -> None:
+    node = node.cpu().long()
+    _check_edges(csc, node[row_local.cpu().long()], node[col_local.cpu().long()], eid, name)
+
+
+def _time_hmg(csc, fanout, seeds, args, device, budget, name) -> dict:
+    topo = Topology(csc, device, gpu_budget=budget, progress=False)
+    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout)
+    try:
+        out = sampler.sample({None: seeds[0].to(device)})
+        _check(csc, out.node[None], out.row[None], out.col[None], out.edge[None], name)
+        edges = []
+
+        def one(i):
+            o = sampler.sample({None: seeds[i % len(seeds)].to(device)})
+            edges.append(len(o.edge[None]))
+
+        reps = args.batches if device.type == "cuda" else args.slow_batches
+        med, times = median_seconds(one, reps=reps, warmup=2, wall=True, device=device)
+        return {"seconds": med, "times": times, "edges_per_batch": sum(edges) / len(edges),
+                "gpu_edges": topo.gpu_edges, "num_edges": topo.num_edges}
+    finally:
+        sampler.close()
+
+
+def _time_pyg(csc, fanout, seeds, args) -> dict | None:
+    try:
+        import torch_sparse  # noqa: F401
+    except ImportError:
+        log.info("pyg_cpu skipped: torch-sparse is not installed")
+        return None
+    colptr, row = csc.colptr, csc.row.long()
+    edges = []
+
+    def one(i):
+        node, r, c, e = torch.ops.torch_sparse.neighbor_sample(colptr, row, seeds[i % len(seeds)], fanout, False, True)
+        edges.append(len(e))
+        return node, r, c, e
+
+    node, r, c, e = one(0)
+    _check(csc, node, r, c, e, "pyg_cpu")
+    med, times = median_seconds(one, reps=args.slow_batches, warmup=1, wall=True)
+    return {"seconds": med, "times": times, "edges_per_batch": sum(edges) / len(edges)}
+
+
+def _time_dgl(csc, fanout, seeds, args) -> dict | None:
+    try:
+        from ..plugins.dgl import _compat
+        dgl = _compat.import_dgl()
+    except ImportError:
+        log.info("dgl_cpu skipped: DGL is not installed")
+        return None
+    n = csc.size[1]
+    graph = dgl.graph(("csc", (csc.colptr, csc.row.long(), torch.arange(csc.num_edges))), num_nodes=n)
+    sampler = dgl.dataloading.NeighborSampler(list(reversed(fanout)))  # DGL lists the fanout from the input layer
+    edges = []
+
+    def one(i):
+        input_nodes, _, blocks = sampler.sample_blocks(graph, seeds[i % len(seeds)])
+        edges.append(sum(b.num_edges() for b in blocks))
+        return blocks
+
+    blocks = one(0)
+    for b in blocks:  # block edges join real nodes of the graph
+        src, dst = b.edges()
+        _check_edges(csc, b.srcdata[dgl.NID][src.long()], b.dstdata[dgl.NID][dst.long()], b.edata[dgl.EID],
+                     "dgl_cpu")
+    med, times = median_seconds(one, reps=args.slow_batches, warmup=1, wall=True)
+    return {"seconds": med, "times": times, "edges_per_batch": sum(edges) / len(edges),
+            "threads": torch.get_num_threads()}
+
+
+def run(args) -> dict:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if args.quick:
+        args.graphs, args.batches, args.slow_batches, args.batch = [(20_000, 200_000)], 3, 2, 256
+    if args.graphs is None:
+        args.graphs = [(2_000_000, 20_000_000)] if cuda else [(200_000, 2_000_000)]
+    fanout = [int(k) for k in args.fanout.split(",")]
+    report = {
+        "benchmark": "sample",
+        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__, "hmgstore": hmgstore.__version__, "cpu_threads": torch.get_num_threads(),
+        "fanout": fanout, "batch": args.batch, "cache": args.cache, "skew": args.skew, "graphs": [],
+    }
+    for num_nodes, num_edges in args.graphs:
+        log.info("graph %d nodes, %d edges: generating", num_nodes, num_edges)
+        csc = power_law_csc(num_nodes, num_edges, args.skew, device=device if cuda else None)
+        g = torch.Generator().manual_seed(7)
+        seeds = [torch.randint(0, num_nodes, (args.batch,), generator=g) for _ in range(8)]
+        entry = {"num_nodes": num_nodes, "num_edges": num_edges, "max_degree": int(csc.colptr.diff().max()),
+                 "variants": {}}
+        ids_bytes = csc.row.element_size() * num_edges
+        plan = {"hmg_gpu": (device, 2**62), "hmg_host": (device, None),
+                "hmg_cache": (device, int(args.cache * ids_bytes)), "hmg_cpu": (torch.device("cpu"), None)}
+        for name in args.variants:
+            if name.startswith("hmg") and name != "hmg_cpu" and not cuda:
+                continue
+            try:
+                if name in plan:
+                    result = _time_hmg(csc, fanout, seeds, args, plan[name][0], plan[name][1], name)
+                elif name == "pyg_cpu":
+                    result = _time_pyg(csc, fanout, seeds, args)
+                else:
+                    result = _time_dgl(csc, fanout, seeds, args)
+            except torch.cuda.OutOfMemoryError as err:
+                log.warning("%s does not fit on the GPU: %s", name, err)
+                result = {"error": f"out of GPU memory: {err}"}
+            if result is None:
+                continue
+            if "seconds" in result:
+                result["batches_per_s"] = 1 / result["seconds"]
+                result["edges_per_s"] = result["edges_per_batch"] / result["seconds"]
+                log.info("%s %-9s %9.1f batches/s %7.1f M edges/s", f"{num_nodes}:{num_edges}", name,
+                         result["batches_per_s"], result["edges_per_s"] / 1e6)
+            entry["variants"][name] = result
+            gc.collect()
+            torch.cuda.empty_cache() if cuda else None
+        report["graphs"].append(entry)
+        del csc
+        gc.collect()
+    write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
+    return report
+
+
+def _rate(graph: dict, name: str):
+    v = graph["variants"].get(name)
+    return None if v is None or "batches_per_s" not in v else v["batches_per_s"]
+
+
+def add_ratios(report: dict) -> None:
+    """The ratios the targets are stated in: against DGL's and PyG's CPU samplers, host against GPU topology."""
+    for graph in report["graphs"]:
+        gpu, host = _rate(graph, "hmg_gpu"), _rate(graph, "hmg_host")
+        ratios = {}
+        for name in ("hmg_gpu", "hmg_cache", "hmg_host", "hmg_cpu"):
+            mine = _rate(graph, name)
+            for base in ("dgl_cpu", "pyg_cpu"):
+                theirs = _rate(graph, base)
+                if mine is not None and theirs is not None:
+                    ratios[f"{name}_vs_{base}"] = mine / theirs
+        if gpu and host:
+            ratios["host_vs_gpu_topology"] = host / gpu
+        cache = _rate(graph, "hmg_cache")
+        if gpu and cache:
+            ratios["cache_vs_gpu_topology"] = cache / gpu
+        graph["ratios"] = ratios
+
+
+def _fmt_ratio(mine, theirs) -> str:
+    return "-" if not mine or not theirs else f"{mine / theirs:.1f}"
+
+
+def table_text(report: dict) -> str:
+    lines = [f"device: {report['device']}   fanout {report['fanout']}, batch {report['batch']}, "
+             f"cache {report['cache']:.0%} of the topology   date: {report['date']}", "",
+             "| graph | variant | batches/s | M sampled edges/s | x DGL CPU | x PyG CPU |",
+             "|---|---|---:|---:|---:|---:|"]
+    for graph in report["graphs"]:
+        label = f"{graph['num_nodes'] / 1e6:g}M nodes, {graph['num_edges'] / 1e6:g}M edges"
+        for name, v in graph["variants"].items():
+            if "batches_per_s" not in v:
+                lines.append(f"| {label} | {name} | {v.get('error', '-')} | | | |")
+                continue
+            vs = [_fmt_ratio(v["batches_per_s"], _rate(graph, base)) for base in ("dgl_cpu", "pyg_cpu")]
+            lines.append(f"| {label} | {name} | {v['batches_per_s']:.1f} | {v['edges_per_s'] / 1e6:.1f} "
+                         f"| {vs[0]} | {vs[1]} |")
+        r = graph.get("ratios", {})
+        if "host_vs_gpu_topology" in r:
+            lines.append(f"| {label} | zero-copy / all-GPU topology | {r['host_vs_gpu_topology']:.2f} | | | |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    graphs = report["graphs"]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = [n for n in VARIANTS if any(_rate(g, n) for g in graphs)]
+    width = 0.8 / max(1, len(names))
+    for k, name in enumerate(names):
+        ys = [_rate(g, name) or 0 for g in graphs]
+        ax.bar([i + k * width for i in range(len(graphs))], ys, width, label=name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(graphs))])
+    ax.set_xticklabels([f"{g['num_nodes'] / 1e6:g}M / {g['num_edges'] / 1e6:g}M" for g in graphs])
+    ax.set_yscale("log")
+    ax.set_ylabel("batches/s (log)")
+    ax.set_title(f"neighbour sampling, fanout {report['fanout']}, batch {report['batch']}, {report['device']}")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
