@@ -16,9 +16,10 @@ sampler's ``torch.Generator`` (or torch's default one), so results are
 reproducible under ``torch.manual_seed`` and are the same on the CPU and on
 a GPU.
 
-Relabelling (``dedup="sort"``) keeps the batch's known node keys sorted and
-finds new ones with ``searchsorted``; in disjoint mode a key is ``seed index *
-num_nodes + node``, so every seed grows its own tree.
+Relabelling (:mod:`.relabel`) maps node keys to local ids: by sorting
+(``dedup="sort"``, any device) or with a hash table on the GPU
+(``dedup="hash"``). In disjoint mode a key is ``seed index * num_nodes +
+node``, so every seed grows its own tree.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..index import normalize_many
+from .relabel import node_set
 from .topology import Topology
 
 _MASK64 = (1 << 64) - 1
@@ -124,55 +126,6 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     return topology.row[eid].long(), eid, counts
 
 
-class NodeSet:
-    """The nodes of one type in a batch, in order, and their keys kept sorted for lookups.
-
-    ``keys``: int64 node keys (node ids; ``seed * num_nodes + node`` in
-    disjoint mode) on one device. The initial keys (the seeds) are taken as
-    they are, repeats included, so that a batch starts with its seeds.
-    """
-
-    def __init__(self, keys: torch.Tensor):
-        self.parts = [keys]
-        self.count = len(keys)
-        unique, inverse = torch.unique(keys, return_inverse=True)
-        first = torch.full((len(unique),), len(keys), dtype=torch.int64, device=keys.device)
-        first.scatter_reduce_(0, inverse, torch.arange(len(keys), device=keys.device), "amin")
-        self._sorted, self._local = unique, first
-
-    @property
-    def keys(self) -> torch.Tensor:
-        if len(self.parts) > 1:
-            self.parts = [torch.cat(self.parts)]
-        return self.parts[0]
-
-    def add(self, candidates: torch.Tensor) -> torch.Tensor:
-        """Local ids of ``candidates``; keys not seen before are appended, in first-seen order."""
-        local = torch.full_like(candidates, -1)
-        if len(self._sorted):
-            at = torch.searchsorted(self._sorted, candidates).clamp_(max=len(self._sorted) - 1)
-            found = self._sorted[at] == candidates
-            local = torch.where(found, self._local[at], local)
-        else:
-            found = torch.zeros_like(candidates, dtype=torch.bool)
-        fresh = (~found).nonzero().view(-1)
-        if len(fresh):
-            new_keys, inverse = torch.unique(candidates[fresh], return_inverse=True)
-            first = torch.full((len(new_keys),), len(fresh), dtype=torch.int64, device=candidates.device)
-            first.scatter_reduce_(0, inverse, torch.arange(len(fresh), device=candidates.device), "amin")
-            order = torch.argsort(first)  # new keys by first appearance
-            rank = torch.empty_like(order)
-            rank[order] = torch.arange(len(order), device=order.device)
-            local[fresh] = self.count + rank[inverse]
-            self.parts.append(new_keys[order])
-            merged_keys = torch.cat([self._sorted, new_keys])
-            merged_local = torch.cat([self._local, self.count + rank])
-            self._sorted, by = torch.sort(merged_keys)
-            self._local = merged_local[by]
-            self.count += len(new_keys)
-        return local
-
-
 @dataclass
 class Sample:
     """A sampled batch; every field is keyed by node type or edge type (None when homogeneous).
@@ -207,10 +160,12 @@ class NeighborSampler:
         disjoint: every seed gets its own subgraph (see the module docstring).
         generator: the ``torch.Generator`` (CPU) that keys the draws; default:
             torch's global one, so ``torch.manual_seed`` fixes the samples.
+        dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
+            both give the same output.
     """
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
-                 disjoint: bool = False, generator: torch.Generator | None = None):
+                 disjoint: bool = False, generator: torch.Generator | None = None, dedup: str = "sort"):
         if not topologies:
             raise ValueError("a sampler needs at least one edge type's topology")
         devices = {t.device for t in topologies.values()}
@@ -231,7 +186,18 @@ class NeighborSampler:
             raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
         self.num_neighbors = {et: [int(k) for k in num_neighbors.get(et, [])] for et in self.topologies}
         self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
-        self.replace, self.disjoint, self.generator = replace, disjoint, generator
+        if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
+            raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
+        self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
+
+    def _expected_nodes(self, seeds: int) -> int:
+        """A bound on a batch's nodes per type for sizing hash tables (grown if passed)."""
+        total, frontier = seeds, seeds
+        for hop in range(self.num_hops):
+            fanout = max((v[hop] for v in self.num_neighbors.values() if hop < len(v)), default=0)
+            frontier *= fanout if fanout > 0 else 1
+            total += frontier
+        return min(total, 1 << 24)
 
     def _key(self) -> int:
         return int(torch.randint(0, 2**62, (1,), generator=self.generator))
@@ -252,7 +218,7 @@ class NeighborSampler:
             ids = torch.empty(0, dtype=torch.int64, device=self.device) if ids is None else ids
             if self.disjoint:
                 ids = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids
-            sets[nt] = NodeSet(ids)
+            sets[nt] = node_set(ids, self.dedup, self._expected_nodes(len(ids)))
             frontier[nt] = (0, len(ids))
             num_nodes_hop[nt].append(len(ids))
         rows = {et: [] for et in self.topologies}

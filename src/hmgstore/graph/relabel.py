@@ -1,0 +1,132 @@
+"""Relabelling: a batch's node keys -> local ids, new keys numbered in the order first met.
+
+Both kinds give the same ids; the sampler picks one (``dedup``):
+
+- :class:`SortedNodeSet` keeps the known keys sorted and looks candidates up
+  with ``searchsorted``; new keys are found with ``unique`` and ranked by
+  first position. torch only: any device.
+- :class:`HashNodeSet` keeps a hash table on the GPU (``kernels/relabel.cu``):
+  insert, mark first positions, scan, assign, look up; one host read per call
+  for the number of new keys.
+"""
+from __future__ import annotations
+
+import torch
+
+_NO_POSITION = 2**63 - 1
+
+
+class SortedNodeSet:
+    """The nodes of one type in a batch, in order, and their keys kept sorted for lookups.
+
+    ``keys``: int64 node keys (node ids; ``seed * num_nodes + node`` in
+    disjoint mode) on one device. The initial keys (the seeds) are taken as
+    they are, repeats included, so that a batch starts with its seeds.
+    """
+
+    def __init__(self, keys: torch.Tensor):
+        self.parts = [keys]
+        self.count = len(keys)
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        first = torch.full((len(unique),), len(keys), dtype=torch.int64, device=keys.device)
+        first.scatter_reduce_(0, inverse, torch.arange(len(keys), device=keys.device), "amin")
+        self._sorted, self._local = unique, first
+
+    @property
+    def keys(self) -> torch.Tensor:
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
+
+    def add(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Local ids of ``candidates``; keys not seen before are appended, in first-seen order."""
+        local = torch.full_like(candidates, -1)
+        if len(self._sorted):
+            at = torch.searchsorted(self._sorted, candidates).clamp_(max=len(self._sorted) - 1)
+            found = self._sorted[at] == candidates
+            local = torch.where(found, self._local[at], local)
+        else:
+            found = torch.zeros_like(candidates, dtype=torch.bool)
+        fresh = (~found).nonzero().view(-1)
+        if len(fresh):
+            new_keys, inverse = torch.unique(candidates[fresh], return_inverse=True)
+            first = torch.full((len(new_keys),), len(fresh), dtype=torch.int64, device=candidates.device)
+            first.scatter_reduce_(0, inverse, torch.arange(len(fresh), device=candidates.device), "amin")
+            order = torch.argsort(first)  # new keys by first appearance
+            rank = torch.empty_like(order)
+            rank[order] = torch.arange(len(order), device=order.device)
+            local[fresh] = self.count + rank[inverse]
+            self.parts.append(new_keys[order])
+            merged_keys = torch.cat([self._sorted, new_keys])
+            merged_local = torch.cat([self._local, self.count + rank])
+            self._sorted, by = torch.sort(merged_keys)
+            self._local = merged_local[by]
+            self.count += len(new_keys)
+        return local
+
+
+class HashNodeSet:
+    """The nodes of one type in a batch, with a hash table from key to local id (GPU only).
+
+    ``keys``: the seeds' int64 keys on a GPU, taken as they are (repeats
+    included); ``capacity``: keys the table should hold without growing.
+    """
+
+    def __init__(self, keys: torch.Tensor, capacity: int):
+        self.device = keys.device
+        self.parts = [keys]
+        self.count = len(keys)
+        self._make_table(max(capacity, len(keys)))
+        self._index_own_positions(keys)
+
+    def _make_table(self, keys: int) -> None:
+        size = 1 << max(10, (2 * keys - 1).bit_length())  # load factor <= 1/2
+        self._key = torch.full((size,), -1, dtype=torch.int64, device=self.device)
+        self._first = torch.full((size,), _NO_POSITION, dtype=torch.int64, device=self.device)
+        self._value = torch.full((size,), -1, dtype=torch.int64, device=self.device)
+
+    def _index_own_positions(self, keys: torch.Tensor) -> None:
+        """Insert ``keys`` with the local id of each its first position (the seeds; a regrown table)."""
+        from ..cuda import relabel
+
+        slot = torch.empty_like(keys)
+        relabel.insert(keys, self._key, self._first, self._value, slot)
+        is_first = torch.empty_like(keys)
+        relabel.first(slot, self._first, self._value, is_first)
+        relabel.assign(keys, slot, is_first, is_first, self._value, 0, keys, own_position=True)
+
+    @property
+    def keys(self) -> torch.Tensor:
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
+
+    def add(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Local ids of ``candidates``; keys not seen before are appended, in first-seen order."""
+        from ..cuda import relabel
+
+        n = len(candidates)
+        if n == 0:
+            return torch.empty_like(candidates)
+        if 2 * (self.count + n) > len(self._key):  # keep the load factor under 1/2
+            self._make_table(self.count + n)
+            self._index_own_positions(self.keys)
+        slot = torch.empty_like(candidates)
+        relabel.insert(candidates, self._key, self._first, self._value, slot)
+        is_first = torch.empty_like(candidates)
+        relabel.first(slot, self._first, self._value, is_first)
+        rank = is_first.cumsum(0) - 1
+        fresh = int(rank[-1]) + 1  # the call's one synchronisation
+        new_keys = torch.empty(fresh, dtype=torch.int64, device=self.device)
+        relabel.assign(candidates, slot, is_first, rank, self._value, self.count, new_keys, own_position=False)
+        local = torch.empty_like(candidates)
+        relabel.lookup(slot, self._value, local)
+        if fresh:
+            self.parts.append(new_keys)
+            self.count += fresh
+        return local
+
+
+def node_set(keys: torch.Tensor, dedup: str, capacity: int):
+    """A node set of the kind ``dedup`` names (``"sort"`` or ``"hash"``) over the seeds' ``keys``."""
+    return HashNodeSet(keys, capacity) if dedup == "hash" else SortedNodeSet(keys)
