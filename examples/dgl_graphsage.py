@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 
 import torch
 import torch.nn as nn
@@ -32,15 +33,15 @@ import dgl  # noqa: E402
 import dgl.nn as dglnn  # noqa: E402
 from dgl.dataloading import DataLoader, NeighborSampler  # noqa: E402
 
+# DGL suggests CPU affinity on every loader; it is about DGL's workers, not about this script.
+warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
+
 
 class SAGE(nn.Module):
-    def __init__(self, in_size, hid_size, out_size):
+    def __init__(self, in_size, hid_size, out_size, num_layers=3):
         super().__init__()
-        self.layers = nn.ModuleList([
-            dglnn.SAGEConv(in_size, hid_size, "mean"),
-            dglnn.SAGEConv(hid_size, hid_size, "mean"),
-            dglnn.SAGEConv(hid_size, out_size, "mean"),
-        ])
+        sizes = [in_size] + [hid_size] * (num_layers - 1) + [out_size]
+        self.layers = nn.ModuleList(dglnn.SAGEConv(a, b, "mean") for a, b in zip(sizes, sizes[1:]))
         self.dropout = nn.Dropout(0.5)
 
     def forward(self, blocks, x):
@@ -65,7 +66,8 @@ def evaluate(model, dataloader):
 
 
 def train(args, device, g, data, model):
-    sampler = NeighborSampler(args.fanouts, prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    # PyG's order (seeds' hop first), as the other examples take it; DGL lists the input layer first.
+    sampler = NeighborSampler(list(reversed(args.fanout)), prefetch_node_feats=["feat"], prefetch_labels=["label"])
 
     def loader(ids, shuffle):
         return DataLoader(g, ids, sampler, device=device, batch_size=args.batch_size, shuffle=shuffle,
@@ -110,7 +112,8 @@ def main():
     parser.add_argument("--gpu-budget", default=None,
                         help="GPU memory for hot feature rows, e.g. 4GB (CUDA only; default: none, all rows "
                              "read zero-copy from pinned host memory)")
-    parser.add_argument("--fanouts", type=int, nargs=3, default=[10, 10, 10])
+    parser.add_argument("--fanout", type=lambda text: [int(k) for k in text.split(",")], default=[10, 10, 10],
+                        help="neighbours sampled per layer, from the seeds outwards (default: 10,10,10)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -145,7 +148,7 @@ def main():
     print(f"{g.num_nodes():,} nodes, {g.num_edges():,} edges, {args.feat_dim} features; device {device}; "
           f"features from {'g.ndata' if args.no_hmgstore else 'hmgstore'}")
 
-    model = SAGE(args.feat_dim, args.hidden, data.num_classes).to(device)
+    model = SAGE(args.feat_dim, args.hidden, data.num_classes, len(args.fanout)).to(device)
     train(args, device, g, data, model)
 
 

@@ -62,7 +62,9 @@ TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_p
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"start it with: {TORCHRUN}")
-    p.add_argument("--num-nodes", type=int, default=1_000_000, help="synthetic graph: nodes")
+    p.add_argument("--num-nodes", type=int, default=None,
+                   help="synthetic graph: nodes (default: 1,000,000 on GPUs, 20,000 on the CPU, where a step of "
+                        "the larger graph takes seconds)")
     p.add_argument("--avg-degree", type=int, default=10, help="synthetic graph: edges per node")
     p.add_argument("--feat-dim", type=int, default=128, help="synthetic graph: feature width")
     p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the feature table, e.g. 2GB")
@@ -79,7 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="rank 0 writes the results (aggregate and every rank's) here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.num_nodes is None:
+        args.num_nodes = 1_000_000 if torch.cuda.is_available() else 20_000
+    return args
 
 
 def start_process_group() -> torch.device:

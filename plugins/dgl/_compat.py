@@ -106,8 +106,9 @@ def _raised_in_graphbolt(err: BaseException) -> bool:
 def _install_stub(reason: str) -> GraphboltUnavailable:
     stub = GraphboltUnavailable(reason)
     sys.modules["dgl.graphbolt"] = stub
-    # Said once, by the main process: spawned DataLoader workers repeat the import every epoch.
-    level = logging.WARNING if multiprocessing.current_process().name == "MainProcess" else logging.DEBUG
+    # Said once, by the main process (spawned DataLoader workers repeat the import every epoch), and at INFO:
+    # classic DGL works, so a user of it has nothing to do.
+    level = logging.INFO if multiprocessing.current_process().name == "MainProcess" else logging.DEBUG
     log.log(level, "hmgstore replaced dgl.graphbolt by a stub: %s. Classic DGL (DGLGraph, dgl.dataloading, "
             "dgl.nn, dgl.sampling) is unaffected; only GraphBolt is unavailable.", reason)
     return stub
