@@ -165,19 +165,35 @@ def test_reproducible_under_manual_seed_and_generator(placement):
 @pytest.mark.gpu
 @pytest.mark.parametrize("share", [None, 0.3, 1.0], ids=["host", "mixed", "gpu"])
 @pytest.mark.parametrize("replace", [False, True])
-def test_gpu_draws_the_cpu_samples_bit_for_bit(share, replace):
+@pytest.mark.parametrize("dedup", ["sort", "hash"])
+@pytest.mark.parametrize("disjoint", [False, True])
+def test_gpu_draws_the_cpu_samples_bit_for_bit(share, replace, dedup, disjoint):
     ei = power_law_graph()
-    cpu, _ = build(ei, 3000, ("cpu", None), num_neighbors=[8, 4, -1], replace=replace)
-    gpu, _ = build(ei, 3000, ("cuda", share), num_neighbors=[8, 4, -1], replace=replace)
-    seeds = torch.randperm(3000)[:500]
+    cpu, _ = build(ei, 3000, ("cpu", None), num_neighbors=[8, 4, -1], replace=replace, disjoint=disjoint)
+    gpu, _ = build(ei, 3000, ("cuda", share), num_neighbors=[8, 4, -1], replace=replace, disjoint=disjoint,
+                   dedup=dedup)
+    seeds = torch.cat([torch.randperm(3000)[:500], torch.tensor([7, 7])])  # a repeated seed too
     torch.manual_seed(21)
     a = cpu.sample({None: seeds})
     torch.manual_seed(21)
     b = gpu.sample({None: seeds.cuda()})
     assert b.node[None].is_cuda
-    for field in ("node", "row", "col", "edge"):
+    for field in ("node", "row", "col", "edge") + (("batch",) if disjoint else ()):
         assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), field
     assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+
+
+@pytest.mark.gpu
+def test_hash_relabelling_grows_its_table():
+    from hmgstore.graph.relabel import HashNodeSet, SortedNodeSet
+
+    g = torch.Generator().manual_seed(4)
+    seeds = torch.randint(0, 5000, (300,), generator=g)
+    hashed, sorted_ = HashNodeSet(seeds.cuda(), capacity=1), SortedNodeSet(seeds)
+    for _ in range(6):  # far past the first table's size: it must grow and keep every id
+        cand = torch.randint(0, 5000, (4000,), generator=g)
+        assert torch.equal(hashed.add(cand.cuda()).cpu(), sorted_.add(cand))
+    assert torch.equal(hashed.keys.cpu(), sorted_.keys) and hashed.count == sorted_.count
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
