@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
-from hmgstore import HybridTensor, gather_many, placement, resolve_device
+from hmgstore import HybridTensor, gather_many, placement, resolve_device, stats
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +231,19 @@ class HybridFeatureStore(FeatureStore):
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
         """Fresh ``TensorAttr(group_name, attr_name)`` objects (PyG sets their index)."""
         return [self._tensor_attr_cls(group, attr) for group, attr in self._tables]
+
+    # ---- statistics -------------------------------------------------------------
+    def reset_stats(self) -> None:
+        """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.stats`)."""
+        for table in self._tables.values():
+            table.reset_stats()
+
+    def stats(self, group_name=..., attr_name=None) -> dict:
+        """Every table's statistics merged (GPU hit ratio, GB/s, rows and bytes per tier); or one
+        table's, with ``group_name`` and ``attr_name``. Raises RuntimeError when not counting."""
+        if group_name is not ...:
+            return self.table(group_name, attr_name).stats()
+        return stats.merge(t.stats() for t in self._tables.values())
 
     # ---- lifetime ---------------------------------------------------------------
     def close(self) -> None:

@@ -206,6 +206,14 @@ class HybridNeighborSampler(BaseSampler):
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
         return out
 
+    def reset_stats(self) -> None:
+        """Start counting the neighbour ids read from each tier of the topology."""
+        self.sampler.reset_stats()
+
+    def stats(self) -> dict:
+        """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio (see :mod:`hmgstore.stats`)."""
+        return self.sampler.stats()
+
     def close(self) -> None:
         """Free the topology's GPU memory and host registration."""
         self.sampler.close()

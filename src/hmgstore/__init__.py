@@ -21,11 +21,11 @@ The package, by layer:
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
-from . import placement
+from . import placement, stats
 from .placement import Placement, Tier
 from .sharded import ShardedTensor
 from .tensor import HybridTensor, gather_many, resolve_device
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "Placement", "Tier", "resolve_device",
-           "__version__"]
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "stats", "Placement", "Tier",
+           "resolve_device", "__version__"]

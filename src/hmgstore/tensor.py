@@ -42,6 +42,7 @@ from . import placement as placement_mod
 from .index import Index, normalize_many
 from .memory.pinned import PinnedHost, as_host_tensor, row_layout, synchronize
 from .placement import Placement, Tier
+from .stats import TierCounter
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class HybridTensor:
         max_sms: cap the gather at this many SMs' worth of resident blocks, so
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning large tables.
+        stats: count rows and time per tier from the start (see :meth:`stats`).
 
     On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
     every row is read from the source, so the same code runs with and
@@ -100,11 +102,13 @@ class HybridTensor:
     """
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
-                 max_sms: int | None = None, progress: bool = True):
+                 max_sms: int | None = None, progress: bool = True, stats: bool = False):
         self._setup(source, resolve_device(device), max_sms, progress)
         self.placement = placement_mod.for_table(self.num_rows, self.row_bytes, self.device, gpu_rows=gpu_rows,
                                                  gpu_budget=gpu_budget, hot_order=hot_order)
         self._build()
+        if stats:
+            self.reset_stats()
 
     def _setup(self, source, device: torch.device, max_sms, progress) -> None:
         self.device = device
@@ -125,6 +129,8 @@ class HybridTensor:
         self._closing = False
         self._closed = False
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
+        self._counter: TierCounter | None = None  # per-tier statistics, once counting
+        self._tier_starts: torch.Tensor | None = None
 
     def _build(self) -> None:
         p = self.placement
@@ -265,6 +271,29 @@ class HybridTensor:
 
     def __iter__(self):
         raise TypeError("iterate over a HybridTensor by indexing it with a batch of ids")
+
+    # ---- statistics ------------------------------------------------------------
+    def reset_stats(self) -> None:
+        """Start counting (again, from zero) the rows each tier serves and the gathers' time."""
+        self._counter = TierCounter(self.placement.names, self.row_bytes, self.device)
+        starts = [t.start for t in self.placement.tiers]
+        self._tier_starts = torch.tensor(starts, dtype=self.placement.index_dtype, device=self.device)
+
+    def stats(self) -> dict:
+        """Rows and bytes served per tier since :meth:`reset_stats`, the GPU hit ratio and GB/s.
+
+        See :mod:`hmgstore.stats` for the fields. Reads the device's counters
+        (one synchronisation). Raises RuntimeError when not counting.
+        """
+        if self._counter is None:
+            raise RuntimeError("this table is not counting statistics: call table.reset_stats() to start "
+                               "(or build it with stats=True)")
+        return self._counter.report()
+
+    def _count(self, job) -> None:
+        """Add a CUDA job's rows to the per-tier counters (device work only, no waiting)."""
+        new = job.ids if self._map is None else self._map[job.ids]
+        self._counter.add(torch.searchsorted(self._tier_starts, new.to(self._tier_starts.dtype), right=True) - 1)
 
     # ---- lifetime ------------------------------------------------------------
     def _enter(self) -> None:
@@ -530,9 +559,13 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
                     _check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
                     out = out.view(len(index.ids), *table.row_shape)
                 results.append(out)
+            counting = [t for t in tables if t._counter is not None]
+            started = [t._counter.start() for t in counting]
             if device.type == "cpu":
                 for (table, _), index, out in zip(requests, indices, results):
                     torch.index_select(table._source, 0, index.ids, out=out)
+                    if table._counter is not None:
+                        table._counter.rows[-1] += len(index.ids)  # a CPU table is its host tier
             else:
                 from .cuda import gather
 
@@ -540,6 +573,11 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
                 jobs = [_job(table, index, out, prepared) for (table, _), index, out in zip(requests, indices, results)]
                 caps = [t.max_sms for t in tables if t.max_sms]
                 gather.launch_gather(jobs, device, stream, min(caps) if caps else None)
+                for (table, _), job in zip(requests, jobs):
+                    if table._counter is not None:
+                        table._count(job)
+            for table, start in zip(counting, started):
+                table._counter.stop(start)
     finally:
         for table in entered:
             table._exit()

@@ -102,6 +102,7 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     counts = slot_counts(degree, k, replace)
     offsets = counts.cumsum(0) - counts
     num_slots = int(counts.sum())  # the hop's one synchronisation: output sizes
+    topology.count(seeds, counts)
     if topology.device.type == "cuda":
         from ..cuda import sample as kernels
 
@@ -259,6 +260,17 @@ class NeighborSampler:
         row, col, edge = ({et: torch.cat(p) if p else empty for et, p in parts.items()}
                           for parts in (rows, cols, edges))
         return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
+
+    def reset_stats(self) -> None:
+        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.stats`)."""
+        for topo in self.topologies.values():
+            topo.reset_stats()
+
+    def stats(self) -> dict:
+        """Every topology's statistics merged. Raises RuntimeError when not counting."""
+        from ..stats import merge
+
+        return merge(t.stats() for t in self.topologies.values())
 
     def close(self) -> None:
         for topo in self.topologies.values():

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from .. import placement
 from ..memory.pinned import CHUNK_BYTES, PinnedHost, synchronize
+from ..stats import TierCounter
 from ..tensor import resolve_device
 from .csc import CSC
 
@@ -74,6 +75,7 @@ class Topology:
         self.hot_nodes: torch.Tensor | None = None  # destinations whose lists are on the GPU, when only some are
         self._pinned: PinnedHost | None = None
         self._closed = False
+        self._counter: TierCounter | None = None
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
@@ -128,6 +130,29 @@ class Topology:
     def degree(self, nodes: torch.Tensor) -> torch.Tensor:
         """int64 neighbours of each of ``nodes`` (ids on ``device``)."""
         return self.colptr[nodes + 1] - self.colptr[nodes]
+
+    def reset_stats(self) -> None:
+        """Start counting the neighbour ids read from each tier (see :mod:`hmgstore.stats`)."""
+        self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device)
+
+    def stats(self) -> dict:
+        """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio and the sampling
+        kernels' time. Raises RuntimeError when not counting."""
+        if self._counter is None:
+            raise RuntimeError("this topology is not counting statistics: call reset_stats() to start")
+        return self._counter.report()
+
+    def count(self, seeds: torch.Tensor, counts: torch.Tensor) -> None:
+        """Add the ids read for ``seeds`` (``counts`` each) to the counters, when counting."""
+        if self._counter is None:
+            return
+        if self.start is not None:
+            on_gpu = (counts * (self.start[seeds] < self.gpu_edges)).sum()
+        else:
+            on_gpu = counts.sum() if self.gpu_edges else torch.zeros((), dtype=torch.int64, device=self.device)
+        total = counts.sum()
+        self._counter.add_counts(torch.stack([on_gpu, total - on_gpu]))
+        self._counter.gathers += 1  # hops sampled (not timed: seconds stay 0)
 
     def check(self) -> None:
         if self._closed:
