@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env tests tests-all tests-fixed probe probe-kernel tune bench bench-quick pyg
-#                                          multi (2+ GPUs: tests/test_multigpu.py, test_distributed.py) peer multi-pyg
+#                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
+#                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
 # (torch_sparse/scatter, dgl, ogb) are taken from .whl/ when present (see README).
 set -u
@@ -18,7 +19,7 @@ for stage in "$@"; do
   case $stage in
     env) rc=0; nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
          python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, "gpus", torch.cuda.device_count())' ;;
-    tests) python3 -m pytest -q tests/test_gpu_tensor.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
+    tests) python3 -m pytest -q -m gpu tests/test_tensor.py tests/test_memory.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
     tests-all) python3 -m pytest -q tests >"$OUT/tests-all.log" 2>&1; rc=$?; tail -40 "$OUT/tests-all.log" ;;
     probe) python3 benchmarks/probe_host_pages.py --out "$OUT/probe" 2>&1; rc=$? ;;
     probe-kernel) python3 benchmarks/probe_kernel.py --out "$OUT/probe-kernel" 2>&1; rc=$? ;;
@@ -32,15 +33,17 @@ for stage in "$@"; do
              --max-batches 15 --no-progress --features "${mode%%-*}" $extra --json "$OUT/pyg/pyg_$mode.json" 2>&1 | tail -2 || rc=1
          done ;;
     multi) nvidia-smi topo -m; df -h /dev/shm
-           python3 -m pytest -q -s -rs tests/test_multigpu.py tests/test_distributed.py tests/test_sharded_cpu.py \
-             tests/test_multi_gpu_example.py tests/test_bench_peer.py \
+           python3 -m pytest -q -s -rs tests/test_sharded.py tests/test_distributed.py tests/test_bench.py \
+             tests/test_examples.py::test_two_cpu_processes tests/test_examples.py::test_says_how_to_start_it_without_torchrun \
+             tests/test_examples.py::test_every_gpu_of_the_node \
              >"$OUT/multi.log" 2>&1; rc=$?; grep -v '^ *"' "$OUT/multi.log" | tail -40 ;;
     peer) python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
     multi-pyg) mkdir -p "$OUT/pyg"
            torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
              --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-steps 30 --no-progress \
              --json "$OUT/pyg/multi_gpu_pyg.json" >"$OUT/multi-pyg.log" 2>&1; rc=$?; tail -30 "$OUT/multi-pyg.log" ;;
-    tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_gpu.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
+    tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
+                   tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }

@@ -1,16 +1,20 @@
-"""Shared fixtures: tables and graphs, and the GPU skip rule.
+"""Shared fixtures: tables and graphs, the shared-memory leak check, and the GPU skip rule.
 
 Tests marked ``gpu`` run only where torch sees a CUDA GPU and CuPy imports;
 ``multigpu`` also needs two GPUs. Everything else runs in CI on the CPU.
+Helpers that tests import (tables, PyG graphs and model, a fake OGB dataset)
+are in helpers.py.
 """
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
 
 from hmgstore import data as datasets
+from hmgstore import memory
 
 
 def _has_cuda() -> bool:
@@ -39,3 +43,32 @@ def small_graph() -> datasets.NodeGraph:
 @pytest.fixture(scope="session")
 def cuda_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def _leftover_segments() -> set[str]:
+    return {n for n in os.listdir(memory.segment_dir()) if n.startswith(memory.SEGMENT_PREFIX)}
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test when it leaves node-shared memory segments behind."""
+    before = _leftover_segments()
+    yield
+    assert _leftover_segments() == before, "shared-memory segments were left behind"
+
+
+# ---- PyG graphs over small_graph (the builders are in helpers.py) ----------------------
+@pytest.fixture(scope="module")
+def data(small_graph):
+    """small_graph as a PyG Data."""
+    from helpers import as_data
+
+    return as_data(small_graph)
+
+
+@pytest.fixture(scope="module")
+def hetero(small_graph):
+    """small_graph as the papers of a PyG HeteroData, with authors who write them."""
+    from helpers import as_hetero
+
+    return as_hetero(small_graph)

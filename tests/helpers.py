@@ -1,7 +1,13 @@
-"""Helpers shared by tests (importable as ``helpers``: pytest puts tests/ on sys.path)."""
+"""Helpers shared by tests (importable as ``helpers``: pytest puts tests/ on sys.path).
+
+Nothing here imports a framework at module level: the PyG builders import
+torch_geometric when called, so that tests without PyG can import this too.
+"""
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def random_table(num_rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -14,3 +20,139 @@ def random_table(num_rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, 
         return torch.randn(shape, generator=g).to(dtype)
     info = torch.iinfo(dtype)
     return torch.randint(max(info.min, -2**31), min(info.max, 2**31 - 1), shape, generator=g, dtype=torch.int64).to(dtype)
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``t``, row-major. (``contiguous()`` keeps the zero strides torch gives some empty
+    results, such as ``x[empty_index]``, and those cannot be viewed as bytes.)"""
+    t = torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+    return t.view(torch.uint8)
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Same shape, dtype and bytes (so NaNs and -0.0 count too), wherever ``got`` lives."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(as_bytes(got.cpu()), as_bytes(want.cpu()))
+
+
+def cuda_devices() -> list[torch.device]:
+    """Every CUDA GPU this process sees."""
+    return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+
+
+# ---- a tiny OGB dataset on disk -------------------------------------------------------
+FAKE_PRODUCTS_NODES, FAKE_PRODUCTS_EDGES, FAKE_PRODUCTS_FEAT_DIM = 60, 200, 8
+
+
+def write_fake_products(root, seed: int = 0) -> dict:
+    """A tiny ogbn-products in OGB's on-disk CSV layout; returns what was written."""
+    import pandas as pd
+
+    num_nodes, num_edges, feat_dim = FAKE_PRODUCTS_NODES, FAKE_PRODUCTS_EDGES, FAKE_PRODUCTS_FEAT_DIM
+    rng = np.random.default_rng(seed)
+    folder = root / "ogbn_products"
+    (folder / "raw").mkdir(parents=True)
+    split_dir = folder / "split" / "sales_ranking"
+    split_dir.mkdir(parents=True)
+    (folder / "RELEASE_v1.txt").write_text("fake release for tests\n")
+    edges = rng.integers(0, num_nodes, size=(num_edges, 2))
+    feats = rng.standard_normal((num_nodes, feat_dim)).astype(np.float32)
+    labels = rng.integers(0, 47, size=(num_nodes, 1))
+
+    def csv(array, path):
+        pd.DataFrame(array).to_csv(path, header=False, index=False, compression="gzip")
+
+    csv(edges, folder / "raw" / "edge.csv.gz")
+    csv(feats, folder / "raw" / "node-feat.csv.gz")
+    csv(labels, folder / "raw" / "node-label.csv.gz")
+    csv(np.array([[num_nodes]]), folder / "raw" / "num-node-list.csv.gz")
+    csv(np.array([[num_edges]]), folder / "raw" / "num-edge-list.csv.gz")
+    perm = rng.permutation(num_nodes)
+    split = {"train": np.sort(perm[:30]), "valid": np.sort(perm[30:45]), "test": np.sort(perm[45:])}
+    for part, ids in split.items():
+        csv(ids.reshape(-1, 1), split_dir / f"{part}.csv.gz")
+    return {"edges": edges, "feats": feats, "labels": labels[:, 0], "split": split}
+
+
+# ---- PyG: graphs, a model, and batch comparisons (the fixtures are in conftest.py) ----
+NUM_AUTHORS = 500
+#: small_graph: 16 float32 features and an int64 label per node
+ROW_BYTES = 16 * 4 + 8
+
+
+def as_data(graph):
+    """A PyG Data over a NodeGraph's tensors (no copies)."""
+    from torch_geometric.data import Data
+
+    return Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
+
+
+def as_hetero(graph, seed: int = 0):
+    """Papers (the NodeGraph) citing papers and written by authors, with reverse edges."""
+    from torch_geometric.data import HeteroData
+
+    g = torch.Generator().manual_seed(seed)
+    data = HeteroData()
+    data["paper"].x, data["paper"].y = graph.x, graph.y
+    data["author"].x = torch.randn(NUM_AUTHORS, 8, generator=g)
+    writes = torch.stack([torch.randint(0, NUM_AUTHORS, (4 * NUM_AUTHORS,), generator=g),
+                          torch.randint(0, graph.num_nodes, (4 * NUM_AUTHORS,), generator=g)])
+    data["paper", "cites", "paper"].edge_index = graph.edge_index
+    data["author", "writes", "paper"].edge_index = writes
+    data["paper", "rev_writes", "author"].edge_index = writes.flip(0)
+    return data
+
+
+class SAGE(torch.nn.Module):
+    """A two-layer PyG GraphSAGE."""
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int):
+        from torch_geometric.nn import SAGEConv
+
+        super().__init__()
+        self.conv1, self.conv2 = SAGEConv(in_dim, hidden), SAGEConv(hidden, out_dim)
+
+    def forward(self, x, edge_index):
+        x = F.dropout(F.relu(self.conv1(x, edge_index)), p=0.5, training=self.training)
+        return self.conv2(x, edge_index)
+
+
+def train_losses(source, graph, device, *, epochs: int = 2, seed: int = 0, **loader_kwargs) -> list[float]:
+    """Per-batch losses of a GraphSAGE fed from ``source`` (a Data or a store pair) by PyG's NeighborLoader.
+
+    Model init, shuffling, neighbour draws and dropout are all seeded from
+    ``seed``: two sources holding the same graph must give the same losses.
+    """
+    from torch_geometric.loader import NeighborLoader
+
+    torch.manual_seed(seed)
+    model = SAGE(graph.x.shape[1], 32, int(graph.y.max()) + 1).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = NeighborLoader(source, num_neighbors=[10, 5], input_nodes=graph.train_idx, batch_size=256,
+                            shuffle=True, **loader_kwargs)
+    losses = []
+    for _ in range(epochs):
+        model.train()
+        for batch in loader:
+            batch = batch.to(device)
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index)[:batch.batch_size]
+            loss = F.cross_entropy(out, batch.y[:batch.batch_size])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+def assert_batches_match(store_loader, data_loader, data, seed: int = 0) -> int:
+    """Same seed, same batches; store batches hold data's rows. Returns the batch count."""
+    torch.manual_seed(seed)
+    ours = list(store_loader)
+    torch.manual_seed(seed)
+    theirs = list(data_loader)
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_index, b.edge_index)
+        assert torch.equal(a.e_id, b.e_id)
+        assert torch.equal(a.x.cpu(), data.x[a.n_id]) and torch.equal(a.y.cpu(), data.y[a.n_id])
+    return len(ours)

@@ -1,7 +1,10 @@
-"""hmgstore.distributed with several processes on the CPU (gloo): what CI checks.
+"""hmgstore.distributed: one process per device on a node, several nodes.
 
 Each test starts real ranks (tests/distributed_worker.py) the way torchrun
-would (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and reads what each saw.
+would (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and reads what each saw: on the
+CPU (gloo), what CI checks; the tests marked ``gpu`` and ``multigpu`` start
+one rank per GPU (NCCL). Shared segments themselves are tested in
+test_memory.py; the ``no_leaks`` fixture is in conftest.py.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hmgstore import memory, placement
+from helpers import cuda_devices
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -57,17 +60,6 @@ def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", no
         if f.exists():
             reports[rank] = json.loads(f.read_text())
     return [p.returncode for p in procs], reports, errs
-
-
-def _leftover_segments() -> set[str]:
-    return {n for n in os.listdir(memory.segment_dir()) if n.startswith(memory.SEGMENT_PREFIX)}
-
-
-@pytest.fixture
-def no_leaks():
-    before = _leftover_segments()
-    yield
-    assert _leftover_segments() == before, "shared-memory segments were left behind"
 
 
 def test_shard_on_three_ranks(tmp_path, no_leaks):
@@ -152,23 +144,80 @@ def test_shard_needs_an_initialised_process_group():
         hd.share_on_node(torch.zeros(3))
 
 
-def test_segments_of_dead_processes_are_swept(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    name = f"{memory.SEGMENT_PREFIX}{dead.pid}-test"
-    Path(memory.segment_dir(), name).write_bytes(b"x")
-    live = f"{memory.SEGMENT_PREFIX}{os.getpid()}-test"
-    Path(memory.segment_dir(), live).write_bytes(b"x")
-    try:
-        assert name in memory.sweep_stale_segments()
-        assert not Path(memory.segment_dir(), name).exists() and Path(memory.segment_dir(), live).exists()
-    finally:
-        memory.unlink_segment(live)
-        memory.unlink_segment(name)
+# ---- one process per GPU (NCCL) -------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch("shard", k, tmp_path, device="cuda", timeout=300)
+    assert codes == [0] * k, errs
+    for rank, r in reports.items():
+        assert r["shared_equal"] and r["segments_after_setup"] == []
+        assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
+        assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
+        assert r["bad_index"]
+        assert r["registered_ranges"] == 0 and r["ipc_mappings_open"] == 0
+        assert r["gpu_free_lost"] < 16 << 20, f"rank {rank}: {r['gpu_free_lost']} B of GPU memory not given back"
 
 
-def test_segment_too_large_for_shm_says_so(monkeypatch, tmp_path):
-    monkeypatch.setenv("HMGSTORE_SHM_DIR", str(tmp_path))
-    with pytest.raises(MemoryError, match="HMGSTORE_SHM_DIR"):
-        memory.create_segment((1 << 50,), torch.uint8)
-    assert list(tmp_path.iterdir()) == []
+def _gpus_free():
+    torch.cuda.synchronize()
+    return [torch.cuda.mem_get_info(d)[0] for d in cuda_devices()]
+
+
+def _assert_gpus_given_back(free_before):
+    deadline = time.monotonic() + 10  # the driver tears down a dead process's context asynchronously
+    while True:
+        lost = [b - a for a, b in zip(_gpus_free(), free_before)]
+        if all(x < 16 << 20 for x in lost) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert all(x < 16 << 20 for x in lost), f"GPU memory not given back after the ranks ended: {lost}"
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_killed_rank(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    free = _gpus_free()
+    codes, reports, errs = launch("kill", k, tmp_path, device="cuda", timeout=300)
+    _assert_gpus_given_back(free)
+    assert codes[-1] == -9
+    for rank in range(k - 1):
+        assert codes[rank] == 0, errs[rank]
+        assert f"rank {k - 1}" in reports[rank]["error"] and reports[rank]["seconds"] < 10
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_killed_rank_unblocks_nccl(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch("kill_blocked", k, tmp_path, device="cuda", env={"PEER_EXIT_TIMEOUT": "5"},
+                                  timeout=120)
+    assert codes[-1] == -9
+    for rank in range(k - 1):
+        assert codes[rank] != 0 and f"rank {k - 1}" in errs[rank], errs[rank][-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_clean_exit(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    free = _gpus_free()
+    codes, reports, errs = launch("clean_exit", k, tmp_path, device="cuda", timeout=300)
+    _assert_gpus_given_back(free)
+    assert codes == [0] * k, errs
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_host_memory_is_held_once(tmp_path, no_leaks, request):
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch("rss", k, tmp_path, device="cuda", env={"RSS_TABLE_GB": "2"}, timeout=400)
+    assert codes == [0] * k, errs
+    table = reports[0]["table_bytes"]
+    for r in reports.values():
+        assert r["exact"]
+        private = r["held"]["RssAnon"] - r["before"]["RssAnon"]
+        assert private < table / 4, f"rank {r['rank']} holds {private / 1e9:.2f} GB of private memory"
+    print(json.dumps({"rss": reports}, indent=1))

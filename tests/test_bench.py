@@ -1,7 +1,8 @@
-"""``python -m hmgstore.bench peer``: arguments, GPU selection, sizing, id choice, a CPU dry run, the report.
+"""``python -m hmgstore.bench``: the gather benchmark on the CPU, and the peer benchmark.
 
-The CUDA parts (start gate, concurrent timing, peer copies) run only on a
-machine with 2+ GPUs (the ``multigpu`` test at the end); on the CPU the
+``peer``: arguments, GPU selection, sizing, id choice, a CPU dry run, the
+report. Its CUDA parts (start gate, concurrent timing, peer copies) run only
+on a machine with 2+ GPUs (the ``multigpu`` test at the end); on the CPU the
 same work functions run serially with ``device='cpu'`` standing for each GPU.
 """
 import json
@@ -18,7 +19,20 @@ from hmgstore.bench.gather import _fill
 from hmgstore.bench.report import write_report
 
 
-# ---- arguments and GPU selection ---------------------------------------------------
+# ---- gather ----------------------------------------------------------------------------
+def test_gather_benchmark_runs_on_cpu(tmp_path):
+    out = tmp_path / "bench"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "gather", "--quick", "--row-bytes", "64", "512",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "| row B |" in res.stdout
+    report = json.loads((out / "gather.json").read_text())
+    assert [s["row_bytes"] for s in report["sizes"]] == [64, 512]
+    assert report["sizes"][0]["variants"]["hmg_host"]["gbps"] > 0
+    assert (out / "gather.png").stat().st_size > 0 and (out / "gather.md").is_file()
+
+
+# ---- peer: arguments and GPU selection ------------------------------------------------
 def test_defaults_parse():
     args = build_parser().parse_args(["peer"])
     assert args.benchmark == "peer"

@@ -1,12 +1,16 @@
-"""HybridTensor on a CUDA GPU: bit-exact against ``x[idx]`` on poisoned outputs.
+"""HybridTensor and gather_many (hmgstore.tensor): bit-identical to ``x[idx]`` on the CPU and on a GPU.
 
-Every check compares bytes (``torch.equal`` on the raw bytes, so NaNs and
--0.0 count too) with the CPU reference ``x[idx]``. Outputs passed through
+The CPU tests run everywhere: the same API as on CUDA. The tests marked
+``gpu`` compare bytes (``torch.equal`` on the raw bytes, so NaNs and -0.0
+count too) with the CPU reference ``x[idx]``; outputs passed through
 ``out=`` are filled with a poison pattern first, so an unwritten row fails.
+How the host tier is pinned and registered is tested in test_memory.py; a
+table over 4 GiB read across the registration seams is tested here.
 """
 from __future__ import annotations
 
 import gc
+import pickle
 
 import numpy as np
 import pytest
@@ -15,24 +19,127 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hmgstore
-from helpers import random_table
+from helpers import assert_same, random_table
 
-pytestmark = pytest.mark.gpu
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-          torch.int16, torch.uint8, torch.int8, torch.bool]
-
-
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    t = t.contiguous()
-    return t.view(torch.uint8) if t.dtype != torch.bool else t.view(torch.uint8)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.bool]
+GPU_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+              torch.int16, torch.uint8, torch.int8, torch.bool]
 
 
-def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype
-    assert torch.equal(as_bytes(got.cpu()), as_bytes(want.cpu()))
+def same(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_indexing_for_every_dtype(dtype):
+    x = random_table(500, (3, 5), dtype, seed=2)
+    t = hmgstore.HybridTensor(x, "cpu", gpu_rows=torch.arange(10))  # accepted, ignored on the CPU
+    idx = torch.randint(0, 500, (1000,), dtype=torch.int32)
+    assert t.device == torch.device("cpu") and t.num_gpu_rows == 0
+    assert same(t[idx], x[idx.long()])
+    assert same(t[7], x[7]) and same(t[3:9], x[3:9])
+
+
+def test_out_buffer_and_its_checks():
+    x = random_table(100, (4,), torch.float32)
+    out = torch.full((3, 4), float("nan"))
+    assert t_gather(x, torch.tensor([5, 6, 5]), out).data_ptr() == out.data_ptr()
+    assert same(out, x[[5, 6, 5]])
+    for bad in (torch.empty(2, 4), torch.empty(3, 4, dtype=torch.float64), torch.empty(4, 3).t()):
+        with pytest.raises(ValueError, match="out must be"):
+            t_gather(x, torch.tensor([5, 6, 5]), bad)
+
+
+def t_gather(x, idx, out):
+    return hmgstore.HybridTensor(x, "cpu").gather(idx, out=out)
+
+
+def test_empty_duplicates_and_2d_index():
+    x = random_table(50, (6,), torch.int64)
+    t = hmgstore.HybridTensor(x, "cpu")
+    assert t[torch.empty(0, dtype=torch.int64)].shape == (0, 6)
+    assert same(t[[3, 3, 3]], x[[3, 3, 3]])
+    two_d = torch.randint(0, 50, (4, 5))
+    assert same(t[two_d], x[two_d])
+
+
+def test_bad_indices_raise_clear_errors():
+    t = hmgstore.HybridTensor(random_table(50, (2,), torch.float32), "cpu")
+    with pytest.raises(IndexError, match="index 50 at position 1"):
+        t[torch.tensor([0, 50])]
+    with pytest.raises(IndexError, match="index -3"):
+        t[[-3]]
+    with pytest.raises(TypeError, match="integer"):
+        t[torch.tensor([0.0])]
+    with pytest.raises(TypeError):
+        t["rows"]
+
+
+def test_sources_numpy_memmap_and_column_slices(tmp_path):
+    arr = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float16, shape=(300, 8))
+    arr[:] = np.random.default_rng(1).standard_normal(arr.shape)
+    arr.flush()
+    ro = np.load(tmp_path / "x.npy", mmap_mode="r")
+    t = hmgstore.HybridTensor(ro, "cpu")
+    idx = np.array([299, 0, 17])
+    assert same(t[idx], torch.from_numpy(np.asarray(ro[idx])))
+    base = random_table(40, (10,), torch.float32)
+    cols = base[:, 2:7]
+    assert same(hmgstore.HybridTensor(cols, "cpu")[[1, 39]], cols[[1, 39]])
+
+
+def test_unusable_sources_and_arguments():
+    with pytest.raises(ValueError, match="contiguous"):
+        hmgstore.HybridTensor(random_table(10, (4, 4), torch.float32).transpose(1, 2), "cpu")
+    with pytest.raises(TypeError, match="torch CPU tensor"):
+        hmgstore.HybridTensor([[1, 2]], "cpu")
+    with pytest.raises(ValueError, match="hot_order"):
+        hmgstore.HybridTensor(torch.zeros(4, 2), "cpu", gpu_budget="1MB")
+    with pytest.raises(ValueError, match="not both"):
+        hmgstore.HybridTensor(torch.zeros(4, 2), "cpu", gpu_rows=[1], gpu_budget="1MB", hot_order=[0])
+    with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
+        hmgstore.HybridTensor(torch.zeros(4, 2), "meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_cuda_without_a_gpu_says_what_to_do():
+    with pytest.raises(RuntimeError, match="no CUDA GPU.*device='cpu'"):
+        hmgstore.HybridTensor(torch.zeros(4, 2), "cuda")
+
+
+def test_closed_table_and_pickling():
+    x = random_table(30, (3,), torch.float32)
+    t = hmgstore.HybridTensor(x, "cpu")
+    clone = pickle.loads(pickle.dumps(t))
+    assert same(clone[[1, 2]], x[[1, 2]]) and clone.device == t.device
+    with t:
+        pass
+    with pytest.raises(RuntimeError, match="closed"):
+        t[[1]]
+
+
+def test_gather_many_matches_each_gather():
+    x, y = random_table(80, (5,), torch.float32), torch.randint(0, 7, (80,))
+    tx, ty = hmgstore.HybridTensor(x, "cpu"), hmgstore.HybridTensor(y, "cpu")
+    idx = torch.randint(0, 80, (33,))
+    gx, gy = hmgstore.gather_many([(tx, idx), (ty, idx)])
+    assert same(gx, x[idx]) and same(gy, y[idx])
+    assert hmgstore.gather_many([]) == []
+    with pytest.raises(IndexError):  # a bad index anywhere stops the whole batch
+        hmgstore.gather_many([(tx, idx), (ty, torch.tensor([80]))])
+    with pytest.raises(TypeError, match="HybridTensor, index"):
+        hmgstore.gather_many([(x, idx)])
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 200), shape=st.lists(st.integers(1, 5), max_size=2), dtype=st.sampled_from(DTYPES),
+       batch=st.integers(0, 300), seed=st.integers(0, 1000))
+def test_property_same_as_torch(rows, shape, dtype, batch, seed):
+    x = random_table(rows, tuple(shape), dtype, seed=seed)
+    idx = torch.randint(0, rows, (batch,), generator=torch.Generator().manual_seed(seed))
+    assert same(hmgstore.HybridTensor(x, "cpu")[idx], x[idx])
+
+# ---- on a CUDA GPU -----------------------------------------------------------------------
 def poisoned(shape, dtype, device) -> torch.Tensor:
     out = torch.empty(shape, dtype=dtype, device=device)
     out.view(torch.uint8).fill_(0xA5)
@@ -45,7 +152,8 @@ def check_context_alive(device) -> None:
     torch.cuda.synchronize(device)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
 @pytest.mark.parametrize("layout", ["host", "gpu", "mixed"])
 def test_dtypes_and_tiers(dtype, layout, cuda_device):
     x = random_table(3000, (7,), dtype, seed=1)  # 7 elements: odd row sizes for every width
@@ -58,6 +166,7 @@ def test_dtypes_and_tiers(dtype, layout, cuda_device):
     assert_same(got, x[idx])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("row_elems", [1, 2, 3, 4, 8, 16, 31, 32, 33, 64, 100, 128, 256, 1000, 1024])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("index_on", ["cpu", "cuda"])
@@ -70,9 +179,11 @@ def test_row_sizes_index_kinds(row_elems, index_dtype, index_on, cuda_device):
     assert_same(got, x[idx.long()])
 
 
+@pytest.mark.gpu
 def test_large_source_pinned_in_place_with_seams(cuda_device):
     """A table over 4 GiB: 64-bit offsets, chunked registration, rows straddling the 1 GiB seams."""
     from hmgstore import memory
+    from hmgstore.memory.pinned import CHUNK_BYTES
 
     row = 1000  # bytes: not a divisor of 1 GiB, so some rows straddle registration seams
     n = (4 << 30) // row + 12345
@@ -80,8 +191,8 @@ def test_large_source_pinned_in_place_with_seams(cuda_device):
     x.view(torch.int64).view(-1)[:] = torch.arange(x.numel() // 8, dtype=torch.int64) * 0x9E3779B97F4A7C15
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, n, 7))
     assert t.source.data_ptr() == x.data_ptr()  # pinned in place, no copy
-    assert memory.extent(x)[1] > memory.CHUNK_BYTES * 4
-    seam_rows = torch.tensor([k * memory.CHUNK_BYTES // row for k in range(1, 5)])
+    assert memory.extent(x)[1] > CHUNK_BYTES * 4
+    seam_rows = torch.tensor([k * CHUNK_BYTES // row for k in range(1, 5)])
     idx = torch.cat([seam_rows, seam_rows + 1, torch.tensor([0, n - 1]), torch.randint(0, n, (200_000,))])
     assert_same(t[idx.to(cuda_device)], x[idx])
     t.close()
@@ -89,6 +200,7 @@ def test_large_source_pinned_in_place_with_seams(cuda_device):
     gc.collect()
 
 
+@pytest.mark.gpu
 def test_all_host_all_gpu_and_mixed_batches(cuda_device):
     x = random_table(10_000, (64,), torch.float16, seed=3)
     hot = torch.randperm(10_000)[:2500]
@@ -101,6 +213,7 @@ def test_all_host_all_gpu_and_mixed_batches(cuda_device):
         assert_same(t[idx], x[idx])
 
 
+@pytest.mark.gpu
 def test_gpu_budget_and_hot_order(cuda_device):
     x = random_table(5000, (32,), torch.float32, seed=4)
     order = torch.randperm(5000)
@@ -111,6 +224,7 @@ def test_gpu_budget_and_hot_order(cuda_device):
     assert_same(t[idx], x[idx])
 
 
+@pytest.mark.gpu
 def test_duplicates_empty_scalar_slice_mask_numpy(cuda_device):
     x = random_table(1000, (5,), torch.int64, seed=5)
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(100))
@@ -126,6 +240,7 @@ def test_duplicates_empty_scalar_slice_mask_numpy(cuda_device):
     assert_same(t[two_d], x[two_d])
 
 
+@pytest.mark.gpu
 def test_numpy_memmap_source(tmp_path, cuda_device):
     path = tmp_path / "feat.npy"
     arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(20_000, 48))
@@ -137,6 +252,7 @@ def test_numpy_memmap_source(tmp_path, cuda_device):
     assert_same(t[idx], torch.from_numpy(np.asarray(ro[idx.numpy()])))
 
 
+@pytest.mark.gpu
 def test_column_slice_source(cuda_device):
     base = random_table(3000, (40,), torch.float32, seed=6)
     x = base[:, 3:35]  # rows contiguous, pitch larger than a row
@@ -145,41 +261,9 @@ def test_column_slice_source(cuda_device):
     assert_same(t[idx], x[idx])
 
 
-def test_already_pinned_source_used_as_is(cuda_device):
-    x = random_table(2000, (16,), torch.float32, seed=7).pin_memory()
-    t = hmgstore.HybridTensor(x, cuda_device)
-    assert t._pinned.tensor.data_ptr() == x.data_ptr()
-    idx = torch.randint(0, 2000, (3000,))
-    assert_same(t[idx], x[idx])
-
-
-def test_two_tables_share_one_registration(cuda_device):
-    from hmgstore import memory
-
-    x = random_table((80 << 20) // 256, (64,), torch.float32, seed=8)  # over SMALL_COPY_BYTES: registered
-    a = hmgstore.HybridTensor(x, cuda_device)
-    b = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(1000))
-    assert memory._registry.holds(x.data_ptr())
-    a.close()
-    idx = torch.randint(0, len(x), (5000,))
-    assert_same(b[idx], x[idx])  # still registered for b
-    b.close()
-    assert not memory._registry.holds(x.data_ptr())
-
-
-def test_unregistered_on_garbage_collection(cuda_device):
-    from hmgstore import memory
-
-    x = random_table((80 << 20) // 256, (64,), torch.float32, seed=9)
-    t = hmgstore.HybridTensor(x, cuda_device)
-    assert memory._registry.holds(x.data_ptr())
-    del t
-    gc.collect()
-    assert not memory._registry.holds(x.data_ptr())
-
-
+@pytest.mark.gpu
 def test_gather_many_one_launch(cuda_device, monkeypatch):
-    from hmgstore import _cuda
+    from hmgstore.cuda import gather  # hmgstore.tensor launches through this module
 
     x = random_table(5000, (100,), torch.float32, seed=10)
     y = torch.randint(0, 50, (5000,))
@@ -188,8 +272,8 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
     ty = hmgstore.HybridTensor(y, cuda_device)
     tz = hmgstore.HybridTensor(z, cuda_device, gpu_rows=torch.randperm(700))
     launches = []
-    real = _cuda.launch_gather
-    monkeypatch.setattr(_cuda, "launch_gather", lambda jobs, *a, **k: (launches.append(len(jobs)), real(jobs, *a, **k)))
+    real = gather.launch_gather
+    monkeypatch.setattr(gather, "launch_gather", lambda jobs, *a, **k: (launches.append(len(jobs)), real(jobs, *a, **k)))
     i1, i2 = torch.randint(0, 5000, (3000,)).to(cuda_device), torch.randint(0, 700, (123,))
     gx, gy, gz = hmgstore.gather_many([(tx, i1), (ty, i1), (tz, i2)])
     assert launches == [3]
@@ -198,6 +282,7 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
     assert_same(gz, z[i2])
 
 
+@pytest.mark.gpu
 def test_stream_and_max_sms(cuda_device):
     x = random_table(20_000, (128,), torch.float32, seed=12)
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 20_000, 3), max_sms=2)
@@ -209,6 +294,7 @@ def test_stream_and_max_sms(cuda_device):
     assert_same(out, x[idx.cpu()])
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("bad", [-1, 1000, 2**31, 2**40, -(2**40)])
 @pytest.mark.parametrize("index_on", ["cpu", "cuda"])
 def test_bad_index_raises_and_context_survives(bad, index_on, cuda_device):
@@ -221,6 +307,7 @@ def test_bad_index_raises_and_context_survives(bad, index_on, cuda_device):
     assert_same(t[torch.tensor([999, 0])], x[[999, 0]])
 
 
+@pytest.mark.gpu
 def test_float_index_and_bad_out(cuda_device):
     t = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), cuda_device)
     with pytest.raises(TypeError):
@@ -230,6 +317,7 @@ def test_float_index_and_bad_out(cuda_device):
     check_context_alive(cuda_device)
 
 
+@pytest.mark.gpu
 def test_closed_table_refuses(cuda_device):
     t = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), cuda_device)
     t.close()
@@ -237,11 +325,12 @@ def test_closed_table_refuses(cuda_device):
         t[torch.tensor([1])]
 
 
+@pytest.mark.gpu
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     num_rows=st.integers(1, 3000),
     row=st.lists(st.integers(1, 9), min_size=0, max_size=2),
-    dtype=st.sampled_from(DTYPES),
+    dtype=st.sampled_from(GPU_DTYPES),
     gpu_share=st.floats(0, 1),
     batch=st.integers(0, 4000),
     index_dtype=st.sampled_from([torch.int32, torch.int64]),
@@ -258,6 +347,7 @@ def test_property_matches_torch(num_rows, row, dtype, gpu_share, batch, index_dt
     t.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["gpu", "mixed"])
 def test_strided_and_expanded_cuda_indices(layout, cuda_device):
     x = random_table(4000, (24,), torch.float32, seed=14)
@@ -267,11 +357,12 @@ def test_strided_and_expanded_cuda_indices(layout, cuda_device):
         assert_same(t[idx], x[idx.cpu()])
 
 
+@pytest.mark.gpu
 def test_read_only_memmap_fully_resident(tmp_path, cuda_device):
     """A read-only mapping over SMALL_COPY_BYTES is registered in place (read-only) to fill the GPU tier."""
-    from hmgstore import memory
+    from hmgstore.memory.pinned import SMALL_COPY_BYTES
 
-    rows = memory.SMALL_COPY_BYTES // 256 + 1000
+    rows = SMALL_COPY_BYTES // 256 + 1000
     arr = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32, shape=(rows, 64))
     arr[:] = np.arange(arr.size, dtype=np.float32).reshape(arr.shape) * 0.5 + 1
     arr.flush()

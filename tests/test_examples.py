@@ -1,0 +1,183 @@
+"""The examples run end to end: examples/pyg_graphsage.py, dgl_graphsage.py and multi_gpu_pyg.py.
+
+- pyg_graphsage.py on the CPU: synthetic graph, each --features mode, OGB files;
+- dgl_graphsage.py on a small synthetic graph (CPU);
+- multi_gpu_pyg.py under torchrun: two CPU processes (gloo) here, every GPU
+  where there are several (``gpu``, ``multigpu``).
+
+PyG's CPU sampler needs torch_sparse (without pyg-lib): the PyG examples skip without it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import write_fake_products
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using 'NeighborSampler' without a 'pyg-lib'")
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+PYG_EXAMPLE = EXAMPLES / "pyg_graphsage.py"
+PYG_SMALL = ["--num-nodes", "2000", "--feat-dim", "16", "--hidden", "32", "--fanout", "5,5", "--batch-size", "256",
+             "--epochs", "2", "--max-batches", "3", "--no-progress", "--device", "cpu"]
+DGL_EXAMPLE = EXAMPLES / "dgl_graphsage.py"
+DGL_SMALL = ["--num-nodes", "3000", "--epochs", "2", "--fanout", "5,5,5", "--hidden", "32", "--batch-size",
+             "512", "--no-progress"]
+MULTI_EXAMPLE = EXAMPLES / "multi_gpu_pyg.py"
+MULTI_SMALL = ["--num-nodes", "3000", "--feat-dim", "16", "--hidden", "32", "--fanout", "5,5", "--batch-size", "128",
+               "--epochs", "2", "--max-steps", "4", "--lr", "0.01", "--no-progress"]
+# Sharing, NCCL's NVLink multicast off: a program using it can take a shared host's GPUs out of service.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+# ---- examples/pyg_graphsage.py --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pyg_example():
+    pytest.importorskip("torch_sparse")
+    spec = importlib.util.spec_from_file_location("pyg_graphsage", PYG_EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ids spelled out: a bare "gpu" id would count as the gpu marker's keyword and skip the test
+@pytest.mark.parametrize("features", ["hmgstore", "cpu", "gpu"], ids=lambda f: f"features={f}")
+def test_synthetic_each_mode(pyg_example, tmp_path, features):
+    out = tmp_path / "result.json"
+    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", features, "--json", str(out)])
+    assert json.loads(out.read_text())["test_acc"] == result["test_acc"] > 0.2  # 16 classes: chance is 0.06
+    assert result["dataset"]["name"] == "synthetic" and len(result["epochs"]) == 2
+    epoch = result["epochs"][0]
+    assert epoch["batches"] == 3 and all(epoch[k] >= 0 for k in ("sampling_s", "gather_s", "train_s"))
+    assert epoch["sampling_s"] + epoch["gather_s"] + epoch["train_s"] <= epoch["seconds"]
+
+
+def test_same_seed_same_accuracy_whatever_serves_the_features(pyg_example):
+    accuracies = {pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", f])["test_acc"]
+                  for f in ("hmgstore", "cpu")}
+    assert len(accuracies) == 1
+
+
+def test_ogb_files_then_fallback_then_error(pyg_example, tmp_path, capsys):
+    pytest.importorskip("ogb")
+    write_fake_products(tmp_path)
+    result = pyg_example.main([*PYG_SMALL, "--batch-size", "8", "--dataset-root", str(tmp_path), "--dataset", "auto"])
+    assert result["dataset"]["name"] == "ogbn-products" and result["dataset"]["num_nodes"] == 60
+    empty = str(tmp_path / "empty")
+    result = pyg_example.main([*PYG_SMALL, "--dataset-root", empty])
+    assert result["dataset"]["name"] == "synthetic" and "using the synthetic graph" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="never downloads"):
+        pyg_example.main([*PYG_SMALL, "--dataset-root", empty, "--dataset", "ogbn-papers100M"])
+
+
+# ---- examples/dgl_graphsage.py --------------------------------------------------------------
+def dgl_run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DGL_EXAMPLE), *DGL_SMALL, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_example_trains_from_hmgstore():
+    done = dgl_run("--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "features from hmgstore" in done.stdout
+    accuracy = float(done.stdout.split("test accuracy")[1].split()[0])
+    assert accuracy > 1 / 16  # better than chance over 16 classes
+    assert "seed nodes/s" in done.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, the answer depends on the DGL build")
+def test_example_refuses_cuda_without_a_cuda_build_of_dgl():
+    done = dgl_run("--device", "cuda")
+    assert done.returncode == 2 and "CUDA build of DGL" in done.stderr
+
+
+# ---- examples/multi_gpu_pyg.py under torchrun -------------------------------------------------
+def torchrun(nproc: int, args: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the example as ``python -m torch.distributed.run --standalone``; kill every rank on a hang."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **NO_MULTICAST, **(env or {})}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(MULTI_EXAMPLE), *args]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: torchrun and the ranks it starts
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"still running after {timeout} s (a hang?)\n{out}\n{err}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def check_result(result: dict, world: int) -> None:
+    """What every run must show: each rank present, finite losses, disjoint training slices."""
+    assert result["world_size"] == world
+    ranks = result["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(world))
+    num_train = int(0.6 * result["dataset"]["num_nodes"])  # datasets.synthetic: 60% train
+    assert sum(r["train_ids"] for r in ranks) <= num_train
+    assert len({r["train_ids"] for r in ranks}) == 1, "every rank needs as many steps as the others (DDP)"
+    for r in ranks:
+        assert len(r["epochs"]) == 2
+        for epoch in r["epochs"]:
+            assert math.isfinite(epoch["loss"])
+            assert epoch["seeds_on_several_ranks"] == 0, "two ranks trained on the same ids in one epoch"
+            assert 0 < epoch["seeds"] <= r["train_ids"]
+            assert all(epoch[k] >= 0 for k in ("sampling_s", "gather_s", "train_s"))
+            assert epoch["sampling_s"] + epoch["gather_s"] + epoch["train_s"] <= epoch["seconds"]
+    total = result["aggregate"]
+    assert [e["batches"] for e in total["epochs"]] == [sum(r["epochs"][k]["batches"] for r in ranks)
+                                                         for k in range(2)]
+    assert total["steady_batches_per_s"] > 0 and total["steady_gather_ms_per_batch"] >= 0
+    assert result["test_acc"] > 0.2  # 16 classes: chance is 0.06
+
+
+def test_two_cpu_processes(tmp_path, no_leaks):
+    pytest.importorskip("torch_sparse")  # PyG's CPU sampler, without pyg-lib
+    out = tmp_path / "result.json"
+    done = torchrun(2, [*MULTI_SMALL, "--json", str(out)], timeout=120, env={"CUDA_VISIBLE_DEVICES": ""})  # gloo
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["backend"] == "gloo"
+    check_result(result, world=2)
+    assert all(e["batches"] == 4 for r in result["ranks"] for e in r["epochs"])  # --max-steps
+    assert "2 ranks (gloo)" in done.stdout and "rank 1 (cpu)" in done.stdout
+
+
+def test_says_how_to_start_it_without_torchrun():
+    pytest.importorskip("torch_sparse")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, str(MULTI_EXAMPLE), *MULTI_SMALL], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "torchrun --standalone --nproc-per-node" in done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_every_gpu_of_the_node(tmp_path, no_leaks):
+    """Every GPU: a 100 MB table, 20 MB per GPU (5 MB of it replicated), so each tier serves rows."""
+    pytest.importorskip("torch_sparse")
+    world = torch.cuda.device_count()
+    out = tmp_path / "result.json"
+    args = ["--num-nodes", "200000", "--feat-dim", "128", "--gpu-budget", "20MB", "--replicate", "5MB",
+            "--fanout", "10,5", "--batch-size", "512", "--epochs", "2", "--max-steps", "20", "--lr", "0.01",
+            "--no-progress", "--json", str(out)]
+    done = torchrun(world, args, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["backend"] == "nccl"
+    check_result(result, world=world)
+    assert len({r["device"] for r in result["ranks"]}) == world, "one GPU per rank"
+    rows = result["placement_rows"]
+    assert list(rows) == ["replica", *(f"shard{s}" for s in range(world)), "host"]
+    assert all(n > 0 for n in rows.values()), rows

@@ -1,0 +1,117 @@
+"""The PyG adapter's feature store (hmgstore.plugins.pyg.feature_store): HybridFeatureStore.
+
+PyG's FeatureStore contract (put, get, size, remove, attrs), one gather per
+batch for every node type, placement under a GPU budget, ResidentTensor,
+pickling. Tests marked ``gpu`` build CUDA stores. The ``data`` and ``hetero``
+fixtures are in conftest.py.
+"""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+pytest.importorskip("torch_sparse")  # PyG's stock sampler needs it (or pyg-lib)
+
+from torch_geometric.data import HeteroData, TensorAttr  # noqa: E402
+from torch_geometric.loader import NeighborLoader  # noqa: E402
+
+import hmgstore  # noqa: E402
+from helpers import NUM_AUTHORS, ROW_BYTES  # noqa: E402
+from hmgstore.plugins import pyg as hpyg  # noqa: E402
+from hmgstore.plugins.pyg import feature_store as pyg_feature_store  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using 'NeighborSampler' without a 'pyg-lib'")
+
+
+def test_put_get_size_remove(small_graph):
+    store = hpyg.HybridFeatureStore("cpu")
+    x, y = small_graph.x, small_graph.y
+    store.put_tensor(x, group_name=None, attr_name="x", index=None)
+    store.put_tensor(y.numpy(), group_name=None, attr_name="y", index=None)
+    store.put_tensor(hmgstore.HybridTensor(x[:, :4], "cpu"), group_name="t", attr_name="x")  # index: whole
+    idx = torch.tensor([5, 0, 1999, 5])
+    assert torch.equal(store.get_tensor(None, "x", idx), x[idx])
+    assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])  # (PyG's TensorAttr rejects numpy)
+    whole = store.get_tensor("t", "x", None)  # a whole table is its host source, never a gathered copy
+    assert torch.equal(whole, x[:, :4]) and whole.data_ptr() == x.data_ptr()
+    got = store.multi_get_tensor([TensorAttr(None, "x", idx), TensorAttr("t", "x", None)])
+    assert torch.equal(got[0], x[idx]) and torch.equal(got[1], x[:, :4])
+    assert torch.equal(store[None, "x", 7], x[7])
+    assert torch.equal(store["t"].x[idx], x[idx, :4])  # PyG's AttrView
+    assert store.get_tensor_size(None, "x") == tuple(x.shape)
+    attrs = store.get_all_tensor_attrs()
+    assert {(a.group_name, a.attr_name) for a in attrs} == {(None, "x"), (None, "y"), ("t", "x")}
+    attrs[0].index = idx  # PyG mutates the attrs it gets: the next call must return fresh ones
+    assert all(not a.is_set("index") for a in store.get_all_tensor_attrs())
+    with pytest.raises(KeyError, match="'z'"):
+        store.get_tensor(None, "z", idx)
+    with pytest.raises(IndexError, match="out of range"):
+        store.get_tensor(None, "x", torch.tensor([2000]))
+    with pytest.raises(ValueError, match="read-only"):
+        store.put_tensor(x[:2], group_name=None, attr_name="x", index=torch.tensor([0, 1]))
+    assert store.remove_tensor(None, "y", None) and not store.remove_tensor(None, "y", None)
+    assert store.get_tensor_size(None, "y") is None
+
+
+def test_one_gather_per_batch_for_every_type(hetero, monkeypatch):
+    calls = []
+
+    def counting(requests, **kwargs):
+        calls.append([(table.num_rows, len(index)) for table, index in requests])
+        return hmgstore.gather_many(requests, **kwargs)
+
+    feature_store, graph_store = hpyg.from_data(hetero, device="cpu")
+    monkeypatch.setattr(pyg_feature_store, "gather_many", counting)
+    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[5, 5], batch_size=400,
+                            input_nodes=("paper", hetero["paper"].num_nodes // 2 + torch.arange(800)))
+    batches = list(loader)
+    assert len(calls) == len(batches) == 2
+    for call, batch in zip(calls, batches):  # paper x, paper y and author x in the one call
+        assert sorted(call) == sorted([(2000, batch["paper"].num_nodes)] * 2
+                                      + [(NUM_AUTHORS, batch["author"].num_nodes)])
+
+
+def test_budget_on_cpu_is_ignored_and_hotness_is_checked(data, hetero):
+    feature_store, _ = hpyg.from_data(data, device="cpu", gpu_budget="1MB")
+    assert feature_store.table(None, "x").num_gpu_rows == 0
+    with pytest.raises(ValueError, match=r"\{node_type: score\}"):
+        hpyg.from_data(hetero, device="cpu", gpu_budget="1MB", hotness=torch.ones(2000))
+    bare = HeteroData()
+    bare["a"].num_nodes = 3
+    bare["b"].x = torch.ones(3, 2)
+    bare["a", "to", "b"].edge_index = torch.tensor([[0], [1]])
+    with pytest.raises(ValueError, match="node type 'a' has no node attributes"):
+        hpyg.from_data(bare, device="cpu")
+
+
+def test_resident_tensor_skips_pinning():
+    t = torch.arange(6.0).as_subclass(hpyg.ResidentTensor)
+    assert t.pin_memory() is t
+    assert type(t * 2) is torch.Tensor and type(t[:2]) is torch.Tensor
+    plain = torch.arange(3)
+    assert hpyg.resident(plain) is plain  # CPU results stay plain tensors
+
+
+def test_store_pickles_and_rebuilds_its_tables(data):
+    feature_store, graph_store = hpyg.from_data(data, device="cpu")
+    clone = pickle.loads(pickle.dumps(feature_store))
+    idx = torch.tensor([3, 1, 4])
+    assert torch.equal(clone.get_tensor(None, "x", idx), data.x[idx])
+    clone_graph = pickle.loads(pickle.dumps(graph_store))
+    assert torch.equal(clone_graph.csc()[0], graph_store.csc()[0])
+
+
+# ---- on a CUDA GPU ------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_budget_keeps_highest_in_degree_rows(data, cuda_device):
+    feature_store, graph_store = hpyg.from_data(data, device=cuda_device, gpu_budget=500 * ROW_BYTES)
+    order = hmgstore.placement.order_by_score(graph_store.in_degree()[None])
+    for name in ("x", "y"):
+        table = feature_store.table(None, name)
+        assert table.device == cuda_device and table.num_gpu_rows == 500
+        assert torch.equal(table.placement.gpu_rows, order[:500])
+    custom = torch.arange(data.num_nodes, dtype=torch.float32)  # caller's hotness: highest ids hottest
+    feature_store, _ = hpyg.from_data(data, device=cuda_device, gpu_budget=10 * ROW_BYTES, hotness=custom)
+    assert sorted(feature_store.table(None, "x").placement.gpu_rows.tolist()) == list(range(1990, 2000))

@@ -1,0 +1,94 @@
+"""The PyG adapter's graph store (hmgstore.plugins.pyg.graph_store): CSCGraphStore.
+
+Every check compares with what PyG builds from the plain ``Data``/``HeteroData``
+(the same CSC, the same edge order); the framework-free conversion under it is
+tested in test_graph.py. The ``data`` and ``hetero`` fixtures are in conftest.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("torch_sparse")  # PyG's stock sampler needs it (or pyg-lib)
+
+from torch_geometric.data import EdgeAttr  # noqa: E402
+from torch_geometric.index import index2ptr  # noqa: E402
+from torch_geometric.sampler.utils import to_csc as pyg_to_csc  # noqa: E402
+
+from helpers import NUM_AUTHORS  # noqa: E402
+from hmgstore.plugins import pyg as hpyg  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using 'NeighborSampler' without a 'pyg-lib'")
+
+
+def test_csc_from_coo_is_what_pyg_builds_from_data(data):
+    _, graph_store = hpyg.from_data(data, device="cpu")
+    colptr, row, perm = pyg_to_csc(data, device="cpu")
+    ours = graph_store.csc()
+    assert torch.equal(ours[0], row) and torch.equal(ours[1], colptr) and torch.equal(ours[2], perm)
+    (attr,) = graph_store.get_all_edge_attrs()
+    assert attr.edge_type is None and attr.size == (data.num_nodes, data.num_nodes)
+    attr.size = (1, 1)  # PyG may mutate what it gets: the store must not see it
+    assert graph_store.get_all_edge_attrs()[0].size == (data.num_nodes, data.num_nodes)
+
+
+def test_csc_and_csr_inputs(data):
+    n, (src, dst) = data.num_nodes, data.edge_index
+    reference = hpyg.to_csc(data.edge_index, "coo", (n, n))
+    # CSC in: held as given, no copy, no permutation
+    store = hpyg.CSCGraphStore()
+    store.put_edge_index((reference.row, reference.colptr), edge_type=None, layout="csc", size=(n, n))
+    row, colptr, perm = store.csc()
+    assert row.data_ptr() == reference.row.data_ptr() and colptr.data_ptr() == reference.colptr.data_ptr()
+    assert perm is None
+    # CSR in: same colptr; perm maps CSC edges back to CSR positions
+    order = torch.sort(src, stable=True).indices
+    rowptr, col = index2ptr(src[order], n), dst[order]
+    store = hpyg.CSCGraphStore()
+    store.put_edge_index((rowptr, col), edge_type=None, layout="csr", size=(n, n))
+    row, colptr, perm = store.csc()
+    assert torch.equal(colptr, reference.colptr)
+    assert torch.equal(row, src[order][perm]) and torch.equal(index2ptr(col[perm], n), colptr)
+    # COO sorted by destination: row kept as a view, no sort
+    sorted_ei = data.edge_index[:, torch.sort(dst, stable=True).indices]
+    csc = hpyg.to_csc(sorted_ei, "coo", (n, n), is_sorted=True)
+    assert csc.perm is None and csc.row.data_ptr() == sorted_ei[0].data_ptr()
+    # COO answers come back in the order the edges were put (CSR order here), so edge labels line up
+    coo_row, coo_col = store.get_edge_index(EdgeAttr(None, "coo"))
+    assert torch.equal(coo_row, src[order]) and torch.equal(coo_col, dst[order])
+    store = hpyg.CSCGraphStore()
+    store.put_edge_index(torch.tensor([[0, 1, 2], [2, 0, 1]]), edge_type=None, layout="coo", size=(3, 3))
+    assert torch.equal(torch.stack(store.get_edge_index(EdgeAttr(None, "coo"))), torch.tensor([[0, 1, 2], [2, 0, 1]]))
+
+
+def test_bad_edges_are_clear_errors(data):
+    n = data.num_nodes
+    with pytest.raises(IndexError, match="outside"):
+        hpyg.to_csc(torch.tensor([[0, n], [1, 1]]), "coo", (n, n))
+    with pytest.raises(TypeError, match="integer"):
+        hpyg.to_csc(data.edge_index.float(), "coo", (n, n))
+    with pytest.raises(ValueError, match=r"\[2, num_edges\]"):
+        hpyg.to_csc(data.edge_index[:1], "coo", (n, n))
+    with pytest.raises(ValueError, match="not sorted"):
+        hpyg.to_csc(data.edge_index, "coo", (n, n), is_sorted=True)
+    with pytest.raises(ValueError, match="colptr"):
+        hpyg.to_csc((torch.tensor([0, 1]), torch.tensor([0, 3])), "csc", (2, 1))
+    store = hpyg.CSCGraphStore()
+    store.put_edge_index(data.edge_index, edge_type=None, layout="coo", size=(n, n))
+    with pytest.raises(ValueError, match="not both"):
+        store.put_edge_index(data.edge_index, edge_type=("a", "to", "a"), layout="coo", size=(n, n))
+    assert store.remove_edge_index(edge_type=None, layout="csc") and store.get_all_edge_attrs() == []
+
+
+def test_hetero_graph_store(hetero):
+    _, graph_store = hpyg.from_data(hetero, device="cpu")
+    rows, colptrs, perms = graph_store.csc()
+    for edge_type in hetero.edge_types:
+        colptr, row, perm = pyg_to_csc(hetero[edge_type], device="cpu")
+        assert torch.equal(rows[edge_type], row) and torch.equal(colptrs[edge_type], colptr)
+        assert torch.equal(perms[edge_type], perm)
+    sizes = {a.edge_type: a.size for a in graph_store.get_all_edge_attrs()}
+    assert sizes[("author", "writes", "paper")] == (NUM_AUTHORS, hetero["paper"].num_nodes)
+    degree = graph_store.in_degree()
+    assert torch.equal(degree["author"], torch.bincount(hetero["paper", "rev_writes", "author"].edge_index[1],
+                                                        minlength=NUM_AUTHORS))

@@ -1,0 +1,165 @@
+"""ShardedTensor (hmgstore.sharded): one table over several GPUs of one process.
+
+The CPU tests check the API (the same calls as on several GPUs); the tests
+marked ``gpu`` and ``multigpu`` read every tier from every GPU.
+"""
+import pytest
+import torch
+
+import hmgstore
+from helpers import cuda_devices, random_table
+
+
+def test_cpu_sharded_table_gathers_like_indexing():
+    x = random_table(1000, (8,), torch.float32)
+    with hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=320, hot_order=torch.randperm(1000), replicate=64) as t:
+        idx = torch.randint(0, 1000, (300,))
+        assert torch.equal(t[idx], x[idx]) and torch.equal(t.on("cpu")[idx], x[idx])
+        assert t.placement.names == ("replica", "shard0", "host") and len(t) == 1000
+        assert "ShardedTensor" in repr(t)
+        with pytest.raises(IndexError):
+            t[torch.tensor([1000])]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gpu_budget": 100}, "hot_order"),
+    ({"hot_order": torch.arange(10)}, "gpu_budget"),
+    ({"gpu_budget": 10, "hot_order": torch.arange(10), "replicate": 20}, "must fit"),
+])
+def test_sharded_table_explains_missing_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        hmgstore.ShardedTensor(torch.ones(10, 2), ["cpu"], **kwargs)
+
+
+def test_sharded_table_refuses_odd_device_lists():
+    x = torch.ones(10, 2)
+    with pytest.raises(ValueError, match="empty"):
+        hmgstore.ShardedTensor(x, [], gpu_budget=8, hot_order=torch.arange(10))
+    with pytest.raises(ValueError, match="once"):
+        hmgstore.ShardedTensor(x, ["cpu", "cpu"], gpu_budget=8, hot_order=torch.arange(10))
+
+
+def test_sharded_table_does_not_pickle():
+    import pickle
+
+    t = hmgstore.ShardedTensor(torch.ones(10, 2), ["cpu"], gpu_budget=8, hot_order=torch.arange(10))
+    with pytest.raises(TypeError, match="cannot be sent"):
+        pickle.dumps(t)
+
+
+# ---- on several GPUs ------------------------------------------------------------------
+def _rows_by_tier(p):
+    rows = {name: p.rows_of(name) for name in p.names if name != "host"}
+    on_host = torch.ones(p.num_rows, dtype=torch.bool)
+    for r in p.resident:
+        on_host[r] = False
+    rows["host"] = on_host.nonzero().view(-1)
+    return rows
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+@pytest.mark.parametrize("dtype, row_shape", [(torch.float32, (33,)), (torch.bfloat16, (64,)), (torch.int8, (3,)),
+                                              (torch.float64, (2, 8))])
+def test_every_tier_from_every_gpu_is_exact(dtype, row_shape):
+    n = 20_000
+    x = random_table(n, row_shape, dtype)
+    row_bytes = x[0].nbytes
+    with hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=3000 * row_bytes, replicate=500 * row_bytes,
+                                hot_order=torch.randperm(n)) as t:
+        assert t.placement.names[0] == "replica" and t.placement.has_host_tier
+        for d in t.devices:
+            for tier, rows in _rows_by_tier(t.placement).items():
+                idx = rows[torch.randperm(len(rows))][:999]
+                for ids in (idx, idx.to(d), idx.to(torch.int32)):
+                    out = torch.empty((len(idx), *row_shape), dtype=dtype, device=d)
+                    out.view(torch.uint8).fill_(0xFF)  # poison
+                    t.on(d).gather(ids, out=out)
+                    assert torch.equal(out.cpu(), x[idx]), f"{tier} rows read on {d}"
+            idx = torch.randint(0, n, (5000, 2))
+            assert torch.equal(t.on(d)[idx].cpu(), x[idx])
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_sharded_view_fuses_with_other_tables():
+    x = random_table(10_000, (16,), torch.float32)
+    y = random_table(10_000, (1,), torch.int64)
+    d0 = cuda_devices()[0]
+    with hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=16 * 4 * 4000, hot_order=torch.randperm(10_000)) as t:
+        labels = hmgstore.HybridTensor(y, d0)
+        idx = torch.randint(0, 10_000, (4000,))
+        xs, ys = hmgstore.gather_many([(t.on(d0), idx), (labels, idx)])
+        assert torch.equal(xs.cpu(), x[idx]) and torch.equal(ys.cpu(), y[idx])
+        with pytest.raises(IndexError):
+            t.on(d0)[torch.tensor([0, 10_000], device=d0)]
+        assert torch.equal(t.on(d0)[idx].cpu(), x[idx])  # the context survived the rejected index
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_all_rows_on_gpus_needs_no_host_reads():
+    x = random_table(8_000, (32,), torch.float16)
+    k = len(cuda_devices())
+    with hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=x.nbytes // k + 4096, hot_order=torch.arange(8000)) as t:
+        assert not t.placement.has_host_tier and t._pinned is None
+        for d in t.devices:
+            idx = torch.randint(0, 8000, (3000,), device=d)
+            assert torch.equal(t.on(d)[idx].cpu(), x[idx.cpu()])
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_without_peer_access_rows_come_from_the_host(monkeypatch):
+    from hmgstore.cuda import peer
+
+    monkeypatch.setattr(peer, "can_access_peer", lambda a, b: a == b)
+    x = random_table(10_000, (16,), torch.float32)
+    with pytest.warns(RuntimeWarning, match="no peer access"):
+        t = hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=16 * 4 * 2000, hot_order=torch.randperm(10_000))
+    with t:
+        for d in t.devices:
+            idx = torch.randint(0, 10_000, (4000,))
+            assert torch.equal(t.on(d)[idx].cpu(), x[idx])
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_close_gives_the_memory_back():
+    x = random_table(200_000, (64,), torch.float32)  # 51 MB
+    torch.cuda.synchronize()
+    free = [torch.cuda.mem_get_info(d)[0] for d in cuda_devices()]
+    t = hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget="40MB", replicate="8MB", hot_order=torch.arange(200_000))
+    t.close()
+    torch.cuda.empty_cache()
+    assert all(torch.cuda.mem_get_info(d)[0] >= f - (4 << 20) for d, f in zip(cuda_devices(), free))
+    with pytest.raises(RuntimeError, match="closed"):
+        t.on(cuda_devices()[0])[torch.arange(3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_adapters_serve_a_sharded_view(small_graph):
+    """PyG's store and DGL's storage take a sharded view like any table: rows of a sampled batch."""
+    from hmgstore.plugins import dgl as hdgl
+    from hmgstore.plugins.pyg.feature_store import HybridFeatureStore
+
+    import dgl  # noqa: E402  (after the plugin)
+
+    x, n = small_graph.x, small_graph.num_nodes
+    d0 = cuda_devices()[0]
+    with hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=x[0].nbytes * n // 4, replicate=x[0].nbytes * 50,
+                                hot_order=torch.randperm(n)) as t:
+        store = HybridFeatureStore(d0)
+        store.put_tensor(t.on(d0), group_name=None, attr_name="x", index=None)
+        idx = torch.randint(0, n, (700,))
+        (attr,) = store.get_all_tensor_attrs()
+        attr.index = idx
+        assert torch.equal(store.multi_get_tensor([attr])[0].cpu(), x[idx])
+
+        g = hdgl.attach(dgl.graph(tuple(small_graph.edge_index), num_nodes=n), {"feat": t.on(d0)})
+        sampler = dgl.dataloading.NeighborSampler([5, 5])
+        loader = dgl.dataloading.DataLoader(g, small_graph.train_idx, sampler, batch_size=256)
+        input_nodes, _, _ = next(iter(loader))
+        rows = g.get_node_storage("feat", "_N").fetch(input_nodes, d0, None).wait()
+        assert torch.equal(rows.cpu(), x[input_nodes])
