@@ -30,8 +30,10 @@ def _run_script(tmp_path, source: str) -> subprocess.CompletedProcess:
 
 def test_fresh_interpreter_imports_plugin_then_uses_dgl_with_spawned_workers(tmp_path):
     done = _run_script(tmp_path, """
+        import logging
         import sys
         import torch
+        logging.basicConfig(level=logging.INFO)  # the stub notice is INFO: shown only to those who ask
         import hmgstore.plugins.dgl as hdgl  # before dgl: this is the documented order
         import dgl
         from hmgstore import data as datasets

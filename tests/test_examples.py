@@ -23,6 +23,8 @@ import torch
 
 from helpers import write_fake_products
 
+HAS_PYG_SAMPLER = any(importlib.util.find_spec(m) is not None for m in ("pyg_lib", "torch_sparse"))
+
 pytestmark = pytest.mark.filterwarnings("ignore:Using 'NeighborSampler' without a 'pyg-lib'")
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -50,15 +52,27 @@ def pyg_example():
 
 
 # ids spelled out: a bare "gpu" id would count as the gpu marker's keyword and skip the test
-@pytest.mark.parametrize("features", ["hmgstore", "cpu", "gpu"], ids=lambda f: f"features={f}")
-def test_synthetic_each_mode(pyg_example, tmp_path, features):
+@pytest.mark.parametrize("features, sampler", [
+    ("hmgstore", "hmgstore"), ("cpu", "hmgstore"),
+    pytest.param("hmgstore", "pyg", marks=pytest.mark.skipif(not HAS_PYG_SAMPLER, reason="needs torch-sparse")),
+    pytest.param("cpu", "pyg", marks=pytest.mark.skipif(not HAS_PYG_SAMPLER, reason="needs torch-sparse")),
+    pytest.param("gpu", "hmgstore", marks=pytest.mark.gpu)], ids=lambda f: f"{f}")
+def test_synthetic_each_mode(pyg_example, tmp_path, features, sampler):
     out = tmp_path / "result.json"
-    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", features, "--json", str(out)])
+    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", features, "--sampler", sampler,
+                               "--json", str(out)])
+    assert result["sampler"] == sampler and result["features"] == features
     assert json.loads(out.read_text())["test_acc"] == result["test_acc"] > 0.2  # 16 classes: chance is 0.06
     assert result["dataset"]["name"] == "synthetic" and len(result["epochs"]) == 2
     epoch = result["epochs"][0]
     assert epoch["batches"] == 3 and all(epoch[k] >= 0 for k in ("sampling_s", "gather_s", "train_s"))
     assert epoch["sampling_s"] + epoch["gather_s"] + epoch["train_s"] <= epoch["seconds"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_features_on_a_gpu_need_one(pyg_example):
+    with pytest.raises(SystemExit, match="there is none here"):
+        pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", "gpu"])
 
 
 def test_same_seed_same_accuracy_whatever_serves_the_features(pyg_example):
