@@ -6,26 +6,30 @@
 // zero-copy (positions [G, G + E)). start[v] is where v's list begins in that position
 // space (G + colptr[v] for a host list); with no GPU tier, start is colptr itself.
 //
-// Seed i (a node of this hop's frontier) gets c_i = counts[i] output slots at
-// offsets[i] .. offsets[i] + c_i (an exclusive scan the caller computed; c_i <= deg_i
-// unless sampling with replacement). Each slot holds a *position* p in [0, deg_i): the
-// neighbour is row[start[v] + p] and the CSC edge id colptr[v] + p.
+// The hop's seeds are nodes[lohi[0] .. lohi[1]) (node keys; in disjoint mode a key is
+// owner * num_dst + node). The bounds live in device memory, so a hop can be queued before
+// the previous one's size is known: kernels are launched over an upper bound of the work
+// and threads past the real end return. Seed i gets c_i = counts[i] output slots ending at
+// ends[i] (an inclusive scan of the counts), each holding a *position* p in [0, deg_i): the
+// neighbour is row[start[v] + p] and the CSC edge id colptr[v] + p. The hop's slot count is
+// ends[last], also read on the device.
 //
 // Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
 // thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
 // hmgstore/graph/sampler.py computes the same function with torch (bit-identical).
 //
-// Kernels:
-// - hmg_sample_floyd: one thread per seed that samples without replacement (c_i < deg_i).
-//   Robert Floyd's algorithm: for t = 0 .. c-1, j = deg - c + t, r = draw(i, t) mod (j+1);
-//   slot t takes r, or j if r was taken already. Every c-subset is equally likely. The
-//   membership test reads the seed's earlier slots (c^2/2 reads, L1-resident for the
-//   fanouts GNNs use: 225/2 for c = 15).
-// - hmg_sample_read: one thread per output slot. Finds its seed by binary search over the
-//   offsets, fills in the position (t itself when the seed takes every neighbour; a draw
-//   mod deg with replacement; else what hmg_sample_floyd wrote), then reads the neighbour
-//   id from its tier and writes it and the edge id. Neighbouring threads serve neighbouring
-//   slots of one seed, so their reads fall in the same adjacency list.
+// Kernels, one thread per seed or per slot:
+// - hmg_sample_counts: c_i = min(k, deg) (k when sampling with replacement and deg > 0;
+//   deg when k < 0), 0 past the hop's seeds.
+// - hmg_sample_floyd: seeds that sample without replacement (c_i < deg_i), Robert Floyd's
+//   algorithm: for t = 0 .. c-1, j = deg - c + t, r = draw(i, t) mod (j+1); slot t takes r,
+//   or j if r was taken already. Every c-subset is equally likely. The membership test
+//   reads the seed's earlier slots (c^2/2 reads, L1-resident for the fanouts GNNs use).
+// - hmg_sample_read: per slot. Finds its seed by binary search over `ends`, fills in the
+//   position (t itself when the seed takes every neighbour; a draw mod deg with replacement;
+//   else what hmg_sample_floyd wrote), reads the neighbour id from its tier and writes the
+//   neighbour's key, the edge id and the seed's local id. Neighbouring threads serve
+//   neighbouring slots of one seed, so their reads fall in the same adjacency list.
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -47,15 +51,38 @@ __device__ __forceinline__ i64 load_id(const void* base, i64 k, bool wide) {
   return wide ? reinterpret_cast<const i64*>(base)[k] : (i64)reinterpret_cast<const int*>(base)[k];
 }
 
-extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ seeds, const i64* __restrict__ colptr,
-                                            const i64* __restrict__ counts, const i64* __restrict__ offsets,
-                                            i64* __restrict__ pos, i64 num_seeds, u64 key) {
-  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < num_seeds; i += (i64)gridDim.x * blockDim.x) {
-    const i64 v = seeds[i];
+// The node id of seed i, or -1 past the hop's seeds.
+__device__ __forceinline__ i64 seed_node(const i64* nodes, const i64* lohi, i64 i, i64 num_dst, bool disjoint) {
+  const i64 at = lohi[0] + i;
+  if (at >= lohi[1]) return -1;
+  return disjoint ? nodes[at] % num_dst : nodes[at];
+}
+
+extern "C" __global__ void hmg_sample_counts(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                             i64 max_seeds, const i64* __restrict__ colptr, i64 k, int replace,
+                                             i64 num_dst, int disjoint, i64* __restrict__ counts) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) {
+      counts[i] = 0;
+      continue;
+    }
+    const i64 deg = colptr[v + 1] - colptr[v];
+    counts[i] = k < 0 ? deg : replace ? (deg > 0 ? k : 0) : (deg < k ? deg : k);
+  }
+}
+
+extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                            i64 max_seeds, const i64* __restrict__ colptr,
+                                            const i64* __restrict__ counts, const i64* __restrict__ ends,
+                                            i64 num_dst, int disjoint, u64 key, i64* __restrict__ pos) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) continue;
     const i64 deg = colptr[v + 1] - colptr[v];
     const i64 c = counts[i];
     if (c >= deg) continue;  // takes every neighbour: hmg_sample_read fills it in
-    i64* out = pos + offsets[i];
+    i64* out = pos + ends[i] - c;
     for (i64 t = 0; t < c; ++t) {
       const i64 j = deg - c + t;
       i64 r = draw(key, i, t, j + 1);
@@ -70,32 +97,39 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ seeds, const
   }
 }
 
-extern "C" __global__ void hmg_sample_read(const i64* __restrict__ seeds, const i64* __restrict__ colptr,
+extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                           i64 max_seeds, const i64* __restrict__ colptr,
                                            const i64* __restrict__ start, const i64* __restrict__ counts,
-                                           const i64* __restrict__ offsets, i64 num_seeds, i64* __restrict__ pos,
-                                           i64 num_slots, const void* gpu_row, const void* host_row, i64 gpu_edges,
-                                           int wide, int replace, u64 key, i64* __restrict__ nbr,
-                                           i64* __restrict__ eid) {
-  for (i64 s = blockIdx.x * (i64)blockDim.x + threadIdx.x; s < num_slots; s += (i64)gridDim.x * blockDim.x) {
-    i64 lo = 0, hi = num_seeds - 1;  // the last seed i with offsets[i] <= s
+                                           const i64* __restrict__ ends, i64 max_slots, i64* __restrict__ pos,
+                                           const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
+                                           int replace, u64 key, i64 num_dst, i64 num_src, int disjoint,
+                                           i64* __restrict__ nbr, i64* __restrict__ eid, i64* __restrict__ seed_local) {
+  if (max_seeds == 0) return;
+  const i64 num_slots = ends[max_seeds - 1];
+  for (i64 s = blockIdx.x * (i64)blockDim.x + threadIdx.x; s < max_slots; s += (i64)gridDim.x * blockDim.x) {
+    if (s >= num_slots) break;
+    i64 lo = 0, hi = max_seeds - 1;  // the first seed i with ends[i] > s
     while (lo < hi) {
-      const i64 mid = (lo + hi + 1) >> 1;
-      if (offsets[mid] <= s) lo = mid; else hi = mid - 1;
+      const i64 mid = (lo + hi) >> 1;
+      if (ends[mid] > s) hi = mid; else lo = mid + 1;
     }
-    const i64 i = lo, t = s - offsets[i];
-    const i64 v = seeds[i];
+    const i64 i = lo, c = counts[i], t = s - (ends[i] - c);
+    const i64 at_seed = lohi[0] + i;
+    const i64 v = disjoint ? nodes[at_seed] % num_dst : nodes[at_seed];
     const i64 first = colptr[v], deg = colptr[v + 1] - first;
     i64 p;
     if (replace) {
       p = draw(key, i, t, deg);
-    } else if (counts[i] >= deg) {
+    } else if (c >= deg) {
       p = t;
     } else {
       p = pos[s];
     }
     pos[s] = p;
     const i64 at = (start ? start[v] : first) + p;
-    nbr[s] = at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    const i64 u = at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    nbr[s] = disjoint ? (nodes[at_seed] / num_dst) * num_src + u : u;
     eid[s] = first + p;
+    seed_local[s] = at_seed;
   }
 }

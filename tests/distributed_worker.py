@@ -146,6 +146,63 @@ def scenario_mismatch(report):
         report["error"] = str(err)
 
 
+def scenario_different_data(report):
+    """Each rank passes its own table of the same shape and dtype: the data differ."""
+    x = table() + dist.get_rank()  # not node-shared: every rank builds its own
+    try:
+        hd.shard(x, gpu_budget=40 * N, hot_order=hot_order(), replicate=10 * N, device=device())
+    except ValueError as err:
+        report["error"] = str(err)
+
+
+def _own_segments() -> list[str]:
+    return sorted(n for n in os.listdir(hmgstore.memory.segment_dir()) if n.startswith(f"hmgstore-{os.getpid()}-"))
+
+
+def scenario_peer_dies_while_sharing(report):
+    """Rank 1 dies after the leader made the segment, before the barrier: nothing may be left behind."""
+    import hmgstore.memory.shared as shared
+
+    if dist.get_rank() == 1:
+        shared.attach_segment = lambda *a, **k: os._exit(3)  # dies where it would map the segment
+    try:
+        hd.share_on_node(table(), progress=False)
+        report["shared"] = True
+    except Exception as err:  # the leader's barrier fails: the peer is gone
+        report["error"] = f"{type(err).__name__}: {err}"
+    report["own_segments_left"] = _own_segments()  # while this (leader) process still lives
+
+
+def scenario_different_shm_dirs(report):
+    """Rank 1 looks for segments in another folder: it fails, and the leader's segment is still removed."""
+    hd.this_node()  # the node's own control state is shared first, from the same folder
+    if dist.get_rank() == 1:
+        os.environ["HMGSTORE_SHM_DIR"] = os.environ["OTHER_SHM_DIR"]
+    try:
+        hd.share_on_node(table(), progress=False)
+        report["shared"] = True
+    except FileNotFoundError as err:
+        report["error"] = str(err)
+    os.environ.pop("HMGSTORE_SHM_DIR", None)
+    report["own_segments_left"] = _own_segments()
+
+
+def scenario_new_process_group(report):
+    """destroy_process_group() and a new init_process_group(): hmgstore's node state starts afresh."""
+    first = hd.this_node()
+    x = hd.share_on_node(table(), progress=False)
+    report["first_equal"] = bool(torch.equal(x, table()))
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    second = hd.this_node()
+    report["fresh_node"] = second is not first and second.group is not first.group
+    y = hd.share_on_node(table(), progress=False)  # the new group carries hmgstore's messages
+    t = hd.shard(y, gpu_budget=40 * N, hot_order=hot_order(), device=device())
+    report["second_equal"] = bool(torch.equal(t.table[torch.arange(N)].cpu(), table()))
+    t.close()
+
+
 def scenario_leader_fails(report):
     def make():
         raise OSError("feature file missing")

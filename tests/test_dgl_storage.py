@@ -170,6 +170,19 @@ def test_bad_ids_raise_at_wait_for_the_whole_batch(small_graph):
 
 
 # ---- the graph ----------------------------------------------------------------------
+def test_fetches_never_waited_on_do_not_pile_up(small_graph):
+    from hmgstore.plugins.dgl import storage
+
+    table = hmgstore.HybridTensor(small_graph.x, "cpu")
+    feature = hdgl.HybridFeatureStorage(table)
+    ids = torch.tensor([1, 2, 3])
+    for _ in range(10_000):
+        feature.fetch(ids, "cpu")  # dropped without wait(), e.g. by a loader stopped early
+    batch = next(iter(storage._open_batches.batches.values()))
+    assert len(batch._fetches) <= 2 * storage.PRUNE_AT
+    assert torch.equal(feature.fetch(ids, "cpu").wait(), small_graph.x[ids])
+
+
 def test_graph_pickles_with_its_tables(small_graph):
     g, features = _heterogeneous(small_graph, torch.int32)
     g.ndata["year"] = {"paper": torch.arange(small_graph.num_nodes)}
@@ -231,13 +244,13 @@ def launches(monkeypatch):
     from hmgstore.cuda import gather  # hmgstore.tensor launches through this module
 
     count = [0]
-    launch = gather.launch_gather
+    launch = gather.run  # one call per kernel launch
 
     def counting(*args, **kwargs):
         count[0] += 1
         return launch(*args, **kwargs)
 
-    monkeypatch.setattr(gather, "launch_gather", counting)
+    monkeypatch.setattr(gather, "run", counting)
     return count
 
 

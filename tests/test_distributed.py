@@ -93,6 +93,36 @@ def test_ranks_that_disagree_are_told_which(tmp_path, no_leaks):
                "rank 0 builds a different table than rank 1" in r["error"]
 
 
+def test_ranks_with_different_data_are_told_which(tmp_path, no_leaks):
+    codes, reports, errs = launch("different_data", 2, tmp_path)
+    assert codes == [0, 0], errs
+    for r in reports.values():
+        assert "builds a different table than rank" in r["error"] and "data" in r["error"]
+
+
+def test_a_peer_dying_while_sharing_leaves_no_segment(tmp_path, no_leaks):
+    codes, reports, errs = launch("peer_dies_while_sharing", 2, tmp_path, timeout=90)
+    assert codes[1] == 3  # the peer died where it would map the segment
+    assert codes[0] == 0, errs[0]
+    assert "error" in reports[0] and reports[0]["own_segments_left"] == [], reports[0]
+
+
+def test_ranks_looking_in_different_folders_leave_no_segment(tmp_path, no_leaks):
+    other = tmp_path / "other-shm"
+    other.mkdir()
+    codes, reports, errs = launch("different_shm_dirs", 2, tmp_path, env={"OTHER_SHM_DIR": str(other)})
+    assert codes == [0, 0], errs
+    assert "is gone from" in reports[1]["error"] and str(other) in reports[1]["error"]
+    assert reports[0]["own_segments_left"] == [] and reports[1]["own_segments_left"] == []
+
+
+def test_a_new_process_group_gets_a_fresh_node_state(tmp_path, no_leaks):
+    codes, reports, errs = launch("new_process_group", 2, tmp_path)
+    assert codes == [0, 0], errs
+    for r in reports.values():
+        assert r["first_equal"] and r["fresh_node"] and r["second_equal"], r
+
+
 def test_a_failing_leader_fails_every_rank(tmp_path, no_leaks):
     codes, reports, errs = launch("leader_fails", 3, tmp_path)
     assert codes == [0, 0, 0], errs

@@ -59,8 +59,9 @@ def pyg_example():
     pytest.param("gpu", "hmgstore", marks=pytest.mark.gpu)], ids=lambda f: f"{f}")
 def test_synthetic_each_mode(pyg_example, tmp_path, features, sampler):
     out = tmp_path / "result.json"
-    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", features, "--sampler", sampler,
-                               "--json", str(out)])
+    device = ["--device", "cuda"] if features == "gpu" else []  # PYG_SMALL says cpu; the last --device wins
+    result = pyg_example.main([*PYG_SMALL, *device, "--dataset", "synthetic", "--features", features,
+                               "--sampler", sampler, "--json", str(out)])
     assert result["sampler"] == sampler and result["features"] == features
     assert json.loads(out.read_text())["test_acc"] == result["test_acc"] > 0.2  # 16 classes: chance is 0.06
     assert result["dataset"]["name"] == "synthetic" and len(result["epochs"]) == 2

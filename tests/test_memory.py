@@ -303,3 +303,46 @@ def test_unregistered_on_garbage_collection(cuda_device):
     del t
     gc.collect()
     assert not registered(x.data_ptr())
+
+
+# ---- memory pinned by someone else, and tables sent to other processes --------------------------------
+CHILD = textwrap.dedent("""
+    import sys, torch, hmgstore
+    from hmgstore import cuda
+    from hmgstore.memory.pinned import PAGE
+    rt = cuda.cupy().cuda.runtime
+    x = torch.randn(40_000_000 // 64, 16)  # 160 MB: pinned in place, not copied
+    start = x.data_ptr() - x.data_ptr() % PAGE
+    rt.hostRegister(start, 16 * PAGE, 0)  # another component pinned only the first pages
+    table = hmgstore.HybridTensor(x, "cuda")
+    idx = torch.randint(0, len(x), (100_000,))
+    idx[:2] = torch.tensor([0, len(x) - 1])
+    assert torch.equal(table[idx.cuda()].cpu(), x[idx]), "wrong rows"
+    table.close()
+    assert cuda.host.is_pinned(start), "the other component's pages were unpinned"
+    rt.hostUnregister(start)
+    torch.cuda.synchronize()
+    print("OK")
+""")
+
+
+@pytest.mark.gpu
+def test_a_source_pinned_in_part_by_someone_else():
+    # A kernel reading a page nobody pinned kills the CUDA context: run it in a child process.
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_an_owner_pinned_source_sent_to_another_process_is_left_in_place():
+    from multiprocessing.reduction import ForkingPickler
+
+    x = random_table(200_000, (32,), torch.float32, seed=40).pin_memory()  # pinned by its owner (cudaHostAlloc)
+    want = x.clone()
+    table = hmgstore.HybridTensor(x, "cuda")
+    ForkingPickler.dumps(table)  # as torch's multiprocessing sends it to a DataLoader worker
+    assert x.is_pinned() and not x.is_shared()  # the source stayed where the table reads it
+    garbage = torch.full_like(x, 7.0).pin_memory()  # would reuse a freed pinned block
+    idx = torch.randint(0, len(x), (50_000,))
+    assert torch.equal(table[idx.cuda()].cpu(), want[idx])
+    del garbage

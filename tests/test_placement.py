@@ -11,10 +11,18 @@ def test_parse_bytes(text, value):
     assert placement.parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("bad", ["eight GB", "8 parsecs", -1, True])
+@pytest.mark.parametrize("bad", ["eight GB", "8 parsecs", -1, True, "1e400", float("inf"), float("nan"), "1..2GB"])
 def test_parse_bytes_refuses(bad):
     with pytest.raises(ValueError):
         placement.parse_bytes(bad)
+
+
+def test_nan_hotness_is_refused():
+    with pytest.raises(ValueError, match="row 1 is NaN"):
+        placement.order_by_score(torch.tensor([1.0, float("nan"), 3.0]))
+    with pytest.raises(ValueError, match="NaN"):
+        placement.hot_rows_under_budget({"a": torch.tensor([float("nan"), 1.0]), "b": torch.tensor([2.0])},
+                                        {"a": 4, "b": 4}, 100)
 
 
 def test_order_by_score_is_stable_and_hottest_first():

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torch_sparse")  # PyG's stock sampler needs it (or pyg-lib)
+pytest.importorskip("torch_geometric")
 
 from torch_geometric.data import HeteroData, TensorAttr  # noqa: E402
 from torch_geometric.loader import NeighborLoader  # noqa: E402
@@ -55,6 +56,24 @@ def test_put_get_size_remove(small_graph):
     assert store.get_tensor_size(None, "y") is None
 
 
+def test_put_tensor_refuses_a_row_count_that_differs_within_a_node_type(small_graph):
+    store = hpyg.HybridFeatureStore("cpu")
+    store.put_tensor(small_graph.x, group_name="paper", attr_name="x")
+    with pytest.raises(ValueError, match="one row per node"):
+        store.put_tensor(small_graph.y[:100], group_name="paper", attr_name="y")
+    store.put_tensor(small_graph.y[:100], group_name="author", attr_name="y")  # another type: its own count
+
+
+def test_whole_read_only_table_comes_back_as_a_writable_copy(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(60, dtype=np.float32).reshape(20, 3))
+    store = hpyg.HybridFeatureStore("cpu")
+    store.put_tensor(np.load(path, mmap_mode="r"), group_name=None, attr_name="x")
+    whole = store.get_tensor(None, "x", None)
+    whole[0, 0] = 42.0  # a copy: writing neither crashes nor reaches the file
+    assert float(np.load(path)[0, 0]) == 0.0 and torch.equal(store.get_tensor(None, "x", None)[1:], whole[1:])
+
+
 def test_one_gather_per_batch_for_every_type(hetero, monkeypatch):
     calls = []
 
@@ -64,7 +83,8 @@ def test_one_gather_per_batch_for_every_type(hetero, monkeypatch):
 
     feature_store, graph_store = hpyg.from_data(hetero, device="cpu")
     monkeypatch.setattr(pyg_feature_store, "gather_many", counting)
-    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[5, 5], batch_size=400,
+    sampler = hpyg.HybridNeighborSampler((feature_store, graph_store), [5, 5], device="cpu")
+    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[5, 5], batch_size=400, neighbor_sampler=sampler,
                             input_nodes=("paper", hetero["paper"].num_nodes // 2 + torch.arange(800)))
     batches = list(loader)
     assert len(calls) == len(batches) == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("torch_sparse")  # PyG's stock sampler needs it (or pyg-lib)
+pytest.importorskip("torch_geometric")
 
 from torch_geometric.data import EdgeAttr  # noqa: E402
 from torch_geometric.index import index2ptr  # noqa: E402

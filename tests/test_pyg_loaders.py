@@ -162,8 +162,6 @@ def test_workers_on_gpu(data, small_graph, cuda_device, filter_per_worker, on_gp
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="known failure (2026-11-21, H100, Python 3.12): spawning the worker fails with "
-                   "'bad value(s) in fds_to_keep' from torch's fd-sharing pickler; fork works", strict=False)
 def test_spawned_workers_never_touch_cuda(data, small_graph, cuda_device):
     stores = hpyg.from_data(data, device=cuda_device)
     loader = NeighborLoader(stores, **loader_kwargs(small_graph, num_workers=1, multiprocessing_context="spawn"))

@@ -115,12 +115,12 @@ def test_link_neighbor_loader(data, device, neg):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_seeds_raise(data, device):
     sampler = HybridNeighborSampler(data, [3], device=device)
-    loader = NeighborLoader(data.to(device), [3], neighbor_sampler=sampler,
+    data = data.clone().to(device)  # Data.to() moves in place: leave the shared fixture alone
+    loader = NeighborLoader(data, [3], neighbor_sampler=sampler,
                             input_nodes=torch.tensor([0, data.num_nodes]), batch_size=2)
     with pytest.raises(IndexError, match="out of range"):
         next(iter(loader))
-    loader = NeighborLoader(data.to(device), [3], neighbor_sampler=sampler, input_nodes=torch.tensor([1, 2]),
-                            batch_size=2)
+    loader = NeighborLoader(data, [3], neighbor_sampler=sampler, input_nodes=torch.tensor([1, 2]), batch_size=2)
     assert next(iter(loader)).n_id[:2].tolist() == [1, 2]  # still usable
 
 

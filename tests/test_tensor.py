@@ -273,9 +273,9 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
     tx = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 5000, 4))
     ty = hmgstore.HybridTensor(y, cuda_device)
     tz = hmgstore.HybridTensor(z, cuda_device, gpu_rows=torch.randperm(700))
-    launches = []
-    real = gather.launch_gather
-    monkeypatch.setattr(gather, "launch_gather", lambda jobs, *a, **k: (launches.append(len(jobs)), real(jobs, *a, **k)))
+    launches = []  # jobs per kernel launch
+    real = gather.run
+    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: (launches.append(packed[1]), real(packed, *a, **k)))
     i1, i2 = torch.randint(0, 5000, (3000,)).to(cuda_device), torch.randint(0, 700, (123,))
     gx, gy, gz = hmgstore.gather_many([(tx, i1), (ty, i1), (tz, i2)])
     assert launches == [3]
@@ -372,3 +372,230 @@ def test_read_only_memmap_fully_resident(tmp_path, cuda_device):
     t = hmgstore.HybridTensor(ro, cuda_device, gpu_rows=torch.arange(rows))
     idx = torch.randint(0, rows, (20_000,))
     assert_same(t[idx], torch.from_numpy(np.asarray(ro[idx.numpy()])))
+
+
+# ---- lifetime and misuse (a close racing a gather, changed sources, reused buffers, scalars) ----------
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
+    import threading
+    import time
+
+    import hmgstore.tensor as tensor_module
+
+    x = random_table(4000, (16,), torch.float32, seed=20)
+    table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, 4000, 2) if device == "cuda" else None)
+    idx = torch.randint(0, 4000, (1000,))
+    inside, release, results = threading.Event(), threading.Event(), []
+    real = tensor_module.prepare_many
+
+    def held(*args, **kwargs):  # the gather stops after its closed-check, before it reads anything
+        inside.set()
+        assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tensor_module, "prepare_many", held)
+    gather = threading.Thread(target=lambda: results.append(table[idx].cpu()))
+    gather.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=table.close)
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive(), "close() returned while a gather was in flight"
+    release.set()
+    gather.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and table.closed
+    assert torch.equal(results[0], x[idx])  # the gather in flight finished on live memory
+    monkeypatch.setattr(tensor_module, "prepare_many", real)
+    with pytest.raises(RuntimeError, match="closed"):
+        table[idx]
+    if device == "cuda":
+        check_context_alive(torch.device("cuda", torch.cuda.current_device()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_close_from_another_thread_while_gathering_in_a_loop(device):
+    import threading
+
+    x = random_table(20_000, (32,), torch.float32, seed=21)
+    table = hmgstore.HybridTensor(x, device)
+    idx = torch.randint(0, 20_000, (5000,), device=device)
+    errors, rows = [], []
+
+    def loop():
+        try:
+            while True:
+                rows.append(table[idx])
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    while not rows:
+        pass
+    table.close()
+    worker.join(10)
+    assert errors and "closed" in errors[0]
+    assert all(torch.equal(r.cpu(), x[idx.cpu()]) for r in rows[:3])
+    if device == "cuda":
+        check_context_alive(torch.device("cuda", torch.cuda.current_device()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_source_changed_after_build(device):
+    x = random_table(1000, (8,), torch.float32, seed=22)
+    kept = x.clone()
+    table = hmgstore.HybridTensor(x, device)
+    x.set_(torch.zeros(5, 8))  # the caller's tensor now means something else
+    assert torch.equal(table[torch.arange(1000)].cpu(), kept) and table.num_rows == 1000
+    y = random_table(1000, (8,), torch.float32, seed=23)
+    kept_y = y.clone()
+    other = hmgstore.HybridTensor(y, device)
+    y.data = torch.ones(2000, 8)
+    assert torch.equal(other[torch.arange(1000)].cpu(), kept_y)
+    with pytest.raises(IndexError, match="out of range"):
+        other[torch.tensor([1500])]  # ids at or beyond the built row count
+
+
+def test_source_grown_in_place_keeps_the_built_row_count():
+    x = random_table(1000, (8,), torch.float32, seed=24)
+    table = hmgstore.HybridTensor(x, "cpu")
+    x.resize_(3000, 8)  # reallocates the storage the table's view shares
+    with pytest.raises(IndexError, match="out of range"):
+        table[torch.tensor([2500])]
+    assert torch.equal(table[torch.arange(1000)], x[:1000])
+
+
+@pytest.mark.gpu
+def test_source_moved_under_a_pinned_table_is_refused():
+    from hmgstore.memory.pinned import SMALL_COPY_BYTES
+
+    rows = SMALL_COPY_BYTES // 256 + 1000  # large enough to be pinned in place, not copied
+    x = random_table(rows, (64,), torch.float32, seed=25)
+    table = hmgstore.HybridTensor(x, "cuda")
+    x.share_memory_()  # moves the storage's memory into a shared segment
+    with pytest.raises(RuntimeError, match="moved"):
+        table[torch.tensor([0, 1])]
+    check_context_alive(torch.device("cuda", torch.cuda.current_device()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_requires_grad_source_is_detached(device):
+    x = random_table(100, (4,), torch.float32, seed=26).requires_grad_()
+    table = hmgstore.HybridTensor(x, device)
+    rows = table[torch.tensor([3, 7])]
+    assert not rows.requires_grad and torch.equal(rows.cpu(), x.detach()[[3, 7]])
+
+
+@pytest.mark.gpu
+def test_pinned_ids_reused_right_after_gather():
+    x = random_table(50_000, (8,), torch.float32, seed=27)
+    table = hmgstore.HybridTensor(x, "cuda", gpu_rows=torch.arange(0, 50_000, 3))
+    ids = torch.randint(0, 50_000, (20_000,)).pin_memory()
+    want = x[ids]
+    torch.cuda._sleep(200_000_000)  # the stream is busy: a copy from `ids` would run late
+    rows = table.gather(ids)
+    ids.fill_(2**32 + 3)  # the caller reuses its buffer at once
+    assert torch.equal(rows.cpu(), want)
+
+
+@pytest.mark.gpu
+def test_gather_on_a_side_stream_does_not_wait_for_the_default_stream():
+    import time
+
+    x = random_table(100_000, (32,), torch.float32, seed=28)
+    table = hmgstore.HybridTensor(x, "cuda", gpu_rows=torch.arange(0, 100_000, 2))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        idx = torch.randint(0, 100_000, (10_000,), device="cuda")
+        table[idx]  # warm-up: compilation, pinned buffers
+    side.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the default stream
+    start = time.perf_counter()
+    with torch.cuda.stream(side):
+        rows = table[idx]  # CUDA ids: checked with a read-back on the side stream only
+    spent = time.perf_counter() - start
+    side.synchronize()
+    assert spent < 0.5, f"the gather waited {spent:.2f} s for the default stream"
+    assert torch.equal(rows.cpu(), x[idx.cpu()])
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scalar_ids_on_a_one_dimensional_table(device):
+    labels = torch.arange(100) * 3
+    table = hmgstore.HybridTensor(labels, device)
+    for index in (5, torch.tensor(5), np.int64(5)):
+        row = table[index]
+        assert row.shape == () and int(row) == 15
+    assert table[torch.tensor([5])].shape == (1,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unsigned_and_huge_ids(device):
+    x = random_table(300, (4,), torch.float32, seed=29)
+    table = hmgstore.HybridTensor(x, device)
+    for dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+        assert torch.equal(table[torch.tensor([3, 250], dtype=dtype)].cpu(), x[[3, 250]]), dtype
+    assert torch.equal(table[np.array([3, 9], dtype=np.uint32)].cpu(), x[[3, 9]])
+    for bad in (2**63, 2**64 + 1, -(2**63) - 1):
+        with pytest.raises(IndexError):
+            table[bad]
+        with pytest.raises(IndexError):
+            table[[1, bad]]
+    with pytest.raises(IndexError, match="out of range"):
+        table[torch.tensor([2**63 + 5], dtype=torch.uint64)]
+
+
+def test_the_same_out_twice_is_refused():
+    x = random_table(50, (4,), torch.float32, seed=30)
+    table = hmgstore.HybridTensor(x, "cpu")
+    out = torch.empty(3, 4)
+    with pytest.raises(ValueError, match="same out"):
+        hmgstore.gather_many([(table, [1, 2, 3]), (table, [4, 5, 6])], outs=[out, out])
+
+
+def test_a_closed_table_pickles_closed():
+    table = hmgstore.HybridTensor(random_table(50, (4,), torch.float32, seed=31), "cpu")
+    table.close()
+    copy = pickle.loads(pickle.dumps(table))
+    assert copy.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        copy[[1]]
+
+
+def test_read_only_source_is_handed_back_read_only(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(40, dtype=np.float32).reshape(10, 4))
+    ro = np.load(path, mmap_mode="r")
+    table = hmgstore.HybridTensor(ro, "cpu")
+    assert table.read_only and isinstance(table.source, np.ndarray)
+    with pytest.raises(ValueError, match="read-only"):
+        table.source[0, 0] = 1.0  # raises instead of crashing the process
+    assert float(np.load(path)[0, 0]) == 0.0
+
+
+def test_a_memmap_table_crosses_processes_by_file_name(tmp_path):
+    from multiprocessing.reduction import ForkingPickler
+
+    path = tmp_path / "x.npy"
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(1000, 8))
+    arr[:] = np.random.default_rng(2).standard_normal(arr.shape)
+    arr.flush()
+    view = np.load(path, mmap_mode="r")[100:]  # a view with an offset into the file
+    table = hmgstore.HybridTensor(view, "cpu")
+    sent = bytes(ForkingPickler.dumps(table))
+    assert len(sent) < 10_000  # the file's name, not its 32 KB of rows
+    copy = pickle.loads(sent)
+    assert torch.equal(copy[torch.arange(900)], torch.from_numpy(np.asarray(view)))
+
+
+def test_placement_ids_are_checked_on_the_cpu_too():
+    x = random_table(1000, (4,), torch.float32, seed=32)
+    with pytest.raises(IndexError, match="out of range"):
+        hmgstore.HybridTensor(x, "cpu", gpu_rows=[5000])
+    with pytest.raises(ValueError, match="more than once"):
+        hmgstore.HybridTensor(x, "cpu", gpu_rows=[1, 1])

@@ -1,7 +1,7 @@
 """Turning what users index with into checked, flat id tensors: the one range check.
 
-Every gather goes through :func:`normalize_many` before any kernel sees an
-id: a zero-copy kernel that reads one row past the end of a pinned table
+Every gather goes through :func:`prepare_many` and :func:`check_pending`
+before any kernel sees an id: a zero-copy kernel that reads one row past the end of a pinned table
 touches an unmapped address, which kills the CUDA context of the whole
 process. So an id that is negative or ``>= num_rows`` is refused here, with
 its value and position, while the process can still recover. (Negative ids
@@ -11,7 +11,7 @@ as a guard, and skips such a row rather than read it.
 
 Ids that come from the CPU are checked on the CPU before they are copied;
 ids already on a GPU are checked there, all indices of one gather with a
-single device-to-host read.
+single device-to-host read, which the gather overlaps with its own host work.
 """
 from __future__ import annotations
 
@@ -72,11 +72,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
             return torch.empty(0, dtype=torch.int64), (0,)
         try:
             index = torch.as_tensor(index)
-        except (RuntimeError, OverflowError) as err:
+        except (RuntimeError, OverflowError, TypeError, ValueError) as err:
             if "verflow" in str(err):
                 raise IndexError(f"an index in the list is out of range (beyond int64): {err}") from None
-            raise TypeError(f"could not read a list index as integers: {err}") from None
-        except (TypeError, ValueError) as err:
             raise TypeError(f"could not read a list index as integers: {err}") from None
     elif not isinstance(index, torch.Tensor):
         raise TypeError(
@@ -134,41 +132,55 @@ def _flatten(index, num_rows: int, device: torch.device) -> tuple[torch.Tensor, 
     return ids.reshape(-1).contiguous(), shape  # kernels read ids densely: no strided views
 
 
-def normalize_many(requests, device: torch.device) -> list[Index]:
-    """Check and convert every ``(index, num_rows)`` of one gather for a table on ``device``.
+def prepare_many(requests, device: torch.device) -> tuple[list[Index], list]:
+    """Convert every ``(index, num_rows)`` of one gather for a table on ``device``; check CPU ids.
 
-    Returns one :class:`Index` per request: ids 1-D, int32 or int64 (int32
-    stays int32, other integer types become int64), on ``device``, each in
-    ``[0, num_rows)``. A request whose index object (and row count) appeared
-    before gets the same Index. CPU ids are checked on the CPU before they
-    are copied (no GPU synchronisation); ids already on a GPU are checked on
-    their GPU, every index of the call with one device-to-host read. Raises
-    TypeError for non-integer indices and IndexError (value and position)
-    for ids out of range, before anything is read.
+    Returns ``(indices, pending)``: one :class:`Index` per request (ids 1-D,
+    int32 or int64 (int32 stays int32, other integer types become int64), on
+    ``device``; a request whose index object and row count appeared before
+    gets the same Index), and what is left to check: ids that were already on
+    a GPU. Pass ``pending`` to :func:`check_pending` before any kernel reads
+    with those ids; work queued before then overlaps the check's read-back.
+    CPU ids are checked here, on the CPU, before they are copied. Raises
+    TypeError for non-integer indices and IndexError for CPU ids out of range.
     """
     done: dict[tuple[int, int], Index] = {}
-    pending = []  # (key, ids, shape, num_rows) of ids already on a GPU
+    pending = []  # (ids, num_rows, [min, max] on the device) of ids already on a GPU
     for index, num_rows in requests:
         key = (id(index), num_rows)
-        if key in done or any(p[0] == key for p in pending):
+        if key in done:
             continue
         ids, shape = _flatten(index, num_rows, device)
         if ids.device.type == "cpu" or device.type == "cpu":
             ids = ids.cpu()
             check_range(ids, num_rows)
-            done[key] = Index(ids.to(device, non_blocking=True), shape)
+            ids = ids.to(device, non_blocking=True)
         else:
-            pending.append((key, ids.to(device), shape, num_rows))
-    if pending:
-        nonempty = [p for p in pending if p[1].numel()]
-        if nonempty:
-            bounds = torch.cat([torch.stack(torch.aminmax(ids)) for _, ids, _, _ in nonempty]).tolist()  # one sync
-            for k, (_, ids, _, num_rows) in enumerate(nonempty):
-                if bounds[2 * k] < 0 or bounds[2 * k + 1] >= num_rows:
-                    _raise_first_bad(ids, num_rows)
-        for key, ids, shape, _ in pending:
-            done[key] = Index(ids, shape)
-    return [done[(id(index), num_rows)] for index, num_rows in requests]
+            ids = ids.to(device)
+            if ids.numel():
+                pending.append((ids, num_rows, torch.stack(torch.aminmax(ids))))
+        done[key] = Index(ids, shape)
+    return [done[(id(index), num_rows)] for index, num_rows in requests], pending
+
+
+def check_pending(pending: list) -> None:
+    """Finish :func:`prepare_many`'s check of GPU ids: one device-to-host read for all of them.
+
+    Raises IndexError (value and position) for the first index out of range.
+    """
+    if not pending:
+        return
+    bounds = torch.cat([b for _, _, b in pending]).tolist()  # the one synchronisation
+    for k, (ids, num_rows, _) in enumerate(pending):
+        if bounds[2 * k] < 0 or bounds[2 * k + 1] >= num_rows:
+            _raise_first_bad(ids, num_rows)
+
+
+def normalize_many(requests, device: torch.device) -> list[Index]:
+    """:func:`prepare_many` and :func:`check_pending` at once: every index checked and converted."""
+    indices, pending = prepare_many(requests, device)
+    check_pending(pending)
+    return indices
 
 
 def normalize(index, num_rows: int, device: torch.device) -> Index:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from . import placement as placement_mod
-from .index import Index, normalize_many
+from .index import Index, check_pending, prepare_many
 from .memory.pinned import PinnedHost, as_host_tensor, row_layout, synchronize
 from .placement import Placement, Tier
 from .stats import TierCounter
@@ -245,9 +245,9 @@ class HybridTensor:
         return self.num_rows
 
     def __repr__(self) -> str:
+        state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
         return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}, "
-                f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}"
-                f"{', closed' if self._closed else ''})")
+                f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
 
     # ---- gathering -----------------------------------------------------------
     def gather(self, index, *, out: torch.Tensor | None = None, stream=None) -> torch.Tensor:
@@ -550,7 +550,7 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             table._ready()
         context = contextlib.nullcontext() if device.type == "cpu" else _cuda_context(device, stream)
         with context as stream:
-            indices = normalize_many([(index, table.num_rows) for table, index in requests], device)
+            indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device)
             results = []
             for (table, _), index, out in zip(requests, indices, outs):
                 if out is None:
@@ -562,6 +562,7 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             counting = [t for t in tables if t._counter is not None]
             started = [t._counter.start() for t in counting]
             if device.type == "cpu":
+                check_pending(pending)
                 for (table, _), index, out in zip(requests, indices, results):
                     torch.index_select(table._source, 0, index.ids, out=out)
                     if table._counter is not None:
@@ -572,7 +573,9 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
                 prepared = {}
                 jobs = [_job(table, index, out, prepared) for (table, _), index, out in zip(requests, indices, results)]
                 caps = [t.max_sms for t in tables if t.max_sms]
-                gather.launch_gather(jobs, device, stream, min(caps) if caps else None)
+                packed = gather.pack(jobs, device)
+                check_pending(pending)  # the range check's read-back, after the host work it overlaps
+                gather.run(packed, device, stream, min(caps) if caps else None)
                 for (table, _), job in zip(requests, jobs):
                     if table._counter is not None:
                         table._count(job)

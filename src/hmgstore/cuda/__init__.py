@@ -10,6 +10,6 @@ CuPy is imported lazily, the first time a CUDA table is built, so that
 - :mod:`.peer`: other GPUs of the node: peer access, raw device buffers and
   CUDA IPC.
 """
-from .runtime import check_device, cupy, cupy_stream, kernel_source, module
+from .runtime import check_device, cupy, cupy_stream, kernel_source, launch, module
 
-__all__ = ["check_device", "cupy", "cupy_stream", "kernel_source", "module"]
+__all__ = ["check_device", "cupy", "cupy_stream", "kernel_source", "launch", "module"]

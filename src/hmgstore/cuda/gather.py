@@ -154,6 +154,33 @@ def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None) 
     return int(max(1, min(total_tiles, sms * _blocks_per_sm(device_index, kernel))))
 
 
+def pack(jobs: list[Job], device: torch.device):
+    """The launch's description, copied (asynchronously) to ``device``: ``(table, jobs, tiles)``, or None
+    when there is nothing to copy. Host work only; :func:`run` launches it."""
+    jobs = [j for j in jobs if len(j.ids) and j.row_bytes]
+    if not jobs:
+        return None
+    words, tile_start = [], 0
+    for job in jobs:
+        w, tiles = job_words(job, tile_start)
+        words.extend(w)
+        tile_start += tiles
+    table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    return table, len(jobs), tile_start
+
+
+def run(packed, device: torch.device, stream: torch.cuda.Stream, max_sms: int | None = None) -> None:
+    """Launch a :func:`pack` result on ``stream``."""
+    if packed is None:
+        return
+    table, num_jobs, tiles = packed
+    kernel = _kernel(device.index)
+    grid = grid_size(device.index, kernel, tiles, max_sms)
+    with cupy().cuda.Device(device.index):
+        kernel((grid,), (BLOCK,), (np.uint64(table.data_ptr()), np.int32(num_jobs), np.int64(tiles)),
+               stream=cupy_stream(stream))
+
+
 def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stream,
                   max_sms: int | None = None) -> None:
     """Run every job in one launch of ``hmg_gather`` on ``stream``.
@@ -162,17 +189,4 @@ def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stre
     readable from it) and stay alive until the stream reaches this point;
     allocations made on ``stream`` through torch's caching allocator do.
     """
-    jobs = [j for j in jobs if len(j.ids) and j.row_bytes]
-    if not jobs:
-        return
-    words, tile_start = [], 0
-    for job in jobs:
-        w, tiles = job_words(job, tile_start)
-        words.extend(w)
-        tile_start += tiles
-    table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-    kernel = _kernel(device.index)
-    grid = grid_size(device.index, kernel, tile_start, max_sms)
-    with cupy().cuda.Device(device.index):
-        kernel((grid,), (BLOCK,), (np.uint64(table.data_ptr()), np.int32(len(jobs)), np.int64(tile_start)),
-               stream=cupy_stream(stream))
+    run(pack(jobs, device), device, stream, max_sms)

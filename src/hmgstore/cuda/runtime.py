@@ -10,7 +10,9 @@ import torch
 _lock = threading.Lock()
 _cupy = None
 _modules: dict[tuple, object] = {}  # (device index, files, options) -> compiled RawModule
+_functions: dict[tuple, object] = {}  # (device index, files, kernel name) -> CuPy function
 _streams: dict[int, object] = {}  # torch stream handle -> CuPy wrapper of it
+_sms: dict[int, int] = {}
 
 
 def cupy():
@@ -72,3 +74,25 @@ def cupy_stream(stream: torch.cuda.Stream):
             warnings.simplefilter("ignore", DeprecationWarning)
             wrapped = _streams[handle] = cupy().cuda.ExternalStream(handle, stream.device.index)
     return wrapped
+
+
+#: Blocks per SM that :func:`launch` gives a grid-stride kernel at most: enough resident warps to hide
+#: memory latency for the one-element-per-thread kernels of sampling and relabelling.
+BLOCKS_PER_SM = 8
+
+
+def launch(files: tuple[str, ...], name: str, work: int, args: tuple, device: torch.device, block: int = 256) -> None:
+    """Launch ``name`` from ``files`` over ``work`` threads (a grid-stride loop inside covers more) on
+    the current stream of ``device``. ``args``: CuPy kernel arguments (numpy scalars)."""
+    if work <= 0:
+        return
+    index = device.index
+    fn = _functions.get((index, files, name))
+    if fn is None:
+        fn = _functions[(index, files, name)] = module(index, files).get_function(name)
+    sms = _sms.get(index)
+    if sms is None:
+        sms = _sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    grid = max(1, min(-(-work // block), sms * BLOCKS_PER_SM))
+    with cupy().cuda.Device(index):
+        fn((grid,), (block,), args, stream=cupy_stream(torch.cuda.current_stream(device)))

@@ -1,63 +1,43 @@
 """The neighbour-sampling kernels (``kernels/sample.cu``): their launch.
 
-The arithmetic around them (degrees, counts, offsets, relabelling) is torch,
-shared with the CPU path in :mod:`hmgstore.graph.sampler`.
+Pointers are passed as they are; a ``None`` tensor is a null pointer. The
+hop's seeds and slot count may live in device memory (see sample.cu), so a
+hop can be queued before the previous one's sizes are known.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .runtime import cupy, cupy_stream, module
+from .runtime import launch
 
-SOURCE = "sample.cu"
-#: Threads per block; both kernels are memory-latency bound, with one row or one seed per thread.
-BLOCK = 256
+FILES = ("sample.cu",)
 
 
-def _grid(device_index: int, work: int) -> int:
-    sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return int(max(1, min(-(-work // BLOCK), sms * 8)))
-
-
-def _ptr(tensor: torch.Tensor | None) -> np.uint64:
+def _p(tensor: torch.Tensor | None) -> np.uint64:
     return np.uint64(0 if tensor is None else tensor.data_ptr())
 
 
-def sample_hop(seeds: torch.Tensor, colptr: torch.Tensor, start: torch.Tensor | None, counts: torch.Tensor,
-               offsets: torch.Tensor, num_slots: int, gpu_row: torch.Tensor | None, host_row_address: int,
-               gpu_edges: int, wide: bool, replace: bool, key: int, stream: torch.cuda.Stream):
-    """One hop on the GPU: ``(positions, neighbours, edge ids)``, each int64 ``[num_slots]``.
+def counts(nodes, lohi, max_seeds: int, colptr, k: int, replace: bool, num_dst: int, disjoint: bool, out) -> None:
+    """``out[i]``: neighbours seed ``i`` of ``nodes[lohi[0]:lohi[1]]`` gets (0 past the seeds)."""
+    launch(FILES, "hmg_sample_counts", max_seeds,
+           (_p(nodes), _p(lohi), np.int64(max_seeds), _p(colptr), np.int64(k), np.int32(replace),
+            np.int64(num_dst), np.int32(disjoint), _p(out)), out.device)
 
-    ``seeds``: int64 [S] node ids on the device; ``colptr``: int64 [N+1];
-    ``start``: int64 [N] or None (see sample.cu); ``counts``/``offsets``:
-    int64 [S], slots per seed and their exclusive scan; ``gpu_row``: the GPU
-    tier of neighbour ids (int32 if not ``wide``, else int64) or None;
-    ``host_row_address``: the pinned host tier's address (0: none);
-    ``gpu_edges``: positions held by the GPU tier. ``key``: 64-bit draw key.
-    Runs on ``stream``; tensors it allocates belong to it.
-    """
-    device = seeds.device
-    pos = torch.empty(num_slots, dtype=torch.int64, device=device)
-    nbr = torch.empty(num_slots, dtype=torch.int64, device=device)
-    eid = torch.empty(num_slots, dtype=torch.int64, device=device)
-    if num_slots == 0:
-        return pos, nbr, eid
-    mod = module(device.index, (SOURCE,))
-    key = np.uint64(key & (2**64 - 1))
-    cp = cupy()
-    with cp.cuda.Device(device.index):
-        s = cupy_stream(stream)
-        num_seeds = len(seeds)
-        if not replace:
-            mod.get_function("hmg_sample_floyd")(
-                (_grid(device.index, num_seeds),), (BLOCK,),
-                (_ptr(seeds), _ptr(colptr), _ptr(counts), _ptr(offsets), _ptr(pos), np.int64(num_seeds), key),
-                stream=s)
-        mod.get_function("hmg_sample_read")(
-            (_grid(device.index, num_slots),), (BLOCK,),
-            (_ptr(seeds), _ptr(colptr), _ptr(start), _ptr(counts), _ptr(offsets), np.int64(num_seeds), _ptr(pos),
-             np.int64(num_slots), _ptr(gpu_row), np.uint64(host_row_address), np.int64(gpu_edges),
-             np.int32(wide), np.int32(replace), key, _ptr(nbr), _ptr(eid)),
-            stream=s)
-    return pos, nbr, eid
+
+def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjoint: bool, key: int, pos) -> None:
+    """Positions of the seeds that sample without replacement, into their slots of ``pos``."""
+    launch(FILES, "hmg_sample_floyd", max_seeds,
+           (_p(nodes), _p(lohi), np.int64(max_seeds), _p(colptr), _p(counts), _p(ends), np.int64(num_dst),
+            np.int32(disjoint), np.uint64(key & (2**64 - 1)), _p(pos)), pos.device)
+
+
+def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key: int,
+         num_dst: int, disjoint: bool, nbr, eid, seed_local) -> None:
+    """Every slot's neighbour key, edge id and seed's local id, read from the topology's tiers."""
+    launch(FILES, "hmg_sample_read", max_slots,
+           (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
+            np.int64(max_slots), _p(pos), _p(topology.gpu_row), np.uint64(topology.host_address),
+            np.int64(topology.gpu_edges), np.int32(topology.index_bytes == 8), np.int32(replace),
+            np.uint64(key & (2**64 - 1)), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint),
+            _p(nbr), _p(eid), _p(seed_local)), nbr.device)

@@ -69,14 +69,21 @@ class HashNodeSet:
     """The nodes of one type in a batch, with a hash table from key to local id (GPU only).
 
     ``keys``: the seeds' int64 keys on a GPU, taken as they are (repeats
-    included); ``capacity``: keys the table should hold without growing.
+    included); ``capacity``: nodes the set should hold without growing. The
+    node keys live in one device buffer, ``count`` (host) and ``device_count``
+    (a one-element device tensor) say how many are in use. :meth:`add` reads
+    the new count back; :meth:`add_queued` leaves it on the device, for a
+    sampler that queues its hops and reads every size back once at the end
+    (it must then have sized ``capacity`` for the whole batch).
     """
 
     def __init__(self, keys: torch.Tensor, capacity: int):
         self.device = keys.device
-        self.parts = [keys]
         self.count = len(keys)
-        self._make_table(max(capacity, len(keys)))
+        self._nodes = torch.empty(max(capacity, len(keys), 1), dtype=torch.int64, device=self.device)
+        self._nodes[:len(keys)] = keys
+        self.device_count = torch.full((1,), len(keys), dtype=torch.int64, device=self.device)
+        self._make_table(len(self._nodes))
         self._index_own_positions(keys)
 
     def _make_table(self, keys: int) -> None:
@@ -89,41 +96,46 @@ class HashNodeSet:
         """Insert ``keys`` with the local id of each its first position (the seeds; a regrown table)."""
         from ..cuda import relabel
 
-        slot = torch.empty_like(keys)
-        relabel.insert(keys, self._key, self._first, self._value, slot)
-        is_first = torch.empty_like(keys)
-        relabel.first(slot, self._first, self._value, is_first)
-        relabel.assign(keys, slot, is_first, is_first, self._value, 0, keys, own_position=True)
+        n = len(keys)
+        slot, is_first = torch.empty_like(keys), torch.empty_like(keys)
+        relabel.insert(keys, None, n, self._key, self._first, self._value, slot)
+        relabel.first(slot, None, n, self._first, self._value, is_first)
+        relabel.assign(keys, slot, None, n, is_first, is_first, self._value, None, self._nodes, own_position=True)
 
     @property
     def keys(self) -> torch.Tensor:
-        if len(self.parts) > 1:
-            self.parts = [torch.cat(self.parts)]
-        return self.parts[0]
+        """The keys of the nodes so far, in local-id order (``count`` of them: see :meth:`add_queued`)."""
+        return self._nodes[:self.count]
+
+    def add_queued(self, candidates: torch.Tensor, n: torch.Tensor | None, max_n: int) -> torch.Tensor:
+        """Local ids of ``candidates[:n]`` (``n`` a one-element device tensor, at most ``max_n``), new keys
+        appended; nothing is read back: ``device_count`` grows on the device, ``count`` does not change."""
+        from ..cuda import relabel
+
+        local = torch.empty_like(candidates)
+        if max_n == 0:
+            return local
+        slot, is_first = torch.empty_like(candidates), torch.empty_like(candidates)
+        relabel.insert(candidates, n, max_n, self._key, self._first, self._value, slot)
+        relabel.first(slot, n, max_n, self._first, self._value, is_first)
+        rank = is_first.cumsum(0)
+        relabel.assign(candidates, slot, n, max_n, is_first, rank, self._value, self.device_count, self._nodes,
+                       own_position=False)
+        relabel.lookup(slot, n, max_n, self._value, local)
+        self.device_count += rank[-1:]
+        return local
 
     def add(self, candidates: torch.Tensor) -> torch.Tensor:
         """Local ids of ``candidates``; keys not seen before are appended, in first-seen order."""
-        from ..cuda import relabel
-
         n = len(candidates)
-        if n == 0:
-            return torch.empty_like(candidates)
-        if 2 * (self.count + n) > len(self._key):  # keep the load factor under 1/2
-            self._make_table(self.count + n)
-            self._index_own_positions(self.keys)
-        slot = torch.empty_like(candidates)
-        relabel.insert(candidates, self._key, self._first, self._value, slot)
-        is_first = torch.empty_like(candidates)
-        relabel.first(slot, self._first, self._value, is_first)
-        rank = is_first.cumsum(0) - 1
-        fresh = int(rank[-1]) + 1  # the call's one synchronisation
-        new_keys = torch.empty(fresh, dtype=torch.int64, device=self.device)
-        relabel.assign(candidates, slot, is_first, rank, self._value, self.count, new_keys, own_position=False)
-        local = torch.empty_like(candidates)
-        relabel.lookup(slot, self._value, local)
-        if fresh:
-            self.parts.append(new_keys)
-            self.count += fresh
+        if self.count + n > len(self._nodes):  # grow: a larger buffer and table
+            keys = self.keys
+            self._nodes = torch.empty(2 * (self.count + n), dtype=torch.int64, device=self.device)
+            self._nodes[:self.count] = keys
+            self._make_table(len(self._nodes))
+            self._index_own_positions(keys)
+        local = self.add_queued(candidates, None, n)
+        self.count = int(self.device_count)  # the call's one synchronisation
         return local
 
 

@@ -98,19 +98,13 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
     (neighbours per seed; M is their sum).
     """
+    if topology.device.type == "cuda":
+        return _sample_hop_cuda(topology, seeds, k, replace, key)
     degree = topology.degree(seeds)
     counts = slot_counts(degree, k, replace)
     offsets = counts.cumsum(0) - counts
-    num_slots = int(counts.sum())  # the hop's one synchronisation: output sizes
+    num_slots = int(counts.sum())
     topology.count(seeds, counts)
-    if topology.device.type == "cuda":
-        from ..cuda import sample as kernels
-
-        _, nbr, eid = kernels.sample_hop(
-            seeds, topology.colptr, topology.start, counts, offsets, num_slots, topology.gpu_row,
-            topology.host_address, topology.gpu_edges, topology.index_bytes == 8, replace, key,
-            torch.cuda.current_stream(topology.device))
-        return nbr, eid, counts
     seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
     t = torch.arange(num_slots) - offsets[seg]
     if replace:
@@ -125,6 +119,43 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     first = topology.colptr[seeds][seg]
     eid = first + pos
     return topology.row[eid].long(), eid, counts
+
+
+def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_seeds: int, k: int, replace: bool,
+               key: int, num_dst: int, disjoint: bool, max_slots: int | None = None):
+    """Queue one hop's kernels for the seeds ``nodes[lohi[0]:lohi[1]]`` (bounds on the device, at most
+    ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
+    ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used."""
+    from ..cuda import sample as kernels
+
+    device = nodes.device
+    counts = torch.empty(max_seeds, dtype=torch.int64, device=device)
+    kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts)
+    ends = counts.cumsum(0)
+    slots = max_seeds * k if max_slots is None else max_slots
+    pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
+    if not replace:
+        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos)
+    kernels.read(topology, nodes, lohi, max_seeds, counts, ends, slots, pos, replace, key, num_dst, disjoint, nbr, eid,
+                 seed_local)
+    return nbr, eid, seed_local, counts, ends
+
+
+def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int):
+    """:func:`sample_hop` on a GPU: the hop's size is read back (one synchronisation) to size the output."""
+    lohi = torch.tensor([0, len(seeds)], device=seeds.device)
+    if k < 0:  # every neighbour: the size is the degrees' sum
+        counts = torch.empty_like(seeds)
+        from ..cuda import sample as kernels
+
+        kernels.counts(seeds, lohi, len(seeds), topology.colptr, k, replace, 1, False, counts)
+        slots = int(counts.sum()) if len(seeds) else 0
+    else:
+        slots = len(seeds) * k
+    nbr, eid, _, counts, ends = _queue_hop(topology, seeds, lohi, len(seeds), k, replace, key, 1, False, slots)
+    used = int(ends[-1]) if len(seeds) else 0  # the hop's one synchronisation: output sizes
+    topology.count(seeds, counts)
+    return nbr[:used], eid[:used], counts
 
 
 @dataclass
@@ -212,53 +243,128 @@ class NeighborSampler:
             raise KeyError(f"no node type {unknown[0]!r}; the graph has {list(self.num_nodes)}")
         checked = normalize_many([(ids, self.num_nodes[nt]) for nt, ids in seeds.items()], self.device)
         seeds = {nt: index.ids.long() for nt, index in zip(seeds, checked)}
-        node_types = list(self.num_nodes)
-        sets, frontier, num_nodes_hop = {}, {}, {nt: [] for nt in node_types}
-        for nt in node_types:
+        keys = {}
+        for nt in self.num_nodes:  # node keys: ids, or (seed index, id) pairs in disjoint mode
             ids = seeds.get(nt)
             ids = torch.empty(0, dtype=torch.int64, device=self.device) if ids is None else ids
-            if self.disjoint:
-                ids = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids
-            sets[nt] = node_set(ids, self.dedup, self._expected_nodes(len(ids)))
-            frontier[nt] = (0, len(ids))
-            num_nodes_hop[nt].append(len(ids))
-        rows = {et: [] for et in self.topologies}
-        cols = {et: [] for et in self.topologies}
-        edges = {et: [] for et in self.topologies}
+            keys[nt] = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids if self.disjoint else ids
+        fanouts = [k for v in self.num_neighbors.values() for k in v]
+        if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0:
+            return self._sample_queued(keys)
+        return self._sample_synced(keys)
+
+    def _fanout(self, et, hop: int) -> int:
+        fanout = self.num_neighbors[et]
+        return fanout[hop] if hop < len(fanout) else 0
+
+    def _ends(self, et) -> tuple:
+        return (et[0], et[-1]) if self.hetero else (None, None)
+
+    def _sample_synced(self, keys: dict) -> Sample:
+        """Hop after hop, reading each hop's sizes back (any device, any relabelling)."""
+        sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k))) for nt, k in keys.items()}
+        frontier = {nt: (0, len(k)) for nt, k in keys.items()}
+        num_nodes_hop = {nt: [len(k)] for nt, k in keys.items()}
+        parts = {et: ([], [], []) for et in self.topologies}  # rows, cols, edges per hop
         num_edges_hop = {et: [] for et in self.topologies}
         for hop in range(self.num_hops):
             before = {nt: s.count for nt, s in sets.items()}
             for et, topo in self.topologies.items():
-                fanout = self.num_neighbors[et]
-                k = fanout[hop] if hop < len(fanout) else 0
-                src, dst = (et[0], et[-1]) if self.hetero else (None, None)
+                k = self._fanout(et, hop)
+                src, dst = self._ends(et)
+                key = self._key() if k else 0  # drawn whatever the frontier, as the queued path does
                 lo, hi = frontier[dst]
                 if k == 0 or hi == lo:
                     num_edges_hop[et].append(0)
                     continue
-                keys = sets[dst].keys[lo:hi]
-                nodes = keys % self.num_nodes[dst] if self.disjoint else keys
-                nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, self._key())
+                hop_keys = sets[dst].keys[lo:hi]
+                nodes = hop_keys % self.num_nodes[dst] if self.disjoint else hop_keys
+                nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key)
                 seed_local = torch.arange(lo, hi, device=self.device).repeat_interleave(counts, output_size=len(nbr))
                 if self.disjoint:
-                    owner = (keys // self.num_nodes[dst]).repeat_interleave(counts, output_size=len(nbr))
+                    owner = (hop_keys // self.num_nodes[dst]).repeat_interleave(counts, output_size=len(nbr))
                     nbr = owner * self.num_nodes[src] + nbr
-                rows[et].append(sets[src].add(nbr))
-                cols[et].append(seed_local)
-                edges[et].append(eid)
+                rows, cols, edges = parts[et]
+                rows.append(sets[src].add(nbr))
+                cols.append(seed_local)
+                edges.append(eid)
                 num_edges_hop[et].append(len(eid))
             for nt, s in sets.items():
                 frontier[nt] = (before[nt], s.count)
                 num_nodes_hop[nt].append(s.count - before[nt])
+        return self._output({nt: s.keys for nt, s in sets.items()}, parts, num_nodes_hop, num_edges_hop)
+
+    def _sample_queued(self, keys: dict) -> Sample:
+        """Every hop queued on the GPU with its sizes kept on the device; one read-back at the end.
+
+        Each hop is launched over an upper bound of its seeds and slots (the
+        previous hop's slots times the fanout), computed on the host; kernels
+        read the real bounds from device memory. Hash relabelling only.
+        """
+        from .relabel import HashNodeSet
+
+        hops = self.num_hops
+        most = {nt: [len(k)] for nt, k in keys.items()}  # upper bound of the nodes each hop finds, per type
+        for hop in range(hops):
+            found = dict.fromkeys(keys, 0)
+            for et in self.topologies:
+                src, dst = self._ends(et)
+                found[src] += most[dst][hop] * max(self._fanout(et, hop), 0)
+            for nt in keys:
+                most[nt].append(found[nt])
+        sets, starts = {}, {}
+        for nt, k in keys.items():
+            room = sum(most[nt]) if self.disjoint else min(sum(most[nt]), len(k) + self.num_nodes[nt])
+            sets[nt] = HashNodeSet(k, room)
+            starts[nt] = torch.tensor([0] + [len(k)] * (hops + 1), dtype=torch.int64, device=self.device)
+        queued = {et: [] for et in self.topologies}  # per hop: (rows, cols, edges, used slots) or None
+        for hop in range(hops):
+            for et, topo in self.topologies.items():
+                k = self._fanout(et, hop)
+                src, dst = self._ends(et)
+                key = self._key() if k else 0
+                max_seeds = most[dst][hop]
+                if k == 0 or max_seeds == 0:
+                    queued[et].append(None)
+                    continue
+                lohi = starts[dst][hop:hop + 2]
+                nbr, eid, seed_local, counts, ends = _queue_hop(
+                    topo, sets[dst]._nodes, lohi, max_seeds, k, self.replace, key, self.num_nodes[dst], self.disjoint)
+                if topo._counter is not None:
+                    at = (lohi[0] + torch.arange(max_seeds, device=self.device)).clamp_(max=len(sets[dst]._nodes) - 1)
+                    nodes = sets[dst]._nodes[at]
+                    topo.count(nodes % self.num_nodes[dst] if self.disjoint else nodes, counts)
+                rows = sets[src].add_queued(nbr, ends[-1:], max_seeds * k)
+                queued[et].append((rows, seed_local, eid, ends[-1:]))
+            for nt, s in sets.items():
+                starts[nt][hop + 2:hop + 3].copy_(s.device_count)
+        # The batch's one synchronisation: every hop's node and edge counts.
+        used = [q[3] for per_hop in queued.values() for q in per_hop if q is not None]
+        sizes = torch.cat([starts[nt] for nt in keys] + used).tolist()
+        num_nodes_hop = {}
+        for nt in keys:
+            bounds, sizes = sizes[:hops + 2], sizes[hops + 2:]
+            sets[nt].count = bounds[-1]
+            num_nodes_hop[nt] = [b - a for a, b in zip(bounds, bounds[1:])]
+        parts = {et: ([], [], []) for et in self.topologies}
+        num_edges_hop = {et: [] for et in self.topologies}
+        for et, per_hop in queued.items():
+            for q in per_hop:
+                m = 0 if q is None else sizes.pop(0)
+                num_edges_hop[et].append(m)
+                if m:
+                    for part, values in zip(parts[et], q[:3]):
+                        part.append(values[:m])
+        return self._output({nt: s.keys for nt, s in sets.items()}, parts, num_nodes_hop, num_edges_hop)
+
+    def _output(self, keys: dict, parts: dict, num_nodes_hop: dict, num_edges_hop: dict) -> Sample:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         node, batch = {}, ({} if self.disjoint else None)
-        for nt, s in sets.items():
-            keys = s.keys
-            node[nt] = keys % self.num_nodes[nt] if self.disjoint else keys
+        for nt, k in keys.items():
+            node[nt] = k % self.num_nodes[nt] if self.disjoint else k
             if self.disjoint:
-                batch[nt] = keys // self.num_nodes[nt]
-        row, col, edge = ({et: torch.cat(p) if p else empty for et, p in parts.items()}
-                          for parts in (rows, cols, edges))
+                batch[nt] = k // self.num_nodes[nt]
+        row, col, edge = ({et: torch.cat(p[i]) if p[i] else empty for et, p in parts.items()} for i in range(3))
         return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
 
     def reset_stats(self) -> None:
