@@ -114,13 +114,16 @@ class HybridNeighborSampler(BaseSampler):
             edge type); default: by degree.
         generator: a CPU ``torch.Generator`` for the draws (default: torch's
             global one, so ``torch.manual_seed`` fixes the batches).
+        dedup: how sampled nodes are relabelled, ``"hash"`` (GPU) or
+            ``"sort"``; default: hash on a GPU, sort on the CPU.
         time_attr, weight_attr: not supported yet (temporal and
             edge-weighted sampling): NotImplementedError.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
                  subgraph_type="directional", device=None, gpu_budget=None, hot_order=None,
-                 generator: torch.Generator | None = None, time_attr=None, weight_attr=None, progress: bool = True):
+                 generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
+                 weight_attr=None, progress: bool = True):
         if time_attr is not None:
             raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
                                       "NeighborSampler for it")
@@ -152,7 +155,7 @@ class HybridNeighborSampler(BaseSampler):
         per_type = values if self.is_hetero else {None: values}
         self.num_neighbors = num_neighbors
         self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
-                                       generator=generator)
+                                       generator=generator, dedup=dedup)
         self.replace, self.disjoint = replace, disjoint
         self._perm = {et: (None if csc.perm is None else csc.perm.to(self.device)) for et, csc in edges.items()}
 

@@ -8,10 +8,13 @@ clock with the device synchronised (a batch's output ready on the device).
 
 Variants:
 
-- ``hmg_gpu``: topology all in GPU memory (the ceiling);
+- ``hmg_gpu``: topology all in GPU memory (the ceiling); hops queued with
+  their sizes kept on the device, hash relabelling (the GPU default);
 - ``hmg_host``: all neighbour ids in pinned host memory, read zero-copy;
 - ``hmg_cache``: ``--cache`` of the neighbour-id bytes on the GPU, lists
   chosen by degree, the rest zero-copy;
+- ``hmg_gpu_sort``: as ``hmg_gpu`` with sort-based relabelling, each hop's
+  sizes read back (the relabelling alternative, measured);
 - ``hmg_cpu``: hmgstore's vectorised torch path on the CPU;
 - ``pyg_cpu``: PyG's CPU sampler (torch-sparse's ``neighbor_sample``, one
   thread per call, as PyG's loader runs it), when torch-sparse is installed;
@@ -43,7 +46,7 @@ from .timing import median_seconds
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_cpu", "pyg_cpu", "dgl_cpu")
+VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_cpu", "dgl_cpu")
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 
 
@@ -54,17 +57,32 @@ def _count(text: str) -> int:
     return int(float(m.group(1)) * _SUFFIX[m.group(2)])
 
 
-def _graph_spec(text: str) -> tuple[int, int]:
+def _graph_spec(text: str) -> tuple:
     try:
-        nodes, edges = text.split(":")
-        return _count(nodes), _count(edges)
+        first, second = text.split(":")
+        if first == "synthetic":  # hmgstore.data.synthetic's community graph, 10 edges per node
+            return "synthetic", _count(second)
+        return "power-law", _count(first), _count(second)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a graph is NODES:EDGES, e.g. 2M:20M; got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"a graph is NODES:EDGES (power-law, e.g. 2M:20M) or synthetic:NODES; got {text!r}") from None
+
+
+def build_graph(spec: tuple, skew: float, device) -> CSC:
+    """The CSC topology of a ``--graphs`` entry."""
+    if spec[0] == "synthetic":
+        from ..data import synthetic
+        from ..graph import to_csc
+
+        g = synthetic(num_nodes=spec[1], avg_degree=10, feat_dim=1, seed=0)
+        return to_csc(g.edge_index, "coo", (spec[1], spec[1]))
+    return power_law_csc(spec[1], spec[2], skew, device=device)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=None, metavar="NODES:EDGES",
-                   help="graphs to sample (default: 2M:20M; on a CPU machine 200K:2M)")
+    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=None, metavar="GRAPH",
+                   help="graphs to sample: synthetic:NODES (hmgstore.data.synthetic, 10 edges per node) or "
+                        "NODES:EDGES (power-law in-degrees); default: synthetic:2M, on a CPU machine synthetic:200K")
     p.add_argument("--fanout", default="15,10,5", help="neighbours per hop (default: 15,10,5)")
     p.add_argument("--batch", type=int, default=1024, help="seeds per batch (default: 1024)")
     p.add_argument("--batches", type=int, default=20, help="timed batches per variant (default: 20)")
@@ -109,9 +127,9 @@ def _check(csc: CSC, node, row_local, col_local, eid, name: str) -> None:
     _check_edges(csc, node[row_local.cpu().long()], node[col_local.cpu().long()], eid, name)
 
 
-def _time_hmg(csc, fanout, seeds, args, device, budget, name) -> dict:
+def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None) -> dict:
     topo = Topology(csc, device, gpu_budget=budget, progress=False)
-    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout)
+    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup)
     try:
         out = sampler.sample({None: seeds[0].to(device)})
         _check(csc, out.node[None], out.row[None], out.col[None], out.edge[None], name)
@@ -180,9 +198,9 @@ def run(args) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     if args.quick:
-        args.graphs, args.batches, args.slow_batches, args.batch = [(20_000, 200_000)], 3, 2, 256
+        args.graphs, args.batches, args.slow_batches, args.batch = [("power-law", 20_000, 200_000)], 3, 2, 256
     if args.graphs is None:
-        args.graphs = [(2_000_000, 20_000_000)] if cuda else [(200_000, 2_000_000)]
+        args.graphs = [("synthetic", 2_000_000 if cuda else 200_000)]
     fanout = [int(k) for k in args.fanout.split(",")]
     report = {
         "benchmark": "sample",
@@ -192,22 +210,24 @@ def run(args) -> dict:
         "torch": torch.__version__, "hmgstore": hmgstore.__version__, "cpu_threads": torch.get_num_threads(),
         "fanout": fanout, "batch": args.batch, "cache": args.cache, "skew": args.skew, "graphs": [],
     }
-    for num_nodes, num_edges in args.graphs:
-        log.info("graph %d nodes, %d edges: generating", num_nodes, num_edges)
-        csc = power_law_csc(num_nodes, num_edges, args.skew, device=device if cuda else None)
+    for spec in args.graphs:
+        log.info("graph %s: generating", spec)
+        csc = build_graph(spec, args.skew, device if cuda else None)
+        num_nodes, num_edges = csc.size[1], csc.num_edges
         g = torch.Generator().manual_seed(7)
         seeds = [torch.randint(0, num_nodes, (args.batch,), generator=g) for _ in range(8)]
-        entry = {"num_nodes": num_nodes, "num_edges": num_edges, "max_degree": int(csc.colptr.diff().max()),
-                 "variants": {}}
+        entry = {"kind": spec[0], "num_nodes": num_nodes, "num_edges": num_edges,
+                 "max_degree": int(csc.colptr.diff().max()), "variants": {}}
         ids_bytes = csc.row.element_size() * num_edges
-        plan = {"hmg_gpu": (device, 2**62), "hmg_host": (device, None),
-                "hmg_cache": (device, int(args.cache * ids_bytes)), "hmg_cpu": (torch.device("cpu"), None)}
+        plan = {"hmg_gpu": (device, 2**62, None), "hmg_host": (device, None, None),
+                "hmg_cache": (device, int(args.cache * ids_bytes), None), "hmg_gpu_sort": (device, 2**62, "sort"),
+                "hmg_cpu": (torch.device("cpu"), None, None)}
         for name in args.variants:
             if name.startswith("hmg") and name != "hmg_cpu" and not cuda:
                 continue
             try:
                 if name in plan:
-                    result = _time_hmg(csc, fanout, seeds, args, plan[name][0], plan[name][1], name)
+                    result = _time_hmg(csc, fanout, seeds, args, *plan[name][:2], name, dedup=plan[name][2])
                 elif name == "pyg_cpu":
                     result = _time_pyg(csc, fanout, seeds, args)
                 else:
@@ -242,7 +262,7 @@ def add_ratios(report: dict) -> None:
     for graph in report["graphs"]:
         gpu, host = _rate(graph, "hmg_gpu"), _rate(graph, "hmg_host")
         ratios = {}
-        for name in ("hmg_gpu", "hmg_cache", "hmg_host", "hmg_cpu"):
+        for name in ("hmg_gpu", "hmg_cache", "hmg_host", "hmg_gpu_sort", "hmg_cpu"):
             mine = _rate(graph, name)
             for base in ("dgl_cpu", "pyg_cpu"):
                 theirs = _rate(graph, base)
@@ -266,7 +286,7 @@ def table_text(report: dict) -> str:
              "| graph | variant | batches/s | M sampled edges/s | x DGL CPU | x PyG CPU |",
              "|---|---|---:|---:|---:|---:|"]
     for graph in report["graphs"]:
-        label = f"{graph['num_nodes'] / 1e6:g}M nodes, {graph['num_edges'] / 1e6:g}M edges"
+        label = f"{graph['kind']}, {graph['num_nodes'] / 1e6:g}M nodes, {graph['num_edges'] / 1e6:g}M edges"
         for name, v in graph["variants"].items():
             if "batches_per_s" not in v:
                 lines.append(f"| {label} | {name} | {v.get('error', '-')} | | | |")

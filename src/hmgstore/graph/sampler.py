@@ -193,11 +193,14 @@ class NeighborSampler:
         generator: the ``torch.Generator`` (CPU) that keys the draws; default:
             torch's global one, so ``torch.manual_seed`` fixes the samples.
         dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
-            both give the same output.
+            both give the same output. Default: ``"hash"`` on a GPU, where a
+            batch's hops are then queued with their sizes kept on the device
+            (one read-back per batch; with ``-1`` in a fanout, one per hop),
+            ``"sort"`` on the CPU.
     """
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
-                 disjoint: bool = False, generator: torch.Generator | None = None, dedup: str = "sort"):
+                 disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None):
         if not topologies:
             raise ValueError("a sampler needs at least one edge type's topology")
         devices = {t.device for t in topologies.values()}
@@ -218,6 +221,7 @@ class NeighborSampler:
             raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
         self.num_neighbors = {et: [int(k) for k in num_neighbors.get(et, [])] for et in self.topologies}
         self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
+        dedup = dedup or ("hash" if self.device.type == "cuda" else "sort")
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
             raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
         self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
