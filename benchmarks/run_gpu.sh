@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
-#                                          sample sample-papers pyg
+#                                          sample sample-papers train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -23,6 +23,7 @@ for stage in "$@"; do
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
     sample) timeout 300 python3 -m hmgstore.bench sample --out "$OUT/sample" 2>"$OUT/sample.log"; rc=$?; tail -3 "$OUT/sample.log" ;;
+    train) timeout 420 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log" ;;
     sample-papers) timeout 420 python3 -m hmgstore.bench sample --graphs 111M:1.6B --variants hmg_gpu hmg_host hmg_cache \
                      --batches 10 --out "$OUT/sample-papers" 2>"$OUT/sample-papers.log"; rc=$?; tail -3 "$OUT/sample-papers.log" ;;
     tests) python3 -m pytest -q -m gpu tests/test_tensor.py tests/test_memory.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;

@@ -283,3 +283,24 @@ def test_quick_run_on_gpus(tmp_path):
     report = json.loads((tmp_path / "peer.json").read_text())
     assert [s["row_bytes"] for s in report["sizes"]] == [128, 1024]
     assert all(g > 0 for s in report["sizes"] for g in s["variants"]["hmg_remote"]["gbps"])
+
+
+def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    for name, extra in (("sample", []), ("train", ["--configs", "host", "host+pipe", "cache"])):
+        out = tmp_path / name
+        res = subprocess.run([sys.executable, "-m", "hmgstore.bench", name, "--quick", *extra, "--out", str(out)],
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        report = json.loads((out / f"{name}.json").read_text())
+        assert (out / f"{name}.md").is_file()
+        if name == "sample":
+            variants = report["graphs"][0]["variants"]
+            assert variants["hmg_cpu"]["batches_per_s"] > 0
+        else:
+            assert set(report["configs"]) == {"host", "host+pipe", "cache"}
+            assert all(c["epoch_s"] > 0 for c in report["configs"].values())
+            assert report["configs"]["cache"]["feature_stats"]["rows"] > 0

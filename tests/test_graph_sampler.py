@@ -283,3 +283,67 @@ def test_cpu_sampler_cost_is_modest():
     finally:
         mod.draw = original
     assert 0 < len(calls) <= 15 + 10 + 5  # one vectorised draw per Floyd step of each hop
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("disjoint", [False, True])
+def test_replayed_cuda_graph_batches_equal_the_cpu_samples(disjoint):
+    ei = power_law_graph()
+    cpu, _ = build(ei, 3000, ("cpu", None), num_neighbors=[6, 3, 2], disjoint=disjoint)
+    gpu, _ = build(ei, 3000, ("cuda", 0.3), num_neighbors=[6, 3, 2], disjoint=disjoint)
+    assert gpu.cuda_graphs and gpu.dedup == "hash"
+    outputs = []
+    for step in range(5):  # eager (warm-up), captured, then replays: each must be a fresh, right batch
+        seeds = torch.randperm(3000, generator=torch.Generator().manual_seed(step))[:400]
+        torch.manual_seed(100 + step)
+        a = cpu.sample({None: seeds})
+        torch.manual_seed(100 + step)
+        b = gpu.sample({None: seeds.cuda()})
+        for field in ("node", "row", "col", "edge"):
+            assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), (step, field)
+        assert a.num_sampled_nodes == b.num_sampled_nodes and a.num_sampled_edges == b.num_sampled_edges
+        outputs.append((a, b))
+    assert gpu._graphs  # a graph was captured
+    a, b = outputs[2]  # an earlier replay's output is not overwritten by later replays
+    assert torch.equal(a.node[None], b.node[None].cpu()) and torch.equal(a.edge[None], b.edge[None].cpu())
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_topology_statistics(placement):
+    sampler, csc = build(power_law_graph(), 3000, placement, num_neighbors=[5, 5])
+    sampler.reset_stats()
+    out = sampler.sample({None: torch.arange(0, 3000, 10)})
+    stats = sampler.stats()
+    assert stats["rows"] == sum(out.num_sampled_edges[None])
+    assert stats["tiers"]["gpu"]["rows"] + stats["tiers"]["host"]["rows"] == stats["rows"]
+    device, share = placement
+    if device == "cpu" or share is None:
+        assert stats["hit_ratio"] == 0.0
+    elif share == 1.0:
+        assert stats["hit_ratio"] == 1.0
+    else:
+        assert 0.0 < stats["hit_ratio"] < 1.0
+    with pytest.raises(RuntimeError, match="not counting"):
+        build(power_law_graph(), 3000, placement)[0].stats()
+
+
+def test_presampled_hotness_beats_degree_where_training_is_concentrated():
+    from hmgstore import placement
+    from hmgstore.graph import hit_ratio
+
+    n = 20_000
+    ei = power_law_graph(n, 200_000, seed=5)
+    sampler, csc = build(ei, n, ("cpu", None), num_neighbors=[10, 5])
+    train = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:200]  # 1% of nodes, as papers100M
+    hot = placement.presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(2),
+                              progress=False)
+    assert hot.batches == 4 and int(hot.features[None].sum()) > 0 and int(hot.topology[None].sum()) > 0
+    measured = placement.presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(3),
+                                   progress=False)  # another epoch, other shuffles and draws
+    cache = n // 20  # 5%
+    by_presample = placement.order_by_score(hot.features[None])[:cache]
+    out_degree = torch.bincount(ei[0], minlength=n)  # how often a node is someone's neighbour
+    by_degree = placement.order_by_score(out_degree)[:cache]
+    assert hit_ratio(measured.features[None], by_presample) > hit_ratio(measured.features[None], by_degree)
+    with pytest.raises(TypeError, match="NeighborSampler"):
+        placement.presample(object(), train)

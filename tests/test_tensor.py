@@ -599,3 +599,34 @@ def test_placement_ids_are_checked_on_the_cpu_too():
         hmgstore.HybridTensor(x, "cpu", gpu_rows=[5000])
     with pytest.raises(ValueError, match="more than once"):
         hmgstore.HybridTensor(x, "cpu", gpu_rows=[1, 1])
+
+
+# ---- per-tier statistics -------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_statistics_count_rows_per_tier(device):
+    x = random_table(1000, (16,), torch.float32, seed=33)
+    table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, 1000, 2))  # even rows on the GPU
+    with pytest.raises(RuntimeError, match="reset_stats"):
+        table.stats()
+    table.reset_stats()
+    table[torch.arange(0, 100)]  # 50 even, 50 odd
+    hmgstore.gather_many([(table, torch.tensor([2, 4, 6]))])
+    s = table.stats()
+    assert s["gathers"] == 2 and s["rows"] == 103 and s["bytes"] == 103 * 64 and s["seconds"] > 0
+    if device == "cuda":
+        assert s["tiers"]["gpu"]["rows"] == 53 and s["tiers"]["host"]["rows"] == 50
+        assert s["hit_ratio"] == pytest.approx(53 / 103)
+    else:
+        assert s["tiers"] == {"host": {"rows": 103, "bytes": 103 * 64}} and s["hit_ratio"] == 0.0
+    table.reset_stats()
+    assert table.stats()["rows"] == 0
+
+
+def test_merged_statistics():
+    from hmgstore import stats
+
+    a = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), "cpu", stats=True)
+    b = hmgstore.HybridTensor(random_table(100, (2,), torch.float32), "cpu", stats=True)
+    hmgstore.gather_many([(a, [1, 2, 3]), (b, [4, 5])])
+    merged = stats.merge([a.stats(), b.stats()])
+    assert merged["rows"] == 5 and merged["bytes"] == 3 * 16 + 2 * 8 and merged["gathers"] == 1

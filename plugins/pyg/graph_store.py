@@ -76,6 +76,14 @@ class CSCGraphStore(GraphStore):
             return csc.coo_in_given_order()
         return None  # CSR is not held: csr() converts
 
+    def put_csc(self, csc: CSC, edge_type=None) -> None:
+        """Hold ``csc`` (a :class:`hmgstore.graph.CSC`, e.g. built straight in CSC form) for
+        ``edge_type`` as it is: no check, no copy, its ``row`` kept in its own dtype."""
+        if self._edges and (edge_type is None) != (next(iter(self._edges)) is None):
+            raise ValueError("a graph store is homogeneous (edge_type=None) or heterogeneous "
+                             "((src, rel, dst) edge types), not both")
+        self._edges[edge_type] = csc
+
     def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:
         return self._edges.pop(edge_attr.edge_type, None) is not None
 

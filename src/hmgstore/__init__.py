@@ -14,7 +14,9 @@ The package, by layer:
   GPUs of one process): the table and its one gather;
 - ``cuda``: the CUDA layer, the only place that imports CuPy;
 - ``memory``: host memory, pinned for zero-copy reads and shared by a node;
-- ``graph``: framework-free topology (CSC);
+- ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
+- ``pipeline``: sampling and gathering the next batches on a side stream while the model trains;
+- ``stats``: per-tier counters;
 - ``distributed``: one process per GPU (torchrun) on one node;
 - ``data``: synthetic and OGB graphs; ``bench``: ``python -m hmgstore.bench``.
 
@@ -22,10 +24,11 @@ Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
 from . import placement, stats
+from .pipeline import Pipeline
 from .placement import Placement, Tier
 from .sharded import ShardedTensor
 from .tensor import HybridTensor, gather_many, resolve_device
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "placement", "stats", "Placement", "Tier",
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "Pipeline", "placement", "stats", "Placement", "Tier",
            "resolve_device", "__version__"]

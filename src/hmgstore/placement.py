@@ -371,3 +371,11 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     resident = [("replica", order[:rep])] if rep else []
     resident += [(f"shard{s}", spread[s::num_shards]) for s in range(num_shards)]
     return _stack(num_rows, resident)
+
+
+def presample(sampler, seeds, **kwargs):
+    """Node hotness by pre-sampling: see :func:`hmgstore.graph.presample.presample` (it runs a sampler,
+    so it lives with the sampler; this is the policy's entry point)."""
+    from .graph.presample import presample as run
+
+    return run(sampler, seeds, **kwargs)

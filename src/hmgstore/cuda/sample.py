@@ -25,19 +25,21 @@ def counts(nodes, lohi, max_seeds: int, colptr, k: int, replace: bool, num_dst: 
             np.int64(num_dst), np.int32(disjoint), _p(out)), out.device)
 
 
-def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjoint: bool, key: int, pos) -> None:
-    """Positions of the seeds that sample without replacement, into their slots of ``pos``."""
+def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjoint: bool, key, pos) -> None:
+    """Positions of the seeds that sample without replacement, into their slots of ``pos``.
+
+    ``key``: a one-element int64 device tensor holding the hop's draw key."""
     launch(FILES, "hmg_sample_floyd", max_seeds,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(colptr), _p(counts), _p(ends), np.int64(num_dst),
-            np.int32(disjoint), np.uint64(key & (2**64 - 1)), _p(pos)), pos.device)
+            np.int32(disjoint), _p(key), _p(pos)), pos.device)
 
 
-def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key: int,
+def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key,
          num_dst: int, disjoint: bool, nbr, eid, seed_local) -> None:
     """Every slot's neighbour key, edge id and seed's local id, read from the topology's tiers."""
     launch(FILES, "hmg_sample_read", max_slots,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
             np.int64(max_slots), _p(pos), _p(topology.gpu_row), np.uint64(topology.host_address),
             np.int64(topology.gpu_edges), np.int32(topology.index_bytes == 8), np.int32(replace),
-            np.uint64(key & (2**64 - 1)), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint),
+            _p(key), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint),
             _p(nbr), _p(eid), _p(seed_local)), nbr.device)

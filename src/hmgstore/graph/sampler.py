@@ -94,12 +94,16 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     """Sample one hop: ``(neighbours, edge ids, counts)``.
 
     ``seeds``: int64 [S] destination ids on the topology's device, in range.
-    Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
+    ``key``: the hop's draw key (an int; on a GPU also a one-element int64
+    device tensor). Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
     ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
     (neighbours per seed; M is their sum).
     """
     if topology.device.type == "cuda":
+        if not isinstance(key, torch.Tensor):
+            key = torch.tensor([_signed(key)], device=topology.device)
         return _sample_hop_cuda(topology, seeds, k, replace, key)
+    key = int(key)
     degree = topology.degree(seeds)
     counts = slot_counts(degree, k, replace)
     offsets = counts.cumsum(0) - counts
@@ -122,7 +126,7 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
 
 
 def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_seeds: int, k: int, replace: bool,
-               key: int, num_dst: int, disjoint: bool, max_slots: int | None = None):
+               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None):
     """Queue one hop's kernels for the seeds ``nodes[lohi[0]:lohi[1]]`` (bounds on the device, at most
     ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
     ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used."""
@@ -141,7 +145,7 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     return nbr, eid, seed_local, counts, ends
 
 
-def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int):
+def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: torch.Tensor):
     """:func:`sample_hop` on a GPU: the hop's size is read back (one synchronisation) to size the output."""
     lohi = torch.tensor([0, len(seeds)], device=seeds.device)
     if k < 0:  # every neighbour: the size is the degrees' sum
@@ -192,6 +196,10 @@ class NeighborSampler:
         disjoint: every seed gets its own subgraph (see the module docstring).
         generator: the ``torch.Generator`` (CPU) that keys the draws; default:
             torch's global one, so ``torch.manual_seed`` fixes the samples.
+        cuda_graphs: on a GPU, capture a batch's queued kernels in a CUDA graph
+            (per seed count, from the second batch of that size on) and replay
+            it for later batches: one launch instead of some thirty. Off while
+            a topology counts statistics.
         dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
             both give the same output. Default: ``"hash"`` on a GPU, where a
             batch's hops are then queued with their sizes kept on the device
@@ -200,7 +208,8 @@ class NeighborSampler:
     """
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
-                 disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None):
+                 disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None,
+                 cuda_graphs: bool = True):
         if not topologies:
             raise ValueError("a sampler needs at least one edge type's topology")
         devices = {t.device for t in topologies.values()}
@@ -225,6 +234,8 @@ class NeighborSampler:
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
             raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
         self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
 
     def _expected_nodes(self, seeds: int) -> int:
         """A bound on a batch's nodes per type for sizing hash tables (grown if passed)."""
@@ -235,8 +246,12 @@ class NeighborSampler:
             total += frontier
         return min(total, 1 << 24)
 
-    def _key(self) -> int:
-        return int(torch.randint(0, 2**62, (1,), generator=self.generator))
+    def _draw_keys(self) -> torch.Tensor:
+        """One draw key per (hop, edge type), in that order: int64 [hops * edge types], CPU."""
+        return torch.randint(0, 2**62, (self.num_hops * len(self.topologies),), generator=self.generator)
+
+    def _key_index(self, hop: int, et) -> int:
+        return hop * len(self.topologies) + list(self.topologies).index(et)
 
     def sample(self, seeds: dict) -> Sample:
         """Sample the subgraphs around ``seeds``: node type -> node ids (an integer tensor on any
@@ -253,9 +268,10 @@ class NeighborSampler:
             ids = torch.empty(0, dtype=torch.int64, device=self.device) if ids is None else ids
             keys[nt] = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids if self.disjoint else ids
         fanouts = [k for v in self.num_neighbors.values() for k in v]
+        draws = self._draw_keys()
         if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0:
-            return self._sample_queued(keys)
-        return self._sample_synced(keys)
+            return self._sample_queued(keys, draws)
+        return self._sample_synced(keys, draws)
 
     def _fanout(self, et, hop: int) -> int:
         fanout = self.num_neighbors[et]
@@ -264,8 +280,10 @@ class NeighborSampler:
     def _ends(self, et) -> tuple:
         return (et[0], et[-1]) if self.hetero else (None, None)
 
-    def _sample_synced(self, keys: dict) -> Sample:
+    def _sample_synced(self, keys: dict, draws: torch.Tensor) -> Sample:
         """Hop after hop, reading each hop's sizes back (any device, any relabelling)."""
+        if self.device.type == "cuda":
+            draws = draws.to(self.device)
         sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k))) for nt, k in keys.items()}
         frontier = {nt: (0, len(k)) for nt, k in keys.items()}
         num_nodes_hop = {nt: [len(k)] for nt, k in keys.items()}
@@ -276,7 +294,8 @@ class NeighborSampler:
             for et, topo in self.topologies.items():
                 k = self._fanout(et, hop)
                 src, dst = self._ends(et)
-                key = self._key() if k else 0  # drawn whatever the frontier, as the queued path does
+                at = self._key_index(hop, et)
+                key = draws[at:at + 1] if self.device.type == "cuda" else int(draws[at])
                 lo, hi = frontier[dst]
                 if k == 0 or hi == lo:
                     num_edges_hop[et].append(0)
@@ -298,12 +317,32 @@ class NeighborSampler:
                 num_nodes_hop[nt].append(s.count - before[nt])
         return self._output({nt: s.keys for nt, s in sets.items()}, parts, num_nodes_hop, num_edges_hop)
 
-    def _sample_queued(self, keys: dict) -> Sample:
+    def _sample_queued(self, keys: dict, draws: torch.Tensor) -> Sample:
         """Every hop queued on the GPU with its sizes kept on the device; one read-back at the end.
+
+        With ``cuda_graphs``, the first batch of a given seed count runs
+        eagerly (warming up), the second is captured in a CUDA graph, and
+        later ones replay it with new seeds and keys.
+        """
+        counting = any(t._counter is not None for t in self.topologies.values())
+        shape = tuple(len(k) for k in keys.values())
+        if self.cuda_graphs and not counting:
+            if shape in self._graphs:
+                captured = self._graphs[shape]
+                if captured is None:
+                    captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+                return captured.run(keys, draws)
+            self._graphs[shape] = None  # warmed up by this eager batch
+        state = self._queue_batch(keys, draws.to(self.device))
+        return self._finish_queued(state, _sizes(keys, state).tolist(), copy=False)
+
+    def _queue_batch(self, keys: dict, draws: torch.Tensor):
+        """Queue a batch's kernels (no host synchronisation): ``(sets, starts, queued, hops)``.
 
         Each hop is launched over an upper bound of its seeds and slots (the
         previous hop's slots times the fanout), computed on the host; kernels
-        read the real bounds from device memory. Hash relabelling only.
+        read the real bounds from device memory. ``draws``: the keys, on the
+        device.
         """
         from .relabel import HashNodeSet
 
@@ -320,36 +359,43 @@ class NeighborSampler:
         for nt, k in keys.items():
             room = sum(most[nt]) if self.disjoint else min(sum(most[nt]), len(k) + self.num_nodes[nt])
             sets[nt] = HashNodeSet(k, room)
-            starts[nt] = torch.tensor([0] + [len(k)] * (hops + 1), dtype=torch.int64, device=self.device)
+            starts[nt] = torch.full((hops + 2,), len(k), dtype=torch.int64, device=self.device)
+            starts[nt][:1].zero_()
         queued = {et: [] for et in self.topologies}  # per hop: (rows, cols, edges, used slots) or None
         for hop in range(hops):
             for et, topo in self.topologies.items():
                 k = self._fanout(et, hop)
                 src, dst = self._ends(et)
-                key = self._key() if k else 0
                 max_seeds = most[dst][hop]
                 if k == 0 or max_seeds == 0:
                     queued[et].append(None)
                     continue
+                at = self._key_index(hop, et)
                 lohi = starts[dst][hop:hop + 2]
                 nbr, eid, seed_local, counts, ends = _queue_hop(
-                    topo, sets[dst]._nodes, lohi, max_seeds, k, self.replace, key, self.num_nodes[dst], self.disjoint)
+                    topo, sets[dst]._nodes, lohi, max_seeds, k, self.replace, draws[at:at + 1], self.num_nodes[dst],
+                    self.disjoint)
                 if topo._counter is not None:
-                    at = (lohi[0] + torch.arange(max_seeds, device=self.device)).clamp_(max=len(sets[dst]._nodes) - 1)
-                    nodes = sets[dst]._nodes[at]
+                    at_seed = (lohi[0] + torch.arange(max_seeds, device=self.device))
+                    nodes = sets[dst]._nodes[at_seed.clamp_(max=len(sets[dst]._nodes) - 1)]
                     topo.count(nodes % self.num_nodes[dst] if self.disjoint else nodes, counts)
                 rows = sets[src].add_queued(nbr, ends[-1:], max_seeds * k)
                 queued[et].append((rows, seed_local, eid, ends[-1:]))
             for nt, s in sets.items():
                 starts[nt][hop + 2:hop + 3].copy_(s.device_count)
-        # The batch's one synchronisation: every hop's node and edge counts.
-        used = [q[3] for per_hop in queued.values() for q in per_hop if q is not None]
-        sizes = torch.cat([starts[nt] for nt in keys] + used).tolist()
-        num_nodes_hop = {}
-        for nt in keys:
+        return sets, starts, queued, hops
+
+    def _finish_queued(self, state, sizes: list, copy: bool) -> Sample:
+        """The batch from a queued state and its sizes read back (``copy``: the state's memory is
+        reused by the next replay, so the output must own its own)."""
+        sets, starts, queued, hops = state
+        num_nodes_hop, node_keys = {}, {}
+        for nt, s in sets.items():
             bounds, sizes = sizes[:hops + 2], sizes[hops + 2:]
-            sets[nt].count = bounds[-1]
             num_nodes_hop[nt] = [b - a for a, b in zip(bounds, bounds[1:])]
+            node_keys[nt] = s._nodes[:bounds[-1]]
+            if copy:
+                node_keys[nt] = node_keys[nt].clone()
         parts = {et: ([], [], []) for et in self.topologies}
         num_edges_hop = {et: [] for et in self.topologies}
         for et, per_hop in queued.items():
@@ -359,7 +405,7 @@ class NeighborSampler:
                 if m:
                     for part, values in zip(parts[et], q[:3]):
                         part.append(values[:m])
-        return self._output({nt: s.keys for nt, s in sets.items()}, parts, num_nodes_hop, num_edges_hop)
+        return self._output(node_keys, parts, num_nodes_hop, num_edges_hop)
 
     def _output(self, keys: dict, parts: dict, num_nodes_hop: dict, num_edges_hop: dict) -> Sample:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -372,7 +418,10 @@ class NeighborSampler:
         return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
 
     def reset_stats(self) -> None:
-        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.stats`)."""
+        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.stats`).
+
+        Captured CUDA graphs are dropped: batches run eagerly while counting."""
+        self._graphs.clear()
         for topo in self.topologies.values():
             topo.reset_stats()
 
@@ -385,3 +434,42 @@ class NeighborSampler:
     def close(self) -> None:
         for topo in self.topologies.values():
             topo.close()
+
+
+def _sizes(keys: dict, state) -> torch.Tensor:
+    """Every hop's node bounds per type and used slots per edge type, as one device tensor."""
+    sets, starts, queued, _ = state
+    used = [q[3] for per_hop in queued.values() for q in per_hop if q is not None]
+    return torch.cat([starts[nt] for nt in keys] + used)
+
+
+class CapturedBatch:
+    """One seed count's queued batch, captured in a CUDA graph and replayed with new seeds and keys.
+
+    The graph's inputs are static buffers (the seeds' keys, the draw keys);
+    :meth:`run` copies a batch's values in, replays, reads the sizes back and
+    copies the outputs out of the graph's memory, which the next replay reuses.
+    """
+
+    def __init__(self, sampler: NeighborSampler, keys: dict, draws: torch.Tensor):
+        device = sampler.device
+        self.sampler = sampler
+        self.seeds = {nt: torch.empty_like(k) for nt, k in keys.items()}
+        self.draws = torch.empty(len(draws), dtype=torch.int64, device=device)
+        self.draws_host = torch.empty(len(draws), dtype=torch.int64, pin_memory=True)
+        for nt, k in keys.items():  # valid inputs during capture, so the capture itself is a valid batch
+            self.seeds[nt].copy_(k)
+        self.draws.copy_(draws)
+        torch.cuda.current_stream(device).synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.state = sampler._queue_batch(self.seeds, self.draws)
+            self.sizes = _sizes(self.seeds, self.state)
+
+    def run(self, keys: dict, draws: torch.Tensor) -> Sample:
+        for nt, k in keys.items():
+            self.seeds[nt].copy_(k)
+        self.draws_host.copy_(draws)
+        self.draws.copy_(self.draws_host, non_blocking=True)
+        self.graph.replay()
+        return self.sampler._finish_queued(self.state, self.sizes.tolist(), copy=True)

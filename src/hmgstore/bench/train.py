@@ -1,0 +1,359 @@
+"""``python -m hmgstore.bench train``: what an epoch costs, end to end, and where it goes.
+
+GraphSAGE (3 layers, hidden 256, fanout 15,10,5, batch 1024, Adam) is trained
+for ``--batches`` batches in each configuration, after warm-up, on one graph:
+
+- ``stock``: PyG as it comes: ``Data`` on the CPU, PyG's CPU sampler
+  (torch-sparse), the batch copied to the GPU;
+- ``all_gpu``: features and topology whole in GPU memory, hmgstore's sampler
+  (the ceiling);
+- ``host``: hmgstore with features and topology in pinned host memory,
+  read zero-copy;
+- ``cache``: hmgstore with ``--cache`` of the features' and of the topology's
+  bytes on the GPU, the hot rows chosen by pre-sampling one epoch
+  (:func:`hmgstore.placement.presample`);
+
+and each of the last three with ``hmgstore.Pipeline`` (``+pipe``): the next
+batches sampled and gathered on a side stream while the model trains.
+Without the pipeline a step is timed in phases, the GPU synchronised at each
+boundary: sampling (the sampler and the loader's own work), gather (features
+and labels onto the GPU), train. With it, the step's wall time and the time
+the training loop waited for batches. Epoch time is the steady time per batch
+times the batches of an epoch. The hit ratios come from the tables' and
+topologies' per-tier counters (:mod:`hmgstore.stats`).
+
+Graphs (``--graph``): ``synthetic:NODES`` (hmgstore.data.synthetic: 10 edges
+per node, learnable labels; ``--feat-dim`` features), ``products`` (an
+ogbn-products-shaped community graph: 2.45M nodes, 50 edges each, 100
+features) or ``papers:NODES:EDGES`` (a papers100M-shaped power-law graph of
+128 features, 1.1% of nodes in the training split; features are a cheap
+pattern, not learnable, as only time is measured).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import logging
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+import hmgstore
+
+from .report import write_report
+
+log = logging.getLogger(__name__)
+
+CONFIGS = ("stock", "all_gpu", "all_gpu+pipe", "host", "host+pipe", "cache", "cache+pipe")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--graph", default=None,
+                   help="synthetic:NODES, products, or papers:NODES:EDGES (default: synthetic:2M; CPU: synthetic:20K)")
+    p.add_argument("--feat-dim", type=int, default=1024, help="synthetic graph: features per node (default: 1024)")
+    p.add_argument("--batches", type=int, default=30, help="timed batches per configuration (default: 30)")
+    p.add_argument("--stock-batches", type=int, default=6, help="timed batches of the stock configuration (default: 6)")
+    p.add_argument("--cache", type=float, default=0.15, help="cache: share of features and topology on the GPU")
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
+    p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+class SAGE(torch.nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x, edge_index):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = F.dropout(x.relu(), p=0.5, training=self.training)
+        return x
+
+
+def build_graph(spec: str, feat_dim: int):
+    """``(Data on the CPU, CSC or None, train ids, classes, description)`` for a ``--graph`` spec; the CSC,
+    for a graph generated straight in CSC form (the Data then has no edge_index)."""
+    from torch_geometric.data import Data
+
+    from ..data import synthetic
+
+    kind, _, rest = spec.partition(":")
+    if kind == "synthetic":
+        from .sample import _count
+
+        g = synthetic(num_nodes=_count(rest), avg_degree=10, feat_dim=feat_dim, seed=0)
+        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, g.train_idx, g.num_classes, spec
+    if kind == "products":
+        g = synthetic(num_nodes=2_449_029, avg_degree=50, feat_dim=100, num_classes=47, seed=0)
+        train = g.train_idx[torch.randperm(len(g.train_idx), generator=torch.Generator().manual_seed(1))][:196_615]
+        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, train.sort().values, g.num_classes, "products-shaped"
+    if kind == "papers":
+        from .sample import _count, power_law_csc
+
+        nodes, edges = (_count(v) for v in rest.split(":"))
+        cuda = torch.cuda.is_available()
+        csc = power_law_csc(nodes, edges, 0.6, device="cuda" if cuda else None)
+        x = torch.empty(nodes, 128, dtype=torch.float32)
+        x.view(torch.int32).view(-1)[:] = 0x3F800000  # 1.0f everywhere: cheap to make, never all zeros
+        y = torch.randint(0, 172, (nodes,))
+        train = torch.randperm(nodes, generator=torch.Generator().manual_seed(1))[:max(1, nodes * 11 // 1000)]
+        return Data(x=x, y=y, num_nodes=nodes), csc, train.sort().values, 172, f"papers-shaped {rest}"
+    raise SystemExit(f"unknown --graph {spec!r}: use synthetic:NODES, products or papers:NODES:EDGES")
+
+
+class PhaseTimer:
+    """Seconds per phase, the device synchronised at each boundary."""
+
+    def __init__(self, device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.seconds = defaultdict(float)
+
+    def wrap(self, obj, name: str, phase: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            self.sync()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                self.seconds[phase] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
+
+
+def _loader(config: str, data, train, device, args, stores, sampler):
+    from torch_geometric.loader import NeighborLoader
+
+    kwargs = dict(input_nodes=train, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    if config == "stock":
+        return NeighborLoader(data, [15, 10, 5], **kwargs)
+    source = stores if stores is not None else data
+    return NeighborLoader(source, [15, 10, 5], neighbor_sampler=sampler, **kwargs)
+
+
+def run_config(config: str, data, csc, train, classes, device, args, hot) -> dict:
+    from ..plugins.pyg import HybridNeighborSampler, from_data
+
+    base, pipe = config.split("+")[0], config.endswith("+pipe")
+    stores = sampler = None
+    topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
+    if base == "all_gpu":
+        data = data.clone().to(device)  # Data.to moves in place: the other configurations need it on the CPU
+        sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, gpu_budget=2**62,
+                                        progress=False)
+    elif base in ("host", "cache"):
+        budget = None
+        feature_hot = None
+        if base == "cache":
+            feature_bytes = data.x.element_size() * data.x.numel()
+            budget = int(args.cache * feature_bytes)
+            feature_hot = hot.features[None]
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
+                           progress=False)
+        topo_budget = None
+        if base == "cache":
+            edges = topology_bytes or 4 * data.edge_index.shape[1]
+            topo_budget = int(args.cache * edges)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), [15, 10, 5], device=device,
+                                        gpu_budget=topo_budget, progress=False,
+                                        hot_order=None if base == "host" else
+                                        hmgstore.placement.order_by_score(hot.topology[None]))
+    loader = _loader(base, data, train, device, args, stores, sampler)
+    model = SAGE([data.x.shape[1], 256, 256, classes]).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    timer = PhaseTimer(device)
+    if not pipe:
+        timer.wrap(loader, "filter_fn", "gather")
+    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device) if pipe else loader
+    reps = args.stock_batches if base == "stock" else args.batches
+    warmup = 3
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    load_s = train_s = 0.0
+    it = iter(iterable)
+    for step in range(warmup + reps):
+        if step == warmup:
+            sync()
+            start = time.perf_counter()
+            timer.seconds.clear()
+            load_s = train_s = 0.0
+        t0 = time.perf_counter()
+        batch = next(it)
+        if not pipe:
+            batch = batch.to(device, non_blocking=True)
+            sync()
+        t1 = time.perf_counter()
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(batch.x, batch.edge_index)[:batch.batch_size], batch.y[:batch.batch_size])
+        loss.backward()
+        optimizer.step()
+        if not pipe:
+            sync()
+        load_s += t1 - t0
+        train_s += time.perf_counter() - t1
+    sync()
+    seconds = (time.perf_counter() - start) / reps
+    it.close() if hasattr(it, "close") else None
+    per_epoch = math.ceil(len(train) / args.batch_size)
+    result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
+              "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": float(loss)}
+    if pipe:
+        result["split_s"] = {"wait": load_s / reps, "train_issue": train_s / reps}
+    else:
+        gather = timer.seconds["gather"] / reps
+        result["split_s"] = {"sampling": load_s / reps - gather, "gather": gather, "train": train_s / reps}
+    if stores is not None or sampler is not None:  # hit ratios, counted over a few more batches (not timed)
+        for counted in (stores[0] if stores else None, sampler):
+            if counted is not None:
+                counted.reset_stats()
+        counting = iter(loader)
+        for _ in range(5):
+            next(counting)
+        if stores is not None:
+            result["feature_stats"] = stores[0].stats()
+        result["topology_stats"] = sampler.stats()
+    for obj in (stores[0] if stores else None, sampler):
+        if obj is not None:
+            obj.close()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    gc.collect()
+    return result
+
+
+def _features_only(data, csc):
+    """The Data, or, for a graph generated as CSC, its node attributes with no edges (the sampler reads
+    the CSC itself)."""
+    from torch_geometric.data import Data
+
+    if csc is None:
+        return data
+    return Data(x=data.x, y=data.y, edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=data.num_nodes)
+
+
+def _graph_source(data, csc=None, stores=None):
+    """What HybridNeighborSampler reads the topology from: the stores, the Data, or a prepared CSC."""
+    if csc is not None:
+        from ..plugins.pyg import CSCGraphStore, HybridFeatureStore
+
+        graph_store = CSCGraphStore()
+        graph_store.put_csc(csc)
+        feature_store = stores[0] if stores is not None else HybridFeatureStore("cpu")
+        return feature_store, graph_store
+    return stores if stores is not None else data
+
+
+def run(args) -> dict:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    args.batch_size = 1024
+    if args.quick:
+        args.graph, args.feat_dim, args.batches, args.stock_batches, args.batch_size = "synthetic:5K", 32, 3, 2, 256
+    if args.graph is None:
+        args.graph = "synthetic:2M" if cuda else "synthetic:20K"
+    configs = [c for c in args.configs if cuda or not c.startswith("all_gpu")]
+    try:
+        import torch_sparse  # noqa: F401
+    except ImportError:
+        configs = [c for c in configs if c != "stock"]
+        log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
+    data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
+    report = {
+        "benchmark": "train",
+        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
+                  "x_gb": data.x.numel() * data.x.element_size() / 1e9},
+        "model": "GraphSAGE 3 layers, hidden 256, fanout 15,10,5", "batch": args.batch_size, "cache": args.cache,
+        "configs": {},
+    }
+    hot = None
+    if any(c.startswith("cache") for c in configs):
+        from ..plugins.pyg import HybridNeighborSampler
+
+        log.info("pre-sampling one epoch for the cache")
+        sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, progress=False)
+        start = time.perf_counter()
+        hot = hmgstore.placement.presample(sampler, train, batch_size=args.batch_size, progress=False)
+        report["presample_s"] = time.perf_counter() - start
+        sampler.close()
+    for config in configs:
+        log.info("%s: training %s batches", config, args.batches)
+        report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
+        r = report["configs"][config]
+        log.info("%-13s %7.2f batches/s  epoch %7.2f s", config, r["batches_per_s"], r["epoch_s"])
+    write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
+    return report
+
+
+def _epoch(report, config):
+    c = report["configs"].get(config)
+    return None if c is None else c["epoch_s"]
+
+
+def add_ratios(report: dict) -> None:
+    best_cache = min((v for v in (_epoch(report, "cache"), _epoch(report, "cache+pipe")) if v), default=None)
+    best_gpu = min((v for v in (_epoch(report, "all_gpu"), _epoch(report, "all_gpu+pipe")) if v), default=None)
+    stock = _epoch(report, "stock")
+    report["targets"] = {
+        "cache_vs_all_gpu": best_cache / best_gpu if best_cache and best_gpu else None,  # target <= 1.15
+        "stock_vs_cache": stock / best_cache if stock and best_cache else None,  # target >= 10
+    }
+
+
+def _hits(stats):
+    return "-" if not stats or stats.get("hit_ratio") is None else f"{stats['hit_ratio']:.2f}"
+
+
+def table_text(report: dict) -> str:
+    g = report["graph"]
+    lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
+             f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}, "
+             f"cache {report['cache']:.0%}   date: {report['date']}", "",
+             "| config | batches/s | epoch s | x stock | per batch (ms) | feature hits | topology hits |",
+             "|---|---:|---:|---:|---|---:|---:|"]
+    stock = _epoch(report, "stock")
+    for name, c in report["configs"].items():
+        split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
+        speed = "-" if not stock else f"{stock / c['epoch_s']:.1f}"
+        lines.append(f"| {name} | {c['batches_per_s']:.1f} | {c['epoch_s']:.2f} | {speed} | {split} "
+                     f"| {_hits(c.get('feature_stats'))} | {_hits(c.get('topology_stats'))} |")
+    t = report.get("targets", {})
+    if t.get("cache_vs_all_gpu"):
+        lines.append(f"\ncache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (target <= 1.15); "
+                     f"stock / cache: {t['stock_vs_cache'] or float('nan'):.1f}x (target >= 10)")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["configs"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(names, [report["configs"][n]["epoch_s"] for n in names], color="tab:blue")
+    ax.set_yscale("log")
+    ax.set_ylabel("epoch time, s (log)")
+    ax.set_title(f"GraphSAGE epoch, {report['graph']['name']}, {report['device']}")
+    ax.tick_params(axis="x", rotation=30)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

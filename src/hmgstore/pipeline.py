@@ -1,0 +1,152 @@
+"""Pipeline: the next batches sampled and gathered on a side CUDA stream while the model trains.
+
+``for batch in Pipeline(loader, depth=2)`` yields what ``for batch in
+loader`` yields, in the same order, but a background thread pulls each batch
+from the loader up to ``depth`` batches ahead, with a side CUDA stream
+current: the GPU sampler's kernels, the feature gather and any copies of a
+batch are queued there, overlapping the training kernels on the consumer's
+stream. A batch is handed over with a CUDA event: the consumer's stream waits
+for it on the GPU (the training thread itself never waits for the GPU to
+finish a batch), and its tensors are marked as used by the consumer's stream
+so their memory is not reused too early. Loader workers (CPU sampling in
+other processes) keep working as before, now also overlapping the gather and
+the training.
+
+An exception raised while producing a batch is raised in the training loop,
+with its traceback, at the batch where it happened; stopping early (``break``)
+stops the background thread. On the CPU the pipeline is a plain prefetching
+iterator (a thread, no streams).
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Iterable, Iterator
+
+import torch
+
+_DONE = object()
+
+
+def _tensors(obj, seen=None):
+    """Every tensor reachable from a batch: tensors, sequences, dicts, PyG Data/HeteroData stores."""
+    if seen is None:
+        seen = set()
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value, seen)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value, seen)
+    elif hasattr(obj, "stores"):  # torch_geometric Data / HeteroData
+        for store in obj.stores:
+            for value in store.values():
+                yield from _tensors(value, seen)
+
+
+class Pipeline:
+    """Iterate ``loader`` with up to ``depth`` batches prepared ahead on a side stream.
+
+    Args:
+        loader: any iterable of batches (a PyG ``NeighborLoader``, a DGL
+            ``DataLoader``, ...); it may be iterated several times (epochs).
+        depth: batches prepared ahead (1 or more).
+        device: the CUDA device whose streams are used (default: the current
+            GPU; None on a machine without one: plain prefetching).
+        max_sms: while iterating, cap the gathers of the loader's hmgstore
+            feature store at this many SMs' worth of blocks (see
+            :class:`hmgstore.HybridTensor`), leaving the rest to training.
+
+    Batches come out ready on the stream that is current when they are taken.
+    """
+
+    def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | None = None):
+        if depth < 1:
+            raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
+        self.loader, self.depth, self.max_sms = loader, depth, max_sms
+        if device is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = None if device is None else torch.device(device)
+        self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _tables(self) -> list:
+        """The hmgstore tables the loader gathers from (for ``max_sms``)."""
+        data = getattr(self.loader, "data", None)
+        stores = data if isinstance(data, (tuple, list)) else [data]
+        tables = []
+        for store in stores:
+            tables += list(getattr(store, "_tables", {}).values())
+        return tables
+
+    def __iter__(self) -> Iterator:
+        import time
+
+        cuda = self.device is not None and self.device.type == "cuda"
+        side = torch.cuda.Stream(self.device) if cuda else None
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        tables = self._tables() if self.max_sms is not None else []
+        caps = [t.max_sms for t in tables]
+        for t in tables:
+            t.max_sms = self.max_sms
+
+        def produce():
+            try:
+                if cuda:
+                    torch.cuda.set_device(self.device)
+                with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                    for batch in self.loader:
+                        event = None
+                        if cuda:
+                            event = torch.cuda.Event()
+                            event.record(side)
+                        while not stop.is_set():
+                            try:
+                                ready.put((batch, event, None), timeout=0.1)
+                                break
+                            except queue.Full:
+                                continue
+                        if stop.is_set():
+                            return
+                ready.put((_DONE, None, None))
+            except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
+                ready.put((None, None, err))
+
+        worker = threading.Thread(target=produce, name="hmgstore-pipeline", daemon=True)
+        worker.start()
+        self.waited = 0.0
+        try:
+            while True:
+                start = time.perf_counter()
+                batch, event, err = ready.get()
+                self.waited += time.perf_counter() - start
+                if err is not None:
+                    raise err
+                if batch is _DONE:
+                    return
+                if cuda:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    for t in _tensors(batch):
+                        if t.is_cuda:
+                            t.record_stream(current)
+                yield batch
+        finally:
+            stop.set()
+            while worker.is_alive():
+                try:
+                    ready.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+            worker.join()
+            for t, cap in zip(tables, caps):
+                t.max_sms = cap
