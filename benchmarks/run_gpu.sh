@@ -42,6 +42,12 @@ for stage in "$@"; do
              --max-batches 15 --no-progress --features "${features%%-*}" --sampler "$sampler" $extra \
              --json "$OUT/pyg/pyg_${features}_${sampler}.json" 2>&1 | tail -1 || rc=1
          done ;;
+    pyg-pipe) mkdir -p "$OUT/pyg"; rc=0  # the example as make run runs it on a GPU: sampler + pipeline
+         for budget in none 2GB; do
+           extra=""; [ "$budget" = 2GB ] && extra="--gpu-budget 2GB --topology-budget 64MB"
+           timeout 200 python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 \
+             --epochs 2 --max-batches 40 --no-progress $extra --json "$OUT/pyg/pyg_pipeline_$budget.json" 2>&1 | tail -1 || rc=1
+         done ;;
     multi) nvidia-smi topo -m; df -h /dev/shm
            python3 -m pytest -q -s -rs tests/test_sharded.py tests/test_distributed.py tests/test_bench.py \
              tests/test_examples.py::test_two_cpu_processes tests/test_examples.py::test_says_how_to_start_it_without_torchrun \

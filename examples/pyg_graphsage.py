@@ -21,6 +21,7 @@ work done inside workers shows up as sampling (waiting for the workers).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -74,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sampler", choices=("hmgstore", "pyg"), default="hmgstore",
                    help="hmgstore's neighbour sampler (GPU or CPU, no compiled extension), or PyG's own "
                         "(CPU; needs torch-sparse or pyg-lib)")
+    p.add_argument("--pipeline", choices=("on", "off"), default=None,
+                   help="hmgstore.Pipeline: sample and gather the next batches on a side stream while the model "
+                        "trains (default: on when hmgstore's sampler runs on a GPU)")
     p.add_argument("--topology-budget", default=None,
                    help="hmgstore sampler on a GPU: GPU memory for hot adjacency lists, e.g. 2GB; 'all' keeps the "
                         "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
@@ -187,18 +191,30 @@ def main(argv=None) -> dict:
     timer = StepTimer(device)
     timer.watch_gather(train_loader)
 
+    pipelined = (args.pipeline == "on" or (args.pipeline is None and args.sampler == "hmgstore"
+                                           and device.type == "cuda" and args.features != "cpu"))
+
     def train(epoch: int) -> dict:
         model.train()
         before, batches, start = dict(timer.split()), 0, time.perf_counter()
         total = min(len(train_loader), args.max_batches or len(train_loader))
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=args.no_progress)
-        loader = iter(train_loader)
+        if pipelined:  # <-- hmgstore: the next batches are sampled and gathered while this one trains
+            pipeline = hmgstore.Pipeline(train_loader, depth=2)
+            loader = iter(pipeline)
+        else:
+            loader = iter(train_loader)
+        train_s = 0.0
         while batches < total:
-            with timer("load"):
+            if pipelined:  # phases overlap: only the training is timed (and the loop's waits, below)
                 batch = next(loader)
-            with timer("to_device"):
-                batch = batch.to(device, non_blocking=True)
-            with timer("train"):
+                t0 = time.perf_counter()
+            else:
+                with timer("load"):
+                    batch = next(loader)
+                with timer("to_device"):
+                    batch = batch.to(device, non_blocking=True)
+            with timer("train") if not pipelined else contextlib.nullcontext():
                 optimizer.zero_grad()
                 out = model(batch.x, batch.edge_index)[:batch.batch_size]
                 loss = F.cross_entropy(out, batch.y[:batch.batch_size])
@@ -207,11 +223,18 @@ def main(argv=None) -> dict:
             batches += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
+            if pipelined:
+                train_s += time.perf_counter() - t0
+        if pipelined:
+            loader.close()
         bar.close()
         seconds = time.perf_counter() - start
         after = timer.split()
+        split = {k: after[k] - before[k] for k in after}
+        if pipelined:
+            split = {"sampling_s": 0.0, "gather_s": 0.0, "train_s": train_s, "wait_s": pipeline.waited}
         return {"epoch": epoch, "seconds": seconds, "batches": batches, "batches_per_s": batches / seconds,
-                "loss": loss.item(), **{k: after[k] - before[k] for k in after}}
+                "loss": loss.item(), **split}
 
     @torch.no_grad()
     def test() -> float:
@@ -227,7 +250,12 @@ def main(argv=None) -> dict:
         return correct / total
 
     epochs = [train(epoch) for epoch in range(1, args.epochs + 1)]
+    counted = [obj for obj in (source[0] if isinstance(source, tuple) else None,
+                               loader_kwargs.get("neighbor_sampler")) if obj is not None]
+    for obj in counted:  # hit ratios of the GPU tiers, counted over the test pass
+        obj.reset_stats()
     accuracy = test()
+    hits = {name: obj.stats()["hit_ratio"] for name, obj in zip(("features", "topology"), counted)}
 
     steady = epochs[1:] or epochs  # the first epoch pays for warm-up (kernel compilation, page faults)
     result = {
@@ -237,6 +265,7 @@ def main(argv=None) -> dict:
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "hmgstore": hmgstore.__version__},
         "features": args.features, "gpu_budget": args.gpu_budget, "num_workers": loader_kwargs["num_workers"],
+        "pipeline": pipelined, "gpu_hit_ratio": hits,
         "sampler": args.sampler, "topology_budget": args.topology_budget,
         "dataset": {"name": dataset_name, "num_nodes": graph.num_nodes, "num_edges": graph.edge_index.shape[1],
                     "feat_dim": graph.x.shape[1], "x_gb": graph.x.nelement() * graph.x.element_size() / 1e9},
@@ -244,13 +273,15 @@ def main(argv=None) -> dict:
         "steady_epoch_s": statistics.median(e["seconds"] for e in steady),
         "steady_batches_per_s": statistics.median(e["batches_per_s"] for e in steady),
         "steady_split_s_per_batch": {k: statistics.median(e[k] / e["batches"] for e in steady)
-                                     for k in ("sampling_s", "gather_s", "train_s")},
+                                     for k in ("sampling_s", "gather_s", "train_s", "wait_s") if k in steady[0]},
         "test_acc": accuracy,
     }
-    split = result["steady_split_s_per_batch"]
-    print(f"{dataset_name}, features={args.features}, sampler={args.sampler}: test accuracy {accuracy:.4f}; "
+    split = {k: v for k, v in result["steady_split_s_per_batch"].items() if v or k in ("train_s", "wait_s")}
+    print(f"{dataset_name}, features={args.features}, sampler={args.sampler}"
+          f"{', pipelined' if pipelined else ''}: test accuracy {accuracy:.4f}; "
           f"{result['steady_epoch_s']:.2f} s/epoch, {result['steady_batches_per_s']:.2f} batches/s; per batch "
-          + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items()))
+          + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())
+          + "".join(f"; {name} from GPU memory {ratio:.0%}" for name, ratio in hits.items() if ratio is not None))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -64,7 +64,13 @@ class Pipeline:
             :class:`hmgstore.HybridTensor`), leaving the rest to training.
 
     Batches come out ready on the stream that is current when they are taken.
+    The first :attr:`warm` batches of each pass are made in the consumer's
+    thread before the background thread starts, so that one-off work (kernel
+    compilation, the sampler's CUDA-graph capture) runs while nothing else
+    uses the GPU.
     """
+
+    warm = 2
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | None = None):
         if depth < 1:
@@ -72,7 +78,11 @@ class Pipeline:
         self.loader, self.depth, self.max_sms = loader, depth, max_sms
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
-        self.device = None if device is None else torch.device(device)
+        if device is not None:
+            from .tensor import resolve_device
+
+            device = resolve_device(device)
+        self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
 
     def __len__(self) -> int:
@@ -99,25 +109,42 @@ class Pipeline:
         for t in tables:
             t.max_sms = self.max_sms
 
+        def make(batches) -> tuple:
+            """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                batch = next(batches, _DONE)
+                event = None
+                if cuda and batch is not _DONE:
+                    event = torch.cuda.Event()
+                    event.record(side)
+            return batch, event, None
+
+        batches = iter(self.loader)
+        first = []
+        try:
+            for _ in range(self.warm):
+                first.append(make(batches))
+                if first[-1][0] is _DONE:
+                    break
+        except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
+            first.append((None, None, err))
+
         def produce():
             try:
                 if cuda:
                     torch.cuda.set_device(self.device)
-                with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                    for batch in self.loader:
-                        event = None
-                        if cuda:
-                            event = torch.cuda.Event()
-                            event.record(side)
-                        while not stop.is_set():
-                            try:
-                                ready.put((batch, event, None), timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
-                        if stop.is_set():
-                            return
-                ready.put((_DONE, None, None))
+                if first and (first[-1][0] is _DONE or first[-1][2] is not None):
+                    return
+                while not stop.is_set():
+                    item = make(batches)
+                    while not stop.is_set():
+                        try:
+                            ready.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if item[0] is _DONE:
+                        return
             except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
                 ready.put((None, None, err))
 
@@ -127,7 +154,7 @@ class Pipeline:
         try:
             while True:
                 start = time.perf_counter()
-                batch, event, err = ready.get()
+                batch, event, err = first.pop(0) if first else ready.get()
                 self.waited += time.perf_counter() - start
                 if err is not None:
                     raise err

@@ -23,6 +23,7 @@ node``, so every seed grows its own tree.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -197,9 +198,10 @@ class NeighborSampler:
         generator: the ``torch.Generator`` (CPU) that keys the draws; default:
             torch's global one, so ``torch.manual_seed`` fixes the samples.
         cuda_graphs: on a GPU, capture a batch's queued kernels in a CUDA graph
-            (per seed count, from the second batch of that size on) and replay
-            it for later batches: one launch instead of some thirty. Off while
-            a topology counts statistics.
+            (per seed count, from the second batch of that size on, in the
+            main thread) and replay it for later batches, in any thread: one
+            launch instead of some thirty. Off while a topology counts
+            statistics.
         dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
             both give the same output. Default: ``"hash"`` on a GPU, where a
             batch's hops are then queued with their sizes kept on the device
@@ -325,14 +327,17 @@ class NeighborSampler:
         later ones replay it with new seeds and keys.
         """
         counting = any(t._counter is not None for t in self.topologies.values())
-        shape = tuple(len(k) for k in keys.values())
+        shape = (tuple(len(k) for k in keys.values()), tuple(map(tuple, self.num_neighbors.values())), self.replace,
+                 self.disjoint)
         if self.cuda_graphs and not counting:
-            if shape in self._graphs:
-                captured = self._graphs[shape]
-                if captured is None:
-                    captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+            captured = self._graphs.get(shape)
+            if captured is None and shape in self._graphs and threading.current_thread() is threading.main_thread():
+                # Captured in the main thread only: a capture puts torch's CUDA random generator in capture
+                # mode, and another thread drawing from it meanwhile (dropout in a training loop) would fail.
+                captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+            if captured is not None:
                 return captured.run(keys, draws)
-            self._graphs[shape] = None  # warmed up by this eager batch
+            self._graphs.setdefault(shape, None)  # warmed up by this eager batch
         state = self._queue_batch(keys, draws.to(self.device))
         return self._finish_queued(state, _sizes(keys, state).tolist(), copy=False)
 
@@ -462,7 +467,7 @@ class CapturedBatch:
         self.draws.copy_(draws)
         torch.cuda.current_stream(device).synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.state = sampler._queue_batch(self.seeds, self.draws)
             self.sizes = _sizes(self.seeds, self.state)
 
