@@ -23,7 +23,9 @@ for stage in "$@"; do
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
     sample) timeout 300 python3 -m hmgstore.bench sample --out "$OUT/sample" 2>"$OUT/sample.log"; rc=$?; tail -3 "$OUT/sample.log" ;;
-    train) timeout 420 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log" ;;
+    train) timeout 300 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log"
+           timeout 150 python3 -m hmgstore.bench train --configs cache+pipe host+pipe --max-sms 32 --out "$OUT/train-sm32" \
+             2>"$OUT/train-sm32.log"; tail -4 "$OUT/train-sm32.log" ;;
     sample-papers) timeout 420 python3 -m hmgstore.bench sample --graphs 111M:1.6B --variants hmg_gpu hmg_host hmg_cache \
                      --batches 10 --out "$OUT/sample-papers" 2>"$OUT/sample-papers.log"; rc=$?; tail -3 "$OUT/sample-papers.log" ;;
     tests) python3 -m pytest -q -m gpu tests/test_tensor.py tests/test_memory.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
@@ -45,7 +47,7 @@ for stage in "$@"; do
     pyg-pipe) mkdir -p "$OUT/pyg"; rc=0  # the example as make run runs it on a GPU: sampler + pipeline
          for budget in none 2GB; do
            extra=""; [ "$budget" = 2GB ] && extra="--gpu-budget 2GB --topology-budget 64MB"
-           timeout 200 python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 \
+           timeout 120 python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 \
              --epochs 2 --max-batches 40 --no-progress $extra --json "$OUT/pyg/pyg_pipeline_$budget.json" 2>&1 | tail -1 || rc=1
          done ;;
     multi) nvidia-smi topo -m; df -h /dev/shm

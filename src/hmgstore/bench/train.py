@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=float, default=0.15, help="cache: share of features and topology on the GPU")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
+    p.add_argument("--max-sms", type=int, default=None,
+                   help="pipeline: cap the gather at this many SMs, leaving the rest to training (default: no cap)")
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
@@ -177,7 +179,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     timer = PhaseTimer(device)
     if not pipe:
         timer.wrap(loader, "filter_fn", "gather")
-    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device) if pipe else loader
+    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms) if pipe else loader
     reps = args.stock_batches if base == "stock" else args.batches
     warmup = 3
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -280,6 +282,7 @@ def run(args) -> dict:
         "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": "GraphSAGE 3 layers, hidden 256, fanout 15,10,5", "batch": args.batch_size, "cache": args.cache,
+        "pipeline": {"depth": args.depth, "max_sms": args.max_sms},
         "configs": {},
     }
     hot = None

@@ -23,6 +23,8 @@ node``, so every seed grows its own tree.
 """
 from __future__ import annotations
 
+import gc
+import logging
 import threading
 from dataclasses import dataclass, field
 
@@ -31,6 +33,8 @@ import torch
 from ..index import normalize_many
 from .relabel import node_set
 from .topology import Topology
+
+log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
@@ -334,7 +338,13 @@ class NeighborSampler:
             if captured is None and shape in self._graphs and threading.current_thread() is threading.main_thread():
                 # Captured in the main thread only: a capture puts torch's CUDA random generator in capture
                 # mode, and another thread drawing from it meanwhile (dropout in a training loop) would fail.
-                captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+                try:
+                    captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+                except Exception as err:  # noqa: BLE001 - sampling goes on without graphs
+                    log.warning("hmgstore: capturing the sampler's CUDA graph failed (%s: %s); sampling goes on "
+                                "without CUDA graphs", type(err).__name__, str(err).splitlines()[0])
+                    self.cuda_graphs = False
+                    self._graphs.clear()
             if captured is not None:
                 return captured.run(keys, draws)
             self._graphs.setdefault(shape, None)  # warmed up by this eager batch
@@ -381,8 +391,9 @@ class NeighborSampler:
                     topo, sets[dst]._nodes, lohi, max_seeds, k, self.replace, draws[at:at + 1], self.num_nodes[dst],
                     self.disjoint)
                 if topo._counter is not None:
-                    at_seed = (lohi[0] + torch.arange(max_seeds, device=self.device))
-                    nodes = sets[dst]._nodes[at_seed.clamp_(max=len(sets[dst]._nodes) - 1)]
+                    at_seed = lohi[0] + torch.arange(max_seeds, device=self.device)
+                    nodes = sets[dst]._nodes[at_seed.clamp(max=len(sets[dst]._nodes) - 1)]
+                    nodes = torch.where(at_seed < lohi[1], nodes, 0)  # past the hop's seeds: not written yet
                     topo.count(nodes % self.num_nodes[dst] if self.disjoint else nodes, counts)
                 rows = sets[src].add_queued(nbr, ends[-1:], max_seeds * k)
                 queued[et].append((rows, seed_local, eid, ends[-1:]))
@@ -467,9 +478,15 @@ class CapturedBatch:
         self.draws.copy_(draws)
         torch.cuda.current_stream(device).synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.state = sampler._queue_batch(self.seeds, self.draws)
-            self.sizes = _sizes(self.seeds, self.state)
+        collecting = gc.isenabled()
+        gc.disable()  # a finalizer run during capture (one that waits for the GPU) would break the capture
+        try:
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.state = sampler._queue_batch(self.seeds, self.draws)
+                self.sizes = _sizes(self.seeds, self.state)
+        finally:
+            if collecting:
+                gc.enable()
 
     def run(self, keys: dict, draws: torch.Tensor) -> Sample:
         for nt, k in keys.items():
