@@ -72,3 +72,17 @@ def hetero(small_graph):
     from helpers import as_hetero
 
     return as_hetero(small_graph)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on why tests were skipped (a row of 's' says nothing), by reason."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    parts = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]))
+    terminalreporter.write_line(f"skipped: {parts}")

@@ -163,3 +163,41 @@ def test_adapters_serve_a_sharded_view(small_graph):
         input_nodes, _, _ = next(iter(loader))
         rows = g.get_node_storage("feat", "_N").fetch(input_nodes, d0, None).wait()
         assert torch.equal(rows.cpu(), x[input_nodes])
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_a_views_first_gather_on_another_stream_sees_its_map():
+    """The view's id map is written at build; a first gather on another stream (DGL's prefetch thread)
+    must read it written."""
+    d0, d1 = cuda_devices()[:2]
+    x = random_table(200_000, (16,), torch.float32, seed=50)
+    for _ in range(3):
+        torch.cuda._sleep(100_000_000)  # the building stream is busy: a map written late would show
+        t = hmgstore.ShardedTensor(x, [d0, d1], gpu_budget=16 * 4 * 60_000, hot_order=torch.randperm(200_000))
+        side = torch.cuda.Stream(d1)
+        idx = torch.randint(0, 200_000, (50_000,))
+        with torch.cuda.stream(side):
+            rows = t.on(d1)[idx.to(d1)]
+        side.synchronize()
+        assert torch.equal(rows.cpu(), x[idx])
+        t.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_dropping_a_sharded_table_while_another_gpu_reads_is_safe():
+    import gc
+
+    d0, d1 = cuda_devices()[:2]
+    x = random_table(400_000, (32,), torch.float32, seed=51)
+    t = hmgstore.ShardedTensor(x, [d0, d1], gpu_budget=32 * 4 * 100_000, hot_order=torch.randperm(400_000))
+    idx = torch.randint(0, 400_000, (300_000,), device=d1)
+    view = t.on(d1)
+    outs = [view[idx] for _ in range(5)]  # queued on GPU 1, reading GPU 0's shard and pinned host rows
+    del t, view
+    gc.collect()  # dropped without close(): every GPU must be waited for before shards and pins go
+    filler = [torch.full((64 << 20,), 7.0, device=d) for d in (d0, d1)]  # would reuse freed memory
+    for out in outs:
+        assert torch.equal(out.cpu(), x[idx.cpu()])
+    del filler

@@ -9,17 +9,30 @@ from . import gather, peer, sample, train
 BENCHMARKS = {"gather": gather.run, "peer": peer.run, "sample": sample.run, "train": train.run}
 
 
+class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, unless its help already says it (or there is none)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hmgstore.bench", description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    gather.add_arguments(sub.add_parser("gather", help="random-row gathers vs PCIe limit and baselines"))
-    peer.add_arguments(sub.add_parser("peer", help="gathers of rows held by other GPUs, all GPUs at once "
-                                                    "(2+ GPUs), vs peer memcpy and index_select + copy"))
-    train.add_arguments(sub.add_parser("train", help="GraphSAGE epochs end to end: stock PyG, all on the GPU, "
-                                                      "hmgstore from the host and with a pre-sampled cache, "
-                                                      "each with and without the pipeline"))
-    sample.add_arguments(sub.add_parser("sample", help="neighbour sampling: topology on the GPU, zero-copy from "
-                                                        "the host, cached; vs PyG's and DGL's CPU samplers"))
+    helps = {
+        "gather": (gather, "random-row gathers vs PCIe limit and baselines"),
+        "peer": (peer, "gathers of rows held by other GPUs, all GPUs at once (2+ GPUs), vs peer memcpy and "
+                       "index_select + copy"),
+        "sample": (sample, "neighbour sampling: topology on the GPU, zero-copy from the host, cached; vs PyG's and "
+                           "DGL's CPU samplers"),
+        "train": (train, "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
+                         "a pre-sampled cache, each with and without the pipeline"),
+    }
+    for name, (module, text) in helps.items():
+        module.add_arguments(sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0],
+                                            formatter_class=_Defaults))
     return parser
 
 

@@ -42,11 +42,19 @@ log = logging.getLogger(__name__)
 DEFAULT_ROW_BYTES = [64, 128, 256, 512, 1024, 2048, 4096]
 
 
+#: Sizes for a machine without a GPU: the GPU sizes need ~20 GB of RAM and minutes there (a smoke test only).
+CPU_DEFAULTS = {"row_bytes": [128, 512, 4096], "batch": 50_000, "table_gib": 0.125}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
-                   help="row sizes in bytes (multiples of 4)")
-    p.add_argument("--batch", type=int, default=500_000, help="ids per batch")
-    p.add_argument("--table-gib", type=float, default=2.0, help="size of the table at every row size, GiB")
+    p.add_argument("--row-bytes", type=int, nargs="+", default=None,
+                   help=f"row sizes in bytes, multiples of 4 (default: {' '.join(map(str, DEFAULT_ROW_BYTES))}; "
+                        f"without a GPU {' '.join(map(str, CPU_DEFAULTS['row_bytes']))})")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"ids per batch (default: 500000; without a GPU {CPU_DEFAULTS['batch']})")
+    p.add_argument("--table-gib", type=float, default=None,
+                   help=f"size of the table at every row size, GiB (default: 2; without a GPU "
+                        f"{CPU_DEFAULTS['table_gib']})")
     p.add_argument("--big-table-gb", type=float, default=40.0, help="size of the extra large table, GB (0: skip)")
     p.add_argument("--big-row-bytes", type=int, default=512, help="row size of the large table")
     p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
@@ -130,6 +138,11 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
 
 def run(args) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    sizes_of = {"row_bytes": DEFAULT_ROW_BYTES, "batch": 500_000, "table_gib": 2.0} if device.type == "cuda" \
+        else CPU_DEFAULTS
+    for name, value in sizes_of.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.quick:
         args.table_gib, args.batch, args.big_table_gb = 1 / 256, 2_000, 0
         args.reps, args.slow_reps = 3, 2
