@@ -16,7 +16,9 @@
 //
 // Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
 // thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
-// hmgstore/graph/sampler.py computes the same function with torch (bit-identical).
+// hmgstore/graph/sampler.py computes the same function with torch (bit-identical). The key
+// is read from device memory, so a captured CUDA graph of a batch draws new samples each
+// time it is replayed with new keys.
 //
 // Kernels, one thread per seed or per slot:
 // - hmg_sample_counts: c_i = min(k, deg) (k when sampling with replacement and deg > 0;
@@ -75,7 +77,9 @@ extern "C" __global__ void hmg_sample_counts(const i64* __restrict__ nodes, cons
 extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
                                             i64 max_seeds, const i64* __restrict__ colptr,
                                             const i64* __restrict__ counts, const i64* __restrict__ ends,
-                                            i64 num_dst, int disjoint, u64 key, i64* __restrict__ pos) {
+                                            i64 num_dst, int disjoint, const i64* __restrict__ key_ptr,
+                                            i64* __restrict__ pos) {
+  const u64 key = (u64)*key_ptr;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) continue;
@@ -102,9 +106,11 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
                                            const i64* __restrict__ start, const i64* __restrict__ counts,
                                            const i64* __restrict__ ends, i64 max_slots, i64* __restrict__ pos,
                                            const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
-                                           int replace, u64 key, i64 num_dst, i64 num_src, int disjoint,
-                                           i64* __restrict__ nbr, i64* __restrict__ eid, i64* __restrict__ seed_local) {
+                                           int replace, const i64* __restrict__ key_ptr, i64 num_dst, i64 num_src,
+                                           int disjoint, i64* __restrict__ nbr, i64* __restrict__ eid,
+                                           i64* __restrict__ seed_local) {
   if (max_seeds == 0) return;
+  const u64 key = (u64)*key_ptr;
   const i64 num_slots = ends[max_seeds - 1];
   for (i64 s = blockIdx.x * (i64)blockDim.x + threadIdx.x; s < max_slots; s += (i64)gridDim.x * blockDim.x) {
     if (s >= num_slots) break;

@@ -1,0 +1,53 @@
+"""The README's commands work as written: its ```python blocks run, in order, in one namespace (on the CPU
+in CI), and the commands it names exist. Blocks the README marks ```py are illustrations (several GPUs)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_the_readme_has_runnable_blocks():
+    assert len(python_blocks()) >= 4
+
+
+def test_python_blocks_run_in_order():
+    pytest.importorskip("torch_geometric")
+    pytest.importorskip("hmgstore.plugins.dgl")
+    namespace: dict = {"__name__": "readme"}
+    for k, block in enumerate(python_blocks()):
+        try:
+            exec(compile(block, f"README.md python block {k + 1}", "exec"), namespace)
+        except Exception as err:
+            raise AssertionError(f"README python block {k + 1} fails: {type(err).__name__}: {err}\n{block}") from err
+
+
+@pytest.mark.parametrize("benchmark", ["gather", "sample", "train", "peer"])
+def test_named_benchmarks_exist(benchmark):
+    assert f"hmgstore.bench" in README
+    done = subprocess.run([sys.executable, "-m", "hmgstore.bench", benchmark, "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stderr
+
+
+def test_named_make_targets_exist():
+    makefile = (ROOT / "Makefile").read_text()
+    for target in re.findall(r"`make ([a-z-]+)", README):
+        assert re.search(rf"^{target}:", makefile, flags=re.M), f"README names make {target}, the Makefile has none"
+
+
+def test_named_files_exist():
+    for path in ("examples/pyg_graphsage.py", "examples/dgl_graphsage.py", "examples/multi_gpu_pyg.py",
+                 "benchmarks/NOTES.md", "benchmarks/run_gpu.sh", "kernels/gather_job.cuh"):
+        assert path in README or path.endswith(".cuh") or path.endswith(".sh"), path
+        assert (ROOT / path).exists(), path
