@@ -12,9 +12,9 @@ import torch.nn.functional as F
 pytest.importorskip("torch_geometric")
 from torch_geometric.data import Data, HeteroData  # noqa: E402
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader  # noqa: E402
-from torch_geometric.nn import SAGEConv  # noqa: E402
 
 import hmgstore.plugins.pyg as hpyg  # noqa: E402
+from helpers import SAGE  # noqa: E402
 from hmgstore.plugins.pyg import HybridNeighborSampler  # noqa: E402
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
@@ -143,22 +143,9 @@ def test_gpu_sampler_refuses_worker_processes(data):
         pickle.dumps(sampler)
 
 
-class SAGE(torch.nn.Module):
-    def __init__(self, dims):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = x.relu()
-        return x
-
-
 def train_and_test(loader_of, small_graph, device) -> float:
     torch.manual_seed(0)
-    model = SAGE([small_graph.x.shape[1], 32, small_graph.num_classes]).to(device)
+    model = SAGE(small_graph.x.shape[1], 32, small_graph.num_classes).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(3):
         for batch in loader_of(small_graph.train_idx, True):
