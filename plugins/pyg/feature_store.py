@@ -162,6 +162,10 @@ class HybridFeatureStore(FeatureStore):
                                         for key, t in self._tables.items()})
         return self._host[1]
 
+    def tables(self) -> dict:
+        """``{(group_name, attr_name): HybridTensor}`` of every table the store holds."""
+        return dict(self._tables)
+
     def table(self, group_name, attr_name: str) -> HybridTensor:
         """The HybridTensor holding ``(group_name, attr_name)`` (KeyError if absent)."""
         return self._lookup(self._tables, TensorAttr(group_name, attr_name))

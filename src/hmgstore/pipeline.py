@@ -94,7 +94,8 @@ class Pipeline:
         stores = data if isinstance(data, (tuple, list)) else [data]
         tables = []
         for store in stores:
-            tables += list(getattr(store, "_tables", {}).values())
+            if callable(getattr(store, "tables", None)):  # hmgstore's PyG feature store
+                tables += list(store.tables().values())
         return tables
 
     def __iter__(self) -> Iterator:

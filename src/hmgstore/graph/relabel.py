@@ -107,6 +107,11 @@ class HashNodeSet:
         """The keys of the nodes so far, in local-id order (``count`` of them: see :meth:`add_queued`)."""
         return self._nodes[:self.count]
 
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The whole key buffer: local ids ``0 .. device_count`` hold keys, the rest is not written yet."""
+        return self._nodes
+
     def add_queued(self, candidates: torch.Tensor, n: torch.Tensor | None, max_n: int) -> torch.Tensor:
         """Local ids of ``candidates[:n]`` (``n`` a one-element device tensor, at most ``max_n``), new keys
         appended; nothing is read back: ``device_count`` grows on the device, ``count`` does not change."""

@@ -330,7 +330,7 @@ class NeighborSampler:
         eagerly (warming up), the second is captured in a CUDA graph, and
         later ones replay it with new seeds and keys.
         """
-        counting = any(t._counter is not None for t in self.topologies.values())
+        counting = any(t.counting for t in self.topologies.values())
         shape = (tuple(len(k) for k in keys.values()), tuple(map(tuple, self.num_neighbors.values())), self.replace,
                  self.disjoint)
         if self.cuda_graphs and not counting:
@@ -388,11 +388,11 @@ class NeighborSampler:
                 at = self._key_index(hop, et)
                 lohi = starts[dst][hop:hop + 2]
                 nbr, eid, seed_local, counts, ends = _queue_hop(
-                    topo, sets[dst]._nodes, lohi, max_seeds, k, self.replace, draws[at:at + 1], self.num_nodes[dst],
+                    topo, sets[dst].buffer, lohi, max_seeds, k, self.replace, draws[at:at + 1], self.num_nodes[dst],
                     self.disjoint)
-                if topo._counter is not None:
+                if topo.counting:
                     at_seed = lohi[0] + torch.arange(max_seeds, device=self.device)
-                    nodes = sets[dst]._nodes[at_seed.clamp(max=len(sets[dst]._nodes) - 1)]
+                    nodes = sets[dst].buffer[at_seed.clamp(max=len(sets[dst].buffer) - 1)]
                     nodes = torch.where(at_seed < lohi[1], nodes, 0)  # past the hop's seeds: not written yet
                     topo.count(nodes % self.num_nodes[dst] if self.disjoint else nodes, counts)
                 rows = sets[src].add_queued(nbr, ends[-1:], max_seeds * k)
@@ -409,7 +409,7 @@ class NeighborSampler:
         for nt, s in sets.items():
             bounds, sizes = sizes[:hops + 2], sizes[hops + 2:]
             num_nodes_hop[nt] = [b - a for a, b in zip(bounds, bounds[1:])]
-            node_keys[nt] = s._nodes[:bounds[-1]]
+            node_keys[nt] = s.buffer[:bounds[-1]]
             if copy:
                 node_keys[nt] = node_keys[nt].clone()
         parts = {et: ([], [], []) for et in self.topologies}

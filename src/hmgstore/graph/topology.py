@@ -131,6 +131,11 @@ class Topology:
         """int64 neighbours of each of ``nodes`` (ids on ``device``)."""
         return self.colptr[nodes + 1] - self.colptr[nodes]
 
+    @property
+    def counting(self) -> bool:
+        """Whether :meth:`reset_stats` started counting."""
+        return self._counter is not None
+
     def reset_stats(self) -> None:
         """Start counting the neighbour ids read from each tier (see :mod:`hmgstore.stats`)."""
         self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device)
