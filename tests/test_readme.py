@@ -34,7 +34,7 @@ def test_python_blocks_run_in_order():
 
 @pytest.mark.parametrize("benchmark", ["gather", "sample", "train", "peer"])
 def test_named_benchmarks_exist(benchmark):
-    assert f"hmgstore.bench" in README
+    assert "hmgstore.bench" in README
     done = subprocess.run([sys.executable, "-m", "hmgstore.bench", benchmark, "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "usage" in done.stdout, done.stderr

@@ -36,7 +36,6 @@ import datetime
 import gc
 import logging
 import math
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -136,7 +135,7 @@ class PhaseTimer:
         setattr(obj, name, timed)
 
 
-def _loader(config: str, data, train, device, args, stores, sampler):
+def _loader(config: str, data, train, args, stores, sampler):
     from torch_geometric.loader import NeighborLoader
 
     kwargs = dict(input_nodes=train, batch_size=args.batch_size, shuffle=True, drop_last=True)
@@ -173,7 +172,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
                                         gpu_budget=topo_budget, progress=False,
                                         hot_order=None if base == "host" else
                                         hmgstore.placement.order_by_score(hot.topology[None]))
-    loader = _loader(base, data, train, device, args, stores, sampler)
+    loader = _loader(base, data, train, args, stores, sampler)
     model = SAGE([data.x.shape[1], 256, 256, classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
