@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
-#                                          sample sample-papers train pyg
+#                                          sample sample-papers hotness gather-host train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -26,6 +26,10 @@ for stage in "$@"; do
     train) timeout 300 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log"
            timeout 150 python3 -m hmgstore.bench train --configs cache+pipe host+pipe --max-sms 32 --out "$OUT/train-sm32" \
              2>"$OUT/train-sm32.log"; tail -4 "$OUT/train-sm32.log" ;;
+    hotness) timeout 420 python3 -m hmgstore.bench hotness --out "$OUT/hotness" 2>"$OUT/hotness.log"; rc=$?
+             tail -12 "$OUT/hotness.log" ;;
+    gather-host) timeout 560 python3 -m hmgstore.bench gather --row-bytes 128 256 512 1024 4096 --reps 10 --slow-reps 3 \
+                   --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$?; tail -2 "$OUT/gather.log" ;;
     sample-papers) timeout 420 python3 -m hmgstore.bench sample --graphs 111M:1.6B --variants hmg_gpu hmg_host hmg_cache \
                      --batches 10 --out "$OUT/sample-papers" 2>"$OUT/sample-papers.log"; rc=$?; tail -3 "$OUT/sample-papers.log" ;;
     tests) python3 -m pytest -q -m gpu tests/test_tensor.py tests/test_memory.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
@@ -34,7 +38,7 @@ for stage in "$@"; do
     probe-kernel) python3 benchmarks/probe_kernel.py --out "$OUT/probe-kernel" 2>&1; rc=$? ;;
     tune) python3 benchmarks/tune_gather.py --out "$OUT/tune" 2>&1; rc=$? ;;
     bench) python3 -m hmgstore.bench gather --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
-    bench-quick) python3 -m hmgstore.bench gather --big-table-gb 0 --row-bytes 128 512 4096 --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
+    bench-quick) python3 -m hmgstore.bench gather --sweep-gb --row-bytes 128 512 4096 --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
     pyg) mkdir -p "$OUT/pyg"; rc=0
          # stock PyG (x on the CPU, PyG's CPU sampler); hmgstore (features and topology from pinned host memory,
          # GPU sampler); hmgstore with 2 GB of hot features; x and topology whole on the GPU (the ceiling)

@@ -23,10 +23,17 @@
 // Tiers. A row's *new id* is map[id] (or id itself when the job has no map);
 // tier t holds new ids bounds[t] <= n < bounds[t+1] at base[t] + (n -
 // bounds[t]) * pitch[t]. The host tier is the source table pinned in place;
-// GPU and peer tiers are device buffers. Ids are range-checked once, at the
-// public entry (hmgstore/index.py); the kernel checks again and skips a row
-// rather than read outside the table, because a zero-copy read out of bounds
-// is fatal to the CUDA context.
+// GPU and peer tiers are device buffers. A tier may store its rows as 16-bit
+// floats (bit t of J_NARROW; bfloat16 or float16 by F_BF16): the kernel
+// widens them to the float32 output, so half the bytes cross PCIe.
+//
+// Bad ids. CPU ids are range-checked at the public entry
+// (hmgstore/index.py). GPU ids are checked here: the kernel never reads a
+// row for an id outside the table (a zero-copy read out of bounds is fatal
+// to the CUDA context); it fills that output row with 0xFF bytes (NaN for
+// floats) and, given an error record `err`, writes the first bad id there
+// (layout E_* in gather_job.cuh), which the host reads without waiting
+// (hmgstore/index.py: deferred checks).
 //
 // Address order. For tables with a host tier the caller passes ids sorted
 // ascending and `perm`, the output position of each sorted id: sorted ids
@@ -38,18 +45,74 @@ typedef long long i64;
 #ifndef ROWS
 #error "ROWS (rows per team per tile) is defined by hmgstore/cuda/gather.py"
 #endif
+// NARROW: 1 in the build that widens narrow tiers, 0 in the one that has none. The widening costs 16
+// registers a thread, one resident block less per SM, which the build without it does not pay (the GPU
+// tier at 128 B rows: 0.61 of index_select with it, see benchmarks/NOTES.md).
+#ifndef NARROW
+#error "NARROW (0 or 1) is defined by hmgstore/cuda/gather.py"
+#endif
 
+// Row k is copied when src[k] is set and bit k of `narrow` is clear (narrow rows are widened instead).
 template <typename V>
 __device__ __forceinline__ void copy_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
-                                          i64 nvec, int lane, int tpr) {
+                                          unsigned narrow, i64 nvec, int lane, int tpr) {
   for (i64 v = lane; v < nvec; v += tpr) {
     V r[ROWS];
 #pragma unroll
     for (int k = 0; k < ROWS; ++k)
-      if (src[k]) r[k] = reinterpret_cast<const V*>(src[k])[v];
+      if (src[k] && !((narrow >> k) & 1)) r[k] = reinterpret_cast<const V*>(src[k])[v];
 #pragma unroll
     for (int k = 0; k < ROWS; ++k)
-      if (src[k]) reinterpret_cast<V*>(dst[k])[v] = r[k];
+      if (src[k] && !((narrow >> k) & 1)) reinterpret_cast<V*>(dst[k])[v] = r[k];
+  }
+}
+
+// float16 bits -> float32, exactly as a conversion on the CPU does (subnormals, infinities, NaN payloads).
+__device__ __forceinline__ float half_bits_to_float(unsigned int h) {
+  const unsigned int sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    const float v = (float)m * 5.9604644775390625e-08f;  // m * 2^-24, exact
+    return sign ? -v : v;
+  }
+  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ float narrow_to_float(unsigned int h, bool bf16) {
+  return bf16 ? __uint_as_float(h << 16) : half_bits_to_float(h);
+}
+
+// Rows k with bit k of `narrow` set, stored as 16-bit floats -> float32 rows of `elems` values.
+// wide: 8 values per 16-byte load.
+__device__ __forceinline__ void widen_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
+                                           unsigned narrow, i64 elems, int lane, int tpr, bool bf16, bool wide) {
+  if (wide) {
+    for (i64 v = lane; v < elems / 8; v += tpr) {
+      uint4 r[ROWS];
+#pragma unroll
+      for (int k = 0; k < ROWS; ++k)
+        if ((narrow >> k) & 1) r[k] = reinterpret_cast<const uint4*>(src[k])[v];
+#pragma unroll
+      for (int k = 0; k < ROWS; ++k) {
+        if (!((narrow >> k) & 1)) continue;
+        const unsigned int w[4] = {r[k].x, r[k].y, r[k].z, r[k].w};
+        float4* out = reinterpret_cast<float4*>(dst[k]) + 2 * v;
+        out[0] = make_float4(narrow_to_float(w[0] & 0xffffu, bf16), narrow_to_float(w[0] >> 16, bf16),
+                             narrow_to_float(w[1] & 0xffffu, bf16), narrow_to_float(w[1] >> 16, bf16));
+        out[1] = make_float4(narrow_to_float(w[2] & 0xffffu, bf16), narrow_to_float(w[2] >> 16, bf16),
+                             narrow_to_float(w[3] & 0xffffu, bf16), narrow_to_float(w[3] >> 16, bf16));
+      }
+    }
+    return;
+  }
+  for (i64 v = lane; v < elems; v += tpr) {
+    unsigned int r[ROWS];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k)
+      if ((narrow >> k) & 1) r[k] = reinterpret_cast<const unsigned short*>(src[k])[v];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k)
+      if ((narrow >> k) & 1) reinterpret_cast<float*>(dst[k])[v] = narrow_to_float(r[k], bf16);
   }
 }
 
@@ -59,7 +122,8 @@ __device__ __forceinline__ void copy_rows(const char* const (&src)[ROWS], char* 
 #define HMG_BOUNDS
 #endif
 
-extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, int num_jobs, i64 total_tiles) {
+extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, int num_jobs, i64 total_tiles,
+                                                i64* err) {
   for (i64 tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     int j = 0;
     while (j + 1 < num_jobs && jobs[(j + 1) * J_WORDS + J_TILE_START] <= tile) ++j;
@@ -76,9 +140,11 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
     const i64* perm = reinterpret_cast<const i64*>(job[J_PERM]);
     const void* map = reinterpret_cast<const void*>(job[J_MAP]);
     const int ntiers = (int)job[J_NTIERS];
+    const i64 narrow = job[J_NARROW];
 
     const char* src[ROWS];
     char* dst[ROWS];
+    unsigned narrow_rows = 0, bad_rows = 0;  // bit k: row k is stored narrow / has an id out of range
 #pragma unroll
     for (int k = 0; k < ROWS; ++k) {
       src[k] = nullptr;
@@ -86,7 +152,18 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
       const i64 r = first + k * teams;
       if (r >= n) continue;
       const i64 id = (flags & F_IDS64) ? reinterpret_cast<const i64*>(ids)[r] : reinterpret_cast<const int*>(ids)[r];
-      if (id < 0 || id >= num_rows) continue;  // unreachable after the caller's check
+      if (id < 0 || id >= num_rows) {
+        const i64 position = perm ? perm[r] : r;
+        dst[k] = reinterpret_cast<char*>(job[J_OUT]) + position * row_bytes;
+        bad_rows |= 1u << k;
+        if (err && lane == 0 &&
+            atomicCAS(reinterpret_cast<unsigned long long*>(err + E_FLAG), 0ull, 1ull) == 0ull) {
+          err[E_JOB] = j;
+          err[E_POSITION] = position;
+          err[E_VALUE] = id;
+        }
+        continue;
+      }
       const i64 nid = !map ? id
                     : (flags & F_MAP64) ? reinterpret_cast<const i64*>(map)[id] : reinterpret_cast<const int*>(map)[id];
       int t = 0;
@@ -94,14 +171,26 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
       if (t == ntiers || nid < job[J_BOUNDS]) continue;
       src[k] = reinterpret_cast<const char*>(job[J_BASE + t]) + (nid - job[J_BOUNDS + t]) * job[J_PITCH + t];
       dst[k] = reinterpret_cast<char*>(job[J_OUT]) + (perm ? perm[r] : r) * row_bytes;
+      if ((narrow >> t) & 1) narrow_rows |= 1u << k;
     }
     const i64 nvec = row_bytes >> vec_log2;
     switch (vec_log2) {
-      case 4: copy_rows<uint4>(src, dst, nvec, lane, tpr); break;
-      case 3: copy_rows<uint2>(src, dst, nvec, lane, tpr); break;
-      case 2: copy_rows<unsigned int>(src, dst, nvec, lane, tpr); break;
-      case 1: copy_rows<unsigned short>(src, dst, nvec, lane, tpr); break;
-      default: copy_rows<unsigned char>(src, dst, nvec, lane, tpr); break;
+      case 4: copy_rows<uint4>(src, dst, narrow_rows, nvec, lane, tpr); break;
+      case 3: copy_rows<uint2>(src, dst, narrow_rows, nvec, lane, tpr); break;
+      case 2: copy_rows<unsigned int>(src, dst, narrow_rows, nvec, lane, tpr); break;
+      case 1: copy_rows<unsigned short>(src, dst, narrow_rows, nvec, lane, tpr); break;
+      default: copy_rows<unsigned char>(src, dst, narrow_rows, nvec, lane, tpr); break;
+    }
+#if NARROW
+    if (narrow_rows)
+      widen_rows(src, dst, narrow_rows, row_bytes >> 2, lane, tpr, flags & F_BF16,
+                 ((flags >> F_NVEC_SHIFT) & 0xff) == 3);
+#endif
+    if (bad_rows) {
+#pragma unroll
+      for (int k = 0; k < ROWS; ++k)
+        if ((bad_rows >> k) & 1)
+          for (i64 b = lane; b < row_bytes; b += tpr) dst[k][b] = (char)0xff;
     }
   }
 }

@@ -29,7 +29,27 @@ def test_gather_benchmark_runs_on_cpu(tmp_path):
     report = json.loads((out / "gather.json").read_text())
     assert [s["row_bytes"] for s in report["sizes"]] == [64, 512]
     assert report["sizes"][0]["variants"]["hmg_host"]["gbps"] > 0
+    for name in ("hmg_owned", "hmg_bf16"):  # owned memory and half-width rows, checked against x[idx] first
+        assert report["sizes"][1]["variants"][name]["gbps"] > 0
+        assert report["sizes"][1]["variants"][name]["setup_seconds"] >= 0
+    assert "Host memory variants" in res.stdout and report["sweep"] == []
     assert (out / "gather.png").stat().st_size > 0 and (out / "gather.md").is_file()
+
+
+def test_hotness_benchmark_compares_orders_on_a_second_epoch(tmp_path):
+    out = tmp_path / "hotness"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "hotness", "--quick", "--cache", "0.05", "0.5",
+                          "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    graph = json.loads((out / "hotness.json").read_text())["graphs"][0]
+    assert graph["train_nodes"] == 2000 and graph["batches_per_epoch"] == 8
+    small, half = graph["hit_ratio"]["0.05"], graph["hit_ratio"]["0.5"]
+    for order in ("presample", "in_degree", "out_degree"):
+        for kind in ("features", "topology"):
+            assert 0 <= small[order][kind] <= half[order][kind] <= 1  # a larger cache never holds less
+    # the seeds of every batch are training nodes: half the nodes, hottest first by pre-sampling, hold them all
+    assert half["presample"]["features"] > half["in_degree"]["features"]
+    assert (out / "hotness.md").is_file() and (out / "hotness.png").stat().st_size > 0
 
 
 # ---- peer: arguments and GPU selection ------------------------------------------------

@@ -24,7 +24,7 @@ import torch
 import hmgstore
 from helpers import assert_same, random_table
 from hmgstore import memory
-from hmgstore.memory import shared
+from hmgstore.memory import owned, shared
 
 
 def registered(address: int) -> bool:
@@ -230,12 +230,12 @@ def test_segment_too_large_for_shm_says_so(monkeypatch, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- copy_in_chunks --------------------------------------------------------------------------
+# ---- owned.copy_in --------------------------------------------------------------------------
 class _Slices:
     """A source that records which row blocks were read from it."""
 
     def __init__(self, tensor):
-        self.tensor, self.blocks = tensor, []
+        self.tensor, self.blocks, self.shape = tensor, [], tensor.shape
 
     def __getitem__(self, rows: slice):
         self.blocks.append((rows.start, rows.stop))
@@ -247,28 +247,28 @@ class _Slices:
     (7, [(k, k + 1) for k in range(7)]),  # smaller than a row: one row at a time
     (1 << 20, [(0, 7)]),  # the whole table at once
 ])
-def test_copy_in_chunks_copies_exactly_block_by_block(monkeypatch, chunk_bytes, blocks):
-    monkeypatch.setattr(shared, "COPY_CHUNK_BYTES", chunk_bytes)
+def test_copy_in_copies_exactly_block_by_block(monkeypatch, chunk_bytes, blocks):
+    monkeypatch.setattr(owned, "COPY_CHUNK_BYTES", chunk_bytes)
     src = random_table(7, (5,), torch.float32, seed=3)
     dst = torch.full_like(src, float("nan"))
     recorder = _Slices(src)
-    shared.copy_in_chunks(dst, recorder, progress=True, desc="test")
+    owned.copy_in(dst, recorder, progress=True, desc="test")
     assert recorder.blocks == blocks
     assert_same(dst, src)
 
 
-def test_copy_in_chunks_of_sliced_and_empty_tables(monkeypatch):
-    monkeypatch.setattr(shared, "COPY_CHUNK_BYTES", 64)
+def test_copy_in_of_sliced_and_empty_tables(monkeypatch):
+    monkeypatch.setattr(owned, "COPY_CHUNK_BYTES", 64)
     base = random_table(1000, (12,), torch.int64, seed=4)
     src = base[:, 3:9]  # rows of 48 bytes, a pitch of 96
     dst = torch.zeros(1000, 6, dtype=torch.int64)
-    shared.copy_in_chunks(dst, src, progress=False, desc="test")
+    owned.copy_in(dst, src, progress=False, desc="test")
     assert_same(dst, src)
     out = torch.zeros(2000, 12, dtype=torch.int64)[::2, 2:8]  # a strided destination too
-    shared.copy_in_chunks(out, src, progress=False, desc="test")
+    owned.copy_in(out, src, progress=False, desc="test")
     assert torch.equal(out, src)
     empty = torch.empty(0, 6, dtype=torch.int64)
-    shared.copy_in_chunks(empty, src[:0], progress=False, desc="test")
+    owned.copy_in(empty, src[:0], progress=False, desc="test")
     assert empty.shape == (0, 6)
 
 
@@ -346,3 +346,44 @@ def test_an_owner_pinned_source_sent_to_another_process_is_left_in_place():
     idx = torch.randint(0, len(x), (50_000,))
     assert torch.equal(table[idx.cuda()].cpu(), want[idx])
     del garbage
+
+
+# ---- owned memory: huge pages hmgstore allocates -------------------------------------------------
+def test_owned_hugepage_memory_is_aligned_zeroed_and_writable():
+    t = owned.empty((3000, 37), torch.float32)
+    assert t.shape == (3000, 37) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.data_ptr() % owned.HUGE_PAGE == 0
+    assert not t.any()
+    t[5] = 1.5
+    assert float(t[5, 36]) == 1.5 and not t[4].any()
+    assert owned.empty((0, 4), torch.int64).shape == (0, 4)
+    assert owned.transparent_huge_pages() in ("always", "madvise", "never", "unknown")
+
+
+def test_owned_memory_checks_its_arguments():
+    with pytest.raises(ValueError, match="backing"):
+        owned.empty((4,), torch.float32, backing="malloc")
+    with pytest.raises(ValueError, match="negative"):
+        owned.empty((-1, 4), torch.float32)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a GPU"):
+            owned.empty((4,), torch.float32, backing="cuda")
+
+
+def test_owned_memory_outlives_views_and_copies_convert():
+    src = random_table(1000, (6,), torch.float32, seed=41)
+    copy = owned.copy_of(src, torch.bfloat16, progress=False)
+    view = copy[10:20]
+    del copy
+    gc.collect()
+    assert torch.equal(view, src[10:20].bfloat16())  # the mapping lives as long as a view of it
+
+
+@pytest.mark.gpu
+def test_owned_cuda_memory_is_page_locked_and_freed(cuda_device):
+    t = owned.empty((1 << 20, 4), torch.float32, backing="cuda")  # 16 MB
+    assert t.is_pinned() and owned.page_locked_here(t.data_ptr(), t.data_ptr() + t.nbytes)
+    start = t.data_ptr()
+    del t
+    gc.collect()
+    assert not owned.page_locked_here(start, start + 16)

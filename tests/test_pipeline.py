@@ -88,3 +88,57 @@ def test_the_consumer_stream_waits_on_the_gpu_not_the_host():
 def test_depth_is_checked():
     with pytest.raises(ValueError, match="at least 1"):
         hmgstore.Pipeline([], depth=0)
+
+
+@pytest.mark.gpu
+def test_the_training_thread_never_waits_for_the_gpu_in_the_steady_state():
+    """Sampling (GPU sampler) and gathering (GPU ids, checked by the kernel) run in the pipeline's thread; the
+    training thread only queues work. Proof: with 20 ms of GPU work queued per training step, 25 steps take the
+    training thread far less than the 500 ms the GPU needs for them, and a loop that waits (a ``.item()`` per
+    step, the control) takes at least that long."""
+    from hmgstore.graph import NeighborSampler, Topology, to_csc
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    g = torch.Generator().manual_seed(5)
+    n, e = 20_000, 200_000
+    edge_index = torch.stack([torch.randint(0, n, (e,), generator=g), (torch.rand(e, generator=g) ** 2 * n).long()])
+    topo = Topology(to_csc(edge_index, "coo", (n, n)), device, gpu_budget=2**30, progress=False)
+    sampler = NeighborSampler({None: topo}, {None: n}, [10, 5])
+    x = torch.randn(n, 64, generator=g)
+    table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, n, 4))
+    weight = torch.randn(64, 64, device=device)
+
+    class Loader:
+        def __len__(self):
+            return 40
+
+        def __iter__(self):
+            for i in range(40):
+                seeds = torch.randint(0, n, (256,), generator=torch.Generator().manual_seed(i)).to(device)
+                out = sampler.sample({None: seeds})
+                yield out.node[None], table[out.node[None]]
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(10_000_000 * 20 / start.elapsed_time(end))  # 20 ms of GPU time
+
+    def loop(wait: bool) -> float:
+        for k, (nodes, feats) in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
+            if k == 10:  # past the warm-up batches and the first CUDA-graph captures
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            torch.cuda._sleep(cycles)  # the training step's GPU work
+            loss = torch.relu(feats @ weight).sum()
+            if wait:
+                loss.item()
+            if k == 34:
+                return time.perf_counter() - t0
+
+    queued = loop(wait=False)
+    torch.cuda.synchronize()
+    waited = loop(wait=True)
+    assert waited >= 0.45, f"the control loop should take the GPU's 500 ms: {waited:.3f} s"
+    assert queued < 0.25, f"the training thread waited for the GPU: 25 steps took {queued:.3f} s"

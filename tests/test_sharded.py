@@ -92,7 +92,10 @@ def test_sharded_view_fuses_with_other_tables():
         xs, ys = hmgstore.gather_many([(t.on(d0), idx), (labels, idx)])
         assert torch.equal(xs.cpu(), x[idx]) and torch.equal(ys.cpu(), y[idx])
         with pytest.raises(IndexError):
-            t.on(d0)[torch.tensor([0, 10_000], device=d0)]
+            t.on(d0).gather(torch.tensor([0, 10_000], device=d0), check="sync")
+        t.on(d0)[torch.tensor([0, 10_000], device=d0)]  # checked by the kernel: raised by the next gather
+        with pytest.raises(IndexError, match="10000 at position 1"):
+            hmgstore.raise_deferred(d0)
         assert torch.equal(t.on(d0)[idx].cpu(), x[idx])  # the context survived the rejected index
 
 

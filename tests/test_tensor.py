@@ -275,7 +275,7 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
     tz = hmgstore.HybridTensor(z, cuda_device, gpu_rows=torch.randperm(700))
     launches = []  # jobs per kernel launch
     real = gather.run
-    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: (launches.append(packed[1]), real(packed, *a, **k)))
+    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: (launches.append(packed.num_jobs), real(packed, *a, **k)))
     i1, i2 = torch.randint(0, 5000, (3000,)).to(cuda_device), torch.randint(0, 700, (123,))
     gx, gy, gz = hmgstore.gather_many([(tx, i1), (ty, i1), (tz, i2)])
     assert launches == [3]
@@ -304,7 +304,7 @@ def test_bad_index_raises_and_context_survives(bad, index_on, cuda_device):
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(10))
     idx = torch.tensor([1, 2, bad, 4])
     with pytest.raises(IndexError, match=str(bad)):
-        t[idx.to(cuda_device) if index_on == "cuda" else idx]
+        t.gather(idx.to(cuda_device) if index_on == "cuda" else idx, check="sync")
     check_context_alive(cuda_device)
     assert_same(t[torch.tensor([999, 0])], x[[999, 0]])
 
@@ -630,3 +630,140 @@ def test_merged_statistics():
     hmgstore.gather_many([(a, [1, 2, 3]), (b, [4, 5])])
     merged = stats.merge([a.stats(), b.stats()])
     assert merged["rows"] == 5 and merged["bytes"] == 3 * 16 + 2 * 8 and merged["gathers"] == 1
+
+
+# ---- host memory hmgstore owns: copy=True, empty() and writes -------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backing", ["hugepage", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_copy_puts_the_host_tier_in_owned_memory(device, backing):
+    if backing == "cuda" and device == "cpu":
+        pytest.skip("cudaHostAlloc memory is for GPU tables")
+    x = random_table(100_000, (32,), torch.float32, seed=61)  # 12.8 MB
+    kept = x.clone()
+    t = hmgstore.HybridTensor(x, device, copy=True, backing=backing, gpu_rows=torch.arange(0, 100_000, 3))
+    assert t.source.data_ptr() != x.data_ptr()
+    if backing == "hugepage":
+        assert t.source.data_ptr() % (2 << 20) == 0
+    x.zero_()  # the caller's tensor is no longer read
+    idx = torch.randint(0, 100_000, (20_000,))
+    assert_same(t[idx].cpu(), kept[idx])
+    t.close()
+
+
+def test_copy_of_a_read_only_memmap_is_writable(tmp_path):
+    x = random_table(500, (4,), torch.float32, seed=62)
+    np.save(tmp_path / "x.npy", x.numpy())
+    mm = np.load(tmp_path / "x.npy", mmap_mode="r")
+    with pytest.raises(TypeError, match="copy=True"):
+        hmgstore.HybridTensor(mm, "cpu")[3] = 0.0
+    t = hmgstore.HybridTensor(mm, "cpu", copy=True)
+    t[3] = 0.0
+    assert not t[3].any() and torch.equal(t[4], x[4]) and not t.read_only
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_tables_are_filled_by_writes_in_every_tier(device):
+    x = random_table(4000, (16,), torch.float32, seed=63)
+    t = hmgstore.HybridTensor.empty((4000, 16), device=device, gpu_budget=1000 * 64, hot_order=torch.randperm(4000))
+    assert t.num_gpu_rows == (1000 if device != "cpu" else 0) and not t[torch.arange(4000)].any()
+    for start in range(0, 4000, 1500):  # filled piece by piece, as a loader would
+        t[start:start + 1500] = x[start:start + 1500]
+    idx = torch.randint(0, 4000, (3000,))
+    assert_same(t[idx].cpu(), x[idx])
+    t[torch.tensor([7, 9])] = -1.0  # broadcast, reaching the GPU tier's copies too
+    want = x.clone()
+    want[[7, 9]] = -1.0
+    assert_same(t[torch.arange(4000)].cpu(), want)
+    with pytest.raises(IndexError, match="out of range"):
+        t[torch.tensor([4000])] = 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("host_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [64, 7])  # 16-byte loads of 8 values; one value at a time
+def test_half_width_host_rows_read_as_rounded_float32(device, host_dtype, width):
+    x = random_table(20_000, (width,), torch.float32, seed=64)
+    x[0, :3] = torch.tensor([float("inf"), -float("inf"), 3e-7])  # infinities; a float16 subnormal
+    x[1, :2] = torch.tensor([70000.0, -0.0])  # beyond float16: inf; negative zero
+    want = x.to(host_dtype).to(torch.float32)
+    t = hmgstore.HybridTensor(x, device, host_dtype=host_dtype, gpu_rows=torch.arange(0, 20_000, 5))
+    assert t.dtype == torch.float32 and t.host_dtype == host_dtype and t.source.dtype == host_dtype
+    assert "host_dtype" in repr(t)
+    idx = torch.randint(0, 20_000, (10_000,))
+    idx[:2] = torch.tensor([0, 1])
+    assert_same(t[idx].cpu(), want[idx])
+    ids_on = idx.to(device)
+    assert_same(t[ids_on].cpu(), want[idx])
+    copy = pickle.loads(pickle.dumps(t))
+    assert copy.dtype == torch.float32 and copy.host_dtype == host_dtype
+    assert_same(copy[idx].cpu(), want[idx])
+    t[torch.tensor([2])] = 1.0 / 3.0
+    assert_same(t[torch.tensor([2])].cpu(), torch.full((1, width), 1.0 / 3.0).to(host_dtype).float())
+
+
+def test_half_width_host_rows_are_for_float32_tables():
+    with pytest.raises(ValueError, match="float32 table"):
+        hmgstore.HybridTensor(torch.arange(10).reshape(5, 2), "cpu", host_dtype=torch.float16)
+    with pytest.raises(ValueError, match="float32 table"):
+        hmgstore.HybridTensor(random_table(5, (2,), torch.float32), "cpu", host_dtype=torch.int8)
+
+
+# ---- GPU ids checked by the kernel, without waiting ------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad", [-1, 1000, 2**31, 2**40])
+@pytest.mark.parametrize("ids_dtype", [torch.int64, torch.int32])
+def test_deferred_check_reports_the_bad_id_at_the_next_gather(bad, ids_dtype, cuda_device):
+    if ids_dtype == torch.int32 and not -2**31 <= bad < 2**31:
+        pytest.skip("not an int32")
+    x = random_table(1000, (16,), torch.float32, seed=65)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 1000, 2))
+    other = hmgstore.HybridTensor(torch.arange(1000), cuda_device)
+    idx = torch.tensor([1, 2, bad, 4, 999], dtype=ids_dtype)
+    got = t[idx.to(cuda_device)]  # returns without waiting
+    torch.cuda.synchronize(cuda_device)
+    rows = got.cpu()
+    assert torch.isnan(rows[2]).all() and torch.equal(rows[2].view(torch.int32), torch.full((16,), -1, dtype=torch.int32))
+    keep = torch.tensor([0, 1, 3, 4])
+    assert_same(rows[keep], x[idx[keep].long()])
+    with pytest.raises(IndexError, match=rf"index {bad} at position 2 .*shape \(1000, 16\).*check='sync'"):
+        other[torch.tensor([5])]  # the next gather on this GPU reports it
+    check_context_alive(cuda_device)
+    assert_same(t[torch.tensor([999, 0], device=cuda_device)].cpu(), x[[999, 0]])
+    hmgstore.raise_deferred(cuda_device)  # reported once: nothing left
+
+
+@pytest.mark.gpu
+def test_deferred_errors_are_raised_by_raise_deferred_and_sync_raises_at_once(cuda_device):
+    x = random_table(500, (8,), torch.float32, seed=66)
+    t = hmgstore.HybridTensor(x, cuda_device)
+    labels = hmgstore.HybridTensor(torch.arange(300), cuda_device)
+    a, b = torch.tensor([1, 2], device=cuda_device), torch.tensor([0, 299, 300], device=cuda_device)
+    hmgstore.gather_many([(t, a), (labels, b)])
+    with pytest.raises(IndexError, match=r"index 300 at position 2 .*shape \(300,\)"):
+        hmgstore.raise_deferred(cuda_device)
+    with pytest.raises(IndexError, match="index 300 at position 2"):
+        hmgstore.gather_many([(t, a), (labels, b)], check="sync")
+    with pytest.raises(ValueError, match="check must be"):
+        t.gather(a, check="later")
+    check_context_alive(cuda_device)
+
+
+@pytest.mark.gpu
+def test_gathers_of_gpu_ids_never_synchronise(cuda_device):
+    x = random_table(50_000, (32,), torch.float32, seed=67)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 50_000, 3), stats=False)
+    idx = torch.randint(0, 50_000, (20_000,), device=cuda_device)
+    t[idx]  # compile and warm outside the check
+    torch.cuda.synchronize(cuda_device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = [t[idx] for _ in range(5)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_same(outs[-1].cpu(), x[idx.cpu()])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            t.gather(idx, check="sync")  # the check that makes it fail is real
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -10,10 +10,11 @@ launch per batch, behind a small tensor-like API::
 The package, by layer:
 
 - ``tensor`` (HybridTensor, gather_many), ``index`` (the range check),
+  ``files`` (:func:`load`: tables read from files into owned memory),
   ``placement`` (which row lives where), ``sharded`` (ShardedTensor: several
   GPUs of one process): the table and its one gather;
 - ``cuda``: the CUDA layer, the only place that imports CuPy;
-- ``memory``: host memory, pinned for zero-copy reads and shared by a node;
+- ``memory``: host memory, pinned for zero-copy reads, owned (huge pages) and shared by a node;
 - ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
 - ``pipeline``: sampling and gathering the next batches on a side stream while the model trains;
 - ``stats``: per-tier counters;
@@ -28,7 +29,9 @@ from .pipeline import Pipeline
 from .placement import Placement, Tier
 from .sharded import ShardedTensor
 from .tensor import HybridTensor, gather_many, resolve_device
+from .files import load
+from .index import raise_deferred
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "Pipeline", "placement", "stats", "Placement", "Tier",
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "placement", "stats", "Placement", "Tier",
            "resolve_device", "__version__"]

@@ -9,12 +9,26 @@ are refused rather than wrapped as ``torch`` would: in a sampler's output
 they are a bug, never a request for the last row.) The kernel checks again,
 as a guard, and skips such a row rather than read it.
 
-Ids that come from the CPU are checked on the CPU before they are copied;
-ids already on a GPU are checked there, all indices of one gather with a
-single device-to-host read, which the gather overlaps with its own host work.
+Ids that come from the CPU are checked on the CPU before they are copied.
+Ids already on a GPU are checked in one of two ways (``check=``):
+
+- ``"sync"``: on the GPU, all indices of one gather with a single
+  device-to-host read (a synchronisation), which the gather overlaps with
+  its own host work; the gather itself raises.
+- ``"deferred"`` (the default): the gather kernel checks each id as it reads
+  it, never reads a row for a bad one (it fills that output row with 0xFF
+  bytes: NaN for floats) and records the first bad id in an error record
+  that is copied to pinned memory on the gather's stream. Nothing waits: the
+  error is raised, as IndexError with its value and position, by the first
+  gather on that GPU that starts after the bad one has finished, or by
+  :func:`raise_deferred` (which waits), which :class:`hmgstore.Pipeline`
+  calls at the end of every epoch. The result of the bad gather must be
+  thrown away.
 """
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +37,7 @@ import torch
 _SIGNED = (torch.int64, torch.int32, torch.int16, torch.int8)
 _UNSIGNED = tuple(getattr(torch, name) for name in ("uint8", "uint16", "uint32", "uint64") if hasattr(torch, name))
 _INT64_MAX = 2**63 - 1
+CHECKS = ("deferred", "sync")
 
 
 @dataclass(frozen=True)
@@ -132,20 +147,25 @@ def _flatten(index, num_rows: int, device: torch.device) -> tuple[torch.Tensor, 
     return ids.reshape(-1).contiguous(), shape  # kernels read ids densely: no strided views
 
 
-def prepare_many(requests, device: torch.device) -> tuple[list[Index], list]:
+def prepare_many(requests, device: torch.device, check: str = "sync") -> tuple[list[Index], list]:
     """Convert every ``(index, num_rows)`` of one gather for a table on ``device``; check CPU ids.
 
     Returns ``(indices, pending)``: one :class:`Index` per request (ids 1-D,
     int32 or int64 (int32 stays int32, other integer types become int64), on
     ``device``; a request whose index object and row count appeared before
     gets the same Index), and what is left to check: ids that were already on
-    a GPU. Pass ``pending`` to :func:`check_pending` before any kernel reads
-    with those ids; work queued before then overlaps the check's read-back.
-    CPU ids are checked here, on the CPU, before they are copied. Raises
-    TypeError for non-integer indices and IndexError for CPU ids out of range.
+    a GPU, as ``(ids, num_rows, bounds)``. With ``check="sync"`` pass
+    ``pending`` to :func:`check_pending` before any kernel reads with those
+    ids; work queued before then overlaps the check's read-back. With
+    ``check="deferred"`` the gather kernel checks them (``bounds`` is None;
+    see the module docstring). CPU ids are checked here, on the CPU, before
+    they are copied. Raises TypeError for non-integer indices, IndexError for
+    CPU ids out of range and ValueError for an unknown ``check``.
     """
+    if check not in CHECKS:
+        raise ValueError(f"check must be one of {CHECKS}, got {check!r}")
     done: dict[tuple[int, int], Index] = {}
-    pending = []  # (ids, num_rows, [min, max] on the device) of ids already on a GPU
+    pending = []
     for index, num_rows in requests:
         key = (id(index), num_rows)
         if key in done:
@@ -158,7 +178,7 @@ def prepare_many(requests, device: torch.device) -> tuple[list[Index], list]:
         else:
             ids = ids.to(device)
             if ids.numel():
-                pending.append((ids, num_rows, torch.stack(torch.aminmax(ids))))
+                pending.append((ids, num_rows, torch.stack(torch.aminmax(ids)) if check == "sync" else None))
         done[key] = Index(ids, shape)
     return [done[(id(index), num_rows)] for index, num_rows in requests], pending
 
@@ -174,6 +194,111 @@ def check_pending(pending: list) -> None:
     for k, (ids, num_rows, _) in enumerate(pending):
         if bounds[2 * k] < 0 or bounds[2 * k + 1] >= num_rows:
             _raise_first_bad(ids, num_rows)
+
+
+# ---- deferred checks: the kernel records, the host reads later without waiting ------------------------------
+_SLOTS = 256  # error records per GPU that may be in flight at once
+
+
+@dataclass
+class _Record:
+    event: object  # torch.cuda.Event recorded after the record's copy to pinned memory
+    slot: int
+    device_buffer: torch.Tensor  # kept alive until the copy has run
+    requests: list  # per launched job: (num_rows, what the job gathered from)
+
+
+class _DeviceChecks:
+    """One GPU's launches whose ids the kernel checked, and the pinned slots their records land in."""
+
+    def __init__(self, device: torch.device):
+        from .cuda.gather import E_WORDS
+
+        self.host = torch.zeros((_SLOTS, E_WORDS), dtype=torch.int64).pin_memory()
+        self.free = list(range(_SLOTS))
+        self.records: collections.deque[_Record] = collections.deque()
+        self.lock = threading.Lock()
+
+    def take_done(self, wait: bool) -> list[tuple[_Record, list[int]]]:
+        """Remove the records whose launch has finished (all of them, waiting, when ``wait``)."""
+        done = []
+        with self.lock:
+            keep = collections.deque()
+            for record in self.records:
+                if wait:
+                    record.event.synchronize()
+                if wait or record.event.query():
+                    done.append((record, self.host[record.slot].tolist()))
+                    self.free.append(record.slot)
+                else:
+                    keep.append(record)
+            self.records = keep
+        return done
+
+
+_checks: dict[int, _DeviceChecks] = {}
+_checks_lock = threading.Lock()
+
+
+def _device_checks(device: torch.device) -> _DeviceChecks:
+    with _checks_lock:
+        if device.index not in _checks:
+            _checks[device.index] = _DeviceChecks(device)
+        return _checks[device.index]
+
+
+def error_record(device: torch.device) -> torch.Tensor:
+    """A zeroed error record for one launch on the current stream of ``device``."""
+    from .cuda.gather import E_WORDS
+
+    return torch.zeros(E_WORDS, dtype=torch.int64, device=device)
+
+
+def deferred(device: torch.device, stream, record: torch.Tensor, requests: list) -> None:
+    """Queue the copy of a launch's error record to pinned memory on ``stream``; read it later.
+
+    ``requests``: per launched job, ``(num_rows, description)`` for the message.
+    """
+    checks = _device_checks(device)
+    while True:
+        with checks.lock:
+            slot = checks.free.pop() if checks.free else None
+        if slot is not None:
+            break
+        _raise_done(checks, wait=True)  # every slot in flight: wait for the oldest launches
+    with torch.cuda.stream(stream):
+        checks.host[slot].copy_(record, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+    with checks.lock:
+        checks.records.append(_Record(event, slot, record, requests))
+
+
+def _raise_done(checks: _DeviceChecks, wait: bool) -> None:
+    from .cuda.gather import LAYOUT
+
+    for record, words in checks.take_done(wait):
+        flag, job, position, value = (words[LAYOUT[k]] for k in ("E_FLAG", "E_JOB", "E_POSITION", "E_VALUE"))
+        if flag:
+            num_rows, what = record.requests[job]
+            raise IndexError(
+                f"index {value} at position {position} of an earlier gather from {what} is out of range for "
+                f"{num_rows} rows (valid ids are 0..{num_rows - 1}). It was checked on the GPU without waiting "
+                "(check='deferred'), so it is reported now; that gather's result holds 0xFF bytes (NaN) in its "
+                "place and must be thrown away. Pass check='sync' to raise at the gather itself")
+
+
+def raise_deferred(device=None, wait: bool = True) -> None:
+    """Raise IndexError for a bad GPU id found by an earlier gather's kernel (``check="deferred"``).
+
+    ``device``: a CUDA device, or None for every GPU with launches in
+    flight. ``wait``: wait for those launches first (a synchronisation);
+    with ``wait=False`` only finished launches are looked at.
+    """
+    with _checks_lock:
+        targets = [c for i, c in _checks.items() if device is None or i == torch.device(device).index]
+    for checks in targets:
+        _raise_done(checks, wait)
 
 
 def normalize_many(requests, device: torch.device) -> list[Index]:

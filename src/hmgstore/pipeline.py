@@ -13,7 +13,9 @@ other processes) keep working as before, now also overlapping the gather and
 the training.
 
 An exception raised while producing a batch is raised in the training loop,
-with its traceback, at the batch where it happened; stopping early (``break``)
+with its traceback, at the batch where it happened (a bad GPU id, which
+gathers check without waiting, at a later batch or at the end of the pass
+at the latest: see :mod:`hmgstore.index`); stopping early (``break``)
 stops the background thread. On the CPU the pipeline is a plain prefetching
 iterator (a thread, no streams).
 """
@@ -160,6 +162,10 @@ class Pipeline:
                 if err is not None:
                     raise err
                 if batch is _DONE:
+                    if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
+                        from .index import raise_deferred
+
+                        raise_deferred(self.device)
                     return
                 if cuda:
                     current = torch.cuda.current_stream(self.device)

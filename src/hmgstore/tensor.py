@@ -89,8 +89,19 @@ class HybridTensor:
             in-degree into one).
         max_sms: cap the gather at this many SMs' worth of resident blocks, so
             that concurrent training kernels keep the rest of the GPU.
-        progress: show a progress bar while pinning large tables.
+        progress: show a progress bar while pinning or copying large tables.
         stats: count rows and time per tier from the start (see :meth:`stats`).
+        copy: copy the source into host memory hmgstore allocates (2 MiB
+            pages; see :mod:`hmgstore.memory.owned`) instead of pinning it in
+            place. Costs a copy and the memory of one; small-row tables read
+            up to 1.4x faster from such memory (README, "Which host memory").
+        host_dtype: ``torch.bfloat16`` or ``torch.float16`` to keep a float32
+            table's host tier in half-width rows (a copy in owned memory,
+            half the bytes over PCIe); gathers widen them to float32, so
+            every row reads as ``x.to(host_dtype).to(x.dtype)``, the GPU
+            tier's rows included.
+        backing: the owned memory's kind for ``copy``/``host_dtype``:
+            ``"hugepage"`` (default) or ``"cuda"`` (cudaHostAlloc).
 
     On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
     every row is read from the source, so the same code runs with and
@@ -102,19 +113,65 @@ class HybridTensor:
     """
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
-                 max_sms: int | None = None, progress: bool = True, stats: bool = False):
-        self._setup(source, resolve_device(device), max_sms, progress)
+                 max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
+                 host_dtype: torch.dtype | None = None, backing: str = "hugepage"):
+        self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_dtype=host_dtype,
+                    backing=backing)
+        self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats)
+
+    def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, stats=False) -> None:
         self.placement = placement_mod.for_table(self.num_rows, self.row_bytes, self.device, gpu_rows=gpu_rows,
                                                  gpu_budget=gpu_budget, hot_order=hot_order)
         self._build()
         if stats:
             self.reset_stats()
 
-    def _setup(self, source, device: torch.device, max_sms, progress) -> None:
+    @classmethod
+    def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype: torch.dtype | None = None,
+              backing: str = "hugepage", **kwargs) -> "HybridTensor":
+        """A table of ``shape`` whose host tier is owned memory (2 MiB pages), for the caller to fill.
+
+        Rows start as zeros (``backing="cuda"``: undefined). Write them with
+        ``table[ids] = rows`` (or slices), which also updates the GPU tier's
+        copies. ``host_dtype``, ``backing`` and the placement arguments
+        (``gpu_rows``, ``gpu_budget`` with ``hot_order``, ``max_sms``,
+        ``stats``, ``progress``) are as for the constructor.
+        """
+        from .memory import owned
+
+        host = owned.empty(shape, host_dtype or dtype, backing)
+        return cls._of_host(host, device, dtype, **kwargs)
+
+    @classmethod
+    def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, max_sms=None, progress=True,
+                 **placement) -> "HybridTensor":
+        """A table over ``host`` (owned memory, used in place), whose rows read as ``dtype``."""
+        self = cls.__new__(cls)
+        self._setup(host, resolve_device(device), max_sms, progress, dtype=dtype)
+        self._place_and_build(**placement)
+        return self
+
+    def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_dtype=None,
+               backing="hugepage", dtype=None) -> None:
+        """``dtype``: the table's dtype when ``source`` is already a narrow host tier (rebuilt tables)."""
+        from .memory import owned
+
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
-        self.row_bytes = row_layout(self._source)[0]
+        self._dtype = dtype or self._source.dtype
+        row_layout(self._source)  # unusable layouts raise before any copy
+        if host_dtype is not None and host_dtype != self._dtype:
+            _check_narrow(self._dtype, host_dtype)
+            self._source = owned.copy_of(self._source, host_dtype, backing, progress)
+        elif copy:
+            self._source = owned.copy_of(self._source, None, backing, progress)
+        if self._source is not self._given and (copy or host_dtype is not None):
+            self._given, self._read_only = self._source, False
+        if self._source.dtype != self._dtype:
+            _check_narrow(self._dtype, self._source.dtype)
+        host_row = row_layout(self._source)[0]
+        self.row_bytes = host_row // self._source.element_size() * torch.empty(0, dtype=self._dtype).element_size()
         self.max_sms = max_sms
         self._progress = progress
         self._pinned: PinnedHost | None = None
@@ -153,7 +210,7 @@ class HybridTensor:
                     self._fill_gpu_tier()
                     tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.row_bytes))
                 if self._pinned is not None:
-                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch))
+                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch, self._narrow))
                     self._host_address = self._pinned.address if self._pinned.tensor is self._source else None
                 self._tiers = tuple(tiers)
         except BaseException:
@@ -197,7 +254,7 @@ class HybridTensor:
         temporary = self._pinned is None  # every row resident: read the source through a temporary pin
         pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
         try:
-            fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device)
+            fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device, self._narrow)
         finally:
             if temporary:
                 pinned.release()
@@ -217,7 +274,16 @@ class HybridTensor:
 
     @property
     def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def host_dtype(self) -> torch.dtype:
+        """The dtype the host tier keeps rows in (narrower than :attr:`dtype` for half-width host rows)."""
         return self._source.dtype
+
+    @property
+    def _narrow(self) -> torch.dtype | None:
+        return self._source.dtype if self._source.dtype != self._dtype else None
 
     @property
     def num_gpu_rows(self) -> int:
@@ -230,10 +296,12 @@ class HybridTensor:
 
     @property
     def source(self):
-        """The host table the table reads from (the caller's memory, no copy).
+        """The host table the table reads from (the caller's memory, unless ``copy``/``host_dtype`` made one).
 
         A torch CPU tensor; for a read-only source, the caller's read-only
         numpy array itself, so that writing to it raises instead of crashing.
+        Change rows through ``table[ids] = rows``, which keeps the GPU tier
+        in step.
         """
         return self._given if self._read_only else self._source
 
@@ -246,11 +314,12 @@ class HybridTensor:
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
-        return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}, "
+        narrow = f", host_dtype={self.host_dtype}" if self._narrow else ""
+        return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}{narrow}, device={self.device}, "
                 f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
 
     # ---- gathering -----------------------------------------------------------
-    def gather(self, index, *, out: torch.Tensor | None = None, stream=None) -> torch.Tensor:
+    def gather(self, index, *, out: torch.Tensor | None = None, stream=None, check: str = "deferred") -> torch.Tensor:
         """Rows ``index`` of the table, on ``self.device``.
 
         ``index``: integer tensor (CPU or CUDA, any shape; int32/int64, or
@@ -260,14 +329,49 @@ class HybridTensor:
         ``x[5]``). ``out``: optional contiguous destination of that shape,
         dtype and device. ``stream``: torch CUDA stream to run on (default:
         the current stream); the result is ready on that stream (see the
-        module docstring for the stream contract).
-        Raises IndexError for ids out of range (before any memory is read),
-        TypeError for non-integer indices, ValueError for a bad ``out``,
-        RuntimeError for a closed table.
+        module docstring for the stream contract). ``check``: how ids
+        already on a GPU are range-checked: ``"deferred"`` (no waiting; a
+        bad id raises at a later gather, see :mod:`hmgstore.index`) or
+        ``"sync"`` (one device-to-host read; raises here).
+        Raises IndexError for ids out of range (CPU ids: before any memory is
+        read), TypeError for non-integer indices, ValueError for a bad
+        ``out``, RuntimeError for a closed table.
         """
-        return gather_many([(self, index)], outs=[out], stream=stream)[0]
+        return gather_many([(self, index)], outs=[out], stream=stream, check=check)[0]
 
     __getitem__ = gather
+
+    def __setitem__(self, index, value) -> None:
+        """Overwrite rows ``index`` with ``value`` (broadcast to ``[len, *row_shape]``), in every tier.
+
+        The host tier is written at once, from the CPU; the GPU tier's copies
+        of those rows on the current stream. Gathers in flight that read the
+        same rows may see old or new values: synchronise first. Raises
+        TypeError for a read-only source or a view of a sharded table,
+        IndexError for ids out of range, RuntimeError for a closed table.
+        """
+        from .index import normalize
+
+        if self._read_only:
+            raise TypeError("this table's source is read-only memory (e.g. a memmap opened with mode='r'); "
+                            "build it with copy=True to write rows")
+        if self._owner is not None:
+            raise TypeError(f"this table is a view of {self._owner!r}; write to the table it was built from")
+        self._enter()
+        try:
+            self._ready()
+            ids = normalize(index, self.num_rows, torch.device("cpu")).ids
+            rows = torch.as_tensor(value).to("cpu", self._dtype).expand(len(ids), *self.row_shape)
+            host_rows = rows.to(self._source.dtype).contiguous()
+            self._source.index_copy_(0, ids, host_rows)
+            if self._pinned is not None and self._pinned.tensor is not self._source:  # a small table's pinned copy
+                self._pinned.tensor.index_copy_(0, ids, host_rows)
+            if self._gpu is not None and len(ids):
+                new = self._map[ids.to(self.device)]
+                resident = (new < self.num_gpu_rows).nonzero().flatten()
+                self._gpu[new[resident].long()] = host_rows.to(self.device)[resident].to(self._dtype)
+        finally:
+            self._exit()
 
     def __iter__(self):
         raise TypeError("iterate over a HybridTensor by indexing it with a batch of ids")
@@ -292,7 +396,8 @@ class HybridTensor:
 
     def _count(self, job) -> None:
         """Add a CUDA job's rows to the per-tier counters (device work only, no waiting)."""
-        new = job.ids if self._map is None else self._map[job.ids]
+        ids = job.ids.clamp(0, self.num_rows - 1)  # ids of a deferred check may be out of range (reported later)
+        new = ids if self._map is None else self._map[ids]
         self._counter.add(torch.searchsorted(self._tier_starts, new.to(self._tier_starts.dtype), right=True) - 1)
 
     # ---- lifetime ------------------------------------------------------------
@@ -366,7 +471,8 @@ class HybridTensor:
                         "(PyG: filter_per_worker=False)")
         elif self._deferred is not None:
             unusable = self._deferred.get("unusable")
-        return {"source": source, "device": str(self.device), "max_sms": self.max_sms, "closed": self._closed,
+        return {"source": source, "dtype": self._dtype, "device": str(self.device), "max_sms": self.max_sms,
+                "closed": self._closed,
                 "gpu_rows": self.placement.gpu_rows if self.placement.num_gpu_rows else None,
                 "unusable": unusable}
 
@@ -447,7 +553,7 @@ def _rebuild(state: dict) -> HybridTensor:
     if isinstance(source, _MemmapSpec):
         source = source.open()
     table = HybridTensor.__new__(HybridTensor)
-    table._setup(source, resolve_device(state["device"]), state["max_sms"], False)
+    table._setup(source, resolve_device(state["device"]), state["max_sms"], False, dtype=state["dtype"])
     table.placement = placement_mod.for_table(table.num_rows, table.row_bytes, table.device,
                                               gpu_rows=state["gpu_rows"])
     if state["closed"]:
@@ -458,15 +564,17 @@ def _rebuild(state: dict) -> HybridTensor:
 
 
 # ---- the work behind gather_many ----------------------------------------------
-def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict):
-    """The kernel job for one table's ids (checked). Runs on the current stream.
+def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
+    """The kernel job for one table's ids. Runs on the current stream.
 
     ``prepared`` caches narrowed/sorted ids per index within one batch, so
     features and labels indexed by the same ids convert and sort them once.
+    Ids not ``checked`` yet (the kernel checks them) are never narrowed,
+    which could wrap a bad id into range.
     """
     from .cuda import gather
 
-    narrow = table.placement.index_dtype
+    narrow = table.placement.index_dtype if checked else index.ids.dtype
     sort = table._sort_ids and table._reads_host and len(index.ids) > 1
     key = (id(index), narrow, sort)
     if key not in prepared:
@@ -479,10 +587,12 @@ def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict):
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
 
 
-def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device) -> None:
+def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device,
+              stored: torch.dtype | None = None) -> None:
     """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits.
 
-    ``rows``: ids in range (they come from a placement).
+    ``rows``: ids in range (they come from a placement); ``stored``: the
+    source's dtype when narrower than ``out``'s (widened on the way).
     """
     from .cuda import gather
 
@@ -493,10 +603,18 @@ def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device:
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device)
         ids = rows.to(device, host.index_dtype)
-        tiers = [host.tier("host").bind(pinned.address, pinned.pitch)]
-        gather.launch_gather([gather.Job(ids, None, out, None, num_rows, row_layout(pinned.tensor)[0], tiers)],
-                             device, stream, None)
+        tiers = [host.tier("host").bind(pinned.address, pinned.pitch, stored)]
+        row_bytes = out[0].numel() * out.element_size()
+        gather.launch_gather([gather.Job(ids, None, out, None, num_rows, row_bytes, tiers)], device, stream, None)
         stream.synchronize()
+
+
+def _check_narrow(dtype: torch.dtype, host_dtype: torch.dtype) -> None:
+    from .cuda.gather import NARROW
+
+    if dtype != torch.float32 or host_dtype not in NARROW:
+        raise ValueError(f"half-width host rows keep a float32 table in {' or '.join(map(str, NARROW))}; "
+                         f"got a {dtype} table with host_dtype={host_dtype}")
 
 
 def _check_out(out: torch.Tensor, shape, dtype, device) -> None:
@@ -524,16 +642,24 @@ def _check_requests(requests, outs) -> torch.device:
     return device
 
 
-def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, stream=None) -> list[torch.Tensor]:
+def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, stream=None,
+                check: str = "deferred") -> list[torch.Tensor]:
     """Gather from several tables at once: ``[table[index] for table, index in requests]``.
 
     Every table must be on the same device. On CUDA, all gathers run in one
     kernel launch on ``stream`` (default: the current stream), which is what
     makes a batch's features, labels and node types cost one launch. ``outs``,
     if given, is a list of destinations (or None) matching ``requests``, each
-    its own buffer. Every index is validated before anything runs, so a bad
-    index in any request raises (IndexError/TypeError) without reading memory.
+    its own buffer. Every index is validated before it is read, so a bad
+    index in any request raises (IndexError/TypeError) without reading
+    memory; ids already on a GPU are checked as ``check`` says (see
+    :meth:`HybridTensor.gather`), and an earlier gather's bad GPU id found
+    since is raised here first.
     """
+    from . import index as index_mod
+
+    if check not in index_mod.CHECKS:
+        raise ValueError(f"check must be one of {index_mod.CHECKS}, got {check!r}")
     requests = list(requests)
     outs = [None] * len(requests) if outs is None else list(outs)
     if len(outs) != len(requests):
@@ -541,6 +667,8 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     if not requests:
         return []
     device = _check_requests(requests, outs)
+    if device.type == "cuda":
+        index_mod.raise_deferred(device, wait=False)  # finished launches only: no waiting
     tables = list({id(t): t for t, _ in requests}.values())
     entered = []
     try:
@@ -550,7 +678,7 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             table._ready()
         context = contextlib.nullcontext() if device.type == "cpu" else _cuda_context(device, stream)
         with context as stream:
-            indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device)
+            indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device, check)
             results = []
             for (table, _), index, out in zip(requests, indices, outs):
                 if out is None:
@@ -564,18 +692,31 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             if device.type == "cpu":
                 check_pending(pending)
                 for (table, _), index, out in zip(requests, indices, results):
-                    torch.index_select(table._source, 0, index.ids, out=out)
+                    if table._narrow:
+                        out.copy_(torch.index_select(table._source, 0, index.ids))
+                    else:
+                        torch.index_select(table._source, 0, index.ids, out=out)
                     if table._counter is not None:
                         table._counter.rows[-1] += len(index.ids)  # a CPU table is its host tier
             else:
                 from .cuda import gather
 
                 prepared = {}
-                jobs = [_job(table, index, out, prepared) for (table, _), index, out in zip(requests, indices, results)]
+                unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
+                jobs = [_job(table, index, out, prepared, id(index.ids) not in unchecked)
+                        for (table, _), index, out in zip(requests, indices, results)]
                 caps = [t.max_sms for t in tables if t.max_sms]
                 packed = gather.pack(jobs, device)
-                check_pending(pending)  # the range check's read-back, after the host work it overlaps
-                gather.run(packed, device, stream, min(caps) if caps else None)
+                record = None
+                if check == "sync":
+                    check_pending(pending)  # the range check's read-back, after the host work it overlaps
+                elif pending and packed is not None:
+                    record = index_mod.error_record(device)
+                gather.run(packed, device, stream, min(caps) if caps else None, record)
+                if record is not None:
+                    described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
+                                 for k in packed.kept]
+                    index_mod.deferred(device, stream, record, described)
                 for (table, _), job in zip(requests, jobs):
                     if table._counter is not None:
                         table._count(job)

@@ -1,12 +1,13 @@
-"""Command line: ``python -m hmgstore.bench {gather,peer,sample,train} [options]``."""
+"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train} [options]``."""
 from __future__ import annotations
 
 import argparse
 import logging
 
-from . import gather, peer, sample, train
+from . import gather, hotness, peer, sample, train
 
-BENCHMARKS = {"gather": gather.run, "peer": peer.run, "sample": sample.run, "train": train.run}
+BENCHMARKS = {"gather": gather.run, "peer": peer.run, "sample": sample.run, "hotness": hotness.run,
+              "train": train.run}
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "index_select + copy"),
         "sample": (sample, "neighbour sampling: topology on the GPU, zero-copy from the host, cached; vs PyG's and "
                            "DGL's CPU samplers"),
+        "hotness": (hotness, "cache hit ratios: pre-sampled hotness against degree order, at 1-20% of the nodes"),
         "train": (train, "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
                          "a pre-sampled cache, each with and without the pipeline"),
     }

@@ -11,7 +11,16 @@ sequential scan. Figures are GB/s of useful bytes (rows x row
 size), and each is also given as a ratio to the pinned host-to-device memcpy
 rate measured at the start of the same run (the PCIe limit). Variants:
 
-- ``hmg_host``: HybridTensor, every row in pinned host memory, CUDA ids.
+- ``hmg_host``: HybridTensor, every row in host memory pinned in place (the
+  benchmark's buffer: 4 KiB pages), CUDA ids.
+- ``hmg_owned``, ``hmg_owned_cuda``: the same rows copied into host memory
+  hmgstore owns (``copy=True``): 2 MiB pages (mmap with MADV_HUGEPAGE,
+  registered) or cudaHostAlloc. Their ``setup_seconds`` (copy and
+  page-locking) are reported too.
+- ``hmg_bf16``: half-width host rows (``host_dtype=torch.bfloat16``, owned
+  memory), widened to float32 by the kernel; GB/s of float32 rows delivered.
+- ``hmg_host_sync``: ``hmg_host`` with ``check="sync"``: the read-back the
+  default deferred check of GPU ids leaves out.
 - ``hmg_gpu``: HybridTensor, every row in its GPU tier, CUDA ids.
 - ``pageable``: ``x[idx].to("cuda")``, the plain-PyTorch way.
 - ``cpu_pinned``: ``torch.index_select`` into a pinned buffer (all CPU
@@ -19,9 +28,10 @@ rate measured at the start of the same run (the PCIe limit). Variants:
 - ``gpu_index_select``: ``index_select`` on a copy of the table in GPU
   memory: the in-GPU ceiling the GPU tier is held to.
 
-A ``--big-table-gb`` table (host variants only: it is meant not to fit)
-checks that nothing changes when the table is far larger than any cache or
-TLB reach. Without a GPU, only the CPU variants run (a smoke test).
+The table-size sweep (``--sweep-gb``, at ``--sweep-row-bytes``; host
+variants only) measures how the host tier's rate falls as the table
+outgrows the GPU's reach over host pages. Without a GPU, only the CPU
+variants run (a smoke test).
 """
 from __future__ import annotations
 
@@ -30,16 +40,19 @@ import datetime
 import gc
 import logging
 import sys
+import time
 
 import torch
 
 import hmgstore
+from ..memory import owned
 from .report import write_report
 from .timing import h2d_limit_gbps, median_seconds
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ROW_BYTES = [64, 128, 256, 512, 1024, 2048, 4096]
+SWEEP_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "cpu_pinned")
 
 
 #: Sizes for a machine without a GPU: the GPU sizes need ~20 GB of RAM and minutes there (a smoke test only).
@@ -55,8 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table-gib", type=float, default=None,
                    help=f"size of the table at every row size, GiB (default: 2; without a GPU "
                         f"{CPU_DEFAULTS['table_gib']})")
-    p.add_argument("--big-table-gb", type=float, default=40.0, help="size of the extra large table, GB (0: skip)")
-    p.add_argument("--big-row-bytes", type=int, default=512, help="row size of the large table")
+    p.add_argument("--sweep-gb", type=float, nargs="*", default=[2, 8, 40],
+                   help="table sizes of the size sweep, GB (none: skip it)")
+    p.add_argument("--sweep-row-bytes", type=int, nargs="+", default=[128, 512], help="row sizes of the size sweep")
     p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
     p.add_argument("--slow-reps", type=int, default=5, help="timed repeats of variants that involve the CPU")
     p.add_argument("--out", default="bench-out/gather", help="folder for gather.json and gather.png")
@@ -107,11 +121,22 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         result["variants"][name] = {"seconds": med, "gbps": useful / med / 1e9, "times": times}
         log.info("%6d B %-17s %8.2f GB/s", row_bytes, name, useful / med / 1e9)
 
-    if "hmg_host" in variants:
-        table = hmgstore.HybridTensor(x, device, progress=False)
-        _check(table[ids_dev[0]], x, ids_dev[0], "hmg_host")
-        timed("hmg_host", lambda i: table[ids_dev[i % 4]], False, args.reps)
+    host_tables = {"hmg_host": {}, "hmg_host_sync": {}, "hmg_owned": {"copy": True},
+                   "hmg_owned_cuda": {"copy": True, "backing": "cuda"}, "hmg_bf16": {"host_dtype": torch.bfloat16}}
+    for name, kwargs in host_tables.items():
+        if name not in variants or (not cuda and name in ("hmg_owned_cuda", "hmg_host_sync")):
+            continue
+        start = time.perf_counter()
+        table = hmgstore.HybridTensor(x, device, progress=False, **kwargs)
+        setup = time.perf_counter() - start
+        want = x.bfloat16().float() if name == "hmg_bf16" else x
+        _check(table[ids_dev[0]], want, ids_dev[0], name)
+        check = "sync" if name == "hmg_host_sync" else "deferred"
+        timed(name, lambda i: table.gather(ids_dev[i % 4], check=check), False, args.reps)
+        result["variants"][name]["setup_seconds"] = setup
         table.close()
+        del table
+        gc.collect()
     if "hmg_gpu" in variants and cuda:
         table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(n), progress=False)
         _check(table[ids_dev[0]], x, ids_dev[0], "hmg_gpu")
@@ -144,7 +169,7 @@ def run(args) -> dict:
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.quick:
-        args.table_gib, args.batch, args.big_table_gb = 1 / 256, 2_000, 0
+        args.table_gib, args.batch, args.sweep_gb = 1 / 256, 2_000, []
         args.reps, args.slow_reps = 3, 2
     report = {
         "benchmark": "gather",
@@ -152,16 +177,18 @@ def run(args) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "hmgstore": hmgstore.__version__,
-        "cpu_threads": torch.get_num_threads(), "sizes": [], "big_table": None,
+        "cpu_threads": torch.get_num_threads(), "sizes": [], "sweep": [],
+        "transparent_huge_pages": owned.transparent_huge_pages(),
     }
     if device.type == "cuda":
         from .. import cuda
 
         report["cupy"] = cuda.cupy().__version__
         report["h2d_limit_gbps"] = h2d_limit_gbps(device)
-    all_variants = ("hmg_host", "hmg_gpu", "gpu_index_select", "pageable", "cpu_pinned")
-    if any(rb % 4 for rb in args.row_bytes):
-        raise SystemExit(f"--row-bytes must be multiples of 4, got {args.row_bytes}")
+    all_variants = ("hmg_host", "hmg_host_sync", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_gpu",
+                    "gpu_index_select", "pageable", "cpu_pinned")
+    if any(rb % 4 for rb in (*args.row_bytes, *args.sweep_row_bytes)):
+        raise SystemExit(f"row sizes must be multiples of 4, got {args.row_bytes} and {args.sweep_row_bytes}")
     sizes = {rb: table_bytes(rb, args) for rb in args.row_bytes}
     buf = _fill(max(sizes.values()))
     buf_gpu = buf.to(device) if device.type == "cuda" else None
@@ -170,11 +197,14 @@ def run(args) -> dict:
     del buf, buf_gpu
     torch.cuda.empty_cache() if device.type == "cuda" else None
     gc.collect()
-    if args.big_table_gb > 0 and device.type == "cuda":
-        big = _fill(int(args.big_table_gb * 1e9))
-        report["big_table"] = run_size(big, None, args.big_row_bytes, big.numel() * 4, args, device,
-                                       ("hmg_host", "pageable", "cpu_pinned"))
+    for gb in (args.sweep_gb if device.type == "cuda" else []):
+        big = _fill(int(gb * 1e9))
+        for row_bytes in args.sweep_row_bytes:
+            nbytes = big.numel() * 4 // row_bytes * row_bytes
+            report["sweep"].append(run_size(big, None, row_bytes, nbytes, args, device, SWEEP_VARIANTS))
+            write_report(report, args.out)  # a long sweep leaves its figures behind as it goes
         del big
+        gc.collect()
     if device.type == "cuda":
         report["h2d_limit_gbps_end"] = h2d_limit_gbps(device)
     write_report(report, args.out)

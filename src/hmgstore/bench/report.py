@@ -8,12 +8,17 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _LABELS = {
-    "hmg_host": "hmgstore, host tier",
+    "hmg_host": "hmgstore, host tier pinned in place",
+    "hmg_host_sync": "hmgstore, host tier, check='sync'",
+    "hmg_owned": "hmgstore, owned 2 MiB pages (copy=True)",
+    "hmg_owned_cuda": "hmgstore, owned cudaHostAlloc",
+    "hmg_bf16": "hmgstore, bf16 host rows (float32 delivered)",
     "hmg_gpu": "hmgstore, GPU tier",
     "gpu_index_select": "index_select in GPU memory",
     "pageable": 'x[idx].to("cuda")',
     "cpu_pinned": "CPU index_select + pinned copy",
 }
+HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_host_sync")
 
 
 def _gbps(size: dict, name: str):
@@ -28,12 +33,13 @@ def _ratio(a, b):
 def add_ratios(report: dict) -> None:
     """Attach to every row size the ratios the targets are stated in."""
     limit = report.get("h2d_limit_gbps")
-    for size in report["sizes"] + ([report["big_table"]] if report.get("big_table") else []):
+    for size in report["sizes"] + report.get("sweep", []):
         for v in size["variants"].values():
             v["x_h2d_limit"] = _ratio(v["gbps"], limit)
         size["host_vs_cpu_pinned"] = _ratio(_gbps(size, "hmg_host"), _gbps(size, "cpu_pinned"))
         size["host_vs_pageable"] = _ratio(_gbps(size, "hmg_host"), _gbps(size, "pageable"))
         size["gpu_vs_index_select"] = _ratio(_gbps(size, "hmg_gpu"), _gbps(size, "gpu_index_select"))
+        size["owned_vs_host"] = _ratio(_gbps(size, "hmg_owned"), _gbps(size, "hmg_host"))
 
 
 def _fmt(value, spec=".1f"):
@@ -50,16 +56,29 @@ def table_text(report: dict) -> str:
              "| table | row B | hmg host GB/s (x limit) | x cpu_pinned | x pageable | hmg GPU tier GB/s "
              "| x GPU index_select | pageable GB/s | cpu_pinned GB/s | GPU index_select GB/s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    rows = [(_size_label(s["table_bytes"]), s) for s in report["sizes"]]
-    if report.get("big_table"):
-        rows.append((f"{report['big_table']['table_bytes'] / 1e9:.0f} GB", report["big_table"]))
-    for label, s in rows:
+    for s in report["sizes"]:
         host = s["variants"].get("hmg_host", {})
         lines.append(
-            f"| {label} | {s['row_bytes']} | {_fmt(host.get('gbps'))} ({_fmt(host.get('x_h2d_limit'), '.2f')}) "
+            f"| {_size_label(s['table_bytes'])} | {s['row_bytes']} | {_fmt(host.get('gbps'))} "
+            f"({_fmt(host.get('x_h2d_limit'), '.2f')}) "
             f"| {_fmt(s['host_vs_cpu_pinned'], '.2f')} | {_fmt(s['host_vs_pageable'], '.1f')} "
             f"| {_fmt(_gbps(s, 'hmg_gpu'))} | {_fmt(s['gpu_vs_index_select'], '.2f')} "
             f"| {_fmt(_gbps(s, 'pageable'))} | {_fmt(_gbps(s, 'cpu_pinned'))} | {_fmt(_gbps(s, 'gpu_index_select'))} |")
+    for title, sizes in (("Host memory variants (GB/s, x limit; setup seconds)", report["sizes"]),
+                         ("Table-size sweep (GB/s, x limit; setup seconds)", report.get("sweep", []))):
+        if not sizes:
+            continue
+        names = [n for n in (*HOST_VARIANTS, "cpu_pinned") if any(n in s["variants"] for s in sizes)]
+        lines += ["", f"{title}:", "", "| table | row B | " + " | ".join(names) + " |",
+                  "|---|---:|" + "---:|" * len(names)]
+        for s in sizes:
+            cells = []
+            for n in names:
+                v = s["variants"].get(n)
+                setup = f"; {v['setup_seconds']:.1f} s" if v and "setup_seconds" in v else ""
+                cells.append("-" if v is None else f"{v['gbps']:.1f} ({_fmt(v.get('x_h2d_limit'), '.2f')}{setup})")
+            label = _size_label(s["table_bytes"]) if s in report["sizes"] else f"{s['table_bytes'] / 1e9:.0f} GB"
+            lines.append(f"| {label} | {s['row_bytes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -73,9 +92,11 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_host, ax_gpu) = plt.subplots(1, 2, figsize=(12, 4.5))
+    sweep = report.get("sweep", [])
+    fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(18 if sweep else 12, 4.5))
+    ax_host, ax_gpu = axes[0], axes[1]
     sizes = [s["row_bytes"] for s in report["sizes"]]
-    for name in ("hmg_host", "cpu_pinned", "pageable"):
+    for name in (*HOST_VARIANTS, "cpu_pinned", "pageable"):
         ys = [_gbps(s, name) for s in report["sizes"]]
         if any(y is not None for y in ys):
             ax_host.plot(sizes, ys, marker="o", label=_LABELS[name])
@@ -85,6 +106,21 @@ def plot(report: dict, path: Path) -> None:
         ys = [_gbps(s, name) for s in report["sizes"]]
         if any(y is not None for y in ys):
             ax_gpu.plot(sizes, ys, marker="o", label=_LABELS[name])
+    if sweep:
+        ax_sweep = axes[2]
+        for row_bytes in sorted({s["row_bytes"] for s in sweep}):
+            points = [s for s in sweep if s["row_bytes"] == row_bytes]
+            for name, style in (("hmg_host", "-"), ("hmg_owned", "--"), ("hmg_bf16", ":"), ("cpu_pinned", "-.")):
+                ys = [(s["table_bytes"] / 1e9, s["variants"][name].get("x_h2d_limit"))
+                      for s in points if name in s["variants"]]
+                if ys:
+                    ax_sweep.plot(*zip(*ys), ls=style, marker="o", label=f"{row_bytes} B, {name}")
+        ax_sweep.set_xscale("log")
+        ax_sweep.set_xlabel("table size (GB)")
+        ax_sweep.set_ylabel("x pinned H2D memcpy")
+        ax_sweep.set_title("rate against table size")
+        ax_sweep.grid(alpha=0.3)
+        ax_sweep.legend(fontsize=7)
     for ax, title in ((ax_host, "rows from host memory"), (ax_gpu, "rows from GPU memory")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("row size (bytes)")

@@ -55,6 +55,9 @@ def read_layout(text: str) -> dict[str, int]:
 LAYOUT = read_layout(kernel_source(HEADER))
 MAX_TIERS = LAYOUT["MAX_TIERS"]
 J_WORDS = LAYOUT["J_WORDS"]
+E_WORDS = LAYOUT["E_WORDS"]
+#: Element types a tier may store float32 rows in (the kernel widens them).
+NARROW = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -93,7 +96,8 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
     L = LAYOUT
     if len(job.tiers) > MAX_TIERS:
         raise ValueError(f"a table may have at most {MAX_TIERS} tiers, got {len(job.tiers)}")
-    vec = vector_bytes(job.row_bytes, job.out.data_ptr(), *(p for t in job.tiers for p in (t.base, t.pitch)))
+    vec = vector_bytes(job.row_bytes, job.out.data_ptr(),
+                       *(p for t in job.tiers if t.stored is None for p in (t.base, t.pitch)))
     nvec = job.row_bytes // vec
     tpr_log2 = min(5, max(0, (nvec - 1).bit_length()))  # team: pow2 >= nvec, at most a warp
     rows_per_tile = (BLOCK >> tpr_log2) * ROWS
@@ -118,19 +122,34 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
         words[L["J_BOUNDS"] + t + 1] = tier.end
         words[L["J_BASE"] + t] = tier.base
         words[L["J_PITCH"] + t] = tier.pitch
+        if tier.stored is not None:
+            words[L["J_NARROW"]] |= 1 << t
+            words[L["J_FLAGS"]] |= _narrow_flags(job, tier)
     return words, tiles
 
 
-def _kernel(device_index: int):
-    return module(device_index, (HEADER, SOURCE), (*KERNEL_OPTIONS, f"-DROWS={ROWS}")).get_function("hmg_gather")
+def _narrow_flags(job: Job, tier) -> int:
+    """Flag bits for a tier whose rows are 16-bit floats widened to the float32 output."""
+    L = LAYOUT
+    if tier.stored not in NARROW or job.out.dtype != torch.float32:
+        raise ValueError(f"a tier may store float32 rows as bfloat16 or float16, not {job.out.dtype} as {tier.stored}")
+    elems = job.row_bytes // 4
+    wide = elems % 8 == 0 and vector_bytes(16, tier.base, tier.pitch, job.out.data_ptr()) == 16
+    return (L["F_BF16"] if tier.stored == torch.bfloat16 else 0) | (3 if wide else 0) << L["F_NVEC_SHIFT"]
+
+
+def _kernel(device_index: int, narrow: bool = False):
+    """The gather kernel; ``narrow``: the build that widens narrow tiers (see gather.cu: NARROW)."""
+    options = (*KERNEL_OPTIONS, f"-DROWS={ROWS}", f"-DNARROW={int(narrow)}")
+    return module(device_index, (HEADER, SOURCE), options).get_function("hmg_gather")
 
 
 _occupancy: dict[tuple, int] = {}
 _occupancy_lock = threading.Lock()
 
 
-def _blocks_per_sm(device_index: int, kernel) -> int:
-    key = (device_index, KERNEL_OPTIONS, ROWS, BLOCK)
+def _blocks_per_sm(device_index: int, kernel, narrow: bool = False) -> int:
+    key = (device_index, KERNEL_OPTIONS, ROWS, BLOCK, narrow)
     with _occupancy_lock:
         if key not in _occupancy:
             cp = cupy()
@@ -140,7 +159,7 @@ def _blocks_per_sm(device_index: int, kernel) -> int:
         return _occupancy[key]
 
 
-def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None) -> int:
+def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None, narrow: bool = False) -> int:
     """Blocks to launch: every tile once, at most ``max_sms`` SMs' worth of resident blocks.
 
     The grid strides over tiles, so a smaller grid does the same work with a
@@ -151,33 +170,52 @@ def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None) 
     sms = torch.cuda.get_device_properties(device_index).multi_processor_count
     if max_sms is not None:
         sms = max(1, min(int(max_sms), sms))
-    return int(max(1, min(total_tiles, sms * _blocks_per_sm(device_index, kernel))))
+    return int(max(1, min(total_tiles, sms * _blocks_per_sm(device_index, kernel, narrow))))
 
 
-def pack(jobs: list[Job], device: torch.device):
-    """The launch's description, copied (asynchronously) to ``device``: ``(table, jobs, tiles)``, or None
-    when there is nothing to copy. Host work only; :func:`run` launches it."""
-    jobs = [j for j in jobs if len(j.ids) and j.row_bytes]
-    if not jobs:
+@dataclass
+class Packed:
+    """A launch's description on the device: ``table`` of ``num_jobs`` jobs spanning ``tiles`` tiles;
+    ``kept[i]``: the position, in the list given to :func:`pack`, of the ``i``-th job launched."""
+
+
+    table: torch.Tensor
+    num_jobs: int
+    tiles: int
+    kept: list[int]
+    narrow: bool = False  # some job reads a narrow tier: the kernel build that widens
+
+
+def pack(jobs: list[Job], device: torch.device) -> Packed | None:
+    """The launch's description, copied (asynchronously) to ``device``, or None when there is nothing to
+    copy. Host work only; :func:`run` launches it."""
+    kept = [k for k, j in enumerate(jobs) if len(j.ids) and j.row_bytes]
+    if not kept:
         return None
     words, tile_start = [], 0
-    for job in jobs:
-        w, tiles = job_words(job, tile_start)
+    for k in kept:
+        w, tiles = job_words(jobs[k], tile_start)
         words.extend(w)
         tile_start += tiles
     table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-    return table, len(jobs), tile_start
+    narrow = any(t.stored is not None for k in kept for t in jobs[k].tiers)
+    return Packed(table, len(kept), tile_start, kept, narrow)
 
 
-def run(packed, device: torch.device, stream: torch.cuda.Stream, max_sms: int | None = None) -> None:
-    """Launch a :func:`pack` result on ``stream``."""
+def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream, max_sms: int | None = None,
+        err: torch.Tensor | None = None) -> None:
+    """Launch a :func:`pack` result on ``stream``.
+
+    ``err``: an int64 CUDA tensor of ``E_WORDS`` zeros where the kernel
+    records the first id out of range (see gather_job.cuh), or None.
+    """
     if packed is None:
         return
-    table, num_jobs, tiles = packed
-    kernel = _kernel(device.index)
-    grid = grid_size(device.index, kernel, tiles, max_sms)
+    kernel = _kernel(device.index, packed.narrow)
+    grid = grid_size(device.index, kernel, packed.tiles, max_sms, packed.narrow)
     with cupy().cuda.Device(device.index):
-        kernel((grid,), (BLOCK,), (np.uint64(table.data_ptr()), np.int32(num_jobs), np.int64(tiles)),
+        kernel((grid,), (BLOCK,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
+                                   np.int64(packed.tiles), np.uint64(0 if err is None else err.data_ptr())),
                stream=cupy_stream(stream))
 
 

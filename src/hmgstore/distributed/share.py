@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..memory import shared
+from ..memory import owned, shared
 from ..memory.pinned import as_host_tensor
 
 
@@ -24,7 +24,7 @@ def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> 
         try:
             source, _ = as_host_tensor(make() if callable(make) else make)
             name, table = shared.create_segment(tuple(source.shape), source.dtype)
-            shared.copy_in_chunks(table, source, progress, "sharing host table")
+            owned.copy_in(table, source, progress, "sharing host table")
             meta[0] = ("ok", name, tuple(source.shape), source.dtype)
         except Exception as err:  # the others must hear of it, or they wait for the table forever
             meta[0], error = ("error", f"{type(err).__name__}: {err}"), err

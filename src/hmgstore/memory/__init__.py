@@ -1,5 +1,6 @@
-"""Host memory: tables pinned for zero-copy reads (:mod:`.pinned`) and segments shared by
-the processes of a node (:mod:`.shared`)."""
+"""Host memory: tables pinned for zero-copy reads (:mod:`.pinned`), memory hmgstore allocates in
+huge pages (:mod:`.owned`) and segments shared by the processes of a node (:mod:`.shared`)."""
+from . import owned
 from .pinned import PinnedHost, as_host_tensor, extent, registered_ranges, row_layout
 from .shared import (SEGMENT_PREFIX, attach_segment, create_segment, process_alive, segment_dir,
                      sweep_stale_segments, unlink_segment)

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import owned
+
 log = logging.getLogger(__name__)
 
 #: Tensors smaller than this are copied to pinned memory rather than
@@ -244,7 +246,8 @@ class PinnedHost:
         begin, end = start - start % PAGE, -(-(start + size) // PAGE) * PAGE
         keys = None
         if size and source.is_pinned() and not _registry.overlaps(begin, end):
-            gaps = _unpinned_pages(begin, end, progress)  # is_pinned() only looked at the first byte
+            # is_pinned() only looked at the first byte; memory hmgstore allocated page-locked needs no look
+            gaps = [] if owned.page_locked_here(start, start + size) else _unpinned_pages(begin, end, progress)
             self.owner_pinned = True
             if gaps:
                 keys = self._acquire_gaps(gaps, read_only, progress)

@@ -11,19 +11,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import mmap
 import os
 import secrets
 import tempfile
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 log = logging.getLogger(__name__)
 
 #: Names of shared segments start with this, then the creating process's pid.
 SEGMENT_PREFIX = "hmgstore-"
-COPY_CHUNK_BYTES = 256 << 20
 
 
 def segment_dir() -> str:
@@ -85,11 +84,18 @@ def attach_segment(name: str, shape, dtype: torch.dtype) -> torch.Tensor:
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     try:
-        raw = np.memmap(_segment_path(name), dtype=np.uint8, mode="r+", shape=(nbytes,))
+        fd = os.open(_segment_path(name), os.O_RDWR)
     except FileNotFoundError:
         raise FileNotFoundError(f"shared segment {name} is gone from {segment_dir()}: its creator removed it "
                                 "or died before the others attached") from None
-    return torch.from_numpy(raw).view(dtype).view(shape)
+    try:
+        mapping = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # huge pages where the tmpfs allows them (shmem_enabled: advise)
+        with contextlib.suppress(OSError):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(mapping, dtype=torch.uint8).view(dtype).view(shape)
 
 
 def unlink_segment(name: str) -> None:
@@ -134,20 +140,3 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
-
-
-#: Tables smaller than this are copied without a progress bar.
-QUIET_BYTES = 1 << 30
-
-
-def copy_in_chunks(dst: torch.Tensor, src: torch.Tensor, progress: bool, desc: str) -> None:
-    """``dst.copy_(src)`` row block by row block, under a progress bar for large tables."""
-    rows = dst.shape[0]
-    row_bytes = max(1, dst[:1].nbytes)
-    step = max(1, COPY_CHUNK_BYTES // row_bytes)
-    with tqdm(total=rows * row_bytes, unit="B", unit_scale=True, desc=desc, leave=False,
-              disable=not progress or rows * row_bytes < QUIET_BYTES) as bar:
-        for start in range(0, rows, step):
-            end = min(rows, start + step)
-            dst[start:end].copy_(src[start:end])
-            bar.update((end - start) * row_bytes)

@@ -1,0 +1,170 @@
+"""Host memory hmgstore allocates itself, backed by huge pages.
+
+Where hmgstore creates a host tier (``HybridTensor(..., copy=True)``,
+``HybridTensor.empty``, :func:`hmgstore.load`, the OGB reader) it does not
+take what ``malloc`` gives: a GPU reading scattered rows zero-copy has to
+translate every host page it touches, and 4 KiB pages cost the host tier
+about a third of its rate at 128 B rows against memory mapped in 2 MiB
+pages (benchmarks/NOTES.md, issue 11). Two backings:
+
+- ``"hugepage"`` (the default): an anonymous ``mmap``, 2 MiB aligned, with
+  ``madvise(MADV_HUGEPAGE)``, so the kernel backs it with transparent huge
+  pages when the system allows them (``/sys/kernel/mm/transparent_hugepage/
+  enabled`` set to ``always`` or ``madvise``). It needs no GPU, so the CPU
+  path gets the same memory, and a GPU table registers it in place.
+- ``"cuda"``: ``cudaHostAlloc``: page-locked by the driver at allocation
+  (it needs a GPU, and the allocation itself takes the time registration
+  would).
+
+Both return a plain torch CPU tensor; the memory is freed when the last
+tensor over it goes.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import threading
+import weakref
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+#: Huge page size the allocations are aligned to.
+HUGE_PAGE = 2 << 20
+#: Rows are copied into owned memory in pieces of about this many bytes (one progress step each).
+COPY_CHUNK_BYTES = 256 << 20
+#: Copies smaller than this show no progress bar.
+QUIET_BYTES = 1 << 30
+BACKINGS = ("hugepage", "cuda")
+_THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+_cuda_ranges: dict[int, int] = {}  # start -> end of live cudaHostAlloc allocations made here
+_cuda_lock = threading.Lock()
+
+
+def transparent_huge_pages() -> str:
+    """The system's transparent huge page mode: ``"always"``, ``"madvise"``, ``"never"`` or ``"unknown"``."""
+    try:
+        with open(_THP) as f:
+            text = f.read()
+    except OSError:
+        return "unknown"
+    chosen = [w.strip("[]") for w in text.split() if w.startswith("[")]
+    return chosen[0] if chosen else "unknown"
+
+
+def _nbytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+
+
+def _check_backing(backing: str) -> None:
+    if backing not in BACKINGS:
+        raise ValueError(f"backing must be one of {BACKINGS}, got {backing!r}")
+
+
+def empty(shape, dtype: torch.dtype, backing: str = "hugepage") -> torch.Tensor:
+    """An uninitialised (zero-filled for ``"hugepage"``) CPU tensor on owned memory.
+
+    ``shape``: sequence of ints; ``dtype``: torch dtype; ``backing``: see the
+    module docstring. Raises ValueError for an unknown backing, MemoryError
+    when the memory cannot be had, RuntimeError for ``"cuda"`` without a GPU.
+    """
+    _check_backing(backing)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"a shape cannot have negative sizes: {shape}")
+    nbytes = _nbytes(shape, dtype)
+    raw = _hugepage_bytes(nbytes) if backing == "hugepage" else _cuda_bytes(nbytes)
+    return raw.view(dtype).view(shape)
+
+
+def _hugepage_bytes(nbytes: int) -> torch.Tensor:
+    rounded = -(-max(nbytes, 1) // HUGE_PAGE) * HUGE_PAGE
+    try:
+        mapping = mmap.mmap(-1, rounded + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as err:
+        raise MemoryError(f"could not map {nbytes / 1e9:.2f} GB of host memory: {err}") from None
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive as long as any view
+    offset = (-whole.data_ptr()) % HUGE_PAGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mapping.madvise(mmap.MADV_HUGEPAGE, offset, rounded)
+        except OSError:  # a kernel without THP: 4 KiB pages, still correct
+            pass
+    return whole[offset:offset + nbytes]
+
+
+class _CudaHostBlock:
+    """A cudaHostAlloc allocation; freed (after every GPU is idle) when this object goes."""
+
+    def __init__(self, nbytes: int):
+        from ..cuda.runtime import cupy
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("backing='cuda' needs a GPU (cudaHostAlloc); use backing='hugepage'")
+        cp = cupy()
+        try:
+            self.ptr = cp.cuda.runtime.hostAlloc(max(nbytes, 1), cp.cuda.runtime.hostAllocPortable)
+        except cp.cuda.runtime.CUDARuntimeError as err:
+            raise MemoryError(f"cudaHostAlloc of {nbytes / 1e9:.2f} GB failed: {err}") from None
+        self.buffer = (ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr)
+        self.buffer._block = self  # the buffer (held by every tensor over it) holds the block
+        with _cuda_lock:
+            _cuda_ranges[self.ptr] = self.ptr + nbytes
+        weakref.finalize(self.buffer, _free_cuda_block, self.ptr)
+
+
+def _free_cuda_block(ptr: int) -> None:
+    from ..cuda.runtime import cupy
+    from .pinned import synchronize
+
+    with _cuda_lock:
+        _cuda_ranges.pop(ptr, None)
+    synchronize([torch.device("cuda", d) for d in range(torch.cuda.device_count())])
+    try:
+        cupy().cuda.runtime.freeHost(ptr)
+    except Exception:  # interpreter shutdown
+        pass
+
+
+def _cuda_bytes(nbytes: int) -> torch.Tensor:
+    block = _CudaHostBlock(nbytes)
+    return torch.frombuffer(block.buffer, dtype=torch.uint8)[:nbytes]
+
+
+def page_locked_here(start: int, end: int) -> bool:
+    """Whether ``[start, end)`` lies inside one cudaHostAlloc allocation made by :func:`empty`."""
+    with _cuda_lock:
+        return any(s <= start and end <= e for s, e in _cuda_ranges.items())
+
+
+def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying into host tier") -> torch.Tensor:
+    """``dst[:] = src`` row block by row block (converting dtype), under a progress bar for large tables.
+
+    ``src``: a CPU tensor or numpy array (a memmap is read piece by piece,
+    never whole) with ``dst``'s shape; either may be strided. Returns ``dst``.
+    """
+    if tuple(src.shape) != tuple(dst.shape):
+        raise ValueError(f"cannot copy a {tuple(src.shape)} source into a {tuple(dst.shape)} table")
+    rows = dst.shape[0]
+    row_bytes = max(1, dst[:1].numel() * dst.element_size())
+    step = max(1, COPY_CHUNK_BYTES // row_bytes)
+    with tqdm(total=rows * row_bytes, unit="B", unit_scale=True, desc=desc, leave=False,
+              disable=not progress or rows * row_bytes < QUIET_BYTES) as bar:
+        for start in range(0, rows, step):
+            end = min(rows, start + step)
+            piece = src[start:end]
+            if isinstance(piece, np.ndarray):
+                piece = torch.from_numpy(np.ascontiguousarray(piece))
+            dst[start:end].copy_(piece)
+            bar.update((end - start) * row_bytes)
+    return dst
+
+
+def copy_of(source: torch.Tensor, dtype: torch.dtype | None = None, backing: str = "hugepage",
+            progress: bool = True) -> torch.Tensor:
+    """A copy of ``source`` on owned memory (in ``dtype``, default the source's), made piece by piece."""
+    out = empty(source.shape, dtype or source.dtype, backing)
+    return copy_in(out, source, progress)
