@@ -36,17 +36,15 @@ variants run (a smoke test).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import logging
-import sys
 import time
 
 import torch
 
 import hmgstore
 from ..memory import owned
-from .report import write_report
+from .report import header, write_report
 from .timing import h2d_limit_gbps, median_seconds
 
 log = logging.getLogger(__name__)
@@ -172,11 +170,7 @@ def run(args) -> dict:
         args.table_gib, args.batch, args.sweep_gb = 1 / 256, 2_000, []
         args.reps, args.slow_reps = 3, 2
     report = {
-        "benchmark": "gather",
-        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        **header("gather", device),
         "cpu_threads": torch.get_num_threads(), "sizes": [], "sweep": [],
         "transparent_huge_pages": owned.transparent_huge_pages(),
     }

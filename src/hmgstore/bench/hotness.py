@@ -26,17 +26,14 @@ with the topology in GPU memory; without one, the CPU sampler (small graphs).
 from __future__ import annotations
 
 import argparse
-import datetime
 import logging
-import sys
 
 import torch
 
-import hmgstore
 from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..placement import order_by_score
-from .report import write_report
+from .report import header, write_report
 from .sample import _count, power_law_csc
 
 log = logging.getLogger(__name__)
@@ -124,11 +121,7 @@ def run(args) -> dict:
         args.graphs = [(2_000_000, 20_000_000, 0.1), (111_000_000, 1_600_000_000, 0.011)] if cuda \
             else [(200_000, 2_000_000, 0.1)]
     report = {
-        "benchmark": "hotness",
-        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        **header("hotness", device),
         "fanout": args.fanout, "batch": args.batch, "skew": args.skew, "source_skew": args.source_skew,
         "cache": args.cache, "graphs": [],
     }

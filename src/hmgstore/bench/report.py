@@ -1,8 +1,10 @@
 """Printing and saving benchmark results: a table, a JSON file and a PNG plot."""
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,21 @@ _LABELS = {
     "cpu_pinned": "CPU index_select + pinned copy",
 }
 HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_host_sync")
+
+
+def header(benchmark: str, device) -> dict:
+    """What every report starts with: the benchmark, its command line, the date, the device and versions."""
+    import torch
+
+    import hmgstore
+
+    return {
+        "benchmark": benchmark,
+        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+    }
 
 
 def _gbps(size: dict, name: str):

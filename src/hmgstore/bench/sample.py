@@ -30,18 +30,15 @@ sampled edge must be an edge of the graph, else the benchmark stops.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import logging
 import re
-import sys
 
 import torch
 
-import hmgstore
 
 from ..graph import CSC, NeighborSampler, Topology
-from .report import write_report
+from .report import header, write_report
 from .timing import median_seconds
 
 log = logging.getLogger(__name__)
@@ -218,11 +215,8 @@ def run(args) -> dict:
         args.graphs = [("synthetic", 2_000_000 if cuda else 200_000)]
     fanout = [int(k) for k in args.fanout.split(",")]
     report = {
-        "benchmark": "sample",
-        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "hmgstore": hmgstore.__version__, "cpu_threads": torch.get_num_threads(),
+        **header("sample", device),
+        "cpu_threads": torch.get_num_threads(),
         "fanout": fanout, "batch": args.batch, "cache": args.cache, "skew": args.skew, "graphs": [],
     }
     for spec in args.graphs:

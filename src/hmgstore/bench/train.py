@@ -32,11 +32,9 @@ pattern, not learnable, as only time is measured).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import logging
 import math
-import sys
 import time
 from collections import defaultdict
 
@@ -45,7 +43,7 @@ import torch.nn.functional as F
 
 import hmgstore
 
-from .report import write_report
+from .report import header, write_report
 
 log = logging.getLogger(__name__)
 
@@ -273,11 +271,7 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     report = {
-        "benchmark": "train",
-        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        **header("train", device),
         "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": "GraphSAGE 3 layers, hidden 256, fanout 15,10,5", "batch": args.batch_size, "cache": args.cache,

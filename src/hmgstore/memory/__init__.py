@@ -5,6 +5,6 @@ from .pinned import PinnedHost, as_host_tensor, extent, registered_ranges, row_l
 from .shared import (SEGMENT_PREFIX, attach_segment, create_segment, process_alive, segment_dir,
                      sweep_stale_segments, unlink_segment)
 
-__all__ = ["PinnedHost", "as_host_tensor", "extent", "registered_ranges", "row_layout", "SEGMENT_PREFIX",
+__all__ = ["owned", "PinnedHost", "as_host_tensor", "extent", "registered_ranges", "row_layout", "SEGMENT_PREFIX",
            "attach_segment", "create_segment", "process_alive", "segment_dir", "sweep_stale_segments",
            "unlink_segment"]

@@ -16,7 +16,6 @@ import os
 import secrets
 import tempfile
 
-import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
