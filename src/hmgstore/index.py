@@ -211,7 +211,7 @@ class _Record:
 class _DeviceChecks:
     """One GPU's launches whose ids the kernel checked, and the pinned slots their records land in."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self):
         from .cuda.gather import E_WORDS
 
         self.host = torch.zeros((_SLOTS, E_WORDS), dtype=torch.int64).pin_memory()
@@ -243,7 +243,7 @@ _checks_lock = threading.Lock()
 def _device_checks(device: torch.device) -> _DeviceChecks:
     with _checks_lock:
         if device.index not in _checks:
-            _checks[device.index] = _DeviceChecks(device)
+            _checks[device.index] = _DeviceChecks()
         return _checks[device.index]
 
 

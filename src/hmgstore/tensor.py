@@ -161,15 +161,12 @@ class HybridTensor:
         self._source, self._read_only = as_host_tensor(source)
         self._dtype = dtype or self._source.dtype
         row_layout(self._source)  # unusable layouts raise before any copy
-        if host_dtype is not None and host_dtype != self._dtype:
-            _check_narrow(self._dtype, host_dtype)
-            self._source = owned.copy_of(self._source, host_dtype, backing, progress)
-        elif copy:
-            self._source = owned.copy_of(self._source, None, backing, progress)
-        if self._source is not self._given and (copy or host_dtype is not None):
+        stored = host_dtype if host_dtype is not None else self._source.dtype
+        if stored != self._dtype:
+            _check_narrow(self._dtype, stored)
+        if copy or stored != self._source.dtype:
+            self._source = owned.copy_of(self._source, stored, backing, progress)
             self._given, self._read_only = self._source, False
-        if self._source.dtype != self._dtype:
-            _check_narrow(self._dtype, self._source.dtype)
         host_row = row_layout(self._source)[0]
         self.row_bytes = host_row // self._source.element_size() * torch.empty(0, dtype=self._dtype).element_size()
         self.max_sms = max_sms
@@ -658,8 +655,6 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     """
     from . import index as index_mod
 
-    if check not in index_mod.CHECKS:
-        raise ValueError(f"check must be one of {index_mod.CHECKS}, got {check!r}")
     requests = list(requests)
     outs = [None] * len(requests) if outs is None else list(outs)
     if len(outs) != len(requests):

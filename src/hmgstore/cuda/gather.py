@@ -178,7 +178,6 @@ class Packed:
     """A launch's description on the device: ``table`` of ``num_jobs`` jobs spanning ``tiles`` tiles;
     ``kept[i]``: the position, in the list given to :func:`pack`, of the ``i``-th job launched."""
 
-
     table: torch.Tensor
     num_jobs: int
     tiles: int
