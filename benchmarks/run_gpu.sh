@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
-#                                          sample sample-papers hotness gather-host train pyg
+#                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -22,6 +22,13 @@ for stage in "$@"; do
          python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, "gpus", torch.cuda.device_count())' ;;
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
+    probe-split) timeout 400 python3 benchmarks/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
+    split-tests) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_split.py >"$OUT/split-tests.log" 2>&1
+         rc=$?; grep -E "passed|failed|FAILED|ERROR|Error" "$OUT/split-tests.log" | tail -30 ;;
+    split) timeout 560 python3 -m hmgstore.bench gather --row-bytes 128 512 --variants hmg_owned hmg_split cpu_pinned \
+             --sweep-gb 8 40 --reps 10 --slow-reps 5 --out "$OUT/split" 2>"$OUT/split.log"; rc=$?; grep -A12 "^Split" "$OUT/split.log"
+           timeout 300 python3 -m hmgstore.bench gather --row-bytes 128 512 --variants hmg_split --sweep-gb 40 \
+             --split-threads 4 --slow-reps 5 --out "$OUT/split-4" 2>"$OUT/split-4.log"; grep -A12 "^Split" "$OUT/split-4.log" ;;
     sample) timeout 300 python3 -m hmgstore.bench sample --out "$OUT/sample" 2>"$OUT/sample.log"; rc=$?; tail -3 "$OUT/sample.log" ;;
     train) timeout 300 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log"
            timeout 150 python3 -m hmgstore.bench train --configs cache+pipe host+pipe --max-sms 32 --out "$OUT/train-sm32" \

@@ -51,6 +51,7 @@ class Index:
 
     ids: torch.Tensor
     shape: tuple[int, ...]
+    host: torch.Tensor | None = None  # the same ids on the CPU, when they came from there (int64)
 
 
 def _scalar(value) -> torch.Tensor:
@@ -171,15 +172,16 @@ def prepare_many(requests, device: torch.device, check: str = "sync") -> tuple[l
         if key in done:
             continue
         ids, shape = _flatten(index, num_rows, device)
+        host = None
         if ids.device.type == "cpu" or device.type == "cpu":
-            ids = ids.cpu()
-            check_range(ids, num_rows)
-            ids = ids.to(device, non_blocking=True)
+            host = ids.cpu()
+            check_range(host, num_rows)
+            ids = host.to(device, non_blocking=True)
         else:
             ids = ids.to(device)
             if ids.numel():
                 pending.append((ids, num_rows, torch.stack(torch.aminmax(ids)) if check == "sync" else None))
-        done[key] = Index(ids, shape)
+        done[key] = Index(ids, shape, host)
     return [done[(id(index), num_rows)] for index, num_rows in requests], pending
 
 

@@ -102,6 +102,14 @@ class HybridTensor:
             tier's rows included.
         backing: the owned memory's kind for ``copy``/``host_dtype``:
             ``"hugepage"`` (default) or ``"cuda"`` (cudaHostAlloc).
+        split: let the CPU read part of each batch's host rows while the
+            kernel reads the rest (:mod:`hmgstore.split`; for tables of
+            more than a few GB, gathered with CPU ids): ``"auto"`` measures
+            both paths on this kind of table once and caches the share, a
+            float in ``[0, 1]`` fixes the CPU's share of host-tier rows,
+            None (default) reads every row with the kernel. The CPU reads
+            use torch's intra-op threads (``torch.set_num_threads`` caps
+            them).
 
     On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
     every row is read from the source, so the same code runs with and
@@ -114,17 +122,52 @@ class HybridTensor:
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
-                 host_dtype: torch.dtype | None = None, backing: str = "hugepage"):
+                 host_dtype: torch.dtype | None = None, backing: str = "hugepage", split=None):
         self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_dtype=host_dtype,
                     backing=backing)
-        self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats)
+        self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats,
+                              split=split)
 
-    def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, stats=False) -> None:
+    def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, stats=False, split=None) -> None:
         self.placement = placement_mod.for_table(self.num_rows, self.row_bytes, self.device, gpu_rows=gpu_rows,
                                                  gpu_budget=gpu_budget, hot_order=hot_order)
         self._build()
         if stats:
             self.reset_stats()
+        self.set_split(split)
+
+    def set_split(self, split) -> None:
+        """Set the split gather (see :mod:`hmgstore.split`), as the ``split`` argument does.
+
+        ``"auto"`` reads the cost model from the cache, or measures it on
+        this table now (a second or two) and caches it; a float in
+        ``[0, 1]`` fixes the CPU's share of host-tier rows; None turns the
+        split off. Raises ValueError for other values.
+        """
+        from . import split as split_mod
+
+        if split is not None and split != "auto" and (
+                not isinstance(split, (int, float)) or isinstance(split, bool) or not 0 <= split <= 1):
+            raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {split!r}")
+        self._split = None
+        if split is None or self.device.type != "cuda" or not self._reads_host:
+            return  # every row is read on the CPU already, or none from the host
+        share = split_mod.model_for(self).share if split == "auto" else float(split)
+        self._split = share or None
+
+    def _host_rows(self) -> torch.Tensor:
+        """Ids (int64, CPU) of the rows this table reads from the host tier."""
+        on_host = self._on_host()
+        return torch.arange(self.num_rows) if on_host is None else on_host.nonzero().flatten()
+
+    def _on_host(self) -> torch.Tensor | None:
+        """bool [num_rows] (CPU): rows read from the host tier; None when every row is."""
+        if self._split_mask is None and self.placement.resident_rows:
+            mask = torch.ones(self.num_rows, dtype=torch.bool)
+            for rows in self.placement.resident:
+                mask[rows] = False
+            self._split_mask = mask
+        return self._split_mask
 
     @classmethod
     def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype: torch.dtype | None = None,
@@ -185,6 +228,8 @@ class HybridTensor:
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
         self._counter: TierCounter | None = None  # per-tier statistics, once counting
         self._tier_starts: torch.Tensor | None = None
+        self._split: float | None = None  # the CPU's share of host-tier rows, when splitting
+        self._split_mask: torch.Tensor | None = None
 
     def _build(self) -> None:
         p = self.placement
@@ -255,6 +300,13 @@ class HybridTensor:
         finally:
             if temporary:
                 pinned.release()
+
+    def _gather_split(self, ids: torch.Tensor, out: torch.Tensor, share: float) -> None:
+        """Gather CPU ids (int64, in range) into ``out`` with the CPU reading ``share`` of the host rows
+        (the cost model's measurement)."""
+        with _cuda_context(self.device, None) as stream:
+            index = Index(ids.to(self.device, non_blocking=True), (len(ids),), ids)
+            _gather_cuda([(self, ids)], [index], [out], [], "sync", self.device, stream, [share])
 
     # ---- shape and identity -------------------------------------------------
     @property
@@ -694,33 +746,76 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
                     if table._counter is not None:
                         table._counter.rows[-1] += len(index.ids)  # a CPU table is its host tier
             else:
-                from .cuda import gather
-
-                prepared = {}
-                unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
-                jobs = [_job(table, index, out, prepared, id(index.ids) not in unchecked)
-                        for (table, _), index, out in zip(requests, indices, results)]
-                caps = [t.max_sms for t in tables if t.max_sms]
-                packed = gather.pack(jobs, device)
-                record = None
-                if check == "sync":
-                    check_pending(pending)  # the range check's read-back, after the host work it overlaps
-                elif pending and packed is not None:
-                    record = index_mod.error_record(device)
-                gather.run(packed, device, stream, min(caps) if caps else None, record)
-                if record is not None:
-                    described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
-                                 for k in packed.kept]
-                    index_mod.deferred(device, stream, record, described)
-                for (table, _), job in zip(requests, jobs):
-                    if table._counter is not None:
-                        table._count(job)
+                _gather_cuda(requests, indices, results, pending, check, device, stream)
             for table, start in zip(counting, started):
                 table._counter.stop(start)
     finally:
         for table in entered:
             table._exit()
     return [out.view((*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
+
+
+def _gather_cuda(requests, indices, results, pending, check, device, stream, shares=None) -> None:
+    """Queue one launch for every request on ``stream``, and the CPU's share of split tables' rows.
+
+    ``shares``: per request, the CPU's share of the split gather, or None
+    to use each table's own setting.
+    """
+    from . import index as index_mod
+    from . import split as split_mod
+    from .cuda import gather
+
+    prepared = {}
+    unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
+    jobs, parts = [], []
+    for k, ((table, _), index, out) in enumerate(zip(requests, indices, results)):
+        share = table._split if shares is None else shares[k]
+        job, part = (None, None) if not share or index.host is None else _split_job(table, index, out, share, stream)
+        jobs.append(job or _job(table, index, out, prepared, id(index.ids) not in unchecked))
+        if part is not None:
+            parts.append((table, part, out))
+    caps = [t.max_sms for t, _ in requests if t.max_sms]
+    packed = gather.pack(jobs, device)
+    record = None
+    if check == "sync":
+        check_pending(pending)  # the range check's read-back, after the host work it overlaps
+    elif pending and packed is not None:
+        record = index_mod.error_record(device)
+    gather.run(packed, device, stream, min(caps) if caps else None, record)
+    if record is not None:
+        described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
+                     for k in packed.kept]
+        index_mod.deferred(device, stream, record, described)
+    for table, part, out in parts:  # the CPU's rows, read while the kernel runs
+        split_mod.finish(part, out, stream)
+        if table._counter is not None:
+            table._counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
+    for (table, _), job in zip(requests, jobs):
+        if table._counter is not None:
+            table._count(job)
+
+
+def _split_job(table: HybridTensor, index: Index, out: torch.Tensor, share: float, stream):
+    """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
+    from . import split as split_mod
+    from .cuda import gather
+
+    k, cpu, rest = split_mod.divide(index.host, table._on_host(), share)
+    if not k:
+        return None, None
+    part = split_mod.CpuPart((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64), cpu)
+    split_mod.start(part, table._source, out, stream)
+    if rest is None:  # every row on the host: the kernel reads positions k..n
+        ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
+    else:
+        positions = rest.to(table.device, non_blocking=True)
+        ids = index.ids[positions]
+    ids = ids.to(table.placement.index_dtype)  # CPU ids: checked, cannot wrap
+    perm = positions
+    if table._sort_ids and len(ids) > 1:
+        ids, order = torch.sort(ids)
+        perm = positions[order]
+    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
 
 
 @contextlib.contextmanager

@@ -21,6 +21,12 @@ rate measured at the start of the same run (the PCIe limit). Variants:
   memory), widened to float32 by the kernel; GB/s of float32 rows delivered.
 - ``hmg_host_sync``: ``hmg_host`` with ``check="sync"``: the read-back the
   default deferred check of GPU ids leaves out.
+- ``hmg_split``: the split gather (``split="auto"``, owned 2 MiB pages, CPU
+  ids, ``--split-threads`` torch threads): the CPU reads the cost model's
+  share of the rows while the kernel reads the rest. Beside it, on the same table and
+  ids, each path alone: ``split_kernel`` (share 0: the kernel, CPU ids) and
+  ``split_cpu`` (share 1: the CPU's reads and the copy). Its target is
+  0.85x the sum of those two (``split_vs_sum``), and never below the better.
 - ``hmg_gpu``: HybridTensor, every row in its GPU tier, CUDA ids.
 - ``pageable``: ``x[idx].to("cuda")``, the plain-PyTorch way.
 - ``cpu_pinned``: ``torch.index_select`` into a pinned buffer (all CPU
@@ -50,7 +56,9 @@ from .timing import h2d_limit_gbps, median_seconds
 log = logging.getLogger(__name__)
 
 DEFAULT_ROW_BYTES = [64, 128, 256, 512, 1024, 2048, 4096]
-SWEEP_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "cpu_pinned")
+ALL_VARIANTS = ("hmg_host", "hmg_host_sync", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_split", "hmg_gpu",
+                "gpu_index_select", "pageable", "cpu_pinned")
+SWEEP_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_split", "cpu_pinned")
 
 
 #: Sizes for a machine without a GPU: the GPU sizes need ~20 GB of RAM and minutes there (a smoke test only).
@@ -69,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-gb", type=float, nargs="*", default=[2, 8, 40],
                    help="table sizes of the size sweep, GB (none: skip it)")
     p.add_argument("--sweep-row-bytes", type=int, nargs="+", default=[128, 512], help="row sizes of the size sweep")
+    p.add_argument("--variants", nargs="+", default=None, choices=ALL_VARIANTS,
+                   help="run only these variants (default: all; the sweep runs the host ones among them)")
+    p.add_argument("--split-threads", type=int, default=None,
+                   help="torch threads while timing the split gather (default: torch's own setting)")
     p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
     p.add_argument("--slow-reps", type=int, default=5, help="timed repeats of variants that involve the CPU")
     p.add_argument("--out", default="bench-out/gather", help="folder for gather.json and gather.png")
@@ -135,6 +147,8 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         table.close()
         del table
         gc.collect()
+    if "hmg_split" in variants and cuda:
+        _split_variants(x, ids_cpu, device, args, timed, result)
     if "hmg_gpu" in variants and cuda:
         table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(n), progress=False)
         _check(table[ids_dev[0]], x, ids_dev[0], "hmg_gpu")
@@ -159,6 +173,27 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
     return result
 
 
+def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
+    """``hmg_split`` with its model's share, and each path alone (``split_kernel``, ``split_cpu``), one table."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.split_threads or threads)
+    try:
+        start = time.perf_counter()
+        table = hmgstore.HybridTensor(x, device, progress=False, copy=True, split="auto")
+        setup = time.perf_counter() - start
+        share = table._split or 0.0
+        for name, setting in (("hmg_split", share), ("split_kernel", None), ("split_cpu", 1.0)):
+            table.set_split(setting)
+            _check(table[ids_cpu[0]], x, ids_cpu[0], name)
+            timed(name, lambda i: table[ids_cpu[i % 4]], True, args.slow_reps)
+        result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads())
+        table.close()
+        del table
+    finally:
+        torch.set_num_threads(threads)
+    gc.collect()
+
+
 def run(args) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     sizes_of = {"row_bytes": DEFAULT_ROW_BYTES, "batch": 500_000, "table_gib": 2.0} if device.type == "cuda" \
@@ -179,15 +214,14 @@ def run(args) -> dict:
 
         report["cupy"] = cuda.cupy().__version__
         report["h2d_limit_gbps"] = h2d_limit_gbps(device)
-    all_variants = ("hmg_host", "hmg_host_sync", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_gpu",
-                    "gpu_index_select", "pageable", "cpu_pinned")
+    chosen = args.variants or ALL_VARIANTS
     if any(rb % 4 for rb in (*args.row_bytes, *args.sweep_row_bytes)):
         raise SystemExit(f"row sizes must be multiples of 4, got {args.row_bytes} and {args.sweep_row_bytes}")
     sizes = {rb: table_bytes(rb, args) for rb in args.row_bytes}
     buf = _fill(max(sizes.values()))
     buf_gpu = buf.to(device) if device.type == "cuda" else None
     for row_bytes, nbytes in sizes.items():
-        report["sizes"].append(run_size(buf, buf_gpu, row_bytes, nbytes, args, device, all_variants))
+        report["sizes"].append(run_size(buf, buf_gpu, row_bytes, nbytes, args, device, chosen))
     del buf, buf_gpu
     torch.cuda.empty_cache() if device.type == "cuda" else None
     gc.collect()
@@ -195,7 +229,8 @@ def run(args) -> dict:
         big = _fill(int(gb * 1e9))
         for row_bytes in args.sweep_row_bytes:
             nbytes = big.numel() * 4 // row_bytes * row_bytes
-            report["sweep"].append(run_size(big, None, row_bytes, nbytes, args, device, SWEEP_VARIANTS))
+            report["sweep"].append(run_size(big, None, row_bytes, nbytes, args, device,
+                                          [v for v in SWEEP_VARIANTS if v in chosen]))
             write_report(report, args.out)  # a long sweep leaves its figures behind as it goes
         del big
         gc.collect()

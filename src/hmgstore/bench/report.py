@@ -15,12 +15,16 @@ _LABELS = {
     "hmg_owned": "hmgstore, owned 2 MiB pages (copy=True)",
     "hmg_owned_cuda": "hmgstore, owned cudaHostAlloc",
     "hmg_bf16": "hmgstore, bf16 host rows (float32 delivered)",
+    "hmg_split": "hmgstore, split CPU+GPU gather (owned, CPU ids)",
+    "split_kernel": "split table, kernel alone (CPU ids)",
+    "split_cpu": "split table, CPU threads alone",
     "hmg_gpu": "hmgstore, GPU tier",
     "gpu_index_select": "index_select in GPU memory",
     "pageable": 'x[idx].to("cuda")',
     "cpu_pinned": "CPU index_select + pinned copy",
 }
-HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_host_sync")
+HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_host_sync", "hmg_split",
+                 "split_kernel", "split_cpu")
 
 
 def header(benchmark: str, device) -> dict:
@@ -57,6 +61,9 @@ def add_ratios(report: dict) -> None:
         size["host_vs_pageable"] = _ratio(_gbps(size, "hmg_host"), _gbps(size, "pageable"))
         size["gpu_vs_index_select"] = _ratio(_gbps(size, "hmg_gpu"), _gbps(size, "gpu_index_select"))
         size["owned_vs_host"] = _ratio(_gbps(size, "hmg_owned"), _gbps(size, "hmg_host"))
+        alone = [_gbps(size, n) for n in ("split_kernel", "split_cpu")]
+        size["split_vs_sum"] = _ratio(_gbps(size, "hmg_split"), None if None in alone else sum(alone))
+        size["split_vs_better"] = _ratio(_gbps(size, "hmg_split"), None if None in alone else max(alone))
 
 
 def _fmt(value, spec=".1f"):
@@ -96,6 +103,17 @@ def table_text(report: dict) -> str:
                 cells.append("-" if v is None else f"{v['gbps']:.1f} ({_fmt(v.get('x_h2d_limit'), '.2f')}{setup})")
             label = _size_label(s["table_bytes"]) if s in report["sizes"] else f"{s['table_bytes'] / 1e9:.0f} GB"
             lines.append(f"| {label} | {s['row_bytes']} | " + " | ".join(cells) + " |")
+    split = [s for s in report["sizes"] + report.get("sweep", []) if "hmg_split" in s["variants"]]
+    if split:
+        lines += ["", "Split gather (x limit): the split against each path alone on the same table and ids:", "",
+                  "| table | row B | CPU share | threads | split | kernel alone | CPU alone | x sum of both "
+                  "| x better one |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in split:
+            v = s["variants"]
+            cells = [_fmt(v.get(n, {}).get("x_h2d_limit"), ".2f") for n in ("hmg_split", "split_kernel", "split_cpu")]
+            lines.append(f"| {s['table_bytes'] / 1e9:.1f} GB | {s['row_bytes']} | {v['hmg_split'].get('share', 0):.2f} "
+                         f"| {v['hmg_split'].get('threads')} | " + " | ".join(cells)
+                         + f" | {_fmt(s.get('split_vs_sum'), '.2f')} | {_fmt(s.get('split_vs_better'), '.2f')} |")
     return "\n".join(lines)
 
 
@@ -127,7 +145,8 @@ def plot(report: dict, path: Path) -> None:
         ax_sweep = axes[2]
         for row_bytes in sorted({s["row_bytes"] for s in sweep}):
             points = [s for s in sweep if s["row_bytes"] == row_bytes]
-            for name, style in (("hmg_host", "-"), ("hmg_owned", "--"), ("hmg_bf16", ":"), ("cpu_pinned", "-.")):
+            for name, style in (("hmg_host", "-"), ("hmg_owned", "--"), ("hmg_bf16", ":"), ("hmg_split", "-"),
+                                ("cpu_pinned", "-.")):
                 ys = [(s["table_bytes"] / 1e9, s["variants"][name].get("x_h2d_limit"))
                       for s in points if name in s["variants"]]
                 if ys:

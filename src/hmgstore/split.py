@@ -1,0 +1,277 @@
+"""The split gather: part of a batch's host rows read by the CPU while the kernel reads the rest.
+
+Why. The zero-copy kernel's rate over a host table falls with the table's
+size (on the H100, 128 B rows: 0.68x of the H2D limit at 2 GB, 0.09x at
+40 GB), while the CPU's own gather into pinned staging, followed by one copy
+over the copy engine, holds about 0.3x at any size. The two use different
+resources (the GPU's reach over scattered host pages; the CPU's memory
+system and the copy engine), so a batch finishes soonest when each path gets
+the share of rows it can read in the same time::
+
+    share_cpu = rate_cpu / (rate_cpu + rate_kernel)      (rows per second, measured)
+
+How a split gather runs (``HybridTensor(..., split=...)``, CPU ids only):
+
+1. The kernel is launched first, for every id except the CPU's share (the
+   first ``share`` of the batch's host-tier ids), exactly as an unsplit
+   gather would read them.
+2. While it runs, one background thread reads the CPU's rows into pinned
+   staging with ``torch.index_select`` (torch's intra-op threads, in two
+   chunks), and the main thread copies each chunk to the GPU on a copy
+   stream as soon as it is read.
+3. The current stream then scatters the rows into the output (widening
+   half-width rows); with no GPU tier the CPU's rows are the output's first
+   rows and land there directly.
+
+Threads. The CPU reads use torch's intra-op pool, so ``torch.set_num_threads``
+caps them (and the process's other CPU work); sampler workers in other
+processes keep the remaining cores. On the H100 box (16 cores), 4 threads
+read as fast as 16 inside a split at 128 B rows (8.0 against 8.5 ms per
+500k-id batch of a 40 GB table). CPU reads from a pool of Python threads
+(``numpy.take``, which drops the GIL) were measured first and lost: 14 ms
+median and from 10 to 22 ms, against 14 ms for the kernel alone, because
+each chunk waits for the GIL that the thread queueing the kernel holds
+(``benchmarks/probe_split.py --variance``).
+
+The output is bit-identical to an unsplit gather; only the time differs.
+
+The cost model. ``split="auto"`` measures both paths once on the table
+(random host-tier ids, a batch of :data:`PROBE_IDS`), derives the share and
+caches it in ``$HMGSTORE_CACHE_DIR/split.json`` (default
+``~/.cache/hmgstore``), keyed by the GPU, the CPU count, the host table's
+size (rounded up to a power of two), the stored row size and dtype and
+torch's thread count; a later table of the same kind reads the cache. The rates of the two paths
+alone give the share at which both would finish together, but neither
+rate holds at every share: the kernel reads a big table's rows faster per
+row when it gets more of them (sorted ids share pages), and both paths pay
+fixed costs per batch. So the model times the probe batch at that share
+and a few around it, beside each path alone, and keeps the fastest: where
+splitting does not pay (small tables), the share is 0 and the split is off.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Ids each path reads while being measured: a large batch, so launch and thread start-up costs are amortised.
+PROBE_IDS = 1 << 18
+#: Shares tried around the predicted one (as factors of it) when measuring.
+AROUND = (0.75, 1.0, 1.25, 1.5, 2.0)
+#: Batches with fewer host-tier ids than this are read by the kernel alone (a thread hand-off costs ~50 us).
+MIN_IDS = 4096
+
+
+def cache_path() -> Path:
+    """Where measured shares are kept: ``$HMGSTORE_CACHE_DIR/split.json``, default ``~/.cache/hmgstore``."""
+    root = os.environ.get("HMGSTORE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                        Path.home() / ".cache") / "hmgstore"
+    return Path(root) / "split.json"
+
+
+@dataclass(frozen=True)
+class Model:
+    """A measured cost model of one kind of table: each path's rate alone, and the best share found.
+
+    ``seconds``: the time of one probe batch at each share tried (0: the
+    kernel alone, 1: the CPU alone); ``share`` is the fastest of them.
+    """
+
+    kernel_rows_per_s: float
+    cpu_rows_per_s: float
+    seconds: dict
+    key: str
+
+    @property
+    def share(self) -> float:
+        return float(min(self.seconds, key=lambda s: (self.seconds[s], s)))
+
+    @property
+    def predicted(self) -> float:
+        """The share at which both paths would finish together if each one's rate held at any share."""
+        return self.cpu_rows_per_s / (self.cpu_rows_per_s + self.kernel_rows_per_s)
+
+
+def cache_key(table) -> str:
+    """What a measurement depends on: machine, host table size class, stored row, torch's threads."""
+    host_bytes = table._source.nbytes
+    size_class = 1 << max(0, (host_bytes - 1).bit_length())
+    name = torch.cuda.get_device_name(table.device)
+    stored_row = table.row_bytes * table._source.element_size() // torch.empty(0, dtype=table.dtype).element_size()
+    return (f"{name}|cpus={os.cpu_count()}|table<={size_class >> 20}MiB|row={stored_row}B|"
+            f"{str(table.host_dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}")
+
+
+_cache_lock = threading.Lock()
+
+
+def _read_cache() -> dict:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, model: Model) -> None:
+    path = cache_path()
+    with _cache_lock:
+        entries = _read_cache()
+        entries[key] = {"kernel_rows_per_s": model.kernel_rows_per_s, "cpu_rows_per_s": model.cpu_rows_per_s,
+                        "seconds": {str(s): t for s, t in model.seconds.items()}, "share": model.share,
+                        "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+            tmp.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+        except OSError as err:
+            log.warning("hmgstore: could not cache the split gather's measurement in %s (%s); it will be "
+                        "measured again next time", path, err)
+
+
+def model_for(table, measure_now: bool = False) -> Model:
+    """The table's cost model: from the cache, else measured on the table now (and cached)."""
+    key = cache_key(table)
+    entry = None if measure_now else _read_cache().get(key)
+    try:
+        return Model(entry["kernel_rows_per_s"], entry["cpu_rows_per_s"],
+                     {float(s): float(t) for s, t in entry["seconds"].items()}, key)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass  # none cached, or an entry from another version: measure
+    model = measure(table, key)
+    _write_cache(key, model)
+    log.info("hmgstore: split gather measured for %s: kernel %.3g rows/s, CPU %.3g rows/s; CPU share %.2f "
+             "(predicted %.2f)", key, model.kernel_rows_per_s, model.cpu_rows_per_s, model.share, model.predicted)
+    return model
+
+
+def measure(table, key: str = "", repeats: int = 3) -> Model:
+    """Time a probe batch (random host-tier ids) on ``table``: each path alone, then shares around the
+    one their rates predict; best of ``repeats`` each."""
+    host_rows = table._host_rows()
+    n = min(PROBE_IDS, len(host_rows))
+    ids = host_rows[torch.randint(len(host_rows), (n,), generator=torch.Generator().manual_seed(0))]
+    out = torch.empty((n, *table.row_shape), dtype=table.dtype, device=table.device)
+
+    def seconds(share: float) -> float:
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first run warms up (kernel build, page tables, staging)
+            torch.cuda.synchronize(table.device)
+            start = time.perf_counter()
+            table._gather_split(ids, out, share)
+            torch.cuda.synchronize(table.device)
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    times = {0.0: seconds(0.0), 1.0: seconds(1.0)}
+    predicted = times[0.0] / (times[0.0] + times[1.0])  # rows/s of the CPU over the sum of both
+    for factor in AROUND:
+        share = round(min(1.0, predicted * factor), 3)
+        if share not in times:
+            times[share] = seconds(share)
+    return Model(n / times[0.0], n / times[1.0], times, key)
+
+
+# ---- the CPU path ------------------------------------------------------------------------------------------------
+_reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmgstore-split")
+
+
+def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chunks: int = 2) -> list:
+    """Queue ``into[i] = source[ids[i]]`` on the background thread, in ``chunks`` pieces.
+
+    ``source``: the host table ([N, ...] CPU tensor); ``ids``: int64 CPU,
+    already in range; ``into``: CPU tensor of ``len(ids)`` rows. Returns
+    ``[((start, end), future)]`` in order: the first pieces can be copied to
+    the GPU while the later ones are read.
+    """
+    step = max(MIN_IDS, -(-len(ids) // chunks))
+    return [((a, min(len(ids), a + step)),
+             _reader.submit(torch.index_select, source, 0, ids[a:a + step], out=into[a:a + step]))
+            for a in range(0, len(ids), step)]
+
+
+_copy_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per GPU for the staging copies, so they overlap the kernel on the gather's stream."""
+    if device.index not in _copy_streams:
+        _copy_streams[device.index] = torch.cuda.Stream(device)
+    return _copy_streams[device.index]
+
+
+@dataclass
+class CpuPart:
+    """The rows of one gather that the CPU reads, and its work in flight.
+
+    ``ids``: source row ids (CPU int64); ``positions``: their output
+    positions (CPU int64), or None for the first ``len(ids)`` positions.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor | None
+    chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the take)
+    staging: torch.Tensor | None = None  # pinned, the host tier's dtype
+    landed: torch.Tensor | None = None  # the staging's copy on the GPU, when it cannot land in the output
+
+
+def divide(host_ids: torch.Tensor, on_host: torch.Tensor | None, share: float
+           ) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """Split a batch of ``n`` ids: ``(k, cpu_positions, kernel_positions)``.
+
+    ``on_host``: bool [num_rows] of rows read from the host tier (None: all
+    of them). The CPU gets the first ``share`` of the host-tier positions,
+    ``k`` of them, or none when that is under :data:`MIN_IDS`. With every
+    row on the host the parts are the ranges ``[0, k)`` and ``[k, n)``, and
+    both position tensors are None (nothing to index or scatter).
+    """
+    if on_host is None:
+        k = int(round(share * len(host_ids)))
+        return (k, None, None) if k >= MIN_IDS else (0, None, None)
+    host = on_host[host_ids].nonzero().flatten()
+    k = int(round(share * len(host)))
+    if k < MIN_IDS:
+        return 0, None, None
+    keep = torch.ones(len(host_ids), dtype=torch.bool)
+    keep[host[:k]] = False
+    return k, host[:k], keep.nonzero().flatten()
+
+
+def start(part: CpuPart, source: torch.Tensor, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """Queue the part's CPU reads on the thread pool (they run while the caller queues the kernel) and
+    let the copy stream wait for ``stream`` here, before the kernel, so it waits for nothing the kernel does."""
+    n, row_shape = len(part.ids), source.shape[1:]
+    part.staging = torch.empty((n, *row_shape), dtype=source.dtype, pin_memory=True)
+    if part.positions is not None or source.dtype != out.dtype:
+        part.landed = torch.empty((n, *row_shape), dtype=source.dtype, device=out.device)
+    copy_stream(out.device).wait_stream(stream)  # the output and landing buffer are the gather stream's
+    part.chunks = read_chunks(source, part.ids, part.staging)
+
+
+def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """Wait for the part's CPU reads, copy each chunk over as it is read, and put the rows into ``out``
+    (``[n, ...]`` on ``stream``'s GPU): straight into its first rows when they are the part's, else by a
+    scatter on ``stream``, widening half-width rows."""
+    side = copy_stream(out.device)
+    into = part.landed if part.landed is not None else out
+    with torch.cuda.stream(side):
+        for (a, b), future in part.chunks:
+            future.result()
+            into[a:b].copy_(part.staging[a:b], non_blocking=True)
+        positions = None if part.positions is None else part.positions.pin_memory().to(out.device, non_blocking=True)
+    stream.wait_stream(side)
+    if positions is not None:
+        positions.record_stream(stream)
+        out.index_copy_(0, positions, part.landed.to(out.dtype))
+    elif part.landed is not None:
+        out[:len(part.ids)].copy_(part.landed)

@@ -1,0 +1,140 @@
+"""The split gather (hmgstore.split): the CPU reads part of a batch's host rows beside the kernel.
+
+The pieces that need no GPU (how a batch is divided, the threaded take, the
+cost model's cache) run everywhere; the gather itself is checked bit-exactly
+against ``x[idx]`` on a GPU.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import hmgstore
+from hmgstore import split
+from helpers import assert_same, random_table
+
+
+# ---- what runs without a GPU -------------------------------------------------------------------------------------
+def test_divide_gives_the_cpu_its_share_of_host_rows_only():
+    on_host = torch.ones(100_000, dtype=torch.bool)
+    on_host[:50_000] = False  # the first half is resident on the GPU
+    ids = torch.randint(0, 100_000, (40_000,), generator=torch.Generator().manual_seed(1))
+    k, cpu, rest = split.divide(ids, on_host, 0.5)
+    assert bool(on_host[ids[cpu]].all())  # the CPU reads host rows only
+    assert k == len(cpu) == round(0.5 * int(on_host[ids].sum()))
+    together = torch.cat([cpu, rest]).sort().values
+    assert torch.equal(together, torch.arange(len(ids)))  # every position exactly once
+
+
+def test_divide_with_every_row_on_the_host_gives_ranges():
+    assert split.divide(torch.arange(20_000), None, 0.3) == (6000, None, None)
+    assert split.divide(torch.arange(split.MIN_IDS), None, 0.5) == (0, None, None)  # too small: kernel alone
+
+
+def test_read_chunks_copies_rows_in_order():
+    x = random_table(50_000, (7, 3), torch.float32, seed=2)[::2]  # every other row: not back to back
+    ids = torch.randint(0, 25_000, (30_000,), generator=torch.Generator().manual_seed(3))
+    ids[:2] = torch.tensor([24_999, 24_999])  # the last row, twice
+    into = torch.full((30_000, 7, 3), float("nan"))
+    chunks = split.read_chunks(x, ids, into, chunks=3)
+    spans = [span for span, _ in chunks]
+    assert spans == [(0, 10_000), (10_000, 20_000), (20_000, 30_000)]
+    for _, future in chunks:
+        future.result()
+    assert_same(into, x[ids])
+
+
+def test_split_arguments_are_checked_on_the_cpu_too():
+    x = random_table(1000, (4,), torch.float32)
+    for bad in ("fast", 1.5, -0.1, True):
+        with pytest.raises(ValueError, match="split must be"):
+            hmgstore.HybridTensor(x, "cpu", split=bad)
+    t = hmgstore.HybridTensor(x, "cpu", split="auto")  # on the CPU every row is read by the CPU already
+    assert_same(t[torch.arange(10)], x[:10])
+
+
+def test_the_cost_model_keeps_the_fastest_share_measured():
+    model = split.Model(3e8, 1e8, {0.0: 1.0, 1.0: 3.0, 0.25: 0.9, 0.375: 0.8}, "k")
+    assert model.predicted == pytest.approx(0.25) and model.share == 0.375
+    assert split.Model(1e9, 1e7, {0.0: 1.0, 1.0: 100.0, 0.01: 1.1}, "k").share == 0.0  # splitting does not pay
+
+
+def test_measurements_are_cached_by_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("HMGSTORE_CACHE_DIR", str(tmp_path))
+    assert split.cache_path() == tmp_path / "split.json"
+    split._write_cache("machine|table", split.Model(2e8, 1e8, {0.0: 1.0, 1.0: 2.0, 0.4: 0.7}, "machine|table"))
+    entry = json.loads((tmp_path / "split.json").read_text())["machine|table"]
+    assert entry["kernel_rows_per_s"] == 2e8 and entry["cpu_rows_per_s"] == 1e8 and "measured" in entry
+    assert entry["share"] == 0.4 and entry["seconds"] == {"0.0": 1.0, "1.0": 2.0, "0.4": 0.7}
+    (tmp_path / "split.json").write_text("{not json")  # a damaged cache is measured again, not fatal
+    assert split._read_cache() == {}
+    (tmp_path / "split.json").write_text(json.dumps({"k": {"kernel_rows_per_s": 1.0}}))  # an entry lacking fields
+    monkeypatch.setattr(split, "cache_key", lambda table: "k")
+    monkeypatch.setattr(split, "measure", lambda table, key: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
+    assert split.model_for(object()).share == 0.0  # measured again (the stub), and the cache repaired
+    assert json.loads((tmp_path / "split.json").read_text())["k"]["share"] == 0.0
+
+
+# ---- on a GPU ------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [0.3, 1.0])
+@pytest.mark.parametrize("resident", [False, True])
+@pytest.mark.parametrize("host_dtype", [None, torch.bfloat16])
+def test_split_gather_is_bit_exact(cuda_device, share, resident, host_dtype):
+    x = random_table(200_000, (32,), torch.float32, seed=11)
+    want_table = x if host_dtype is None else x.to(host_dtype).float()
+    gpu_rows = torch.arange(0, 200_000, 3) if resident else None
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, split=share, host_dtype=host_dtype, stats=True)
+    assert t._split == share
+    idx = torch.randint(0, 200_000, (60_000,), generator=torch.Generator().manual_seed(12))
+    idx[:3] = torch.tensor([199_999, 0, 199_999])
+    out = torch.full((60_000, 32), float("nan"), device=cuda_device)  # poisoned: every row must be written
+    t.gather(idx, out=out)
+    assert_same(out.cpu(), want_table[idx])
+    stats = t.stats()
+    assert stats["rows"] == 60_000  # the CPU's rows are counted once, as host-tier rows
+    if resident:
+        assert stats["tiers"]["gpu"]["rows"] == int((idx % 3 == 0).sum())
+
+
+@pytest.mark.gpu
+def test_split_in_a_fused_gather_and_with_gpu_ids(cuda_device):
+    x = random_table(100_000, (16,), torch.float32, seed=13)
+    labels = torch.arange(100_000)
+    t = hmgstore.HybridTensor(x, cuda_device, split=0.5)
+    y = hmgstore.HybridTensor(labels, cuda_device)
+    idx = torch.randint(0, 100_000, (50_000,), generator=torch.Generator().manual_seed(14))
+    feats, labs = hmgstore.gather_many([(t, idx), (y, idx)])
+    assert_same(feats.cpu(), x[idx])
+    assert_same(labs.cpu(), labels[idx])
+    assert_same(t[idx.to(cuda_device)].cpu(), x[idx])  # GPU ids: the kernel reads every row
+    assert_same(t[idx[:100]].cpu(), x[idx[:100]])  # a small batch: the kernel alone
+
+
+@pytest.mark.gpu
+def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, monkeypatch):
+    monkeypatch.setenv("HMGSTORE_CACHE_DIR", str(tmp_path))
+    x = random_table(300_000, (32,), torch.float32, seed=15)
+    calls = []
+    measure = split.measure
+    monkeypatch.setattr(split, "measure", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    t = hmgstore.HybridTensor(x, cuda_device, split="auto")
+    entries = json.loads((tmp_path / "split.json").read_text())
+    (key, entry), = entries.items()
+    assert key == split.cache_key(t) and entry["kernel_rows_per_s"] > 0 and entry["cpu_rows_per_s"] > 0
+    fastest = float(min(entry["seconds"], key=entry["seconds"].get))
+    assert entry["share"] == fastest and (t._split or 0.0) == fastest  # the fastest share measured
+    hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
+    assert len(calls) == 1  # the second table of the same kind read the cache
+    idx = torch.randint(0, 300_000, (100_000,))
+    assert_same(t[idx].cpu(), x[idx])
+
+
+@pytest.mark.gpu
+def test_split_reads_a_column_slice(cuda_device):
+    x = random_table(100_000, (16,), torch.float32, seed=16)
+    t = hmgstore.HybridTensor(x[:, 3:11], cuda_device, split=0.5)  # rows 32 B apart by 64 B
+    idx = torch.randint(0, 100_000, (20_000,))
+    assert_same(t[idx].cpu(), x[:, 3:11][idx])
