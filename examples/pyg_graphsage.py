@@ -11,6 +11,7 @@ its topology in GPU and pinned host memory); everything else is stock PyG.
     python examples/pyg_graphsage.py --sampler pyg      # hmgstore's stores, PyG's CPU sampler (needs torch-sparse)
     python examples/pyg_graphsage.py --features cpu --sampler pyg   # stock PyG, data.x on the CPU
     python examples/pyg_graphsage.py --features gpu     # data.x and the topology on the GPU: the ceiling
+    python examples/pyg_graphsage.py --host-dtype bfloat16   # x's host rows in 16 bits, read back as float32
 
 Each training step is split into sampling (the sampler, plus loader
 overhead), gather (features and labels of the sampled nodes on the device,
@@ -43,6 +44,7 @@ from hmgstore import data as datasets
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
+HOST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SAGE(torch.nn.Module):
@@ -72,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hmgstore stores, or stock PyG with data.x on the CPU / on the GPU")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--gpu-budget", default=None, help="hmgstore: GPU memory for hot rows, e.g. 8GB (default: none)")
+    p.add_argument("--host-dtype", choices=tuple(HOST_DTYPES), default="float32",
+                   help="hmgstore: keep x's host rows in this width; bfloat16/float16 halve the host bytes and "
+                        "every row then reads as x.to(host_dtype).float() (default: float32, as given)")
     p.add_argument("--sampler", choices=("hmgstore", "pyg"), default="hmgstore",
                    help="hmgstore's neighbour sampler (GPU or CPU, no compiled extension), or PyG's own "
                         "(CPU; needs torch-sparse or pyg-lib)")
@@ -159,6 +164,10 @@ def main(argv=None) -> dict:
     if args.features == "gpu" and device.type != "cuda":
         sys.exit("error: --features gpu holds the table on a GPU, and there is none here (torch sees no CUDA "
                  "device); use --features hmgstore or --features cpu")
+    host_dtype = HOST_DTYPES[args.host_dtype]
+    if host_dtype is not None and args.features != "hmgstore":
+        sys.exit(f"error: --host-dtype {args.host_dtype} is a choice of hmgstore's feature store; --features "
+                 f"{args.features} is stock PyG, which reads data.x as it is. Use --features hmgstore")
     graph, dataset_name = load_graph(args)
     data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
     fanout = [int(k) for k in args.fanout.split(",")]
@@ -167,7 +176,7 @@ def main(argv=None) -> dict:
     loader_kwargs = dict(batch_size=args.batch_size, num_workers=args.num_workers,
                          persistent_workers=args.num_workers > 0)
     if args.features == "hmgstore":
-        source = from_data(data, device=device, gpu_budget=args.gpu_budget)  # <-- hmgstore
+        source = from_data(data, device=device, gpu_budget=args.gpu_budget, host_dtype=host_dtype)  # <-- hmgstore
         loader_kwargs["filter_per_worker"] = False  # workers (if any) sample; the main process gathers on the GPU
     elif args.features == "gpu":
         data = data.to(device)  # baseline: the whole table on the GPU
@@ -264,8 +273,8 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "hmgstore": hmgstore.__version__},
-        "features": args.features, "gpu_budget": args.gpu_budget, "num_workers": loader_kwargs["num_workers"],
-        "pipeline": pipelined, "gpu_hit_ratio": hits,
+        "features": args.features, "host_dtype": args.host_dtype, "gpu_budget": args.gpu_budget,
+        "num_workers": loader_kwargs["num_workers"], "pipeline": pipelined, "gpu_hit_ratio": hits,
         "sampler": args.sampler, "topology_budget": args.topology_budget,
         "dataset": {"name": dataset_name, "num_nodes": graph.num_nodes, "num_edges": graph.edge_index.shape[1],
                     "feat_dim": graph.x.shape[1], "x_gb": graph.x.nelement() * graph.x.element_size() / 1e9},
@@ -277,7 +286,8 @@ def main(argv=None) -> dict:
         "test_acc": accuracy,
     }
     split = {k: v for k, v in result["steady_split_s_per_batch"].items() if v or k in ("train_s", "wait_s")}
-    print(f"{dataset_name}, features={args.features}, sampler={args.sampler}"
+    print(f"{dataset_name}, features={args.features}"
+          f"{f' (host rows {args.host_dtype})' if host_dtype is not None else ''}, sampler={args.sampler}"
           f"{', pipelined' if pipelined else ''}: test accuracy {accuracy:.4f}; "
           f"{result['steady_epoch_s']:.2f} s/epoch, {result['steady_batches_per_s']:.2f} batches/s; per batch "
           + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())

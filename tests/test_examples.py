@@ -1,6 +1,6 @@
 """The examples run end to end: examples/pyg_graphsage.py, dgl_graphsage.py and multi_gpu_pyg.py.
 
-- pyg_graphsage.py on the CPU: synthetic graph, each --features mode, OGB files;
+- pyg_graphsage.py on the CPU: synthetic graph, each --features mode, half-width host rows, OGB files;
 - dgl_graphsage.py on a small synthetic graph (CPU);
 - multi_gpu_pyg.py under torchrun: two CPU processes (gloo) here, every GPU
   where there are several (``gpu``, ``multigpu``).
@@ -80,6 +80,17 @@ def test_same_seed_same_accuracy_whatever_serves_the_features(pyg_example):
     accuracies = {pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", f])["test_acc"]
                   for f in ("hmgstore", "cpu")}
     assert len(accuracies) == 1
+
+
+def test_half_width_host_rows(pyg_example, tmp_path):
+    out = tmp_path / "result.json"
+    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--host-dtype", "bfloat16", "--json", str(out)])
+    assert json.loads(out.read_text())["host_dtype"] == result["host_dtype"] == "bfloat16"
+    assert [e["batches"] for e in result["epochs"]] == [3, 3]
+    assert all(math.isfinite(e["loss"]) for e in result["epochs"])
+    assert result["test_acc"] > 0.2  # 16 classes: chance is 0.06
+    with pytest.raises(SystemExit, match="--features hmgstore"):  # stock PyG reads data.x as it is
+        pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--features", "cpu", "--host-dtype", "float16"])
 
 
 def test_ogb_files_then_fallback_then_error(pyg_example, tmp_path, capsys):

@@ -135,3 +135,30 @@ def test_budget_keeps_highest_in_degree_rows(data, cuda_device):
     custom = torch.arange(data.num_nodes, dtype=torch.float32)  # caller's hotness: highest ids hottest
     feature_store, _ = hpyg.from_data(data, device=cuda_device, gpu_budget=10 * ROW_BYTES, hotness=custom)
     assert sorted(feature_store.table(None, "x").placement.gpu_rows.tolist()) == list(range(1990, 2000))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_from_sources_passes_host_memory_options_to_every_table(device):
+    x = torch.randn(500, 8)
+    y = torch.arange(500)
+    store = hpyg.HybridFeatureStore.from_sources({(None, "x"): x, (None, "y"): y}, device,
+                                                 host_dtype=torch.bfloat16, split="auto", progress=False)
+    assert store.table(None, "x").host_dtype == torch.bfloat16
+    assert store.table(None, "y").host_dtype == torch.int64  # labels keep their width
+    ids = torch.tensor([3, 499, 3])
+    assert torch.equal(store.get_tensor(None, "x", index=ids).cpu(), x.bfloat16().float()[ids])
+    assert torch.equal(store.get_tensor(None, "x", index=None), x.bfloat16().float())  # whole table, widened
+    worker = store._worker_tables()[(None, "x")]  # what a DataLoader worker gathers from
+    assert torch.equal(worker[ids], x.bfloat16().float()[ids])
+    with pytest.raises(ValueError, match="split must be"):
+        hpyg.HybridFeatureStore.from_sources({(None, "x"): x}, device, split="often")
+
+
+@pytest.mark.parametrize("host_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_from_data_with_half_width_host_rows(data, host_dtype):
+    feature_store, _ = hpyg.from_data(data, "cpu", host_dtype=host_dtype, progress=False)
+    assert feature_store.table(None, "x").host_dtype == host_dtype
+    ids = torch.tensor([3, 0, data.num_nodes - 1, 3])
+    x = feature_store.get_tensor(group_name=None, attr_name="x", index=ids)
+    assert x.dtype == torch.float32 and torch.equal(x, data.x.to(host_dtype).float()[ids])
+    assert torch.equal(feature_store.get_tensor(group_name=None, attr_name="y", index=ids), data.y[ids])

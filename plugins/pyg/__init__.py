@@ -21,6 +21,10 @@ For heterogeneous graphs without a ``HeteroData``, fill a
 :class:`CSCGraphStore` with ``put_edge_index`` and build the feature store
 with :meth:`HybridFeatureStore.from_sources`.
 
+Graphs partitioned over several machines: :mod:`hmgstore.plugins.pyg.cluster`
+(:class:`ClusterFeatureStore`, :class:`ClusterNeighborSampler`,
+:func:`cluster_loader`).
+
 Node attributes only: PyG's remote-backend loaders do not fetch edge
 features. Loader options (workers, ``pin_memory``, ``PrefetchLoader``) are
 discussed in :mod:`hmgstore.plugins.pyg.feature_store`.
@@ -32,16 +36,18 @@ from torch_geometric.data import Data, HeteroData
 
 from hmgstore import placement
 
+from .cluster import ClusterFeatureStore, ClusterNeighborSampler, EqualBatches, cluster_loader
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
 from .sampler import HybridNeighborSampler
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
-           "ResidentTensor", "resident", "to_csc"]
+           "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",
+           "cluster_loader"]
 
 
 def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,
-              progress: bool = True) -> tuple[HybridFeatureStore, CSCGraphStore]:
+              progress: bool = True, **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
 
     Node attributes (every node-level tensor attribute, or the names in
@@ -51,8 +57,10 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
     rows to keep on the GPU, hottest first by ``hotness``: a score tensor
     [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
-    Raises TypeError for other inputs, ValueError when there is nothing to
-    store, and whatever HybridTensor raises for unusable sources.
+    ``options``: host memory of every table (``copy``, ``host_dtype``,
+    ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
+    them. Raises TypeError for other inputs, ValueError when there is
+    nothing to store, and whatever HybridTensor raises for unusable sources.
     """
     if isinstance(data, HeteroData):
         graph_store = CSCGraphStore()
@@ -78,7 +86,7 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
         raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
     hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
-                                                    max_sms=max_sms, progress=progress)
+                                                    max_sms=max_sms, progress=progress, **options)
     return feature_store, graph_store
 
 

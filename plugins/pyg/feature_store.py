@@ -73,9 +73,10 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _whole(table: HybridTensor) -> torch.Tensor:
     """A whole table as a host tensor: its source, no copy; a read-only source is copied, since
-    writing to a tensor over read-only memory crashes the process."""
+    writing to a tensor over read-only memory crashes the process, and half-width rows are widened."""
     source = table.source
-    return torch.from_numpy(np.array(source)) if isinstance(source, np.ndarray) else source
+    source = torch.from_numpy(np.array(source)) if isinstance(source, np.ndarray) else source
+    return source.to(table.dtype)  # no copy unless the host keeps half-width rows
 
 
 class HybridFeatureStore(FeatureStore):
@@ -110,7 +111,7 @@ class HybridFeatureStore(FeatureStore):
 
     @classmethod
     def from_sources(cls, sources: dict, device=None, *, gpu_budget=None, hotness: dict | None = None,
-                     max_sms: int | None = None, progress: bool = True) -> "HybridFeatureStore":
+                     max_sms: int | None = None, progress: bool = True, **options) -> "HybridFeatureStore":
         """A store holding ``sources``: ``{(node_type or None, attr_name): host array}``.
 
         Each source is ``[num_nodes_of_type, *row_shape]`` (torch CPU tensor,
@@ -118,8 +119,11 @@ class HybridFeatureStore(FeatureStore):
         ``gpu_budget`` (bytes or ``"8GB"``; CUDA only) keeps the hottest rows
         by ``hotness`` (node type -> score [num_nodes], higher is hotter)
         resident on the GPU; a row of a type costs all its attributes' bytes
-        (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms`` and
-        ``progress`` are passed to every HybridTensor.
+        (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms``,
+        ``progress`` and the host-memory ``options`` (``copy``,
+        ``host_dtype``, ``backing``, ``split``) are passed to every
+        HybridTensor; ``host_dtype`` to float32 sources only (labels and
+        other attributes keep their width).
         """
         store = cls(device)
         gpu_rows: dict = {}
@@ -134,9 +138,11 @@ class HybridFeatureStore(FeatureStore):
                 row_bytes[group] = row_bytes.get(group, 0) + item * int(np.prod(source.shape[1:], dtype=np.int64))
             hotness = placement.check_hotness(hotness, rows)
             gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
+        host_dtype = options.pop("host_dtype", None)
         for (group, attr), source in sources.items():
+            narrow = host_dtype if str(source.dtype) in ("torch.float32", "float32") else None
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
-                                 progress=progress)
+                                 progress=progress, host_dtype=narrow, **options)
             store._add((group, attr), table)
         return store
 
@@ -158,8 +164,8 @@ class HybridFeatureStore(FeatureStore):
             log.warning("hmgstore: a DataLoader worker is gathering features on the CPU (a worker cannot use "
                         "the GPU of its parent). Pass filter_per_worker=False to the loader so that workers "
                         "only sample and the main process gathers on %s.", self.device)
-            self._host = (os.getpid(), {key: HybridTensor(t.source, "cpu", progress=False)
-                                        for key, t in self._tables.items()})
+            self._host = (os.getpid(), {key: HybridTensor._of_host(t.source, "cpu", t.dtype, progress=False)
+                                        for key, t in self._tables.items()})  # half-width rows still widen
         return self._host[1]
 
     def tables(self) -> dict:
