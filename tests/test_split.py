@@ -71,9 +71,9 @@ def test_measurements_are_cached_by_key(tmp_path, monkeypatch):
     (tmp_path / "split.json").write_text("{not json")  # a damaged cache is measured again, not fatal
     assert split._read_cache() == {}
     (tmp_path / "split.json").write_text(json.dumps({"k": {"kernel_rows_per_s": 1.0}}))  # an entry lacking fields
-    monkeypatch.setattr(split, "cache_key", lambda table: "k")
-    monkeypatch.setattr(split, "measure", lambda table, key: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
-    assert split.model_for(object()).share == 0.0  # measured again (the stub), and the cache repaired
+    monkeypatch.setattr(split, "cache_key", lambda table, batch: "k")
+    monkeypatch.setattr(split, "measure", lambda table, batch, key: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
+    assert split.model_for(object(), 1000).share == 0.0  # measured again (the stub), and the cache repaired
     assert json.loads((tmp_path / "split.json").read_text())["k"]["share"] == 0.0
 
 
@@ -121,15 +121,18 @@ def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, mon
     measure = split.measure
     monkeypatch.setattr(split, "measure", lambda *a, **k: calls.append(1) or measure(*a, **k))
     t = hmgstore.HybridTensor(x, cuda_device, split="auto")
-    entries = json.loads((tmp_path / "split.json").read_text())
-    (key, entry), = entries.items()
-    assert key == split.cache_key(t) and entry["kernel_rows_per_s"] > 0 and entry["cpu_rows_per_s"] > 0
-    fastest = float(min(entry["seconds"], key=entry["seconds"].get))
-    assert entry["share"] == fastest and (t._split or 0.0) == fastest  # the fastest share measured
-    hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
-    assert len(calls) == 1  # the second table of the same kind read the cache
+    assert not (tmp_path / "split.json").exists()  # measured at the first batch, at its size
     idx = torch.randint(0, 300_000, (100_000,))
     assert_same(t[idx].cpu(), x[idx])
+    entries = json.loads((tmp_path / "split.json").read_text())
+    (key, entry), = entries.items()
+    assert key == split.cache_key(t, 100_000) and key.endswith("batch<=131072")
+    assert entry["kernel_rows_per_s"] > 0 and entry["cpu_rows_per_s"] > 0
+    fastest = float(min(entry["seconds"], key=entry["seconds"].get))
+    assert entry["share"] == fastest == t._split_share(100_000)  # the fastest share measured
+    again = hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
+    assert_same(again[idx[:70_000]].cpu(), x[idx[:70_000]])  # same size class
+    assert len(calls) == 1  # the second table of the same kind read the cache
 
 
 @pytest.mark.gpu

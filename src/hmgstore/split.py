@@ -35,12 +35,13 @@ each chunk waits for the GIL that the thread queueing the kernel holds
 
 The output is bit-identical to an unsplit gather; only the time differs.
 
-The cost model. ``split="auto"`` measures both paths once on the table
-(random host-tier ids, a batch of :data:`PROBE_IDS`), derives the share and
-caches it in ``$HMGSTORE_CACHE_DIR/split.json`` (default
-``~/.cache/hmgstore``), keyed by the GPU, the CPU count, the host table's
-size (rounded up to a power of two), the stored row size and dtype and
-torch's thread count; a later table of the same kind reads the cache. The rates of the two paths
+The cost model. ``split="auto"`` measures both paths on the table at the
+first batch of each size class (a power of two of ids: the kernel's rate
+per row depends on how many rows it reads), and caches the share in
+``$HMGSTORE_CACHE_DIR/split.json`` (default ``~/.cache/hmgstore``), keyed by
+the GPU, the CPU count, the host table's size (rounded up to a power of
+two), the stored row size and dtype, torch's thread count and the batch
+class; a later table of the same kind reads the cache. The rates of the two paths
 alone give the share at which both would finish together, but neither
 rate holds at every share: the kernel reads a big table's rows faster per
 row when it gets more of them (sorted ids share pages), and both paths pay
@@ -64,8 +65,6 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Ids each path reads while being measured: a large batch, so launch and thread start-up costs are amortised.
-PROBE_IDS = 1 << 18
 #: Shares tried around the predicted one (as factors of it) when measuring.
 AROUND = (0.75, 1.0, 1.25, 1.5, 2.0)
 #: Batches with fewer host-tier ids than this are read by the kernel alone (a thread hand-off costs ~50 us).
@@ -102,14 +101,19 @@ class Model:
         return self.cpu_rows_per_s / (self.cpu_rows_per_s + self.kernel_rows_per_s)
 
 
-def cache_key(table) -> str:
-    """What a measurement depends on: machine, host table size class, stored row, torch's threads."""
-    host_bytes = table._source.nbytes
-    size_class = 1 << max(0, (host_bytes - 1).bit_length())
+def batch_class(n: int) -> int:
+    """The power of two at or above ``n``: batches of one class share a measurement."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def cache_key(table, batch: int) -> str:
+    """What a measurement depends on: machine, host table size class, stored row, torch's threads, batch class."""
+    size_class = batch_class(table._source.nbytes)
     name = torch.cuda.get_device_name(table.device)
     stored_row = table.row_bytes * table._source.element_size() // torch.empty(0, dtype=table.dtype).element_size()
     return (f"{name}|cpus={os.cpu_count()}|table<={size_class >> 20}MiB|row={stored_row}B|"
-            f"{str(table.host_dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}")
+            f"{str(table.host_dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|"
+            f"batch<={batch_class(batch)}")
 
 
 _cache_lock = threading.Lock()
@@ -139,27 +143,28 @@ def _write_cache(key: str, model: Model) -> None:
                         "measured again next time", path, err)
 
 
-def model_for(table, measure_now: bool = False) -> Model:
-    """The table's cost model: from the cache, else measured on the table now (and cached)."""
-    key = cache_key(table)
+def model_for(table, batch: int, measure_now: bool = False) -> Model:
+    """The table's cost model for batches of ``batch`` ids' class: from the cache, else measured on the table
+    now (and cached)."""
+    key = cache_key(table, batch)
     entry = None if measure_now else _read_cache().get(key)
     try:
         return Model(entry["kernel_rows_per_s"], entry["cpu_rows_per_s"],
                      {float(s): float(t) for s, t in entry["seconds"].items()}, key)
     except (KeyError, TypeError, ValueError, AttributeError):
         pass  # none cached, or an entry from another version: measure
-    model = measure(table, key)
+    model = measure(table, batch_class(batch), key)
     _write_cache(key, model)
     log.info("hmgstore: split gather measured for %s: kernel %.3g rows/s, CPU %.3g rows/s; CPU share %.2f "
              "(predicted %.2f)", key, model.kernel_rows_per_s, model.cpu_rows_per_s, model.share, model.predicted)
     return model
 
 
-def measure(table, key: str = "", repeats: int = 3) -> Model:
-    """Time a probe batch (random host-tier ids) on ``table``: each path alone, then shares around the
-    one their rates predict; best of ``repeats`` each."""
+def measure(table, batch: int, key: str = "", repeats: int = 3) -> Model:
+    """Time a probe batch of ``batch`` random host-tier ids on ``table``: each path alone, then shares around
+    the one their rates predict; best of ``repeats`` each."""
     host_rows = table._host_rows()
-    n = min(PROBE_IDS, len(host_rows))
+    n = min(batch, len(host_rows))
     ids = host_rows[torch.randint(len(host_rows), (n,), generator=torch.Generator().manual_seed(0))]
     out = torch.empty((n, *table.row_shape), dtype=table.dtype, device=table.device)
 

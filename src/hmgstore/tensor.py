@@ -105,8 +105,9 @@ class HybridTensor:
         split: let the CPU read part of each batch's host rows while the
             kernel reads the rest (:mod:`hmgstore.split`; for tables of
             more than a few GB, gathered with CPU ids): ``"auto"`` measures
-            both paths on this kind of table once and caches the share, a
-            float in ``[0, 1]`` fixes the CPU's share of host-tier rows,
+            both paths on this kind of table at the first batch of each
+            size class and caches the share, a float in ``[0, 1]`` fixes
+            the CPU's share of host-tier rows,
             None (default) reads every row with the kernel. The CPU reads
             use torch's intra-op threads (``torch.set_num_threads`` caps
             them).
@@ -140,7 +141,8 @@ class HybridTensor:
         """Set the split gather (see :mod:`hmgstore.split`), as the ``split`` argument does.
 
         ``"auto"`` reads the cost model from the cache, or measures it on
-        this table now (a second or two) and caches it; a float in
+        this table at the first batch of each size class (a second or two,
+        once) and caches it; a float in
         ``[0, 1]`` fixes the CPU's share of host-tier rows; None turns the
         split off. Raises ValueError for other values.
         """
@@ -152,8 +154,19 @@ class HybridTensor:
         self._split = None
         if split is None or self.device.type != "cuda" or not self._reads_host:
             return  # every row is read on the CPU already, or none from the host
-        share = split_mod.model_for(self).share if split == "auto" else float(split)
-        self._split = share or None
+        self._split = split if split == "auto" else (float(split) or None)
+        self._split_shares = {}
+
+    def _split_share(self, batch: int) -> float:
+        """The CPU's share for a batch of ``batch`` ids: fixed, or the cost model's for its size class."""
+        if self._split != "auto":
+            return self._split
+        from . import split as split_mod
+
+        size = split_mod.batch_class(batch)
+        if size not in self._split_shares:
+            self._split_shares[size] = split_mod.model_for(self, size).share
+        return self._split_shares[size]
 
     def _host_rows(self) -> torch.Tensor:
         """Ids (int64, CPU) of the rows this table reads from the host tier."""
@@ -228,7 +241,8 @@ class HybridTensor:
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
         self._counter: TierCounter | None = None  # per-tier statistics, once counting
         self._tier_starts: torch.Tensor | None = None
-        self._split: float | None = None  # the CPU's share of host-tier rows, when splitting
+        self._split: float | str | None = None  # the CPU's share of host-tier rows, or "auto", when splitting
+        self._split_shares: dict[int, float] = {}  # "auto": the measured share by batch size class
         self._split_mask: torch.Tensor | None = None
 
     def _build(self) -> None:
@@ -767,9 +781,11 @@ def _gather_cuda(requests, indices, results, pending, check, device, stream, sha
 
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
+    if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
+        shares = [None if index.host is None or table._split is None else table._split_share(len(index.host))
+                  for (table, _), index in zip(requests, indices)]
     jobs, parts = [], []
-    for k, ((table, _), index, out) in enumerate(zip(requests, indices, results)):
-        share = table._split if shares is None else shares[k]
+    for (table, _), index, out, share in zip(requests, indices, results, shares):
         job, part = (None, None) if not share or index.host is None else _split_job(table, index, out, share, stream)
         jobs.append(job or _job(table, index, out, prepared, id(index.ids) not in unchecked))
         if part is not None:

@@ -181,11 +181,12 @@ def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
         start = time.perf_counter()
         table = hmgstore.HybridTensor(x, device, progress=False, copy=True, split="auto")
         setup = time.perf_counter() - start
-        share = table._split or 0.0
-        for name, setting in (("hmg_split", share), ("split_kernel", None), ("split_cpu", 1.0)):
+        for name, setting in (("hmg_split", "auto"), ("split_kernel", None), ("split_cpu", 1.0)):
             table.set_split(setting)
-            _check(table[ids_cpu[0]], x, ids_cpu[0], name)
+            _check(table[ids_cpu[0]], x, ids_cpu[0], name)  # "auto": the first batch measures the model
             timed(name, lambda i: table[ids_cpu[i % 4]], True, args.slow_reps)
+            if setting == "auto":
+                share = table._split_share(len(ids_cpu[0]))
         result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads())
         table.close()
         del table
