@@ -53,6 +53,26 @@ def test_hotness_benchmark_compares_orders_on_a_second_epoch(tmp_path):
 
 
 # ---- peer: arguments and GPU selection ------------------------------------------------
+def test_remote_benchmark_runs_two_simulated_machines_on_cpu(tmp_path):
+    """Rows from the other machine, checked bit for bit inside the benchmark, against all_to_all."""
+    out = tmp_path / "remote"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "remote", "--quick", "--device", "cpu",
+                          "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "remote.json").read_text())
+    assert report["machines"] == 2 and [s["row_bytes"] for s in report["sizes"]] == [128, 1024]
+    for size in report["sizes"]:
+        assert set(size["variants"]) == {"remote", "mixed", "all_to_all"}
+        assert all(v["gbps"] > 0 and v["x_all_to_all"] > 0 for v in size["variants"].values())
+    assert "all_to_all GB/s" in res.stdout and "remote rows" in (out / "remote.md").read_text()
+
+
+def test_remote_benchmark_needs_two_machines(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "remote", "--machines", "1", "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "at least 2" in res.stderr
+
+
 def test_defaults_parse():
     args = build_parser().parse_args(["peer"])
     assert args.benchmark == "peer"

@@ -36,7 +36,12 @@ from torch_geometric.data import Data, HeteroData
 
 from hmgstore import placement
 
-from .cluster import ClusterFeatureStore, ClusterNeighborSampler, EqualBatches, cluster_loader
+from .cluster import (
+    ClusterFeatureStore,
+    ClusterNeighborSampler,
+    EqualBatches,
+    cluster_loader,
+)
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
 from .sampler import HybridNeighborSampler

@@ -1,7 +1,10 @@
-"""Several processes (torchrun): one process per GPU, tables shared and sharded over a node.
+"""Several processes (torchrun): one process per GPU, tables shared and sharded over a node, graphs
+partitioned over several machines.
 
 Built on torch.distributed; call ``init_process_group`` first (any backend:
 hmgstore makes its own gloo groups for its few control messages).
+
+One node, which holds the whole table:
 
 - :func:`share_on_node` (:mod:`.share`) puts a host table in shared memory
   once per node: the node's first rank builds it, the others map the same
@@ -14,14 +17,36 @@ hmgstore makes its own gloo groups for its few control messages).
   and raises :class:`PeerLostError` in gathers when one dies with tables
   open.
 
+Several machines (the job's nodes), each holding its partition of the graph:
+
+- :class:`PartitionBook` (:mod:`.book`) says which machine owns each node
+  and at which row of its partition (range, hash or a given assignment).
+- :func:`partition` (:mod:`.partition`; command ``python -m
+  hmgstore.partition``) writes one part per machine: the book, the part's
+  feature rows, the in-edges of its nodes; :func:`load_partition` reads one.
+- :class:`ClusterTensor` (:mod:`.cluster`) gathers any node's rows on every
+  rank: this machine's from its local table, the others' through
+  ``all_to_all_single`` with one counterpart rank per machine
+  (:mod:`.exchange`); :func:`gather_many` fuses several attributes. Gathers
+  are collective, like DDP's forward.
+- :class:`DistributedNeighborSampler` (:mod:`.sampling`) samples
+  neighbours of any node: each owner samples its nodes' in-edges for the
+  ranks that ask (collective, like gathers), the same draws as the
+  single-machine sampler; or over a topology replicated on every machine.
+
 On the CPU (gloo, no GPU) the same calls work: views gather from the shared
-host table with torch, and the sharing, checks and watching are the same.
-Everything here is about one node; each node holds the whole table.
+host table with torch, cluster exchanges go over gloo, and the sharing,
+checks and watching are the same.
 """
+from .book import PartitionBook
+from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
 from .node import SETUP_TIMEOUT, this_node
-from .share import share_on_node
+from .partition import Partition, load_partition, partition
+from .sampling import DistributedNeighborSampler
 from .shard import DistributedTensor, shard
+from .share import share_on_node
 from .watch import WATCH_SECONDS, PeerLostError
 
 __all__ = ["share_on_node", "shard", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",
-           "WATCH_SECONDS"]
+           "WATCH_SECONDS", "PartitionBook", "partition", "load_partition", "Partition", "ClusterTensor",
+           "gather_many", "this_cluster", "Cluster", "EXCHANGE_TIMEOUT", "DistributedNeighborSampler"]

@@ -1,0 +1,176 @@
+"""PyG over a graph partitioned over machines: a feature store, a sampler and a loader per rank.
+
+Each rank builds, from its machine's part (:func:`hmgstore.distributed.load_partition`)::
+
+    tables = {name: ClusterTensor(t, part.book) for name, t in part.features.items()}
+    loader = cluster_loader(ClusterFeatureStore(tables), ClusterNeighborSampler(part, [15, 10]),
+                            my_seeds, batch_size=1024, shuffle=True)
+
+and iterates it like any ``NeighborLoader``: batches are PyG ``Data`` with
+``x``, ``y``, ``edge_index``, ``n_id``, ``batch_size``, per-hop counts.
+Sampling (:class:`hmgstore.distributed.DistributedNeighborSampler`) and
+feature gathers (:func:`hmgstore.distributed.gather_many`) are
+**collective**: every rank of the job must draw the same number of batches,
+or the ranks that draw more wait for the others forever (until
+``EXCHANGE_TIMEOUT``). :func:`cluster_loader` makes sure of it: it agrees
+with the other ranks on the number of batches (the largest) and pads a
+rank's epoch with empty batches (``batch_size == 0``, no nodes); a training
+loop still runs forward and backward on them (a zero loss), so that DDP's
+all-reduce stays in step too. Loaders sample in the main process only
+(``num_workers=0``): collectives cannot run in DataLoader workers.
+
+Node attributes only (no edge features, no ``e_id``: edge ids are not known
+across machines), homogeneous graphs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch_geometric.data import FeatureStore, TensorAttr
+from torch_geometric.loader import NodeLoader
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+
+from hmgstore.distributed import (
+    ClusterTensor,
+    DistributedNeighborSampler,
+    gather_many,
+    this_cluster,
+)
+
+from .graph_store import CSCGraphStore
+
+
+class ClusterFeatureStore(FeatureStore):
+    """A PyG ``FeatureStore`` of :class:`~hmgstore.distributed.ClusterTensor` s (homogeneous graphs).
+
+    ``tables``: attribute name -> ClusterTensor, built in the same order on
+    every rank. ``multi_get_tensor`` answers every attribute of a batch with
+    one collective :func:`~hmgstore.distributed.gather_many` (rows of the
+    global ids in ``index``, on the tables' device). Read-only: ``put_tensor``
+    raises ValueError; a whole-table read (``index=None``) raises ValueError
+    (no machine holds the whole table).
+    """
+
+    def __init__(self, tables: dict[str, ClusterTensor]):
+        super().__init__()
+        if not tables or not all(isinstance(t, ClusterTensor) for t in tables.values()):
+            raise TypeError("ClusterFeatureStore takes {attr_name: ClusterTensor}, at least one")
+        self._tables = dict(tables)
+
+    def _lookup(self, attr: TensorAttr) -> ClusterTensor:
+        if attr.group_name is not None or attr.attr_name not in self._tables:
+            raise KeyError(f"no tensor ({attr.group_name!r}, {attr.attr_name!r}); the store holds "
+                           f"{[(None, name) for name in self._tables]}")
+        return self._tables[attr.attr_name]
+
+    def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
+        raise ValueError("a ClusterFeatureStore is read-only: build it from ClusterTensors")
+
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        return self._multi_get_tensor([attr])[0]
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+        requests = []
+        for attr in attrs:
+            if attr.index is None:
+                raise ValueError(f"cannot read the whole of {attr.attr_name!r}: no machine holds it; ask for ids")
+            requests.append((self._lookup(attr), attr.index))
+        return gather_many(requests)
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        raise ValueError("a ClusterFeatureStore is read-only")
+
+    def _get_tensor_size(self, attr: TensorAttr):
+        table = self._tables.get(attr.attr_name) if attr.group_name is None else None
+        return None if table is None else tuple(table.shape)
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        return [self._tensor_attr_cls(None, name) for name in self._tables]
+
+    def __repr__(self) -> str:
+        return f"ClusterFeatureStore({', '.join(f'{k}: {tuple(t.shape)}' for k, t in self._tables.items())})"
+
+
+class ClusterNeighborSampler(BaseSampler):
+    """PyG's ``BaseSampler`` over :class:`hmgstore.distributed.DistributedNeighborSampler`.
+
+    ``topology``: this machine's ``Partition`` (collective sampling) or the
+    whole graph's :class:`hmgstore.graph.CSC` (replicated, local);
+    ``num_neighbors``, ``replace``, ``generator``, ``device`` as there.
+    Outputs ``SamplerOutput`` (``node`` seeds first, ``row``/``col`` local
+    ids, per-hop counts; ``edge`` None: batches carry no ``e_id``).
+    """
+
+    def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
+                 device=None):
+        self.sampler = DistributedNeighborSampler(topology, num_neighbors, replace=replace, generator=generator,
+                                                  device=device)
+
+    @property
+    def edge_permutation(self):
+        return None
+
+    def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        if index.time is not None:
+            raise NotImplementedError("ClusterNeighborSampler does not do temporal sampling")
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("ClusterNeighborSampler samples collectively, in the loader's main process: pass "
+                               "num_workers=0")
+        out = self.sampler.sample(index.node)
+        return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=None, batch=None, num_sampled_nodes=out.num_sampled_nodes[None],
+                             num_sampled_edges=out.num_sampled_edges[None], metadata=(index.input_id, index.time))
+
+    def sample_from_edges(self, index, neg_sampling=None):
+        raise NotImplementedError("ClusterNeighborSampler samples around nodes only")
+
+    def __repr__(self) -> str:
+        return f"ClusterNeighborSampler({self.sampler!r})"
+
+
+class EqualBatches(torch.utils.data.Sampler):
+    """Batches of positions ``[0, n)``, ``num_batches`` of them: the last ones empty when ``n`` runs out.
+
+    ``shuffle``: a new order each epoch (:meth:`set_epoch`), from ``seed``.
+    """
+
+    def __init__(self, n: int, batch_size: int, num_batches: int, *, shuffle: bool = False, seed: int = 0):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.n, self.batch_size, self.num_batches, self.shuffle, self.seed = n, batch_size, num_batches, shuffle, seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        order = (torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+                 if self.shuffle else torch.arange(self.n))
+        for b in range(self.num_batches):
+            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
+
+def cluster_loader(feature_store: ClusterFeatureStore, sampler: ClusterNeighborSampler, input_nodes,
+                   batch_size: int, *, shuffle: bool = False, seed: int = 0, **kwargs) -> NodeLoader:
+    """A stock PyG ``NodeLoader`` over this rank's ``input_nodes`` that draws as many batches as every other rank's.
+
+    Collective once (an all-reduce of the batch count over every rank).
+    ``input_nodes``: int64 global ids of this rank's seeds (any count, even
+    0). Each rank gets ``max over ranks of ceil(len / batch_size)`` batches
+    per epoch, its last ones empty when it has fewer seeds. ``shuffle``:
+    reshuffle each epoch (``loader.batch_sampler.set_epoch(epoch)``) from
+    ``seed``. Other ``kwargs`` go to ``NodeLoader`` (``num_workers`` must
+    stay 0).
+    """
+    if kwargs.get("num_workers", 0):
+        raise ValueError("cluster loaders sample and gather collectively, in the main process: num_workers=0")
+    input_nodes = torch.as_tensor(input_nodes).long().reshape(-1)
+    count = torch.tensor([math.ceil(len(input_nodes) / batch_size)])
+    dist.all_reduce(count, dist.ReduceOp.MAX, group=this_cluster().control)
+    batches = EqualBatches(len(input_nodes), batch_size, int(count), shuffle=shuffle, seed=seed)
+    return NodeLoader((feature_store, CSCGraphStore()), sampler, input_nodes=input_nodes, batch_sampler=batches,
+                      filter_per_worker=False, **kwargs)

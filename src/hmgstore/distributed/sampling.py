@@ -1,0 +1,212 @@
+"""Neighbour sampling over a graph partitioned over machines: :class:`DistributedNeighborSampler`.
+
+Each machine holds the in-edges of its own nodes (a :class:`Partition`'s
+``colptr``/``row``, sources as global ids). A hop is collective among
+counterparts (one rank per machine, the one with this rank's local rank;
+the groups of :mod:`.cluster`), like a gather, in four
+``all_to_all_single`` rounds over gloo (topology lives in host memory):
+
+1. header, ``int64 [slots, 3]``: the call's signature (hop, fanout), this
+   rank's draw key for the hop, and how many seeds it sends each owner;
+2. seeds: per owner, their rows within its partition, then their positions
+   in this rank's frontier;
+3. the owner samples each requester's seeds from its local CSC with that
+   requester's key and positions, and sends back the count per seed;
+4. then the sampled neighbours (global ids), seed after seed.
+
+Draws are those of :mod:`hmgstore.graph.sampler` (Floyd's algorithm keyed
+by hop key, seed position and slot), so with the same generator a batch is
+*the same* as :class:`hmgstore.graph.NeighborSampler` draws over the whole
+graph's CSC (built by :func:`hmgstore.graph.to_csc`, the order
+:func:`partition` keeps): uniform without replacement, ``min(k, degree)``
+neighbours per seed. The requester relabels with
+:class:`hmgstore.graph.relabel.SortedNodeSet` and returns the same
+:class:`hmgstore.graph.Sample` (seeds first, hop by hop); ``edge`` is None:
+a global edge id is not known across machines.
+
+Every rank of the job calls :meth:`DistributedNeighborSampler.sample` the
+same number of times with the same fanouts (each its own seeds, empty
+batches included); a rank that samples while a counterpart gathers gets a
+ValueError. Owners sample on the CPU (the partition's topology is host
+memory); a topology replicated on every machine
+(``DistributedNeighborSampler(csc, ...)``) samples locally, on any device,
+with no collective at all.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from ..graph.csc import CSC
+from ..graph.relabel import SortedNodeSet
+from ..graph.sampler import NeighborSampler, Sample, _floyd_cpu, draw, slot_counts
+from ..graph.topology import Topology
+from ..index import normalize_many
+from .cluster import this_cluster
+from .partition import Partition
+from .watch import PeerLostError
+
+
+def sample_rows(colptr: torch.Tensor, row: torch.Tensor, local: torch.Tensor, position: torch.Tensor, k: int,
+                replace: bool, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One requester's seeds sampled from a local CSC: ``(neighbours, counts)``.
+
+    :func:`hmgstore.graph.sample_hop`'s CPU path, with the draws keyed by
+    the requester's ``key`` and the seeds' ``position`` in its frontier (not
+    their position here), so the result equals what the requester would
+    draw from the whole graph. ``colptr``/``row``: int64 CPU CSC (row: global
+    source ids); ``local``, ``position``: int64 [S]. Returns int64
+    ``neighbours`` [sum(counts)] seed after seed and ``counts`` [S].
+    """
+    degree = colptr[local + 1] - colptr[local]
+    counts = slot_counts(degree, k, replace)
+    num_slots = int(counts.sum())
+    seg = torch.repeat_interleave(torch.arange(len(local)), counts, output_size=num_slots)
+    t = torch.arange(num_slots) - (counts.cumsum(0) - counts)[seg]
+    if replace:
+        pos = draw(key, position[seg], t, degree[seg])
+    else:
+        pos = t
+        partial = counts < degree
+        if bool(partial.any()):
+            chosen = _floyd_cpu(key, position[partial], counts[partial], degree[partial])
+            pos = pos.clone()
+            pos[partial[seg]] = chosen[chosen >= 0]
+    return row[colptr[local][seg] + pos], counts
+
+
+def in_frontier_order(values: torch.Tensor, counts: torch.Tensor, order: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                 torch.Tensor]:
+    """Segments ``values`` (``counts`` each, seeds in ``order``) back in frontier order: ``(values, counts)``."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(len(order))
+    starts = counts.cumsum(0) - counts
+    c, s = counts[inverse], starts[inverse]
+    seg = torch.repeat_interleave(torch.arange(len(c)), c, output_size=len(values))
+    t = torch.arange(len(values)) - (c.cumsum(0) - c)[seg]
+    return values[s[seg] + t], c
+
+
+class DistributedNeighborSampler:
+    """Multi-hop uniform neighbour sampling of a homogeneous graph spread over the job's machines.
+
+    Args:
+        topology: this machine's :class:`Partition` (from
+            :func:`load_partition`): partitioned topology, sampled
+            collectively (see the module docstring). Or the whole graph's
+            :class:`hmgstore.graph.CSC`, replicated on every machine: sampled
+            locally by :class:`hmgstore.graph.NeighborSampler` (no collective).
+        num_neighbors: neighbours per hop, e.g. ``[15, 10]`` (``-1``: all).
+        replace: sample with replacement.
+        generator: CPU ``torch.Generator`` keying the draws (default torch's
+            global one, so ``torch.manual_seed`` fixes the batches).
+        device: replicated topology only: where it is held and sampled.
+    """
+
+    def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
+                 device=None):
+        self.num_neighbors = [int(k) for k in num_neighbors]
+        self.replace, self.generator = replace, generator
+        if isinstance(topology, CSC):
+            self.partitioned = False
+            self.num_nodes = topology.size[1]
+            self._local = NeighborSampler({None: Topology(topology, device or "cpu", progress=False)},
+                                          {None: self.num_nodes}, self.num_neighbors, replace=replace,
+                                          generator=generator)
+            self.device = self._local.device
+            return
+        if not isinstance(topology, Partition):
+            raise TypeError(f"topology is a Partition (partitioned) or a CSC (replicated), got {type(topology).__name__}")
+        self.partitioned, self.device = True, torch.device("cpu")
+        self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
+        self.num_nodes = self.book.num_nodes
+        self._cluster = this_cluster()
+        if self.book.num_machines != self._cluster.num_machines:
+            raise ValueError(f"the partition book spreads the nodes over {self.book.num_machines} machines, the job "
+                             f"runs on {self._cluster.num_machines}")
+        if topology.machine != self._cluster.machine:
+            raise ValueError(f"this rank runs on machine {self._cluster.machine} but was given part "
+                             f"{topology.machine}")
+        self._exchange = self._cluster.exchange("gloo")
+
+    def sample(self, seeds) -> Sample:
+        """The subgraphs around ``seeds`` (global ids: integer tensor, list, numpy array; may be empty).
+
+        Collective when partitioned. Returns a :class:`hmgstore.graph.Sample`
+        keyed by None, int64 tensors on the sampler's device: ``node``
+        (seeds first, then each hop's new nodes), ``row``/``col`` (local ids
+        of each edge's neighbour and seed), per-hop counts; ``edge`` the CSC
+        positions (replicated) or None (partitioned). Raises IndexError for
+        ids outside ``[0, num_nodes)`` before anything is sent.
+        """
+        if not self.partitioned:
+            return self._local.sample({None: seeds})
+        (checked,) = normalize_many([(seeds, self.num_nodes)], self.device)
+        seeds = checked.ids.long().reshape(-1)
+        self._cluster.check()
+        keys = torch.randint(0, 2**62, (len(self.num_neighbors),), generator=self.generator).tolist()
+        nodes = SortedNodeSet(seeds)
+        lo, hi = 0, len(seeds)
+        num_nodes_hop, num_edges_hop, rows, cols = [len(seeds)], [], [], []
+        for hop, (k, key) in enumerate(zip(self.num_neighbors, keys)):
+            before = nodes.count
+            if k == 0:  # the same on every rank: no exchange
+                num_edges_hop.append(0)
+            else:
+                nbr, counts = self._hop(nodes.keys[lo:hi], hop, k, key)
+                rows.append(nodes.add(nbr))
+                cols.append(torch.arange(lo, hi).repeat_interleave(counts, output_size=len(nbr)))
+                num_edges_hop.append(len(nbr))
+            lo, hi = before, nodes.count
+            num_nodes_hop.append(nodes.count - before)
+        empty = torch.empty(0, dtype=torch.int64)
+        return Sample({None: nodes.keys}, {None: torch.cat(rows) if rows else empty},
+                      {None: torch.cat(cols) if cols else empty}, {None: None}, None, {None: num_nodes_hop},
+                      {None: num_edges_hop})
+
+    # ---- one hop: four rounds among counterparts -------------------------------------------------------------
+    def _hop(self, frontier: torch.Tensor, hop: int, k: int, key: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Neighbours and counts of ``frontier``'s seeds, in frontier order (collective)."""
+        ex, book = self._exchange, self.book
+        owner = book._owner(frontier)
+        order = torch.argsort(ex.slot_table(self.device)[owner], stable=True)
+        local = book._local(frontier, owner)[order]
+        mine = torch.bincount(ex.slot_table(self.device)[owner], minlength=ex.slots)
+        signature = zlib.crc32(repr(("sample", hop, k, self.replace)).encode())
+        header = torch.stack([torch.full((ex.slots,), signature), torch.full((ex.slots,), key), mine], 1)
+        theirs = torch.empty_like(header)
+        self._all_to_all(theirs, header)
+        for s, (sig, _, _) in enumerate(theirs.tolist()):
+            if sig != signature:
+                self._cluster.broken = f"rank {ex.ranks[s]} was not sampling hop {hop} with the others"
+                raise ValueError(f"rank {ex.ranks[s]} did not sample hop {hop} (fanout {k}) with rank "
+                                 f"{self._cluster.rank}: every rank samples, and gathers, the same number of "
+                                 "times with the same fanouts")
+        sent_counts, asked = mine.tolist(), theirs[:, 2].tolist()
+        sent = torch.cat([torch.cat([r, p]) for r, p in zip(local.split(sent_counts), order.split(sent_counts))])
+        got = torch.empty(2 * sum(asked), dtype=torch.int64)
+        self._all_to_all(got, sent, [2 * a for a in asked], [2 * m for m in sent_counts])
+        answers = [sample_rows(self.colptr, self.row, block[:a], block[a:], k, self.replace, int(theirs[s, 1]))
+                   for s, (block, a) in enumerate(zip(got.split([2 * a for a in asked]), asked))]
+        counts = torch.empty(sum(sent_counts), dtype=torch.int64)
+        self._all_to_all(counts, torch.cat([c for _, c in answers]), sent_counts, asked)
+        receive = [int(c.sum()) for c in counts.split(sent_counts)]
+        nbr = torch.empty(sum(receive), dtype=torch.int64)
+        self._all_to_all(nbr, torch.cat([n for n, _ in answers]), receive, [len(n) for n, _ in answers])
+        return in_frontier_order(nbr, counts, order)
+
+    def _all_to_all(self, out, inp, out_sizes=None, in_sizes=None) -> None:
+        try:
+            dist.all_to_all_single(out, inp, out_sizes, in_sizes, group=self._exchange.group)
+        except Exception as err:  # the rounds are out of step for good, as for a gather
+            why = self._cluster.node.lost or (f"a sampling exchange of rank {self._cluster.rank} with ranks "
+                                              f"{self._exchange.ranks} failed ({err}); {self._cluster.gone()}")
+            self._cluster.broken = why
+            raise PeerLostError(f"{why}. The exchanges among machines are out of step: restart the job") from err
+
+    def __repr__(self) -> str:
+        where = (f"partitioned, machine {self._cluster.machine} of {self._cluster.num_machines}"
+                 if self.partitioned else f"replicated, {self.device}")
+        return f"DistributedNeighborSampler({where}, num_nodes={self.num_nodes}, num_neighbors={self.num_neighbors})"

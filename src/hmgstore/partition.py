@@ -1,0 +1,83 @@
+"""Command line: ``python -m hmgstore.partition OUT_DIR --parts N [--by range|hash|FILE] GRAPH``.
+
+Cuts a graph into one part per machine (see
+:mod:`hmgstore.distributed.partition` for what each part holds), for
+:func:`hmgstore.distributed.load_partition` and
+:class:`hmgstore.distributed.ClusterTensor`. The graph is an OGB node
+dataset already on disk (``--ogb ROOT [--name ogbn-products]``; never
+downloaded) or a synthetic one (``--synthetic NODES``). Node attributes
+``x`` (features) and ``y`` (labels) are written per part; the official
+split goes to ``OUT_DIR/split/{train,val,test}.npy`` as global ids.
+``--by`` is ``range`` (contiguous id ranges), ``hash`` or a file with one
+machine per node (``.npy``, ``.pt``, or text with one number a line, as
+METIS's ``gpmetis`` writes).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .distributed.book import PartitionBook
+from .distributed.partition import partition
+
+log = logging.getLogger(__name__)
+
+def read_assignment(path) -> torch.Tensor:
+    """One machine per node from ``path``: ``.npy``, ``.pt`` (a tensor) or text, one integer a line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no assignment file at {path}")
+    if path.suffix == ".npy":
+        return torch.from_numpy(np.load(path, allow_pickle=False))
+    if path.suffix in (".pt", ".pth"):
+        return torch.load(path, map_location="cpu", weights_only=True)
+    return torch.from_numpy(np.loadtxt(path, dtype=np.int64, ndmin=1))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hmgstore.partition", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", type=Path, help="folder to write part0 ... part{N-1} and split/ into")
+    p.add_argument("--parts", type=int, required=True, help="number of machines")
+    p.add_argument("--by", default="range", help="range (default), hash, or a file of one machine per node")
+    graph = p.add_mutually_exclusive_group(required=True)
+    graph.add_argument("--ogb", type=Path, metavar="ROOT", help="folder holding an OGB node dataset")
+    graph.add_argument("--synthetic", type=int, metavar="NODES", help="a synthetic community graph of NODES nodes")
+    p.add_argument("--name", default="ogbn-products", help="with --ogb: the dataset (default: ogbn-products)")
+    p.add_argument("--feat-dim", type=int, default=128, help="with --synthetic: features per node (default: 128)")
+    p.add_argument("--avg-degree", type=int, default=10, help="with --synthetic: edges per node (default: 10)")
+    p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    progress = not args.no_progress
+    if args.ogb is not None:
+        from .data.ogb import load_node_dataset
+
+        g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
+    else:
+        from .data import synthetic
+
+        g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
+    if args.by in ("range", "hash"):
+        book = getattr(PartitionBook, args.by)(g.num_nodes, args.parts)
+    else:
+        book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
+    folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, progress=progress)
+    (args.out_dir / "split").mkdir(exist_ok=True)
+    for name, ids in (("train", g.train_idx), ("val", g.val_idx), ("test", g.test_idx)):
+        np.save(args.out_dir / "split" / f"{name}.npy", ids.numpy())
+    log.info("%s: %d nodes, %d edges in %d parts of %s nodes under %s", book.kind, g.num_nodes,
+                 g.edge_index.shape[1], len(folders), list(book.sizes), args.out_dir)
+
+
+if __name__ == "__main__":
+    main()
