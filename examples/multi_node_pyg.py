@@ -89,7 +89,9 @@ def start_process_group() -> torch.device:
     if not torch.cuda.is_available():
         dist.init_process_group("gloo")
         return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    # Simulated machines on one host (HMGSTORE_NODE_ID) each count local ranks from 0: one GPU per global rank.
+    index = int(os.environ["RANK"]) if "HMGSTORE_NODE_ID" in os.environ else int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", index % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     return device

@@ -147,6 +147,27 @@ def scenario_disagree(report):
     part.close()
 
 
+def scenario_mixed_calls(report):
+    """Rank 3 builds a sampler with another fanout (every rank is told); then rank 0 samples while its
+    counterpart, rank 1, gathers (both are told), while ranks 2 and 3 sample together as they should."""
+    rank, cluster = dist.get_rank(), hd.this_cluster()
+    part = hd.load_partition(os.path.join(sys.argv[2], "hash"), cluster.machine, "cpu", progress=False)
+    try:
+        hd.DistributedNeighborSampler(part, [4, 2] if rank == 3 else [4, 3])
+    except ValueError as err:
+        report["sampler_error"] = str(err)
+    sampler = hd.DistributedNeighborSampler(part, [4, 3], generator=torch.Generator().manual_seed(rank))
+    x = hd.ClusterTensor(part.features["x"], part.book)
+    seeds = torch.arange(rank, NODES, 97)
+    try:
+        x[seeds] if rank == 1 else sampler.sample(seeds)
+        report["call_error"] = None
+    except (ValueError, hd.PeerLostError) as err:
+        report["call_error"] = f"{type(err).__name__}: {err}"
+    x.close()
+    part.close()
+
+
 def scenario_kill(report):
     """The last rank kills itself between gathers; the others keep gathering and must raise."""
     cluster_module.EXCHANGE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("EXCHANGE_TIMEOUT", "20")))

@@ -19,6 +19,7 @@ from cluster_worker import NODES, graph
 
 import hmgstore
 from hmgstore.distributed import PartitionBook, load_partition, partition
+from hmgstore.graph.csc import CSC, to_csc
 from hmgstore.distributed.book import hash_ids
 from hmgstore.distributed.cluster import group_machines
 from hmgstore.graph import ptr2index
@@ -198,6 +199,11 @@ def test_partition_errors(tmp_path):
         partition({"x": g.x.bfloat16()}, g.edge_index, PartitionBook.range(NODES, 2), tmp_path)
     with pytest.raises(FileNotFoundError, match="no part 4"):
         load_partition(tmp_path, 4)
+    csc = to_csc(g.edge_index, "coo", size=(NODES, NODES))
+    bad = CSC(csc.row.clone(), csc.colptr, None, csc.size)
+    bad.row[5] = NODES + 2  # a source beyond the book, in a CSC given as is
+    with pytest.raises(IndexError, match=f"index {NODES + 2} at position 5"):
+        partition(features, bad, PartitionBook.range(NODES, 2), tmp_path / "bad")
 
 
 # ---- gathers over real ranks (gloo) ----------------------------------------------------------------------
@@ -238,6 +244,16 @@ def test_ranks_that_disagree_or_stall_are_told_which(parts, tmp_path, no_leaks):
     # rank 3 came 3.5 s late: rank 2 gave up after the exchange timeout (2 s)
     assert "exchange of rank 2" in reports[2]["call_error"] and 1.8 < reports[2]["seconds"] < 3.4, reports[2]
     assert reports[3]["call_error"]
+
+
+def test_samplers_that_disagree_and_sampling_beside_a_gather_are_told(parts, tmp_path, no_leaks):
+    codes, reports, errs = run_ranks("mixed_calls", 4, parts, tmp_path, node_of=two_machines)
+    assert codes == [0] * 4, errs
+    for r in reports.values():
+        assert "rank 3 has a different fanouts than rank 0" in r["sampler_error"], r
+    assert "ValueError: rank 1 did not sample hop 0" in reports[0]["call_error"], reports[0]  # rank 0 sampled
+    assert "ValueError: rank 0 called gather_many with other tables" in reports[1]["call_error"], reports[1]
+    assert reports[2]["call_error"] is None and reports[3]["call_error"] is None  # the others went on
 
 
 def test_machines_must_run_as_many_ranks():

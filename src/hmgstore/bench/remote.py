@@ -88,7 +88,13 @@ def _launch(args) -> dict:
                "HMGSTORE_NODE_ID": f"machine{rank // args.ranks_per_machine}"}
         procs.append(subprocess.Popen([sys.executable, "-m", "hmgstore.bench", "remote", *_argv(args)], env=env,
                                       stdout=subprocess.DEVNULL))  # rank 0's table is printed here, once
-    codes = [p.wait() for p in procs]
+    while any(p.poll() is None for p in procs):  # once one rank fails, the others would wait for it: end them
+        if any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.2)
+    codes = [p.returncode for p in procs]
     if any(codes):
         raise SystemExit(f"a rank of the benchmark failed (exit codes by rank: {codes})")
     report = json.loads((out / "remote.json").read_text())
@@ -125,6 +131,9 @@ def _rank(args) -> dict:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         cluster = hd.this_cluster()
+        if cluster.num_machines < 2:
+            raise SystemExit("the remote benchmark needs at least 2 machines (torchrun --nnodes 2, or "
+                             "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
         report = {**header("remote", device), "machines": cluster.num_machines,
                   "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch, "sizes": []}
         for row_bytes in args.row_bytes:

@@ -50,9 +50,11 @@ from .node import SETUP_TIMEOUT, Node, _default_group, this_node
 from .shard import DistributedTensor
 from .watch import PeerLostError
 
-#: How long one exchange waits for a counterpart before it fails. Read when hmgstore makes its exchange
-#: groups (at the first ClusterTensor of a process group); set it before then to change it.
-EXCHANGE_TIMEOUT = datetime.timedelta(minutes=5)
+#: How long one exchange waits for a counterpart before it fails: torch's own default for gloo groups, so
+#: that a rank working alone for a while (a checkpoint, validation on rank 0) does not break the exchanges.
+#: A dead counterpart is noticed at once on gloo (its connection closes). Read when hmgstore makes its
+#: exchange groups (at the first ClusterTensor or sampler of a process group); set it before then to change it.
+EXCHANGE_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 @dataclass

@@ -156,8 +156,9 @@ class Gather:
                 other, rank = self.exchange.ranks[s], self.cluster.rank
                 self.cluster.broken = f"rank {other} gathered other tables than rank {rank}"
                 raise ValueError(f"rank {other} called gather_many with other tables, or in another order, than "
-                                 f"rank {rank}; every rank gathers the same tables in the same order, the same "
-                                 "number of times")
+                                 f"rank {rank} (or it was sampling); every rank gathers the same tables in the "
+                                 "same order, the same number of times, with ids shared alike (tables given one "
+                                 "id tensor on one rank get one on every rank)")
         self.payload = [values[2 * s + 1] for s in range(slots)]
         return [values[2 * slots + s * k: 2 * slots + (s + 1) * k] for s in range(slots)]
 

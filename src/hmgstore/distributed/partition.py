@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..files import load, read
 from ..graph.csc import CSC, to_csc
+from ..index import check_range
 from ..memory.pinned import as_host_tensor
 from ..tensor import HybridTensor
 from .book import PartitionBook
@@ -115,8 +116,10 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: b
     n = book.num_nodes
     tables = _features(features, n)
     csc = edge_index if isinstance(edge_index, CSC) else to_csc(edge_index, "coo", size=(n, n))
-    if csc.size[1] != n:
-        raise ValueError(f"the graph has {csc.size[1]} destination nodes, the book {n}")
+    if tuple(csc.size) != (n, n):
+        raise ValueError(f"the graph has {csc.size[0]} source and {csc.size[1]} destination nodes, the book {n}")
+    if csc.num_edges:
+        check_range(csc.row, n)  # a CSC given as is: its sources are checked here, as COO ids are by to_csc
     total = sum(t.nbytes for t in tables.values()) + 8 * (csc.num_edges + n + book.num_machines)
     folders = []
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {book.num_machines} parts", disable=not progress,

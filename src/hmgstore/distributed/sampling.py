@@ -122,14 +122,30 @@ class DistributedNeighborSampler:
         self.partitioned, self.device = True, torch.device("cpu")
         self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
         self.num_nodes = self.book.num_nodes
-        self._cluster = this_cluster()
-        if self.book.num_machines != self._cluster.num_machines:
-            raise ValueError(f"the partition book spreads the nodes over {self.book.num_machines} machines, the job "
-                             f"runs on {self._cluster.num_machines}")
-        if topology.machine != self._cluster.machine:
-            raise ValueError(f"this rank runs on machine {self._cluster.machine} but was given part "
-                             f"{topology.machine}")
-        self._exchange = self._cluster.exchange("gloo")
+        self._cluster = cluster = this_cluster()
+        # Every rank checks every other before any exchange group is made, so that all raise alike, naming the
+        # ranks, rather than some waiting for the others inside new_group.
+        mine = {"book": self.book.signature(), "fanouts": self.num_neighbors, "replace": replace,
+                "part": topology.machine, "machine": cluster.machine, "rows": len(self.colptr) - 1}
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine, group=cluster.control)
+        problems = []
+        if self.book.num_machines != cluster.num_machines:
+            problems.append(f"the partition book spreads the nodes over {self.book.num_machines} machines, the job "
+                            f"runs on {cluster.num_machines}")
+        for rank, theirs in enumerate(everyone):
+            for key in ("book", "fanouts", "replace"):
+                if theirs[key] != everyone[0][key]:
+                    problems.append(f"rank {rank} has a different {key} than rank 0: {theirs[key]} vs {everyone[0][key]}")
+            if theirs["part"] != theirs["machine"]:
+                problems.append(f"rank {rank} runs on machine {theirs['machine']} but was given part {theirs['part']}")
+            elif theirs["book"] == everyone[0]["book"] and theirs["rows"] != self.book.sizes[theirs["machine"]]:
+                problems.append(f"rank {rank}'s part has {theirs['rows']} nodes, the book gives its machine "
+                                f"{self.book.sizes[theirs['machine']]}")
+        if problems:
+            raise ValueError("cannot build the DistributedNeighborSampler: " + "; ".join(problems) + ". Every rank "
+                             "loads its own machine's part of the same partitioning (load_partition)")
+        self._exchange = cluster.exchange("gloo")
 
     def sample(self, seeds) -> Sample:
         """The subgraphs around ``seeds`` (global ids: integer tensor, list, numpy array; may be empty).
@@ -144,8 +160,15 @@ class DistributedNeighborSampler:
         if not self.partitioned:
             return self._local.sample({None: seeds})
         (checked,) = normalize_many([(seeds, self.num_nodes)], self.device)
-        seeds = checked.ids.long().reshape(-1)
         self._cluster.check()
+        try:
+            return self._sample(checked.ids.long().reshape(-1))
+        except BaseException as err:  # whatever stopped this rank midway, its counterparts are out of step
+            if self._cluster.broken is None:
+                self._cluster.broken = f"a sampling call stopped midway on rank {self._cluster.rank} ({err!r})"
+            raise
+
+    def _sample(self, seeds: torch.Tensor) -> Sample:
         keys = torch.randint(0, 2**62, (len(self.num_neighbors),), generator=self.generator).tolist()
         nodes = SortedNodeSet(seeds)
         lo, hi = 0, len(seeds)
@@ -175,21 +198,24 @@ class DistributedNeighborSampler:
         local = book._local(frontier, owner)[order]
         mine = torch.bincount(ex.slot_table(self.device)[owner], minlength=ex.slots)
         signature = zlib.crc32(repr(("sample", hop, k, self.replace)).encode())
-        header = torch.stack([torch.full((ex.slots,), signature), torch.full((ex.slots,), key), mine], 1)
+        # [signature, count] per counterpart: the shape of a gather's header, so that a rank sampling while its
+        # counterpart gathers (same gloo group) is told so, instead of gloo aborting on a size mismatch.
+        header = torch.stack([torch.full((ex.slots,), signature), mine], 1)
         theirs = torch.empty_like(header)
         self._all_to_all(theirs, header)
-        for s, (sig, _, _) in enumerate(theirs.tolist()):
+        for s, (sig, _) in enumerate(theirs.tolist()):
             if sig != signature:
                 self._cluster.broken = f"rank {ex.ranks[s]} was not sampling hop {hop} with the others"
                 raise ValueError(f"rank {ex.ranks[s]} did not sample hop {hop} (fanout {k}) with rank "
                                  f"{self._cluster.rank}: every rank samples, and gathers, the same number of "
                                  "times with the same fanouts")
-        sent_counts, asked = mine.tolist(), theirs[:, 2].tolist()
-        sent = torch.cat([torch.cat([r, p]) for r, p in zip(local.split(sent_counts), order.split(sent_counts))])
-        got = torch.empty(2 * sum(asked), dtype=torch.int64)
-        self._all_to_all(got, sent, [2 * a for a in asked], [2 * m for m in sent_counts])
-        answers = [sample_rows(self.colptr, self.row, block[:a], block[a:], k, self.replace, int(theirs[s, 1]))
-                   for s, (block, a) in enumerate(zip(got.split([2 * a for a in asked]), asked))]
+        sent_counts, asked = mine.tolist(), theirs[:, 1].tolist()
+        key_of = torch.tensor([key])  # each block: the requester's draw key, its seeds' rows, their positions
+        sent = torch.cat([torch.cat([key_of, r, p]) for r, p in zip(local.split(sent_counts), order.split(sent_counts))])
+        got = torch.empty(2 * sum(asked) + ex.slots, dtype=torch.int64)
+        self._all_to_all(got, sent, [2 * a + 1 for a in asked], [2 * m + 1 for m in sent_counts])
+        answers = [sample_rows(self.colptr, self.row, block[1:a + 1], block[a + 1:], k, self.replace, int(block[0]))
+                   for block, a in zip(got.split([2 * a + 1 for a in asked]), asked)]
         counts = torch.empty(sum(sent_counts), dtype=torch.int64)
         self._all_to_all(counts, torch.cat([c for _, c in answers]), sent_counts, asked)
         receive = [int(c.sum()) for c in counts.split(sent_counts)]
