@@ -1,0 +1,86 @@
+"""Probe: the split gather inside a loop fed by sampler worker processes (issue 11, item 2), on one GPU.
+
+Usage: python benchmarks/probe_split_loop.py [--gb 40] [--row-bytes 512] [--workers 12] > probe_split_loop.json
+
+A torch DataLoader with ``--workers`` processes stands in for a CPU neighbour sampler: each batch costs a
+worker ``--work-ms`` of single-threaded CPU work (sorting) and yields ``--batch`` random ids of a host table
+of ``--gb`` (owned memory). The main process gathers each batch onto the GPU and runs a few ms of GPU
+work (the "training step"). Batches per second over ``--batches`` batches, for:
+- ``workers_only``: the loader alone (how fast the stand-in sampler is);
+- ``kernel``: gathers by the zero-copy kernel alone;
+- ``split``: ``split="auto"`` with ``--threads`` torch threads in the main process.
+If the split's CPU reads took cores from the workers, ``split`` would fall below ``kernel`` or the workers'
+own rate. Prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+import hmgstore
+
+
+class Batches(torch.utils.data.Dataset):
+    def __init__(self, num_rows: int, batch: int, work_ms: float, length: int):
+        self.num_rows, self.batch, self.length = num_rows, batch, length
+        self.work = int(2_000_000 * work_ms / 100)  # ~100 ms per 2M-element sort on one core
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        torch.sort(torch.rand(self.work, generator=g))  # the sampler's CPU work
+        return torch.randint(0, self.num_rows, (self.batch,), generator=g)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--gb", type=float, default=40)
+    p.add_argument("--row-bytes", type=int, default=512)
+    p.add_argument("--batch", type=int, default=500_000)
+    p.add_argument("--workers", type=int, default=12)
+    p.add_argument("--work-ms", type=float, default=50)
+    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--batches", type=int, default=40)
+    args = p.parse_args()
+    device = torch.device("cuda", 0)
+    n = int(args.gb * 1e9) // args.row_bytes
+    # Filled in place, piece by piece: a source plus a copy (80 GB at 40 GB) and 12 forked workers got the
+    # first run of this probe killed on the 128 GiB H100 box.
+    table = hmgstore.HybridTensor.empty((n, args.row_bytes // 4), torch.float32, device, progress=False)
+    step = 1 << 22
+    for a in range(0, n, step):
+        table.source[a:a + step].view(torch.int32).random_()
+    torch.set_num_threads(args.threads)
+    w = torch.randn(2048, 2048, device=device)
+    report = {"device": torch.cuda.get_device_name(device), "args": vars(args), "runs": {}}
+    for name, split in (("workers_only", None), ("kernel", None), ("split", "auto")):
+        table.set_split(split)
+        if split == "auto":  # the first batch of the size measures the model: not in the timed loop
+            table[torch.randint(0, n, (args.batch,))]
+        loader = torch.utils.data.DataLoader(Batches(n, args.batch, args.work_ms, args.batches + 5), batch_size=None,
+                                             num_workers=args.workers, prefetch_factor=2, persistent_workers=False)
+        it = iter(loader)
+        for _ in range(5):  # workers started, queues full
+            next(it)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for ids in it:
+            if name != "workers_only":
+                rows = table[ids]
+                for _ in range(4):  # the training step's GPU work, a few ms
+                    w = torch.tanh(w @ w) if rows.numel() else w
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        report["runs"][name] = {"seconds": seconds, "batches_per_s": args.batches / seconds,
+                                "share": table._split_share(args.batch) if split else 0.0}
+        print(name, report["runs"][name], flush=True, file=__import__("sys").stderr)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
