@@ -168,6 +168,33 @@ def scenario_mixed_calls(report):
     part.close()
 
 
+def scenario_dgl(report):
+    """A stock DGL DataLoader per rank over the whole topology, its features from a ClusterTensor: every
+    batch's rows equal the full table's (each rank runs the same number of batches, as it must)."""
+    from hmgstore.plugins.dgl import attach
+
+    import dgl
+
+    g_full, full = graph()
+    rank, cluster = dist.get_rank(), hd.this_cluster()
+    part = hd.load_partition(os.path.join(sys.argv[2], "hash"), cluster.machine, "cpu", progress=False)
+    x = hd.ClusterTensor(part.features["x"], part.book)
+    y = hd.ClusterTensor(part.features["y"], part.book)
+    g = attach(dgl.graph((g_full.edge_index[0], g_full.edge_index[1]), num_nodes=NODES), {"feat": x, "label": y})
+    seeds = torch.arange(rank, NODES, 4)[:600]  # the same count on every rank: the same number of batches
+    sampler = dgl.dataloading.NeighborSampler([4, 3], prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    loader = dgl.dataloading.DataLoader(g, seeds, sampler, batch_size=128, shuffle=True)
+    exact, batches = True, 0
+    for input_nodes, output_nodes, blocks in loader:
+        exact &= torch.equal(blocks[0].srcdata["feat"], full["x"][input_nodes])
+        exact &= torch.equal(blocks[-1].dstdata["label"], full["y"][output_nodes])
+        batches += 1
+    report.update(exact=bool(exact), batches=batches)
+    x.close()
+    y.close()
+    part.close()
+
+
 def scenario_kill(report):
     """The last rank kills itself between gathers; the others keep gathering and must raise."""
     cluster_module.EXCHANGE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("EXCHANGE_TIMEOUT", "20")))

@@ -256,6 +256,14 @@ def test_samplers_that_disagree_and_sampling_beside_a_gather_are_told(parts, tmp
     assert reports[2]["call_error"] is None and reports[3]["call_error"] is None  # the others went on
 
 
+def test_dgl_loader_per_rank_over_cluster_features(parts, tmp_path, no_leaks):
+    pytest.importorskip("hmgstore.plugins.dgl", reason="needs DGL (pip install 'dgl==2.1.0')")
+    codes, reports, errs = run_ranks("dgl", 4, parts, tmp_path, node_of=two_machines)
+    assert codes == [0] * 4, errs
+    for r in reports.values():
+        assert r["exact"] and r["batches"] == 5, r
+
+
 def test_machines_must_run_as_many_ranks():
     assert group_machines([[0, 2], [1, 3], [0, 2], [1, 3]]) == [[0, 2], [1, 3]]
     assert group_machines([[1, 2], [0, 3], [0, 3], [1, 2]]) == [[0, 3], [1, 2]]  # numbered by lowest rank

@@ -57,7 +57,9 @@ def _node_type(graph, ntype, key: str) -> str:
 
 
 def _as_table(table, device) -> HybridTensor:
-    if isinstance(table, HybridTensor):
+    from hmgstore.distributed import ClusterTensor
+
+    if isinstance(table, (HybridTensor, ClusterTensor)):
         return table
     try:
         return HybridTensor(table, device)
@@ -74,8 +76,10 @@ def attach(graph, features: Mapping, *, device=None):
     ``features``: ``{key: table}`` for a graph with one node type, or
     ``{key: {ntype: table, ...}}`` per node type (as ``g.ndata[key] = {...}``).
     A table is a :class:`hmgstore.HybridTensor` with one row per node of its
-    type, or a torch CPU tensor / numpy array, wrapped in
-    ``HybridTensor(table, device)``.
+    type, a :class:`hmgstore.distributed.ClusterTensor` (the rows of a graph
+    partitioned over machines, ``graph`` the whole topology on every rank;
+    fetches are then collective: every rank runs the same batches), or a
+    torch CPU tensor / numpy array, wrapped in ``HybridTensor(table, device)``.
     ``device``: for wrapped tables only; None means the current GPU if torch
     sees one, else the CPU.
 
@@ -96,9 +100,9 @@ def attach(graph, features: Mapping, *, device=None):
         for ntype, table in (value.items() if isinstance(value, Mapping) else [(None, value)]):
             name = _node_type(graph, ntype, key)
             table = _as_table(table, device)
-            if table.num_rows != graph.num_nodes(name):
+            if table.shape[0] != graph.num_nodes(name):
                 raise ValueError(
-                    f"the table for node feature {key!r} of node type {name!r} has {table.num_rows} rows; "
+                    f"the table for node feature {key!r} of node type {name!r} has {table.shape[0]} rows; "
                     f"the graph has {graph.num_nodes(name)} nodes of that type")
             storages[key, name] = HybridFeatureStorage(table)
     graph.__class__ = HybridDGLGraph

@@ -23,8 +23,16 @@ dgl = import_dgl()
 PRUNE_AT = 64
 
 
+def _cluster_tensor():
+    from hmgstore.distributed import ClusterTensor
+
+    return ClusterTensor
+
+
 class HybridFeatureStorage(dgl.storages.FeatureStorage):
-    """A DGL ``FeatureStorage`` over one :class:`hmgstore.HybridTensor`.
+    """A DGL ``FeatureStorage`` over one :class:`hmgstore.HybridTensor`, or over a
+    :class:`hmgstore.distributed.ClusterTensor` (a graph partitioned over machines: then every fetch is
+    collective, and every rank's loader must run the same batches with the same keys).
 
     ``table``: ``[N, *row_shape]`` rows of one node feature of one node type.
     Pickles with its table, which a DataLoader worker process rebuilds only
@@ -33,8 +41,8 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     """
 
     def __init__(self, table: HybridTensor):
-        if not isinstance(table, HybridTensor):
-            raise TypeError(f"HybridFeatureStorage wraps a HybridTensor, got {type(table).__name__}")
+        if not isinstance(table, (HybridTensor, _cluster_tensor())):
+            raise TypeError(f"HybridFeatureStorage wraps a HybridTensor or a ClusterTensor, got {type(table).__name__}")
         self.table = table
 
     def __repr__(self) -> str:
@@ -113,9 +121,14 @@ class _Batch:
     def _gather(self) -> None:
         fetches = [f for f in (ref() for ref in self._fetches) if f is not None]
         self._fetches = []
-        outs = [_pinned_staging(f) for f in fetches]
-        # gather_many sets the CUDA device itself (DGL's prefetch thread starts on GPU 0).
-        rows = hmgstore.gather_many([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
+        if isinstance(fetches[0].table, _cluster_tensor()):  # one exchange among the machines for the batch
+            from hmgstore.distributed import gather_many
+
+            rows = gather_many([(f.table, f.indices) for f in fetches])
+        else:
+            outs = [_pinned_staging(f) for f in fetches]
+            # gather_many sets the CUDA device itself (DGL's prefetch thread starts on GPU 0).
+            rows = hmgstore.gather_many([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
         for fetch, r in zip(fetches, rows):
             if r.device != fetch.device:
                 # Into a GPU: ordered on its current stream. Into host memory: blocking, because
@@ -139,7 +152,7 @@ _open_batches = threading.local()  # per thread: {(table device, stream id): _Ba
 def _record(fetch: PendingFetch) -> PendingFetch:
     device = fetch.table.device
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    key = (device, None if stream is None else stream.cuda_stream)
+    key = (device, None if stream is None else stream.cuda_stream, type(fetch.table))  # cluster tables apart
     batches = _open_batches.__dict__.setdefault("batches", {})
     batch = batches.get(key)
     if batch is None or not batch.add(fetch):
