@@ -143,11 +143,11 @@ def _write_cache(key: str, model: Model) -> None:
                         "measured again next time", path, err)
 
 
-def model_for(table, batch: int, measure_now: bool = False) -> Model:
+def model_for(table, batch: int) -> Model:
     """The table's cost model for batches of ``batch`` ids' class: from the cache, else measured on the table
     now (and cached)."""
     key = cache_key(table, batch)
-    entry = None if measure_now else _read_cache().get(key)
+    entry = _read_cache().get(key)
     try:
         return Model(entry["kernel_rows_per_s"], entry["cpu_rows_per_s"],
                      {float(s): float(t) for s, t in entry["seconds"].items()}, key)
@@ -225,7 +225,7 @@ class CpuPart:
 
     ids: torch.Tensor
     positions: torch.Tensor | None
-    chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the take)
+    chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the read)
     staging: torch.Tensor | None = None  # pinned, the host tier's dtype
     landed: torch.Tensor | None = None  # the staging's copy on the GPU, when it cannot land in the output
 
