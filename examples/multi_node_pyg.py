@@ -106,7 +106,7 @@ def main(argv=None) -> dict | None:
     start = time.perf_counter()
 
     cluster = hd.this_cluster()  # <-- hmgstore: which machine this rank runs on
-    part = hd.load_partition(args.parts, cluster.machine, device, progress=False)
+    part = hd.load_partition(args.parts, cluster.machine, device, share=True, progress=False)  # once per machine
     tables = {name: hd.ClusterTensor(part.features[name], part.book) for name in ("x", "y")}
     store = ClusterFeatureStore(tables)
     sampler = ClusterNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(args.seed + rank))

@@ -195,6 +195,35 @@ def scenario_dgl(report):
     part.close()
 
 
+def scenario_shared_part(report):
+    """Each machine's part read once into shared memory (share=True): a write by the machine's first rank is
+    seen by its second, and remote rows stay exact."""
+    _, full = graph()
+    rank, cluster = dist.get_rank(), hd.this_cluster()
+    part = hd.load_partition(os.path.join(sys.argv[2], "range"), cluster.machine, "cpu", share=True, progress=False)
+    x = part.features["x"].source
+    mine = part.nodes
+    private = hd.load_partition(os.path.join(sys.argv[2], "range"), cluster.machine, "cpu", progress=False)
+    report["part_exact"] = torch.equal(x, full["x"][mine]) and torch.equal(part.row, private.row) and \
+        torch.equal(part.colptr, private.colptr)
+    private.close()
+    sentinel = 4242.0 + cluster.machine
+    dist.barrier()  # every rank has compared before the first rank writes
+    if cluster.local_rank == 0:
+        x[0, 0] = sentinel
+    dist.barrier()
+    report["sees_first_rank_write"] = float(x[0, 0]) == sentinel
+    dist.barrier()
+    if cluster.local_rank == 0:
+        x[0, 0] = full["x"][mine[0], 0]
+    dist.barrier()
+    t = hd.ClusterTensor(part.features["x"], part.book)
+    ids = torch.randint(0, NODES, (500,), generator=torch.Generator().manual_seed(rank))
+    report["rows_exact"] = torch.equal(t[ids], full["x"][ids])
+    t.close()
+    part.close()
+
+
 def scenario_kill(report):
     """The last rank kills itself between gathers; the others keep gathering and must raise."""
     cluster_module.EXCHANGE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("EXCHANGE_TIMEOUT", "20")))

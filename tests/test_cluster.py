@@ -264,6 +264,13 @@ def test_dgl_loader_per_rank_over_cluster_features(parts, tmp_path, no_leaks):
         assert r["exact"] and r["batches"] == 5, r
 
 
+def test_a_part_shared_once_per_machine(parts, tmp_path, no_leaks):
+    codes, reports, errs = run_ranks("shared_part", 4, parts, tmp_path, node_of=two_machines)
+    assert codes == [0] * 4, errs
+    for r in reports.values():
+        assert r["part_exact"] and r["sees_first_rank_write"] and r["rows_exact"], r
+
+
 def test_machines_must_run_as_many_ranks():
     assert group_machines([[0, 2], [1, 3], [0, 2], [1, 3]]) == [[0, 2], [1, 3]]
     assert group_machines([[1, 2], [0, 3], [0, 3], [1, 2]]) == [[0, 3], [1, 2]]  # numbered by lowest rank

@@ -151,13 +151,17 @@ def _in_edges(csc: CSC, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return colptr, edges
 
 
-def load_partition(out_dir, machine: int, device=None, *, progress: bool = True, **placement) -> Partition:
+def load_partition(out_dir, machine: int, device=None, *, share: bool = False, progress: bool = True,
+                   **placement) -> Partition:
     """Machine ``machine``'s part from ``out_dir`` (written by :func:`partition`), and nothing else.
 
     Features become :class:`~hmgstore.HybridTensor` s on ``device`` through
     :func:`hmgstore.load` (host memory hmgstore owns; ``placement``, e.g.
     ``gpu_budget`` with ``hot_order``, applies to each attribute); the
-    topology is read into CPU tensors. Raises FileNotFoundError for a
+    topology is read into CPU tensors. ``share``: read the part once per
+    machine into shared memory (:func:`hmgstore.distributed.share_on_node`)
+    that every rank of the machine maps, instead of a copy per rank;
+    collective over the machine's ranks. Raises FileNotFoundError for a
     missing part, ValueError when its files do not match its book.
     """
     folder = part_dir(out_dir, machine)
@@ -170,11 +174,18 @@ def load_partition(out_dir, machine: int, device=None, *, progress: bool = True,
         raise ValueError(f"{folder} does not hold part {machine} of its book ({meta['machine']}, "
                          f"{meta['part_nodes']} nodes vs {book.sizes[machine]})")
     features = {}
+    if share:
+        from .share import share_on_node
+
+        def read_once(path):  # the machine's first rank reads; every rank maps the same pages
+            return share_on_node(lambda: read(path, progress=progress), progress=progress)
     try:
         for name in meta["features"]:
-            features[name] = load(folder / "features" / f"{name}.npy", device, progress=progress, **placement)
-        colptr = read(folder / "colptr.npy", progress=progress)
-        row = read(folder / "row.npy", progress=progress)
+            path = folder / "features" / f"{name}.npy"
+            features[name] = HybridTensor(read_once(path), device, progress=progress, **placement) if share \
+                else load(path, device, progress=progress, **placement)
+        colptr, row = ((read_once if share else lambda p: read(p, progress=progress))(folder / name)
+                       for name in ("colptr.npy", "row.npy"))
     except BaseException:
         for table in features.values():
             table.close()
