@@ -37,6 +37,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -105,10 +106,18 @@ class Cluster:
         return self.exchanges[backend]
 
     def gone(self) -> str:
-        """The ranks of this host whose process has exited, for error messages."""
+        """The ranks of this host whose process has exited, for error messages.
+
+        A killed process closes its connections before it shows as exited, so a failed exchange may be seen
+        first: look again for up to a second before saying that every rank still runs.
+        """
         host = socket.gethostname()
-        dead = [f"rank {r} (pid {pid})" for r, (name, pid) in enumerate(self.processes)
-                if name == host and r != self.rank and not process_alive(pid)]
+        for _ in range(20):
+            dead = [f"rank {r} (pid {pid})" for r, (name, pid) in enumerate(self.processes)
+                    if name == host and r != self.rank and not process_alive(pid)]
+            if dead:
+                break
+            time.sleep(0.05)
         return ("ranks of this host no longer running: " + ", ".join(dead)) if dead else \
             "every rank of this host still runs (one on another host may have died, or stopped calling gather)"
 
