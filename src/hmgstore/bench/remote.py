@@ -175,10 +175,10 @@ def _one_size(args, row_bytes: int, device, cluster, hmgstore, hd) -> dict:
         dist.all_to_all_single(recv, send, splits, splits, group=exchange.group)
 
     variants = {
-        "remote": (_timed(lambda i: table.gather(remote[i % 4]), args.reps, device), args.batch),
-        "mixed": (_timed(lambda i: table.gather(mixed[i % 4]), args.reps, device),
+        "remote": (_timed(lambda i: table.gather(remote[i % 4]), args.reps, device, cluster.control), args.batch),
+        "mixed": (_timed(lambda i: table.gather(mixed[i % 4]), args.reps, device, cluster.control),
                   args.batch * (cluster.num_machines - 1) // cluster.num_machines),
-        "all_to_all": (_timed(a2a, args.reps, device), per_peer * peers // row_bytes),
+        "all_to_all": (_timed(a2a, args.reps, device, cluster.control), per_peer * peers // row_bytes),
     }
     table.close()
     local.close()
@@ -187,8 +187,9 @@ def _one_size(args, row_bytes: int, device, cluster, hmgstore, hd) -> dict:
                          for name, (s, n) in variants.items()}}
 
 
-def _timed(fn, reps: int, device) -> float:
-    """Median over rounds of the slowest rank's time for ``fn(i)``, from a common barrier."""
+def _timed(fn, reps: int, device, control) -> float:
+    """Median over rounds of the slowest rank's time for ``fn(i)``, from a common barrier; ``control``: the
+    cluster's gloo group of every rank."""
     times = []
     for i in range(reps + 2):
         dist.barrier()
@@ -197,20 +198,10 @@ def _timed(fn, reps: int, device) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         slowest = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=None if device.type == "cpu" else _gloo())
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)  # gloo: the time is a CPU tensor
         if i >= 2:  # two rounds of warm-up
             times.append(float(slowest))
     return statistics.median(times)
-
-
-_gloo_group = None
-
-
-def _gloo():
-    global _gloo_group
-    if _gloo_group is None:
-        _gloo_group = dist.new_group(backend="gloo")
-    return _gloo_group
 
 
 def _ratios(report: dict) -> None:
