@@ -1,9 +1,10 @@
 """Probe: the split gather inside a loop fed by sampler worker processes (issue 11, item 2), on one GPU.
 
-Usage: python benchmarks/probe_split_loop.py [--gb 40] [--row-bytes 512] [--workers 12] > probe_split_loop.json
+Usage: python benchmarks/probe_split_loop.py [--gb 40] [--row-bytes 512] [--workers 12] [--work-ms 20 150] \
+           > probe_split_loop.json
 
 A torch DataLoader with ``--workers`` processes stands in for a CPU neighbour sampler: each batch costs a
-worker ``--work-ms`` of single-threaded CPU work (sorting) and yields ``--batch`` random ids of a host table
+worker ``--work-ms`` (each value in turn) of single-threaded CPU work (sorting) and yields ``--batch`` random ids of a host table
 of ``--gb`` (owned memory). The main process gathers each batch onto the GPU and runs a few ms of GPU
 work (the "training step"). Batches per second over ``--batches`` batches, for:
 - ``workers_only``: the loader alone (how fast the stand-in sampler is);
@@ -15,7 +16,9 @@ own rate. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import sys
 import time
 
 import torch
@@ -43,7 +46,8 @@ def main():
     p.add_argument("--row-bytes", type=int, default=512)
     p.add_argument("--batch", type=int, default=500_000)
     p.add_argument("--workers", type=int, default=12)
-    p.add_argument("--work-ms", type=float, default=50)
+    p.add_argument("--work-ms", type=float, nargs="+", default=[20, 150],
+                   help="CPU work per batch per worker: 20 leaves the workers far ahead, 150 makes them the bottleneck")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--batches", type=int, default=40)
     args = p.parse_args()
@@ -52,17 +56,19 @@ def main():
     # Filled in place, piece by piece: a source plus a copy (80 GB at 40 GB) and 12 forked workers got the
     # first run of this probe killed on the 128 GiB H100 box.
     table = hmgstore.HybridTensor.empty((n, args.row_bytes // 4), torch.float32, device, progress=False)
-    step = 1 << 22
+    step, began = 1 << 22, time.perf_counter()
     for a in range(0, n, step):
         table.source[a:a + step].view(torch.int32).random_()
+    print(f"filled {args.gb:g} GB in {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     w = torch.randn(2048, 2048, device=device)
     report = {"device": torch.cuda.get_device_name(device), "args": vars(args), "runs": {}}
-    for name, split in (("workers_only", None), ("kernel", None), ("split", "auto")):
+    for work_ms, (name, split) in itertools.product(
+            args.work_ms, (("workers_only", None), ("kernel", None), ("split", "auto"))):
         table.set_split(split)
         if split == "auto":  # the first batch of the size measures the model: not in the timed loop
             table[torch.randint(0, n, (args.batch,))]
-        loader = torch.utils.data.DataLoader(Batches(n, args.batch, args.work_ms, args.batches + 5), batch_size=None,
+        loader = torch.utils.data.DataLoader(Batches(n, args.batch, work_ms, args.batches + 5), batch_size=None,
                                              num_workers=args.workers, prefetch_factor=2, persistent_workers=False)
         it = iter(loader)
         for _ in range(5):  # workers started, queues full
@@ -76,9 +82,10 @@ def main():
                     w = torch.tanh(w @ w) if rows.numel() else w
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        name = f"{name}@{work_ms:g}ms"
         report["runs"][name] = {"seconds": seconds, "batches_per_s": args.batches / seconds,
                                 "share": table._split_share(args.batch) if split else 0.0}
-        print(name, report["runs"][name], flush=True, file=__import__("sys").stderr)
+        print(name, report["runs"][name], flush=True, file=sys.stderr)
     print(json.dumps(report, indent=1))
 
 

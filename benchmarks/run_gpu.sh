@@ -26,7 +26,10 @@ for stage in "$@"; do
     probe-sorted) timeout 200 python3 benchmarks/probe_sorted.py --gb 2 --row-bytes 128 512 >"$OUT/probe_sorted.json" \
                     2>"$OUT/probe_sorted.log"; rc=$?; cat "$OUT/probe_sorted.json"; tail -3 "$OUT/probe_sorted.log" ;;
     probe-split-loop) timeout 300 python3 benchmarks/probe_split_loop.py >"$OUT/probe_split_loop.json" \
-                        2>"$OUT/probe_split_loop.log"; rc=$?; tail -5 "$OUT/probe_split_loop.log" ;;
+                        2>"$OUT/probe_split_loop.log"; rc=$?; tail -8 "$OUT/probe_split_loop.log" ;;
+    probe-split-loop-128) timeout 300 python3 benchmarks/probe_split_loop.py --row-bytes 128 \
+                        >"$OUT/probe_split_loop_128.json" 2>"$OUT/probe_split_loop_128.log"; rc=$?
+                        tail -8 "$OUT/probe_split_loop_128.log" ;;
     split-tests) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_split.py >"$OUT/split-tests.log" 2>&1
          rc=$?; grep -E "passed|failed|FAILED|ERROR|Error" "$OUT/split-tests.log" | tail -30 ;;
     split) timeout 560 python3 -m hmgstore.bench gather --row-bytes 128 512 --variants hmg_owned hmg_split cpu_pinned \
