@@ -9,7 +9,9 @@ of ``--gb`` (owned memory). The main process gathers each batch onto the GPU and
 work (the "training step"). Batches per second over ``--batches`` batches, for:
 - ``workers_only``: the loader alone (how fast the stand-in sampler is);
 - ``kernel``: gathers by the zero-copy kernel alone;
-- ``split``: ``split="auto"`` with ``--threads`` torch threads in the main process.
+- ``split``: ``split="auto"`` with ``--threads`` torch threads in the main process (which reads a batch
+  with the kernel alone while other processes leave too few idle cores);
+- ``split_ungated``: the same share, fixed, so that it splits every batch however busy the CPUs are.
 If the split's CPU reads took cores from the workers, ``split`` would fall below ``kernel`` or the workers'
 own rate. Prints one JSON object.
 """
@@ -24,6 +26,7 @@ import time
 import torch
 
 import hmgstore
+import hmgstore.split
 
 
 class Batches(torch.utils.data.Dataset):
@@ -49,23 +52,29 @@ def main():
     p.add_argument("--work-ms", type=float, nargs="+", default=[20, 150],
                    help="CPU work per batch per worker: 20 leaves the workers far ahead, 150 makes them the bottleneck")
     p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--batches", type=int, default=40)
+    p.add_argument("--batches", type=int, default=80)
+    p.add_argument("--backing", default="auto", choices=["auto", "hugepage", "cuda"],
+                   help="the owned host memory; 'hugepage' gets copied into every forked worker")
     args = p.parse_args()
     device = torch.device("cuda", 0)
     n = int(args.gb * 1e9) // args.row_bytes
     # Filled in place, piece by piece: a source plus a copy (80 GB at 40 GB) and 12 forked workers got the
     # first run of this probe killed on the 128 GiB H100 box.
-    table = hmgstore.HybridTensor.empty((n, args.row_bytes // 4), torch.float32, device, progress=False)
-    step, began = 1 << 22, time.perf_counter()
+    table = hmgstore.HybridTensor.empty((n, args.row_bytes // 4), torch.float32, device, backing=args.backing,
+                                        progress=False)
+    step, began = (64 << 20) // args.row_bytes, time.perf_counter()
+    block = torch.randint(-2**31, 2**31 - 1, (step, args.row_bytes // 4), dtype=torch.int32)  # values repeat
     for a in range(0, n, step):
-        table.source[a:a + step].view(torch.int32).random_()
+        piece = table.source[a:a + step].view(torch.int32)
+        piece.copy_(block[:piece.shape[0]])
     print(f"filled {args.gb:g} GB in {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     w = torch.randn(2048, 2048, device=device)
     report = {"device": torch.cuda.get_device_name(device), "args": vars(args), "runs": {}}
     for work_ms, (name, split) in itertools.product(
-            args.work_ms, (("workers_only", None), ("kernel", None), ("split", "auto"))):
-        table.set_split(split)
+            args.work_ms, (("workers_only", None), ("kernel", None), ("split", "auto"), ("split_ungated", "fixed"))):
+        measured = table._split_shares.get(hmgstore.split.batch_class(args.batch), 0.0)
+        table.set_split(measured if split == "fixed" else split)  # a fixed share skips the busy-CPU check
         if split == "auto":  # the first batch of the size measures the model: not in the timed loop
             table[torch.randint(0, n, (args.batch,))]
         loader = torch.utils.data.DataLoader(Batches(n, args.batch, work_ms, args.batches + 5), batch_size=None,
@@ -74,7 +83,7 @@ def main():
         for _ in range(5):  # workers started, queues full
             next(it)
         torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, skipped_before = time.perf_counter(), table.split_skipped
         for ids in it:
             if name != "workers_only":
                 rows = table[ids]
@@ -84,7 +93,9 @@ def main():
         seconds = time.perf_counter() - start
         name = f"{name}@{work_ms:g}ms"
         report["runs"][name] = {"seconds": seconds, "batches_per_s": args.batches / seconds,
-                                "share": table._split_share(args.batch) if split else 0.0}
+                                "share": {None: 0.0, "fixed": measured}.get(
+                                    split, table._split_shares.get(hmgstore.split.batch_class(args.batch), 0.0)),
+                                "split_skipped": table.split_skipped - skipped_before}
         print(name, report["runs"][name], flush=True, file=sys.stderr)
     print(json.dumps(report, indent=1))
 

@@ -25,6 +25,11 @@ for stage in "$@"; do
     probe-split) timeout 400 python3 benchmarks/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
     probe-sorted) timeout 200 python3 benchmarks/probe_sorted.py --gb 2 --row-bytes 128 512 >"$OUT/probe_sorted.json" \
                     2>"$OUT/probe_sorted.log"; rc=$?; cat "$OUT/probe_sorted.json"; tail -3 "$OUT/probe_sorted.log" ;;
+    probe-fork) timeout 200 python3 benchmarks/probe_fork.py >"$OUT/probe_fork.json" 2>"$OUT/probe_fork.log"; rc=$?
+                cat "$OUT/probe_fork.log" ;;
+    probe-split-loop-cuda) timeout 300 python3 benchmarks/probe_split_loop.py --backing cuda \
+                        >"$OUT/probe_split_loop_cuda.json" 2>"$OUT/probe_split_loop_cuda.log"; rc=$?
+                        tail -8 "$OUT/probe_split_loop_cuda.log" ;;
     probe-split-loop) timeout 300 python3 benchmarks/probe_split_loop.py >"$OUT/probe_split_loop.json" \
                         2>"$OUT/probe_split_loop.log"; rc=$?; tail -8 "$OUT/probe_split_loop.log" ;;
     probe-split-loop-128) timeout 300 python3 benchmarks/probe_split_loop.py --row-bytes 128 \

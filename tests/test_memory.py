@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -387,3 +388,102 @@ def test_owned_cuda_memory_is_page_locked_and_freed(cuda_device):
     del t
     gc.collect()
     assert not owned.page_locked_here(start, start + 16)
+
+
+# ---- fork: what a forked DataLoader worker gets of a pinned table ---------------------------------
+def test_auto_backing_is_page_locked_for_gpu_tables_only():
+    assert owned.chosen("auto", "cpu") == "hugepage" and owned.chosen("auto", torch.device("cuda", 0)) == "cuda"
+    assert owned.chosen("auto") == ("cuda" if torch.cuda.is_available() else "hugepage")
+    assert owned.chosen("hugepage", "cuda") == "hugepage" and owned.chosen("cuda", "cpu") == "cuda"
+    with pytest.raises(ValueError, match="backing"):
+        owned.chosen("malloc")
+    t = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), "cpu", copy=True)
+    assert memory.private_anonymous_bytes(t.source.data_ptr(), t.source.data_ptr() + t.source.nbytes) > 0
+
+
+def test_private_anonymous_bytes_tell_what_a_fork_would_copy(tmp_path):
+    import mmap
+
+    heap = torch.empty(32 << 20, dtype=torch.uint8)
+    assert memory.private_anonymous_bytes(heap.data_ptr(), heap.data_ptr() + heap.nbytes) == heap.nbytes
+    shared_map = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+    view = torch.frombuffer(shared_map, dtype=torch.uint8)
+    assert memory.private_anonymous_bytes(view.data_ptr(), view.data_ptr() + view.nbytes) == 0
+    on_disk = np.lib.format.open_memmap(tmp_path / "x.npy", mode="w+", dtype=np.float32, shape=(1 << 20,))
+    address = on_disk.ctypes.data
+    assert memory.private_anonymous_bytes(address, address + on_disk.nbytes) == 0  # a file: not copied
+    del view, on_disk
+
+
+def test_a_fork_that_copies_pinned_tables_warns_once(monkeypatch, caplog):
+    from hmgstore.memory import pinned
+
+    monkeypatch.setattr(pinned, "_fork_warned", False)
+    monkeypatch.setattr(pinned._registry, "copied_at_fork", lambda: 3 << 30)
+    with caplog.at_level("WARNING", logger="hmgstore.memory.pinned"):
+        pinned._before_fork()
+        pinned._before_fork()
+    said = [r.getMessage() for r in caplog.records if "fork" in r.getMessage()]
+    assert len(said) == 1 and "3.22 GB" in said[0] and "copy=True" in said[0] and "hugepage" in said[0] and "share_memory_" in said[0]
+    monkeypatch.setattr(pinned, "_fork_warned", False)
+    monkeypatch.setattr(pinned._registry, "copied_at_fork", lambda: pinned.FORK_WARN_BYTES - 1)
+    caplog.clear()
+    pinned._before_fork()
+    assert not caplog.records
+
+
+def _forked_child_reads(table, idx) -> dict:
+    """Fork; the child reports its resident bytes of the table's source and whether it reads ``idx`` right."""
+    import json
+
+    source = table.source
+    start, end = source.data_ptr(), source.data_ptr() + source.nbytes
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no CUDA here, only host memory
+        try:
+            rss = 0
+            with open("/proc/self/smaps") as f:
+                inside = False
+                for line in f:
+                    head = line.split()[0]
+                    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                        low, high = (int(a, 16) for a in head.split("-"))
+                        inside = low < end and start < high
+                    elif inside and head == "Rss:":
+                        rss += int(line.split()[1]) * 1024
+            rows = source[idx].clone()
+            os.write(w, json.dumps({"rss": rss, "rows": rows.flatten().tolist()}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = json.loads(f.read().decode())
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.mark.gpu
+def test_forked_processes_share_owned_gpu_tables_and_are_warned_of_pinned_ones(cuda_device, monkeypatch, caplog):
+    from hmgstore.memory import pinned
+
+    x = random_table(600_000, (32,), torch.float32, seed=71)  # 77 MB: registered in place, not copied
+    idx = torch.tensor([0, 5, 599_999])
+    owned_table = hmgstore.HybridTensor(x, cuda_device, copy=True)  # "auto": cudaHostAlloc
+    assert owned.page_locked_here(owned_table.source.data_ptr(), owned_table.source.data_ptr() + 16)
+    monkeypatch.setattr(pinned, "_fork_warned", False)
+    # what earlier tests left registered stays under the bar; x pinned in place goes over it
+    monkeypatch.setattr(pinned, "FORK_WARN_BYTES", pinned._registry.copied_at_fork() + x.nbytes // 2)
+    with caplog.at_level("WARNING", logger="hmgstore.memory.pinned"):
+        child = _forked_child_reads(owned_table, idx)
+    assert not caplog.records  # nothing is copied: nothing to warn of
+    assert child["rss"] < x.nbytes // 10  # the child mapped only the pages it read
+    assert torch.equal(torch.tensor(child["rows"]).view(3, 32), x[idx])
+    in_place = hmgstore.HybridTensor(x, cuda_device)  # the caller's private pages, pinned where they are
+    assert pinned._registry.copied_at_fork() >= x.nbytes
+    with caplog.at_level("WARNING", logger="hmgstore.memory.pinned"):
+        child = _forked_child_reads(in_place, idx)
+    assert torch.equal(torch.tensor(child["rows"]).view(3, 32), x[idx])
+    assert any(re.search(r"fork copies the \d+\.\d\d GB", r.getMessage()) for r in caplog.records)
+    assert_same(in_place[idx.to(cuda_device)].cpu(), x[idx])  # the parent's table is unharmed
+    assert_same(owned_table[idx.to(cuda_device)].cpu(), x[idx])

@@ -46,6 +46,59 @@ def test_read_chunks_copies_rows_in_order():
     assert_same(into, x[ids])
 
 
+def fake_stat(busy_per_core: list[int], idle: int = 1000) -> str:
+    lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]  # the total line is not read: only the allowed cores
+    lines += [f"cpu{c} {b} 0 0 {idle} 7 0 0 0 0 0" for c, b in enumerate(busy_per_core)]
+    return "\n".join(lines + ["intr 12345"])
+
+
+def fake_self(utime: int, stime: int) -> str:
+    fields = ["S"] + ["0"] * 10 + [str(utime), str(stime)] + ["0"] * 30
+    return "4242 (python (a b)) " + " ".join(fields)  # a command name holding spaces and parentheses
+
+
+def test_cpu_load_counts_cores_other_processes_keep_busy():
+    now, stat, own = [0.0], [fake_stat([0, 0, 0, 0])], [fake_self(0, 0)]
+    load = split.CpuLoad(lambda: stat[0], lambda: own[0], lambda: now[0], cpus=[0, 1, 3])
+    assert load.idle() == 3.0  # nothing measured yet: every allowed core counts as idle
+    # one second later (100 ticks): cores 0, 1 and 3 busy for 90, 100 and 60 ticks; core 2 is not ours;
+    # this process itself used 50 of them
+    now[0], stat[0], own[0] = 1.0, fake_stat([90, 100, 100, 60], idle=1100), fake_self(30, 20)
+    assert load.idle() == pytest.approx(3 - (250 - 50) / 100)
+    assert load.room_for(0) and not load.room_for(1)
+    now[0], stat[0] = 1.1, fake_stat([400, 400, 400, 400])  # within PERIOD: the last figure stands
+    assert load.idle() == pytest.approx(1.0)
+    now[0] = 2.0  # everything busy: no idle core, never below 0
+    assert load.idle() == 0.0 and not load.room_for(0)
+
+
+def test_cpu_load_without_proc_files_counts_every_core_idle():
+    def missing():
+        raise OSError("no /proc here")
+
+    load = split.CpuLoad(missing, missing, cpus=[0, 1])
+    assert load.idle() == 2.0 and load.room_for(1)
+
+
+def test_cpu_load_sees_a_busy_process(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    load = split.CpuLoad()
+    cores = len(load._cpus)
+    assert 0 <= load.idle() <= cores
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.5)
+        load.idle()  # the first sample of the window
+        time.sleep(split.CpuLoad.PERIOD * 4)
+        assert load.idle() <= cores - 0.5  # the spinner kept (most of) one core busy
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def test_split_arguments_are_checked_on_the_cpu_too():
     x = random_table(1000, (4,), torch.float32)
     for bad in ("fast", 1.5, -0.1, True):
@@ -120,6 +173,7 @@ def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, mon
     calls = []
     measure = split.measure
     monkeypatch.setattr(split, "measure", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    monkeypatch.setattr(split.cpu_load, "room_for", lambda threads: True)  # however busy this machine is
     t = hmgstore.HybridTensor(x, cuda_device, split="auto")
     assert not (tmp_path / "split.json").exists()  # measured at the first batch, at its size
     idx = torch.randint(0, 300_000, (100_000,))
@@ -133,6 +187,24 @@ def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, mon
     again = hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
     assert_same(again[idx[:70_000]].cpu(), x[idx[:70_000]])  # same size class
     assert len(calls) == 1  # the second table of the same kind read the cache
+
+
+@pytest.mark.gpu
+def test_auto_split_leaves_busy_cpus_to_other_processes(cuda_device, tmp_path, monkeypatch):
+    monkeypatch.setenv("HMGSTORE_CACHE_DIR", str(tmp_path))
+    x = random_table(300_000, (32,), torch.float32, seed=17)
+    t = hmgstore.HybridTensor(x, cuda_device, split="auto")
+    monkeypatch.setattr(split, "model_for", lambda table, batch: split.Model(1.0, 1.0, {0.5: 1.0, 0.0: 2.0}, "k"))
+    room = [True]
+    monkeypatch.setattr(split.cpu_load, "room_for", lambda threads: room[0])
+    idx = torch.randint(0, 300_000, (100_000,))
+    assert t._split_share(100_000) == 0.5 and t.split_skipped == 0
+    room[0] = False  # sampler workers took the cores: the kernel reads the whole batch
+    out = t[idx]
+    assert t._split_share(100_000) == 0.0 and t.split_skipped == 2
+    assert_same(out.cpu(), x[idx])
+    t.set_split(0.5)  # a fixed share is the caller's choice: kept however busy the CPUs are
+    assert t._split_share(100_000) == 0.5 and t.split_skipped == 2
 
 
 @pytest.mark.gpu

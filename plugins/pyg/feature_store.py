@@ -20,7 +20,10 @@ Two loader settings need care, and are handled here:
   context, so a CUDA store gathers there on the CPU from the same host
   tables (into shared memory), which is correct but as slow as stock PyG; it
   logs a warning once per worker. Pass ``filter_per_worker=False`` to sample
-  in the workers and gather on the GPU in the main process.
+  in the workers and gather on the GPU in the main process. Either way each
+  forked worker copies a table pinned in place (Linux copies page-locked
+  private memory at fork); tables built with ``copy=True`` (cudaHostAlloc)
+  are shared with the workers instead (:mod:`hmgstore.memory.pinned`).
 - ``pin_memory=True`` and ``PrefetchLoader`` call ``.pin_memory()`` on every
   tensor of a batch, which is an error for CUDA tensors. CUDA results are
   therefore returned as :class:`ResidentTensor`, a plain tensor (no

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .memory import owned
-from .tensor import HybridTensor
+from .tensor import HybridTensor, resolve_device
 
 #: Bytes read per ``readinto`` call (one progress step).
 READ_CHUNK_BYTES = 64 << 20
@@ -50,7 +50,7 @@ def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
 
 
 def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
-         host_dtype: torch.dtype | None = None, backing: str = "hugepage", progress: bool = True) -> torch.Tensor:
+         host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True) -> torch.Tensor:
     """The table stored at ``path`` as a CPU tensor on owned memory (see :func:`load` for the arguments)."""
     path = Path(path)
     if not path.is_file():
@@ -139,7 +139,7 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
 
 
 def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
-         host_dtype: torch.dtype | None = None, backing: str = "hugepage", progress: bool = True,
+         host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True,
          **kwargs) -> HybridTensor:
     """A :class:`HybridTensor` read from ``path`` into host memory hmgstore owns (2 MiB pages).
 
@@ -155,7 +155,8 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     ValueError for a file that does not hold what it says (too short, an
     unknown layout, a dict without ``key``).
     """
-    host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype, backing=backing,
-                progress=progress)
+    device = resolve_device(device)
+    host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype,
+                backing=owned.chosen(backing, device), progress=progress)
     table_dtype = torch.float32 if host_dtype is not None else host.dtype
     return HybridTensor._of_host(host, device, table_dtype, progress=progress, **kwargs)

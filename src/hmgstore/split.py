@@ -25,7 +25,14 @@ How a split gather runs (``HybridTensor(..., split=...)``, CPU ids only):
 
 Threads. The CPU reads use torch's intra-op pool, so ``torch.set_num_threads``
 caps them (and the process's other CPU work); sampler workers in other
-processes keep the remaining cores. On the H100 box (16 cores), 4 threads
+processes keep the remaining cores. An ``"auto"`` split also looks at how
+busy the machine is (:class:`CpuLoad`, from ``/proc/stat``, every
+``CpuLoad.PERIOD``): when other processes leave fewer idle cores than this
+process's main thread plus torch's threads, the batch is read by the kernel
+alone, so that CPU sampler workers that are the training loop's bottleneck
+keep their cores (measured inside a loop fed by 12 workers on the 16-core
+H100 box: without this the split cost 10% of the batches per second there,
+``benchmarks/probe_split_loop.py``). On the H100 box (16 cores), 4 threads
 read as fast as 16 inside a split at 128 B rows (8.0 against 8.5 ms per
 500k-id batch of a 40 GB table). CPU reads from a pool of Python threads
 (``numpy.take``, which drops the GIL) were measured first and lost: 14 ms
@@ -185,6 +192,69 @@ def measure(table, batch: int, key: str = "", repeats: int = 3) -> Model:
         if share not in times:
             times[share] = seconds(share)
     return Model(n / times[0.0], n / times[1.0], times, key)
+
+
+class CpuLoad:
+    """How many of this process's cores other processes left idle, over the last ``PERIOD`` or more.
+
+    From the busy time of each allowed core (``/proc/stat``) less this
+    process's own (``/proc/self/stat``). Where those files cannot be read
+    (not Linux), every core counts as idle. ``read_stat``/``read_self``/
+    ``clock`` stand in for the files and the clock in tests.
+    """
+
+    PERIOD = 0.25
+
+    def __init__(self, read_stat=None, read_self=None, clock=time.monotonic, cpus=None):
+        self._cpus = sorted(cpus if cpus is not None else (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
+                                                             else range(os.cpu_count() or 1)))
+        self._read_stat, self._read_self, self._clock = read_stat or _read_file("/proc/stat"), \
+            read_self or _read_file("/proc/self/stat"), clock
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last = None  # (time, busy ticks of the cores, own ticks)
+        self._idle = float(len(self._cpus))
+        self._lock = threading.Lock()
+
+    def _sample(self):
+        wanted = {f"cpu{c}" for c in self._cpus}
+        busy = 0
+        for line in self._read_stat().splitlines():
+            fields = line.split()
+            if fields and fields[0] in wanted:  # user nice system idle iowait irq softirq steal
+                ticks = [int(v) for v in fields[1:9]]
+                busy += sum(ticks) - ticks[3] - ticks[4]
+        own = self._read_self().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return busy, int(own[11]) + int(own[12])  # utime, stime
+
+    def idle(self) -> float:
+        """Cores left idle by other processes (0 to the number of allowed cores)."""
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last[0] < self.PERIOD:
+                return self._idle
+            try:
+                busy, own = self._sample()
+            except (OSError, ValueError, IndexError):
+                return self._idle
+            if self._last is not None:
+                others = max(0, (busy - self._last[1]) - (own - self._last[2])) / self._tick / (now - self._last[0])
+                self._idle = max(0.0, len(self._cpus) - others)
+            self._last = (now, busy, own)
+            return self._idle
+
+    def room_for(self, threads: int) -> bool:
+        """Whether the idle cores hold this process's main thread and ``threads`` more."""
+        return self.idle() >= 1 + threads
+
+
+def _read_file(path: str):
+    def read() -> str:
+        with open(path) as f:
+            return f.read()
+    return read
+
+
+cpu_load = CpuLoad()
 
 
 # ---- the CPU path ------------------------------------------------------------------------------------------------

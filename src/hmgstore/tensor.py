@@ -91,17 +91,22 @@ class HybridTensor:
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning or copying large tables.
         stats: count rows and time per tier from the start (see :meth:`stats`).
-        copy: copy the source into host memory hmgstore allocates (2 MiB
-            pages; see :mod:`hmgstore.memory.owned`) instead of pinning it in
-            place. Costs a copy and the memory of one; small-row tables read
-            up to 1.4x faster from such memory (README, "Which host memory").
+        copy: copy the source into host memory hmgstore allocates (see
+            ``backing``) instead of pinning it in place. Costs a copy and the
+            memory of one; small-row tables read up to 1.4x faster from such
+            memory, and forked DataLoader workers share it where a table
+            pinned in place is copied into each of them (README, "Which host
+            memory").
         host_dtype: ``torch.bfloat16`` or ``torch.float16`` to keep a float32
             table's host tier in half-width rows (a copy in owned memory,
             half the bytes over PCIe); gathers widen them to float32, so
             every row reads as ``x.to(host_dtype).to(x.dtype)``, the GPU
             tier's rows included.
         backing: the owned memory's kind for ``copy``/``host_dtype``:
-            ``"hugepage"`` (default) or ``"cuda"`` (cudaHostAlloc).
+            ``"auto"`` (default: cudaHostAlloc for a GPU table, which forked
+            DataLoader workers share without a copy; 2 MiB pages for a CPU
+            table), ``"hugepage"`` or ``"cuda"`` (see
+            :mod:`hmgstore.memory.owned`).
         split: let the CPU read part of each batch's host rows while the
             kernel reads the rest (:mod:`hmgstore.split`; for tables of
             more than a few GB, gathered with CPU ids): ``"auto"`` measures
@@ -123,7 +128,7 @@ class HybridTensor:
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
-                 host_dtype: torch.dtype | None = None, backing: str = "hugepage", split=None):
+                 host_dtype: torch.dtype | None = None, backing: str = "auto", split=None):
         self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_dtype=host_dtype,
                     backing=backing)
         self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats,
@@ -146,8 +151,6 @@ class HybridTensor:
         ``[0, 1]`` fixes the CPU's share of host-tier rows; None turns the
         split off. Raises ValueError for other values.
         """
-        from . import split as split_mod
-
         if split is not None and split != "auto" and (
                 not isinstance(split, (int, float)) or isinstance(split, bool) or not 0 <= split <= 1):
             raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {split!r}")
@@ -157,8 +160,15 @@ class HybridTensor:
         self._split = split if split == "auto" else (float(split) or None)
         self._split_shares = {}
 
+    @property
+    def split_skipped(self) -> int:
+        """Batches that ``split="auto"`` read with the kernel alone because other processes left too few idle
+        cores (see :mod:`hmgstore.split`)."""
+        return self._split_skipped
+
     def _split_share(self, batch: int) -> float:
-        """The CPU's share for a batch of ``batch`` ids: fixed, or the cost model's for its size class."""
+        """The CPU's share for a batch of ``batch`` ids: fixed, or the cost model's for its size class (0 while
+        other processes leave too few idle cores, see :class:`hmgstore.split.CpuLoad`)."""
         if self._split != "auto":
             return self._split
         from . import split as split_mod
@@ -166,7 +176,11 @@ class HybridTensor:
         size = split_mod.batch_class(batch)
         if size not in self._split_shares:
             self._split_shares[size] = split_mod.model_for(self, size).share
-        return self._split_shares[size]
+        share = self._split_shares[size]
+        if share and not split_mod.cpu_load.room_for(torch.get_num_threads()):
+            self._split_skipped += 1
+            return 0.0
+        return share
 
     def _host_rows(self) -> torch.Tensor:
         """Ids (int64, CPU) of the rows this table reads from the host tier."""
@@ -184,10 +198,10 @@ class HybridTensor:
 
     @classmethod
     def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype: torch.dtype | None = None,
-              backing: str = "hugepage", **kwargs) -> "HybridTensor":
-        """A table of ``shape`` whose host tier is owned memory (2 MiB pages), for the caller to fill.
+              backing: str = "auto", **kwargs) -> "HybridTensor":
+        """A table of ``shape`` whose host tier is owned memory (see ``backing``), for the caller to fill.
 
-        Rows start as zeros (``backing="cuda"``: undefined). Write them with
+        Rows start as zeros. Write them with
         ``table[ids] = rows`` (or slices), which also updates the GPU tier's
         copies. ``host_dtype``, ``backing`` and the placement arguments
         (``gpu_rows``, ``gpu_budget`` with ``hot_order``, ``max_sms``,
@@ -195,7 +209,8 @@ class HybridTensor:
         """
         from .memory import owned
 
-        host = owned.empty(shape, host_dtype or dtype, backing)
+        device = resolve_device(device)
+        host = owned.empty(shape, host_dtype or dtype, backing, device)
         return cls._of_host(host, device, dtype, **kwargs)
 
     @classmethod
@@ -208,7 +223,7 @@ class HybridTensor:
         return self
 
     def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_dtype=None,
-               backing="hugepage", dtype=None) -> None:
+               backing="auto", dtype=None) -> None:
         """``dtype``: the table's dtype when ``source`` is already a narrow host tier (rebuilt tables)."""
         from .memory import owned
 
@@ -221,7 +236,7 @@ class HybridTensor:
         if stored != self._dtype:
             _check_narrow(self._dtype, stored)
         if copy or stored != self._source.dtype:
-            self._source = owned.copy_of(self._source, stored, backing, progress)
+            self._source = owned.copy_of(self._source, stored, backing, progress, device)
             self._given, self._read_only = self._source, False
         host_row = row_layout(self._source)[0]
         self.row_bytes = host_row // self._source.element_size() * torch.empty(0, dtype=self._dtype).element_size()
@@ -243,6 +258,7 @@ class HybridTensor:
         self._tier_starts: torch.Tensor | None = None
         self._split: float | str | None = None  # the CPU's share of host-tier rows, or "auto", when splitting
         self._split_shares: dict[int, float] = {}  # "auto": the measured share by batch size class
+        self._split_skipped = 0  # "auto": batches read by the kernel alone because the CPUs were busy
         self._split_mask: torch.Tensor | None = None
 
     def _build(self) -> None:

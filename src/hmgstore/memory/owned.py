@@ -7,23 +7,31 @@ translate every host page it touches, and 4 KiB pages cost the host tier
 about a third of its rate at 128 B rows against memory mapped in 2 MiB
 pages (benchmarks/NOTES.md, issue 11). Two backings:
 
-- ``"hugepage"`` (the default): an anonymous ``mmap``, 2 MiB aligned, with
+- ``"cuda"``: ``cudaHostAlloc``: page-locked by the driver at allocation.
+  It needs a GPU, and takes 2-4x longer to set up than the mmap (17.8 s
+  against 4-8 s for 40 GB on the H100 box), but it is a shared mapping:
+  forked processes (DataLoader workers) see the same pages and copy nothing.
+- ``"hugepage"``: an anonymous private ``mmap``, 2 MiB aligned, with
   ``madvise(MADV_HUGEPAGE)``, so the kernel backs it with transparent huge
   pages when the system allows them (``/sys/kernel/mm/transparent_hugepage/
-  enabled`` set to ``always`` or ``madvise``). It needs no GPU, so the CPU
-  path gets the same memory, and a GPU table registers it in place.
-- ``"cuda"``: ``cudaHostAlloc``: page-locked by the driver at allocation
-  (it needs a GPU, and the allocation itself takes the time registration
-  would).
+  enabled`` set to ``always`` or ``madvise``). It needs no GPU, and a GPU
+  table registers it in place; it reads as fast as ``"cuda"``. But Linux
+  copies private pages that are pinned for DMA into a child at ``fork``
+  (so that the parent's pinned pages stay its own; seen on 6.18): every forked
+  DataLoader worker would get a copy of a registered table (measured: 4 GB
+  lost and 2.9 s per fork of a 4 GB table, ``benchmarks/probe_fork.py``).
 
-Both return a plain torch CPU tensor; the memory is freed when the last
-tensor over it goes.
+``"auto"`` (the default) takes ``"cuda"`` for a table that a GPU reads and
+``"hugepage"`` for a CPU table (never registered, so forks share it
+copy-on-write). Both return a plain torch CPU tensor; the memory is freed
+when the last tensor over it goes.
 """
 from __future__ import annotations
 
 import ctypes
 import math
 import mmap
+import os
 import threading
 import weakref
 
@@ -37,7 +45,7 @@ HUGE_PAGE = 2 << 20
 COPY_CHUNK_BYTES = 256 << 20
 #: Copies smaller than this show no progress bar.
 QUIET_BYTES = 1 << 30
-BACKINGS = ("hugepage", "cuda")
+BACKINGS = ("auto", "hugepage", "cuda")
 _THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 _cuda_ranges: dict[int, int] = {}  # start -> end of live cudaHostAlloc allocations made here
@@ -64,19 +72,36 @@ def _check_backing(backing: str) -> None:
         raise ValueError(f"backing must be one of {BACKINGS}, got {backing!r}")
 
 
-def empty(shape, dtype: torch.dtype, backing: str = "hugepage") -> torch.Tensor:
-    """An uninitialised (zero-filled for ``"hugepage"``) CPU tensor on owned memory.
+def chosen(backing: str, device=None) -> str:
+    """The backing ``"auto"`` stands for: ``"cuda"`` when ``device`` is a GPU (or, with no device given, when
+    a GPU is present), else ``"hugepage"``; any other backing is checked and returned as it is."""
+    _check_backing(backing)
+    if backing != "auto":
+        return backing
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "hugepage"
+    return "cuda" if torch.device(device).type == "cuda" else "hugepage"
+
+
+def empty(shape, dtype: torch.dtype, backing: str = "auto", device=None) -> torch.Tensor:
+    """A zero-filled CPU tensor on owned memory (cudaHostAlloc's pages are zeroed here: rows start as zeros
+    whatever the backing).
 
     ``shape``: sequence of ints; ``dtype``: torch dtype; ``backing``: see the
-    module docstring. Raises ValueError for an unknown backing, MemoryError
-    when the memory cannot be had, RuntimeError for ``"cuda"`` without a GPU.
+    module docstring; ``device``: the device of the table it is for (decides
+    ``"auto"``). Raises ValueError for an unknown backing, MemoryError when
+    the memory cannot be had, RuntimeError for ``"cuda"`` without a GPU.
     """
-    _check_backing(backing)
+    backing = chosen(backing, device)
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"a shape cannot have negative sizes: {shape}")
     nbytes = _nbytes(shape, dtype)
-    raw = _hugepage_bytes(nbytes) if backing == "hugepage" else _cuda_bytes(nbytes)
+    if backing == "hugepage":
+        raw = _hugepage_bytes(nbytes)  # anonymous pages come zeroed
+    else:
+        raw = _cuda_bytes(nbytes)
+        raw.view(torch.int64 if nbytes % 8 == 0 else torch.uint8).zero_()
     return raw.view(dtype).view(shape)
 
 
@@ -113,15 +138,17 @@ class _CudaHostBlock:
         self.buffer._block = self  # the buffer (held by every tensor over it) holds the block
         with _cuda_lock:
             _cuda_ranges[self.ptr] = self.ptr + nbytes
-        weakref.finalize(self.buffer, _free_cuda_block, self.ptr)
+        weakref.finalize(self.buffer, _free_cuda_block, self.ptr, os.getpid())
 
 
-def _free_cuda_block(ptr: int) -> None:
+def _free_cuda_block(ptr: int, owner: int) -> None:
     from ..cuda.runtime import cupy
     from .pinned import synchronize
 
     with _cuda_lock:
         _cuda_ranges.pop(ptr, None)
+    if os.getpid() != owner:  # a forked child shares the parent's block and cannot use CUDA: the parent frees it
+        return
     synchronize([torch.device("cuda", d) for d in range(torch.cuda.device_count())])
     try:
         cupy().cuda.runtime.freeHost(ptr)
@@ -163,8 +190,9 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
     return dst
 
 
-def copy_of(source: torch.Tensor, dtype: torch.dtype | None = None, backing: str = "hugepage",
-            progress: bool = True) -> torch.Tensor:
-    """A copy of ``source`` on owned memory (in ``dtype``, default the source's), made piece by piece."""
-    out = empty(source.shape, dtype or source.dtype, backing)
+def copy_of(source: torch.Tensor, dtype: torch.dtype | None = None, backing: str = "auto",
+            progress: bool = True, device=None) -> torch.Tensor:
+    """A copy of ``source`` on owned memory (in ``dtype``, default the source's), made piece by piece, for a
+    table on ``device`` (see :func:`chosen`)."""
+    out = empty(source.shape, dtype or source.dtype, backing, device)
     return copy_in(out, source, progress)

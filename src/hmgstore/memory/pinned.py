@@ -18,6 +18,14 @@ GPU kernels can read it directly over PCIe (zero-copy). Four facts shape it:
 - Memory another component pinned may be pinned only in part, while
   ``tensor.is_pinned()`` looks at its first byte: every page is looked at,
   and the pages no one pinned are registered here.
+- Linux copies page-locked private anonymous memory into a child at
+  ``fork`` (so that the parent's pinned pages stay its own), so every forked
+  DataLoader worker gets a copy of a table pinned in place (measured: 4 GB
+  lost and 1.8 s per fork of a 4 GB malloc'd table, ``benchmarks/
+  probe_fork.py``). Memory that is shared already (``share_memory_()``,
+  cudaHostAlloc, hmgstore's owned memory for GPU tables) is not copied. A
+  fork that would copy more than ``FORK_WARN_BYTES`` logs a warning once,
+  saying how to avoid it.
 - Page-locking tens of GB takes seconds, so large tensors are registered in
   ``CHUNK_BYTES`` pieces under a progress bar. The pieces are adjacent in the
   unified address space and a kernel reads across their seams (GPU-tested
@@ -44,6 +52,8 @@ log = logging.getLogger(__name__)
 SMALL_COPY_BYTES = 64 << 20
 #: Registration piece size; aligned so that pieces never share a page.
 CHUNK_BYTES = 1 << 30
+#: A fork that copies at least this many bytes of tables pinned in place logs a warning (once per process).
+FORK_WARN_BYTES = 256 << 20
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -144,7 +154,8 @@ class _Registry:
             bar = _progress_bar(sum(e - s for s, e in gaps), "pinning host table", progress)
             try:
                 for s, e in gaps:
-                    self._ranges[(s, e)] = [0, self._register(s, e, read_only, bar)]
+                    copied = private_anonymous_bytes(s, e)
+                    self._ranges[(s, e)] = [0, self._register(s, e, read_only, bar), copied]
                     made.append((s, e))
             except BaseException:
                 for key in made:
@@ -179,6 +190,10 @@ class _Registry:
         with self._lock:
             return sorted(self._ranges)
 
+    def copied_at_fork(self) -> int:
+        """Bytes of the ranges registered here that a fork copies into the child (private anonymous pages)."""
+        return sum(entry[2] for entry in list(self._ranges.values()))
+
     def overlaps(self, start: int, end: int) -> bool:
         """Whether any range registered here meets ``[start, end)``."""
         with self._lock:
@@ -209,6 +224,44 @@ class _Registry:
 
 
 _registry = _Registry()
+
+
+def private_anonymous_bytes(start: int, end: int) -> int:
+    """Bytes of ``[start, end)`` in private anonymous mappings, which a fork copies once they are pinned
+    (``/proc/self/maps``; 0 where it cannot be read)."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.readlines()
+    except OSError:
+        return 0
+    total = 0
+    for line in lines:
+        fields = line.split()
+        low, high = (int(a, 16) for a in fields[0].split("-"))
+        if low < end and start < high and fields[1][3] == "p" and fields[4] == "0":
+            total += min(high, end) - max(low, start)
+    return total
+
+
+_fork_warned = False
+
+
+def _before_fork() -> None:
+    """Warn (once per process) when a fork is about to copy tables pinned in place into the child."""
+    global _fork_warned
+    copied = 0 if _fork_warned else _registry.copied_at_fork()
+    if copied >= FORK_WARN_BYTES:
+        _fork_warned = True
+        log.warning(
+            "hmgstore: this fork copies the %.2f GB of page-locked private memory of host tables (pinned in "
+            "place, or owned with backing='hugepage') into the new process (Linux copies such pages at fork), "
+            "and so does every forked DataLoader worker. Build the tables with copy=True (or "
+            "HybridTensor.empty / hmgstore.load) and the default backing, whose memory forked processes "
+            "share, or call source.share_memory_() before building them.", copied / 1e9)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def registered_ranges() -> list[tuple[int, int]]:
