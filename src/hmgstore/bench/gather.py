@@ -14,14 +14,15 @@ rate measured at the start of the same run (the PCIe limit). Variants:
 - ``hmg_host``: HybridTensor, every row in host memory pinned in place (the
   benchmark's buffer: 4 KiB pages), CUDA ids.
 - ``hmg_owned``, ``hmg_owned_cuda``: the same rows copied into host memory
-  hmgstore owns (``copy=True``): 2 MiB pages (mmap with MADV_HUGEPAGE,
-  registered) or cudaHostAlloc. Their ``setup_seconds`` (copy and
-  page-locking) are reported too.
+  hmgstore owns: 2 MiB pages (``copy=True, backing="hugepage"``: mmap with
+  MADV_HUGEPAGE, registered) or cudaHostAlloc (``copy=True``, the default
+  for GPU tables). Their ``setup_seconds`` (copy and page-locking) are
+  reported too.
 - ``hmg_bf16``: half-width host rows (``host_dtype=torch.bfloat16``, owned
   memory), widened to float32 by the kernel; GB/s of float32 rows delivered.
 - ``hmg_host_sync``: ``hmg_host`` with ``check="sync"``: the read-back the
   default deferred check of GPU ids leaves out.
-- ``hmg_split``: the split gather (``split="auto"``, owned 2 MiB pages, CPU
+- ``hmg_split``: the split gather (``split="auto"``, owned memory, CPU
   ids, ``--split-threads`` torch threads): the CPU reads the cost model's
   share of the rows while the kernel reads the rest. Beside it, on the same table and
   ids, each path alone: ``split_kernel`` (share 0: the kernel, CPU ids) and
@@ -131,7 +132,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         result["variants"][name] = {"seconds": med, "gbps": useful / med / 1e9, "times": times}
         log.info("%6d B %-17s %8.2f GB/s", row_bytes, name, useful / med / 1e9)
 
-    host_tables = {"hmg_host": {}, "hmg_host_sync": {}, "hmg_owned": {"copy": True},
+    host_tables = {"hmg_host": {}, "hmg_host_sync": {}, "hmg_owned": {"copy": True, "backing": "hugepage"},
                    "hmg_owned_cuda": {"copy": True, "backing": "cuda"}, "hmg_bf16": {"host_dtype": torch.bfloat16}}
     for name, kwargs in host_tables.items():
         if name not in variants or (not cuda and name in ("hmg_owned_cuda", "hmg_host_sync")):

@@ -12,8 +12,8 @@ log = logging.getLogger(__name__)
 _LABELS = {
     "hmg_host": "hmgstore, host tier pinned in place",
     "hmg_host_sync": "hmgstore, host tier, check='sync'",
-    "hmg_owned": "hmgstore, owned 2 MiB pages (copy=True)",
-    "hmg_owned_cuda": "hmgstore, owned cudaHostAlloc",
+    "hmg_owned": "hmgstore, owned 2 MiB pages (backing='hugepage')",
+    "hmg_owned_cuda": "hmgstore, owned cudaHostAlloc (copy=True)",
     "hmg_bf16": "hmgstore, bf16 host rows (float32 delivered)",
     "hmg_split": "hmgstore, split CPU+GPU gather (owned, CPU ids)",
     "split_kernel": "split table, kernel alone (CPU ids)",
