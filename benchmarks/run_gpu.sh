@@ -23,7 +23,7 @@ for stage in "$@"; do
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
     probe-split) timeout 400 python3 benchmarks/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
-    probe-sorted) timeout 200 python3 benchmarks/probe_sorted.py --gb 2 --row-bytes 128 512 >"$OUT/probe_sorted.json" \
+    probe-sorted) timeout 200 python3 benchmarks/probe_sorted.py --gb 2 --row-bytes 128 512 --profile "$OUT/profile" >"$OUT/probe_sorted.json" \
                     2>"$OUT/probe_sorted.log"; rc=$?; cat "$OUT/probe_sorted.json"; tail -3 "$OUT/probe_sorted.log" ;;
     probe-fork) timeout 200 python3 benchmarks/probe_fork.py >"$OUT/probe_fork.json" 2>"$OUT/probe_fork.log"; rc=$?
                 cat "$OUT/probe_fork.log" ;;
