@@ -4,7 +4,9 @@ Usage: python benchmarks/probe_sorted.py [--gb 2] [--row-bytes 128 512] > probe_
 
 One owned table (copy=True) per row size and ``--backing`` (2 MiB pages, cudaHostAlloc), 500k distinct random ids on the GPU. Timed with CUDA
 events (median of 20), each as a share of the pinned H2D memcpy limit measured in the same run:
-- ``random``: ``table[ids]`` as users call it: sort, kernel with scatter through the sort's permutation;
+- ``random``: ``table[ids]`` as users call it: ids grouped by page (``hmgstore.cuda.order``; a full
+  ``torch.sort`` before 2026-11-23), kernel with scatter through the grouping's permutation;
+- ``group_only``: that grouping alone;
 - ``presorted``: the same ids sorted beforehand, hmgstore's own sort turned off: no sort, rows written in
   order (what the issue's plain-kernel probe measured);
 - ``presorted_scatter``: sorted ids, hmgstore's sort off, but the output written through a random
@@ -35,7 +37,7 @@ import torch
 
 import hmgstore
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
-from hmgstore.cuda import gather
+from hmgstore.cuda import gather, order
 
 
 def main():
@@ -84,6 +86,7 @@ def main():
             "presorted_scatter": lambda i: direct(i, True),
             "sort_only": lambda i: torch.sort(ids),
             "sort_only_int32": lambda i: torch.sort(ids32),
+            "group_only": lambda i: order.group_by_page(ids, t.num_rows, order.bucket_shift(rb)),
             "random_int32": lambda i: t.gather(ids32, out=out),
             "page_sorted_scatter": lambda i: direct(i, True, p_ids, page_order),
             "sort_page_only": page_sort,

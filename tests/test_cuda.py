@@ -80,3 +80,34 @@ def test_kernel_compiles_without_spills_and_the_plain_build_keeps_its_registers(
         registers[narrow] = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
     # 3 blocks of 256 threads per SM fit within 85 registers; the widening build may take more
     assert registers[0] <= 80 and registers[1] >= registers[0], registers
+
+
+# ---- ids grouped by host page (kernels/order.cu) --------------------------------------------------
+def test_bucket_shift_covers_about_two_mib():
+    from hmgstore.cuda import order
+
+    assert order.bucket_shift(128) == 14 and order.bucket_shift(512) == 12 and order.bucket_shift(400) == 12
+    assert order.bucket_shift(2 << 20) == 0 and order.bucket_shift(8 << 20) == 0
+    with pytest.raises(ValueError, match="CUDA"):
+        order.group_by_page(torch.arange(5), 5, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ids_grouped_by_page_are_a_permutation_in_page_order(cuda_device, dtype):
+    from hmgstore.cuda import order
+
+    num_rows, shift = 1_000_003, 10
+    ids = torch.randint(0, num_rows, (300_000,), dtype=dtype)
+    ids[:5] = torch.tensor([-7, num_rows, num_rows + (1 << 20), 0, num_rows - 1], dtype=dtype)  # bad ids too
+    ids = ids.to(cuda_device)
+    grouped, perm = order.group_by_page(ids, num_rows, shift)
+    assert grouped.dtype == dtype and perm.dtype == torch.int64
+    assert torch.equal(torch.sort(perm).values, torch.arange(len(ids), device=cuda_device))  # each position once
+    assert torch.equal(grouped, ids[perm])
+    buckets = (grouped.long() >> shift).clamp(0, (num_rows - 1) >> shift)
+    assert bool((buckets[1:] >= buckets[:-1]).all())  # page order (bad ids in the first or last page)
+    one, at = order.group_by_page(ids[:1], num_rows, shift)
+    assert one.tolist() == ids[:1].tolist() and at.tolist() == [0]
+    none, at = order.group_by_page(ids[:0], num_rows, shift)
+    assert len(none) == 0 and len(at) == 0

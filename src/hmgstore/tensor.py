@@ -250,7 +250,7 @@ class HybridTensor:
         self._host_address = None  # the source's address when the host tier is the source itself
         self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
         self._deferred = None  # why and how the table is built on first use (after unpickling)
-        self._sort_ids = True  # host reads in address order; the tuning script turns it off
+        self._sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
         self._closing = False
         self._closed = False
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
@@ -643,24 +643,32 @@ def _rebuild(state: dict) -> HybridTensor:
 
 
 # ---- the work behind gather_many ----------------------------------------------
+def _page_shift(table: HybridTensor) -> int:
+    """log2 of the rows per ~2 MiB of the table's host tier: the groups a gather's ids are ordered in."""
+    from .cuda import order
+
+    return order.bucket_shift(table._pinned.pitch if table._pinned is not None else table.row_bytes)
+
+
 def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
     """The kernel job for one table's ids. Runs on the current stream.
 
-    ``prepared`` caches narrowed/sorted ids per index within one batch, so
-    features and labels indexed by the same ids convert and sort them once.
+    ``prepared`` caches narrowed/grouped ids per index within one batch, so
+    features and labels indexed by the same ids convert and group them once
+    (grouped by host page: :mod:`hmgstore.cuda.order`).
     Ids not ``checked`` yet (the kernel checks them) are never narrowed,
     which could wrap a bad id into range.
     """
-    from .cuda import gather
+    from .cuda import gather, order
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
     sort = table._sort_ids and table._reads_host and len(index.ids) > 1
-    key = (id(index), narrow, sort)
+    key = (id(index), narrow, sort)  # any grouping is a valid order: tables over the same ids share it
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
         perm = None
         if sort:
-            ids, perm = torch.sort(ids)
+            ids, perm = order.group_by_page(ids, table.num_rows, _page_shift(table))
         prepared[key] = (ids, perm)
     ids, perm = prepared[key]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
@@ -830,7 +838,7 @@ def _gather_cuda(requests, indices, results, pending, check, device, stream, sha
 def _split_job(table: HybridTensor, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
     from . import split as split_mod
-    from .cuda import gather
+    from .cuda import gather, order
 
     k, cpu, rest = split_mod.divide(index.host, table._on_host(), share)
     if not k:
@@ -845,8 +853,8 @@ def _split_job(table: HybridTensor, index: Index, out: torch.Tensor, share: floa
     ids = ids.to(table.placement.index_dtype)  # CPU ids: checked, cannot wrap
     perm = positions
     if table._sort_ids and len(ids) > 1:
-        ids, order = torch.sort(ids)
-        perm = positions[order]
+        ids, by_page = order.group_by_page(ids, table.num_rows, _page_shift(table))
+        perm = positions[by_page]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
 
 
