@@ -225,7 +225,8 @@ def test_cpu_dry_run_checks_and_times_every_variant(tmp_path):
     report = _cpu_run()
     for size in report["sizes"]:
         v = size["variants"]
-        assert set(v) == {"hmg_remote", "hmg_alone", "hmg_mixed", "ids_copy", "index_select_copy"}
+        assert set(v) == {"hmg_remote", "hmg_alone", "hmg_remote_gpu_ids", "hmg_mixed", "ids_copy",
+                          "index_select_copy"}
         assert len(v["hmg_remote"]["gbps"]) == 3 and len(v["hmg_alone"]["gbps"]) == 1
         assert all(g > 0 for name in v for g in v[name]["gbps"])
     out = write_report(report, tmp_path, ratios=peer_report.add_ratios, text_of=peer_report.table_text,
@@ -299,7 +300,7 @@ def test_table_text():
               "sizes": [{"row_bytes": 512, "batch": 500000, "batches_per_round": 2, "variants": {
                   "hmg_remote": _variant([300.0, 290.0]), "index_select_copy": _variant([200.0, 100.0]),
                   "hmg_alone": _variant([330.0]), "hmg_mixed": _variant([400.0, 410.0]),
-                  "ids_copy": {"seconds": [40e-6, 60e-6]}}}]}
+                  "hmg_remote_gpu_ids": _variant([360.0, 350.0]), "ids_copy": {"seconds": [40e-6, 60e-6]}}}]}
     # ids_copy's seconds are per round (2 batches): 30 us per batch on the slowest GPU
     peer_report.add_ratios(report)
     text = peer_report.table_text(report)
@@ -309,8 +310,8 @@ def test_table_text():
     row = next(line for line in text.splitlines() if line.startswith("| 512 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     # less ids: 1 GB in (1/300 s - 40 us) and (1/290 s - 60 us): 303.6 and 295.1 GB/s, mean 299.4
-    assert cells == ["512", "500000", "295.0 (290.0)", "0.77", "1.97", "0.89", "299.4 (0.78)", "405.0 (400.0)",
-                     "330.0", "150.0 (100.0)", "30"]
+    assert cells == ["512", "500000", "295.0 (290.0)", "0.77", "1.97", "0.89", "299.4 (0.78)", "355.0 (350.0)",
+                     "0.92", "405.0 (400.0)", "330.0", "150.0 (100.0)", "30"]
 
 
 # ---- on a machine with 2+ GPUs --------------------------------------------------------

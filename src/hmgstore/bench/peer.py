@@ -17,6 +17,9 @@ before it is timed:
   copies the result to the requester. The requester receives the rows
   grouped by owner, not in batch order: this spares the baseline the final
   scatter a real loader would need, so it flatters the baseline.
+- ``hmg_remote_gpu_ids``: ``hmg_remote`` with its ids already on each GPU
+  (int32), checked by the kernel itself (``check="deferred"``): no copy of
+  the ids and no read-back, what a GPU sampler feeding the gather gives it.
 - ``ids_copy``: only the copy of hmgstore's ids from pinned host memory
   (see below), to show its share of the hmgstore figures.
 - ``peer_memcpy``, at the start and at the end of the run: GPU i copies
@@ -30,11 +33,12 @@ GPUs; each GPU's time comes from CUDA events on its own stream. Figures are
 the median of ``--reps`` rounds after warm-up, as GB/s of rows delivered into
 each GPU.
 
-hmgstore gets its ids as pinned host int32: ids already on a GPU are range-
-checked by reading their min and max back, a wait that would block forever
-behind a closed gate; host ids are checked on the host and copied
-asynchronously. hmgstore's times therefore include that copy (4 B per row
-over PCIe); the baseline's ids wait on the owners beforehand.
+hmgstore gets its ids as pinned host int32 in ``hmg_remote``/``hmg_mixed``/
+``hmg_alone``: host ids are checked on the host and copied asynchronously, so
+those times include that copy (4 B per row over PCIe); ``hmg_remote_gpu_ids``
+leaves it out (the kernel checks GPU ids without a read-back, which would
+block forever behind a closed gate). The baseline's ids wait on the owners
+beforehand.
 """
 from __future__ import annotations
 
@@ -263,6 +267,9 @@ def measure_variants(runner: Runner, x: torch.Tensor, placement: Placement, view
     work = gather_work(views, outs, remote_ids)
     variant("hmg_remote", work, outs, lambda i: [x[sets[i].ids] for sets in remote])
     variant("hmg_alone", work[:1], outs[:1], lambda i: [x[remote[0][i].ids]])
+    gpu_ids = [[ids.to(devices[g]) for ids in sets] for g, sets in enumerate(remote_ids)]
+    variant("hmg_remote_gpu_ids", gather_work(views, outs, gpu_ids), outs, lambda i: [x[sets[i].ids] for sets in remote])
+    del gpu_ids
     mixed_host = [[host_ids(ids, sz.num_rows, runner.cuda) for ids in sets] for sets in mixed]
     variant("hmg_mixed", gather_work(views, outs, mixed_host), outs, lambda i: [x[sets[i]] for sets in mixed])
     scratch = [torch.empty(sz.batch, dtype=remote_ids[0][0].dtype, device=d) for d in devices]
