@@ -13,9 +13,9 @@ events (median of 20), each as a share of the pinned H2D memcpy limit measured i
   permutation: the scatter's cost alone;
 - ``sort_only``: ``torch.sort`` of the random ids: the sort's cost alone; ``sort_only_int32``: of int32 ids;
 - ``random_int32``: ``table[ids]`` with int32 ids (a 32-bit sort);
-- ``page_sorted_scatter``: ids ordered by their 2 MiB page only (a sort of 16-bit page numbers, ids random
+- ``page_sorted_scatter``: ids ordered by their 2 MiB page only (a sort of page numbers, ids random
   within a page), hmgstore's sort off, rows written through the order: does the kernel need a full sort?
-  ``sort_page_only``: that ordering's own cost (the 16-bit sort and the id gather);
+  ``sort_page_only``: that ordering's own cost (the sort of page numbers and the id gather);
 - ``back_to_back``: 10 ``table[ids]`` calls queued in one timed window, per call: the rate when the host's
   per-call work overlaps earlier gathers (a loader queueing ahead);
 - ``host_us``: the host's own time per ``table[ids]`` call (no synchronisation), median of 50.
@@ -64,7 +64,7 @@ def main():
         out = torch.empty(args.batch, rb // 4, device=device)
 
         rows_per_page = max(1, (2 << 20) // rb)
-        page_order = torch.sort((ids32 // rows_per_page).to(torch.int16), stable=False).indices
+        page_order = torch.sort((ids32 // rows_per_page), stable=False).indices
         p_ids = ids32[page_order]
 
         def direct(i, scatter, sorted_ids=s_ids, positions=perm):
@@ -73,7 +73,7 @@ def main():
             gather.launch_gather([job], device, torch.cuda.current_stream(device))
 
         def page_sort(i):
-            order = torch.sort((ids32 // rows_per_page).to(torch.int16), stable=False).indices
+            order = torch.sort((ids32 // rows_per_page), stable=False).indices
             return ids32[order]
 
         def back_to_back(i):

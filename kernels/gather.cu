@@ -35,10 +35,10 @@
 // (layout E_* in gather_job.cuh), which the host reads without waiting
 // (hmgstore/index.py: deferred checks).
 //
-// Address order. For tables with a host tier the caller passes ids sorted
-// ascending and `perm`, the output position of each sorted id: sorted ids
-// make neighbouring warps read neighbouring host pages (4x the rate of
-// random order for 128 B rows; benchmarks/NOTES.md).
+// Address order. For tables with a host tier the caller passes ids grouped
+// by ~2 MiB of the host tier (hmgstore/cuda/order.py) and `perm`, the output
+// position of each: grouped ids make neighbouring warps read neighbouring
+// host pages (4x the rate of random order for 128 B rows; benchmarks/NOTES.md).
 
 typedef long long i64;
 

@@ -351,7 +351,7 @@ def test_an_owner_pinned_source_sent_to_another_process_is_left_in_place():
 
 # ---- owned memory: huge pages hmgstore allocates -------------------------------------------------
 def test_owned_hugepage_memory_is_aligned_zeroed_and_writable():
-    t = owned.empty((3000, 37), torch.float32)
+    t = owned.empty((3000, 37), torch.float32, backing="hugepage")
     assert t.shape == (3000, 37) and t.dtype == torch.float32 and t.is_contiguous()
     assert t.data_ptr() % owned.HUGE_PAGE == 0
     assert not t.any()
@@ -392,8 +392,9 @@ def test_owned_cuda_memory_is_page_locked_and_freed(cuda_device):
 
 # ---- fork: what a forked DataLoader worker gets of a pinned table ---------------------------------
 def test_auto_backing_is_page_locked_for_gpu_tables_only():
-    assert owned.chosen("auto", "cpu") == "hugepage" and owned.chosen("auto", torch.device("cuda", 0)) == "cuda"
-    assert owned.chosen("auto") == ("cuda" if torch.cuda.is_available() else "hugepage")
+    gpu = "cuda" if torch.cuda.is_available() else "hugepage"  # without a GPU the device check speaks, not this
+    assert owned.chosen("auto", "cpu") == "hugepage" and owned.chosen("auto", torch.device("cuda", 0)) == gpu
+    assert owned.chosen("auto") == gpu
     assert owned.chosen("hugepage", "cuda") == "hugepage" and owned.chosen("cuda", "cpu") == "cuda"
     with pytest.raises(ValueError, match="backing"):
         owned.chosen("malloc")
@@ -430,6 +431,24 @@ def test_a_fork_that_copies_pinned_tables_warns_once(monkeypatch, caplog):
     caplog.clear()
     pinned._before_fork()
     assert not caplog.records
+
+
+def test_the_fork_hook_runs_at_os_fork_and_a_child_copies_nothing_more(monkeypatch, caplog):
+    from hmgstore.memory import pinned
+
+    monkeypatch.setattr(pinned, "_fork_warned", False)
+    monkeypatch.setitem(pinned._registry._ranges, (1 << 40, (1 << 40) + (1 << 30)), [1, [], 1 << 30])
+    r, w = os.pipe()
+    with caplog.at_level("WARNING", logger="hmgstore.memory.pinned"):
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the pages is not pinned, so its own forks copy nothing
+            os.write(w, str(pinned._registry.copied_at_fork()).encode())
+            os._exit(0)
+        os.close(w)
+        child_counts = int(os.read(r, 64).decode())
+        os.waitpid(pid, 0)
+    assert child_counts == 0 and pinned._registry.copied_at_fork() >= 1 << 30
+    assert any("fork copies the 1.07 GB" in rec.getMessage() for rec in caplog.records)
 
 
 def _forked_child_reads(table, idx) -> dict:

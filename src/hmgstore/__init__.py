@@ -14,7 +14,7 @@ The package, by layer:
   ``placement`` (which row lives where), ``sharded`` (ShardedTensor: several
   GPUs of one process): the table and its one gather;
 - ``cuda``: the CUDA layer, the only place that imports CuPy;
-- ``memory``: host memory, pinned for zero-copy reads, owned (huge pages) and shared by a node;
+- ``memory``: host memory, pinned for zero-copy reads, owned (cudaHostAlloc or huge pages) and shared by a node;
 - ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
 - ``pipeline``: sampling and gathering the next batches on a side stream while the model trains;
 - ``stats``: per-tier counters;

@@ -1,8 +1,8 @@
 """Tables read from files straight into host memory hmgstore owns: :func:`load`.
 
 A ``.npy`` file or a raw binary file is read piece by piece with
-``readinto`` into the table's own memory (2 MiB pages, see
-:mod:`hmgstore.memory.owned`), so the rows are never held twice; a ``.pt``
+``readinto`` into the table's own memory (cudaHostAlloc for a GPU table,
+2 MiB pages for a CPU one; see :mod:`hmgstore.memory.owned`), so the rows are never held twice; a ``.pt``
 file is opened memory-mapped by torch and copied piece by piece. Either
 way a progress bar shows the bytes read.
 """
@@ -67,7 +67,7 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
         if header is None or header[1] or header[2].hasobject:  # other versions, Fortran order: numpy's reader
             array = np.load(path, mmap_mode="r", allow_pickle=False)
             host = _host(_torch_dtype(array.dtype), host_dtype, path.name)
-            return owned.copy_in(owned.empty(array.shape, host, backing), array,
+            return owned.copy_in(owned.empty(array.shape, host, backing, zero=False), array,
                                  progress, desc=f"reading {path.name}")
         shape, _, np_dtype = header
         return _read_raw(path, data_start, tuple(shape), np_dtype, host_dtype, backing, progress)
@@ -91,7 +91,7 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
     if have < nbytes:
         raise ValueError(f"{path.name} ends {nbytes - have} bytes early: a {shape} table of {np_dtype} needs "
                          f"{nbytes} bytes after byte {start}, the file has {have}")
-    out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing)
+    out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing, zero=False)  # every byte is read in
     direct = out.dtype == dtype
     target = out.view(-1).view(torch.uint8) if direct else None
     row_bytes = max(1, nbytes // max(shape[0], 1)) if shape else nbytes
@@ -134,14 +134,16 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
         raise ValueError(f"{path.name} holds a single tensor; drop key={key!r}")
     if not isinstance(obj, torch.Tensor):
         raise ValueError(f"{path.name} holds a {type(obj).__name__}, not a tensor")
-    return owned.copy_in(owned.empty(obj.shape, _host(obj.dtype, host_dtype, path.name), backing), obj, progress,
+    return owned.copy_in(owned.empty(obj.shape, _host(obj.dtype, host_dtype, path.name), backing, zero=False), obj,
+                         progress,
                          desc=f"reading {path.name}")
 
 
 def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
          host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True,
          **kwargs) -> HybridTensor:
-    """A :class:`HybridTensor` read from ``path`` into host memory hmgstore owns (2 MiB pages).
+    """A :class:`HybridTensor` read from ``path`` into host memory hmgstore owns (``backing``, see
+    :mod:`hmgstore.memory.owned`).
 
     ``path``: a ``.npy`` file, a ``.pt``/``.pth`` file (a tensor, or a dict
     of tensors with ``key`` naming one) or a raw binary file of rows (give

@@ -28,8 +28,8 @@ caps them (and the process's other CPU work); sampler workers in other
 processes keep the remaining cores. An ``"auto"`` split also looks at how
 busy the machine is (:class:`CpuLoad`, from ``/proc/stat``, every
 ``CpuLoad.PERIOD``): when other processes leave fewer idle cores than this
-process's main thread plus torch's threads, the batch is read by the kernel
-alone, so that CPU sampler workers that are the training loop's bottleneck
+process's main thread plus torch's threads (at most half the cores), the
+batch is read by the kernel alone, so that CPU sampler workers that are the training loop's bottleneck
 keep their cores (measured inside a loop fed by 12 workers on the 16-core
 H100 box: without this the split cost 10% of the batches per second there,
 ``benchmarks/probe_split_loop.py``). On the H100 box (16 cores), 4 threads
@@ -199,15 +199,16 @@ class CpuLoad:
 
     From the busy time of each allowed core (``/proc/stat``) less this
     process's own (``/proc/self/stat``). Where those files cannot be read
-    (not Linux), every core counts as idle. ``read_stat``/``read_self``/
+    (not Linux) or do not list the allowed cores, every core counts as idle;
+    cgroup CPU quotas are not looked at. ``read_stat``/``read_self``/
     ``clock`` stand in for the files and the clock in tests.
     """
 
     PERIOD = 0.25
 
     def __init__(self, read_stat=None, read_self=None, clock=time.monotonic, cpus=None):
-        self._cpus = sorted(cpus if cpus is not None else (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
-                                                             else range(os.cpu_count() or 1)))
+        self._given_cpus = cpus
+        self._cpus = self._allowed()
         self._read_stat, self._read_self, self._clock = read_stat or _read_file("/proc/stat"), \
             read_self or _read_file("/proc/self/stat"), clock
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -215,14 +216,23 @@ class CpuLoad:
         self._idle = float(len(self._cpus))
         self._lock = threading.Lock()
 
+    def _allowed(self) -> list[int]:
+        """The cores this process may run on (read again at every sample: a rank may be pinned later)."""
+        if self._given_cpus is not None:
+            return sorted(self._given_cpus)
+        return sorted(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))
+
     def _sample(self):
         wanted = {f"cpu{c}" for c in self._cpus}
-        busy = 0
+        busy, seen = 0, 0
         for line in self._read_stat().splitlines():
             fields = line.split()
             if fields and fields[0] in wanted:  # user nice system idle iowait irq softirq steal
                 ticks = [int(v) for v in fields[1:9]]
                 busy += sum(ticks) - ticks[3] - ticks[4]
+                seen += 1
+        if seen < len(wanted):  # cores renumbered (a container's /proc) or missing: no figure to trust
+            raise ValueError(f"/proc/stat lists {seen} of the {len(wanted)} allowed cores")
         own = self._read_self().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
         return busy, int(own[11]) + int(own[12])  # utime, stime
 
@@ -232,6 +242,9 @@ class CpuLoad:
             now = self._clock()
             if self._last is not None and now - self._last[0] < self.PERIOD:
                 return self._idle
+            cpus = self._allowed()
+            if cpus != self._cpus:  # the affinity changed: start over
+                self._cpus, self._last, self._idle = cpus, None, float(len(cpus))
             try:
                 busy, own = self._sample()
             except (OSError, ValueError, IndexError):
@@ -243,8 +256,10 @@ class CpuLoad:
             return self._idle
 
     def room_for(self, threads: int) -> bool:
-        """Whether the idle cores hold this process's main thread and ``threads`` more."""
-        return self.idle() >= 1 + threads
+        """Whether the idle cores hold this process's main thread and ``threads`` more, counting at most half
+        the allowed cores for the threads (torch's default is one thread per core, which could never fit
+        beside the main thread)."""
+        return self.idle() >= 1 + min(threads, max(1, len(self._cpus) // 2))
 
 
 def _read_file(path: str):
@@ -255,6 +270,8 @@ def _read_file(path: str):
 
 
 cpu_load = CpuLoad()
+if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held in the child
+    os.register_at_fork(after_in_child=lambda: setattr(cpu_load, "_lock", threading.Lock()))
 
 
 # ---- the CPU path ------------------------------------------------------------------------------------------------

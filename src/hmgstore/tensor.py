@@ -663,7 +663,7 @@ def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict, c
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
     sort = table._sort_ids and table._reads_host and len(index.ids) > 1
-    key = (id(index), narrow, sort)  # any grouping is a valid order: tables over the same ids share it
+    key = (id(index), narrow, sort and _page_shift(table))  # tables with the same bucket size share a grouping
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
         perm = None
@@ -854,7 +854,7 @@ def _split_job(table: HybridTensor, index: Index, out: torch.Tensor, share: floa
     perm = positions
     if table._sort_ids and len(ids) > 1:
         ids, by_page = order.group_by_page(ids, table.num_rows, _page_shift(table))
-        perm = positions[by_page]
+        perm = positions if by_page is None else positions[by_page]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
 
 

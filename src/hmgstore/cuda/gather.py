@@ -65,7 +65,7 @@ class Job:
     """One table's share of a launch: rows ``ids`` -> ``out`` (see gather.cu).
 
     ``ids``: 1-D int32/int64 CUDA tensor of old row ids, each in
-    ``[0, num_rows)`` (sorted if ``perm`` is given); ``perm``: int64 output
+    ``[0, num_rows)`` (grouped by host page if ``perm`` is given); ``perm``: int64 output
     position of each id, or None; ``out``: contiguous CUDA tensor of
     ``len(ids)`` rows of ``row_bytes`` each. ``tiers``: the table's tiers in
     new-id order, each with ``start``, ``end``, ``base`` and ``pitch``

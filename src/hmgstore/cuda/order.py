@@ -29,15 +29,20 @@ def bucket_shift(pitch: int) -> int:
     return max(0, (BUCKET_BYTES // max(1, pitch)).bit_length() - 1)
 
 
-def group_by_page(ids: torch.Tensor, num_rows: int, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+def group_by_page(ids: torch.Tensor, num_rows: int, shift: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(grouped, perm)``: ``ids`` (1-D int32/int64 CUDA) grouped by ``id >> shift``, and each one's
-    position in ``ids`` (int64), so that ``grouped == ids[perm]``. Ids outside ``[0, num_rows)`` go to the
-    first or last group. Queued on the current stream; nothing waits."""
+    position in ``ids`` (int64), so that ``grouped == ids[perm]``; ``perm`` is None when the whole table is
+    one group (``grouped`` is ``ids``). Ids outside ``[0, num_rows)`` go to the first or last group. Queued
+    on the current stream; nothing waits."""
     if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1 or ids.device.type != "cuda":
         raise ValueError(f"ids must be a 1-D int32/int64 CUDA tensor, got {ids.dtype} {tuple(ids.shape)} "
                          f"on {ids.device}")
     ids = ids.contiguous()
     n, last = len(ids), max(0, (num_rows - 1) >> shift)
+    if last == 0:  # one group: the order is the ids' own (every atomic would meet on one counter)
+        return ids, None
+    if n >= 2**31:  # the kernels count in int32
+        return torch.sort(ids)
     suffix = "i64" if ids.dtype == torch.int64 else "i32"
     counts = torch.zeros(last + 1, dtype=torch.int32, device=ids.device)
     launch(FILES, f"hmg_bucket_count_{suffix}", n, (np.uint64(ids.data_ptr()), np.int64(n), np.int32(shift),

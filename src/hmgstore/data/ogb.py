@@ -111,7 +111,8 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
 
     Returns CPU tensors: ``edge_index`` int64 [2, E] (with the inverse edges
     ogb adds for undirected datasets), ``x`` [N, D] (copied into host memory
-    hmgstore owns, in 2 MiB pages, which a GPU reads zero-copy faster than
+    hmgstore owns (cudaHostAlloc when a GPU is present, which forked loader
+    workers share, else 2 MiB pages), which a GPU reads zero-copy faster than
     ogb's own array; ``owned_memory=False`` keeps ogb's array, without a
     copy, when it is row-major), ``y`` int64 [N] (-1 for unlabelled nodes, as in
     papers100M), and the official split as int64 id tensors. The first call
@@ -136,7 +137,8 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
         labels = np.where(np.isnan(labels), -1, labels)
     features = graph["node_feat"]
     if owned_memory:  # column-major CSV reads are made row-major by the copy, piece by piece
-        x = owned.copy_in(owned.empty(features.shape, torch.from_numpy(features[:0]).dtype), features, progress,
+        x = owned.copy_in(owned.empty(features.shape, torch.from_numpy(features[:0]).dtype, zero=False), features,
+                          progress,
                           desc=f"{name} features into host memory")
     else:
         x = torch.from_numpy(np.ascontiguousarray(features))  # CSV reads are column-major

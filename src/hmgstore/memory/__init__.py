@@ -1,5 +1,5 @@
-"""Host memory: tables pinned for zero-copy reads (:mod:`.pinned`), memory hmgstore allocates in
-huge pages (:mod:`.owned`) and segments shared by the processes of a node (:mod:`.shared`)."""
+"""Host memory: tables pinned for zero-copy reads (:mod:`.pinned`), memory hmgstore allocates
+(cudaHostAlloc or huge pages, :mod:`.owned`) and segments shared by the processes of a node (:mod:`.shared`)."""
 from . import owned
 from .pinned import PinnedHost, as_host_tensor, extent, private_anonymous_bytes, registered_ranges, row_layout
 from .shared import (SEGMENT_PREFIX, attach_segment, create_segment, process_alive, segment_dir,

@@ -78,14 +78,15 @@ def chosen(backing: str, device=None) -> str:
     _check_backing(backing)
     if backing != "auto":
         return backing
+    gpu = torch.cuda.is_available()
     if device is None:
-        return "cuda" if torch.cuda.is_available() else "hugepage"
-    return "cuda" if torch.device(device).type == "cuda" else "hugepage"
+        return "cuda" if gpu else "hugepage"
+    return "cuda" if torch.device(device).type == "cuda" and gpu else "hugepage"  # no GPU: the device check says so
 
 
-def empty(shape, dtype: torch.dtype, backing: str = "auto", device=None) -> torch.Tensor:
+def empty(shape, dtype: torch.dtype, backing: str = "auto", device=None, zero: bool = True) -> torch.Tensor:
     """A zero-filled CPU tensor on owned memory (cudaHostAlloc's pages are zeroed here: rows start as zeros
-    whatever the backing).
+    whatever the backing; ``zero=False`` skips that for a caller that writes every byte at once).
 
     ``shape``: sequence of ints; ``dtype``: torch dtype; ``backing``: see the
     module docstring; ``device``: the device of the table it is for (decides
@@ -101,7 +102,8 @@ def empty(shape, dtype: torch.dtype, backing: str = "auto", device=None) -> torc
         raw = _hugepage_bytes(nbytes)  # anonymous pages come zeroed
     else:
         raw = _cuda_bytes(nbytes)
-        raw.view(torch.int64 if nbytes % 8 == 0 else torch.uint8).zero_()
+        if zero:
+            raw.view(torch.int64 if nbytes % 8 == 0 else torch.uint8).zero_()
     return raw.view(dtype).view(shape)
 
 
@@ -145,10 +147,10 @@ def _free_cuda_block(ptr: int, owner: int) -> None:
     from ..cuda.runtime import cupy
     from .pinned import synchronize
 
-    with _cuda_lock:
-        _cuda_ranges.pop(ptr, None)
     if os.getpid() != owner:  # a forked child shares the parent's block and cannot use CUDA: the parent frees it
         return
+    with _cuda_lock:
+        _cuda_ranges.pop(ptr, None)
     synchronize([torch.device("cuda", d) for d in range(torch.cuda.device_count())])
     try:
         cupy().cuda.runtime.freeHost(ptr)
@@ -194,5 +196,5 @@ def copy_of(source: torch.Tensor, dtype: torch.dtype | None = None, backing: str
             progress: bool = True, device=None) -> torch.Tensor:
     """A copy of ``source`` on owned memory (in ``dtype``, default the source's), made piece by piece, for a
     table on ``device`` (see :func:`chosen`)."""
-    out = empty(source.shape, dtype or source.dtype, backing, device)
+    out = empty(source.shape, dtype or source.dtype, backing, device, zero=False)
     return copy_in(out, source, progress)

@@ -133,7 +133,7 @@ class _Registry:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._ranges: dict[tuple[int, int], list] = {}  # (start, end) -> [count, chunk ptrs]
+        self._ranges: dict[tuple[int, int], list] = {}  # (start, end) -> [count, chunk ptrs, bytes a fork copies]
 
     def acquire(self, start: int, end: int, read_only: bool, progress: bool) -> list[tuple[int, int]]:
         """Make ``[start, end)`` (page-aligned) registered; returns the keys to release.
@@ -260,8 +260,17 @@ def _before_fork() -> None:
             "share, or call source.share_memory_() before building them.", copied / 1e9)
 
 
+def _in_child() -> None:
+    """A forked child's copies of the pinned pages are its own and not pinned: its forks copy nothing more."""
+    global _fork_warned
+    _fork_warned = False
+    _registry._lock = threading.Lock()  # another thread may have held it at the fork
+    for entry in _registry._ranges.values():
+        entry[2] = 0
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork)
+    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
 
 
 def registered_ranges() -> list[tuple[int, int]]:
