@@ -10,7 +10,8 @@ pages (benchmarks/NOTES.md, issue 11). Two backings:
 - ``"cuda"``: ``cudaHostAlloc``: page-locked by the driver at allocation.
   It needs a GPU, and takes 2-4x longer to set up than the mmap (17.8 s
   against 4-8 s for 40 GB on the H100 box), but it is a shared mapping:
-  forked processes (DataLoader workers) see the same pages and copy nothing.
+  forked processes (DataLoader workers) see the same pages and copy nothing
+  (so a worker's writes to such a table reach its parent's too).
 - ``"hugepage"``: an anonymous private ``mmap``, 2 MiB aligned, with
   ``madvise(MADV_HUGEPAGE)``, so the kernel backs it with transparent huge
   pages when the system allows them (``/sys/kernel/mm/transparent_hugepage/
