@@ -176,6 +176,8 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
 
 def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
     """``hmg_split`` with its model's share, and each path alone (``split_kernel``, ``split_cpu``), one table."""
+    from ..split import batch_class
+
     threads = torch.get_num_threads()
     torch.set_num_threads(args.split_threads or threads)
     try:
@@ -186,9 +188,11 @@ def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
             table.set_split(setting)
             _check(table[ids_cpu[0]], x, ids_cpu[0], name)  # "auto": the first batch measures the model
             timed(name, lambda i: table[ids_cpu[i % 4]], True, args.slow_reps)
-            if setting == "auto":
-                share = table._split_share(len(ids_cpu[0]))
-        result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads())
+            if setting == "auto":  # the measured share, and the batches a busy machine left to the kernel
+                share = table._split_shares.get(batch_class(len(ids_cpu[0])), 0.0)
+                skipped = table.split_skipped
+        result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads(),
+                                               split_skipped=skipped)
         table.close()
         del table
     finally:
