@@ -29,10 +29,10 @@ processes keep the remaining cores. An ``"auto"`` split also looks at how
 busy the machine is (:class:`CpuLoad`, from ``/proc/stat``, every
 ``CpuLoad.PERIOD``): when other processes leave fewer idle cores than this
 process's main thread plus torch's threads (at most half the cores), the
-batch is read by the kernel alone, so that CPU sampler workers that are the training loop's bottleneck
-keep their cores (measured inside a loop fed by 12 workers on the 16-core
-H100 box: without this the split cost 10% of the batches per second there,
-``benchmarks/probe_split_loop.py``). On the H100 box (16 cores), 4 threads
+batch is read by the kernel alone, so that CPU sampler workers that are the
+training loop's bottleneck keep their cores (inside a loop fed by 12 workers
+on the 16-core H100 box, the split without this check cost 0-10% of the
+batches per second in two runs, ``benchmarks/results/split-loop-h100.md``). On the H100 box (16 cores), 4 threads
 read as fast as 16 inside a split at 128 B rows (8.0 against 8.5 ms per
 500k-id batch of a 40 GB table). CPU reads from a pool of Python threads
 (``numpy.take``, which drops the GIL) were measured first and lost: 14 ms
