@@ -662,13 +662,13 @@ def _job(table: HybridTensor, index: Index, out: torch.Tensor, prepared: dict, c
     from .cuda import gather, order
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
-    sort = table._sort_ids and table._reads_host and len(index.ids) > 1
-    key = (id(index), narrow, sort and _page_shift(table))  # tables with the same bucket size share a grouping
+    shift = _page_shift(table) if table._sort_ids and table._reads_host and len(index.ids) > 1 else None
+    key = (id(index), narrow, shift)  # tables with the same bucket size share a grouping
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
         perm = None
-        if sort:
-            ids, perm = order.group_by_page(ids, table.num_rows, _page_shift(table))
+        if shift is not None:
+            ids, perm = order.group_by_page(ids, table.num_rows, shift)
         prepared[key] = (ids, perm)
     ids, perm = prepared[key]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
