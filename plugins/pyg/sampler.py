@@ -31,7 +31,7 @@ from torch_geometric.sampler.base import NumNeighbors, SubgraphType
 from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import placement, resolve_device
-from hmgstore.graph import CSC, NeighborSampler, Topology
+from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
 
 from .graph_store import CSCGraphStore, to_csc
 
@@ -138,6 +138,11 @@ class HybridNeighborSampler(BaseSampler):
         edges, self.num_nodes = _graph_of(data)
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
+        if not isinstance(num_neighbors, NumNeighbors):
+            num_neighbors = NumNeighbors(num_neighbors)
+        values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
+        per_type = {et: check_fanout(v, f"num_neighbors of {et!r}") for et, v in values.items()} if self.is_hetero \
+            else {None: check_fanout(values)}  # before any topology is built
         budgets = _budgets(gpu_budget, edges)
         orders = hot_order if isinstance(hot_order, dict) else {et: hot_order for et in edges}
         topologies = {}
@@ -149,10 +154,6 @@ class HybridNeighborSampler(BaseSampler):
             for topo in topologies.values():
                 topo.close()
             raise
-        if not isinstance(num_neighbors, NumNeighbors):
-            num_neighbors = NumNeighbors(num_neighbors)
-        values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
-        per_type = values if self.is_hetero else {None: values}
         self.num_neighbors = num_neighbors
         self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
                                        generator=generator, dedup=dedup)

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ..graph.csc import CSC
+from ..graph.fanout import check_fanout
 from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample, _floyd_cpu, draw, slot_counts
 from ..graph.topology import Topology
@@ -107,7 +108,7 @@ class DistributedNeighborSampler:
 
     def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
                  device=None):
-        self.num_neighbors = [int(k) for k in num_neighbors]
+        self.num_neighbors = check_fanout(num_neighbors)
         self.replace, self.generator = replace, generator
         if isinstance(topology, CSC):
             self.partitioned = False

@@ -1,15 +1,17 @@
 """Framework-free graph topology and neighbour sampling.
 
 - :mod:`.csc`: CSC conversion from COO, CSR or CSC input;
+- :mod:`.fanout`: the one check of neighbours per hop;
 - :mod:`.topology`: one edge type's CSC held for sampling, its neighbour ids in tiers (GPU, pinned host);
 - :mod:`.sampler`: multi-hop uniform neighbour sampling with relabelling, on a GPU or the CPU;
 - :mod:`.relabel`: sampled node keys to local ids (sort, or a GPU hash table);
 - :mod:`.presample`: node hotness from an epoch of real sampling.
 """
 from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
+from .fanout import check_fanout, parse_fanout
 from .presample import Hotness, hit_ratio, presample
 from .sampler import NeighborSampler, Sample, sample_hop
 from .topology import Topology
 
 __all__ = ["CSC", "LAYOUTS", "index2ptr", "ptr2index", "stable_sort", "to_csc", "NeighborSampler", "Sample",
-           "sample_hop", "Topology", "Hotness", "hit_ratio", "presample"]
+           "sample_hop", "Topology", "Hotness", "hit_ratio", "presample", "check_fanout", "parse_fanout"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..index import normalize_many
+from .fanout import check_fanout
 from .relabel import node_set
 from .topology import Topology
 
@@ -234,7 +235,8 @@ class NeighborSampler:
         unknown = [et for et in num_neighbors if et not in self.topologies]
         if unknown:
             raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
-        self.num_neighbors = {et: [int(k) for k in num_neighbors.get(et, [])] for et in self.topologies}
+        self.num_neighbors = {et: check_fanout(num_neighbors.get(et, []), f"num_neighbors of {et!r}" if self.hetero
+                                               else "num_neighbors") for et in self.topologies}
         self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
         dedup = dedup or ("hash" if self.device.type == "cuda" else "sort")
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
