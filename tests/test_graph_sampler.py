@@ -329,21 +329,22 @@ def test_topology_statistics(placement):
 
 def test_presampled_hotness_beats_degree_where_training_is_concentrated():
     from hmgstore import placement
-    from hmgstore.graph import hit_ratio
+    from hmgstore.graph import hit_ratio, presample
 
     n = 20_000
     ei = power_law_graph(n, 200_000, seed=5)
     sampler, csc = build(ei, n, ("cpu", None), num_neighbors=[10, 5])
     train = torch.randperm(n, generator=torch.Generator().manual_seed(1))[:200]  # 1% of nodes, as papers100M
-    hot = placement.presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(2),
-                              progress=False)
+    hot = presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(2), progress=False)
     assert hot.batches == 4 and int(hot.features[None].sum()) > 0 and int(hot.topology[None].sum()) > 0
-    measured = placement.presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(3),
-                                   progress=False)  # another epoch, other shuffles and draws
+    measured = presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(3),
+                         progress=False)  # another epoch, other shuffles and draws
     cache = n // 20  # 5%
     by_presample = placement.order_by_score(hot.features[None])[:cache]
     out_degree = torch.bincount(ei[0], minlength=n)  # how often a node is someone's neighbour
     by_degree = placement.order_by_score(out_degree)[:cache]
     assert hit_ratio(measured.features[None], by_presample) > hit_ratio(measured.features[None], by_degree)
     with pytest.raises(TypeError, match="NeighborSampler"):
-        placement.presample(object(), train)
+        presample(object(), train)
+    with pytest.raises(AttributeError, match="moved to hmgstore.graph.presample"):
+        placement.presample(sampler, train)  # where it used to be: the error says where it went

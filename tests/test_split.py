@@ -142,8 +142,8 @@ def test_measurements_are_cached_by_key(tmp_path, monkeypatch):
     assert split._read_cache() == {}
     (tmp_path / "split.json").write_text(json.dumps({"k": {"kernel_rows_per_s": 1.0}}))  # an entry lacking fields
     monkeypatch.setattr(split, "cache_key", lambda table, batch: "k")
-    monkeypatch.setattr(split, "measure", lambda table, batch, key: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
-    assert split.model_for(object(), 1000).share == 0.0  # measured again (the stub), and the cache repaired
+    monkeypatch.setattr(split, "measure", lambda table, batch, key, run: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
+    assert split.model_for(object(), 1000, None).share == 0.0  # measured again (the stub), and the cache repaired
     assert json.loads((tmp_path / "split.json").read_text())["k"]["share"] == 0.0
 
 
@@ -157,7 +157,7 @@ def test_split_gather_is_bit_exact(cuda_device, share, resident, host_dtype):
     want_table = x if host_dtype is None else x.to(host_dtype).float()
     gpu_rows = torch.arange(0, 200_000, 3) if resident else None
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, split=share, host_dtype=host_dtype, stats=True)
-    assert t._split == share
+    assert t._split.value == share
     idx = torch.randint(0, 200_000, (60_000,), generator=torch.Generator().manual_seed(12))
     idx[:3] = torch.tensor([199_999, 0, 199_999])
     out = torch.full((60_000, 32), float("nan"), device=cuda_device)  # poisoned: every row must be written
@@ -200,7 +200,7 @@ def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, mon
     assert key == split.cache_key(t, 100_000) and key.endswith("batch<=131072")
     assert entry["kernel_rows_per_s"] > 0 and entry["cpu_rows_per_s"] > 0
     fastest = float(min(entry["seconds"], key=entry["seconds"].get))
-    assert entry["share"] == fastest == t._split_share(100_000)  # the fastest share measured
+    assert entry["share"] == fastest == t._split.share(t, 100_000)  # the fastest share measured
     again = hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
     assert_same(again[idx[:70_000]].cpu(), x[idx[:70_000]])  # same size class
     assert len(calls) == 1  # the second table of the same kind read the cache
@@ -211,17 +211,17 @@ def test_auto_split_leaves_busy_cpus_to_other_processes(cuda_device, tmp_path, m
     monkeypatch.setenv("HMGSTORE_CACHE_DIR", str(tmp_path))
     x = random_table(300_000, (32,), torch.float32, seed=17)
     t = hmgstore.HybridTensor(x, cuda_device, split="auto")
-    monkeypatch.setattr(split, "model_for", lambda table, batch: split.Model(1.0, 1.0, {0.5: 1.0, 0.0: 2.0}, "k"))
+    monkeypatch.setattr(split, "model_for", lambda table, batch, run: split.Model(1.0, 1.0, {0.5: 1.0, 0.0: 2.0}, "k"))
     room = [True]
     monkeypatch.setattr(split.cpu_load, "room_for", lambda threads: room[0])
     idx = torch.randint(0, 300_000, (100_000,))
-    assert t._split_share(100_000) == 0.5 and t.split_skipped == 0
+    assert t._split.share(t, 100_000) == 0.5 and t.split_skipped == 0
     room[0] = False  # sampler workers took the cores: the kernel reads the whole batch
     out = t[idx]
-    assert t._split_share(100_000) == 0.0 and t.split_skipped == 2
+    assert t._split.share(t, 100_000) == 0.0 and t.split_skipped == 2
     assert_same(out.cpu(), x[idx])
     t.set_split(0.5)  # a fixed share is the caller's choice: kept however busy the CPUs are
-    assert t._split_share(100_000) == 0.5 and t.split_skipped == 2
+    assert t._split.share(t, 100_000) == 0.5 and t.split_skipped == 2
 
 
 @pytest.mark.gpu

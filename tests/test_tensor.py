@@ -383,20 +383,20 @@ def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
     import threading
     import time
 
-    import hmgstore.tensor as tensor_module
+    import hmgstore.plan as plan_module
 
     x = random_table(4000, (16,), torch.float32, seed=20)
     table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, 4000, 2) if device == "cuda" else None)
     idx = torch.randint(0, 4000, (1000,))
     inside, release, results = threading.Event(), threading.Event(), []
-    real = tensor_module.prepare_many
+    real = plan_module.prepare_many
 
     def held(*args, **kwargs):  # the gather stops after its closed-check, before it reads anything
         inside.set()
         assert release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tensor_module, "prepare_many", held)
+    monkeypatch.setattr(plan_module, "prepare_many", held)
     gather = threading.Thread(target=lambda: results.append(table[idx].cpu()))
     gather.start()
     assert inside.wait(10)
@@ -409,7 +409,7 @@ def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
     closer.join(10)
     assert not closer.is_alive() and table.closed
     assert torch.equal(results[0], x[idx])  # the gather in flight finished on live memory
-    monkeypatch.setattr(tensor_module, "prepare_many", real)
+    monkeypatch.setattr(plan_module, "prepare_many", real)
     with pytest.raises(RuntimeError, match="closed"):
         table[idx]
     if device == "cuda":

@@ -28,7 +28,8 @@ from . import placement, stats
 from .pipeline import Pipeline
 from .placement import Placement, Tier
 from .sharded import ShardedTensor
-from .tensor import HybridTensor, gather_many, resolve_device
+from .device import resolve_device
+from .tensor import HybridTensor, gather_many
 from .files import load
 from .index import raise_deferred
 

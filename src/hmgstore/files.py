@@ -16,7 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from .memory import owned
-from .tensor import HybridTensor, resolve_device
+from .device import resolve_device
+from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).
 READ_CHUNK_BYTES = 64 << 20

@@ -28,6 +28,8 @@ from typing import Iterable, Iterator
 
 import torch
 
+from .device import resolve_device
+
 _DONE = object()
 
 
@@ -81,8 +83,6 @@ class Pipeline:
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
         if device is not None:
-            from .tensor import resolve_device
-
             device = resolve_device(device)
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)

@@ -376,9 +376,8 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     return _stack(num_rows, resident)
 
 
-def presample(sampler, seeds, **kwargs):
-    """Node hotness by pre-sampling: see :func:`hmgstore.graph.presample.presample` (it runs a sampler,
-    so it lives with the sampler; this is the policy's entry point)."""
-    from .graph.presample import presample as run
-
-    return run(sampler, seeds, **kwargs)
+def __getattr__(name: str):
+    if name == "presample":  # it runs a sampler, so it lives with the sampler, a layer above this one
+        raise AttributeError("hmgstore.placement.presample moved to hmgstore.graph.presample (same arguments): "
+                             "from hmgstore.graph import presample")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,8 +22,11 @@ import weakref
 import torch
 
 from . import placement as placement_mod
-from .memory.pinned import PinnedHost, as_host_tensor, row_layout, synchronize
-from .tensor import HybridTensor, fill_rows, resolve_device
+from .cuda.runtime import synchronize
+from .device import resolve_device
+from .memory.pinned import PinnedHost, as_host_tensor, row_layout
+from .plan import fill_rows
+from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
 

@@ -70,6 +70,8 @@ from pathlib import Path
 
 import torch
 
+from .cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
+
 log = logging.getLogger(__name__)
 
 #: Shares tried around the predicted one (as factors of it) when measuring.
@@ -150,9 +152,9 @@ def _write_cache(key: str, model: Model) -> None:
                         "measured again next time", path, err)
 
 
-def model_for(table, batch: int) -> Model:
+def model_for(table, batch: int, run) -> Model:
     """The table's cost model for batches of ``batch`` ids' class: from the cache, else measured on the table
-    now (and cached)."""
+    now with ``run`` (see :func:`measure`) and cached."""
     key = cache_key(table, batch)
     entry = _read_cache().get(key)
     try:
@@ -160,17 +162,18 @@ def model_for(table, batch: int) -> Model:
                      {float(s): float(t) for s, t in entry["seconds"].items()}, key)
     except (KeyError, TypeError, ValueError, AttributeError):
         pass  # none cached, or an entry from another version: measure
-    model = measure(table, batch_class(batch), key)
+    model = measure(table, batch_class(batch), key, run)
     _write_cache(key, model)
     log.info("hmgstore: split gather measured for %s: kernel %.3g rows/s, CPU %.3g rows/s; CPU share %.2f "
              "(predicted %.2f)", key, model.kernel_rows_per_s, model.cpu_rows_per_s, model.share, model.predicted)
     return model
 
 
-def measure(table, batch: int, key: str = "", repeats: int = 3) -> Model:
+def measure(table, batch: int, key: str, run, repeats: int = 3) -> Model:
     """Time a probe batch of ``batch`` random host-tier ids on ``table``: each path alone, then shares around
-    the one their rates predict; best of ``repeats`` each."""
-    host_rows = table._host_rows()
+    the one their rates predict; best of ``repeats`` each. ``run(table, ids, out, share)`` gathers CPU ids
+    with the CPU reading ``share`` of the host rows (:func:`hmgstore.plan.gather_with_share`)."""
+    host_rows = host_rows_of(table.placement)
     n = min(batch, len(host_rows))
     ids = host_rows[torch.randint(len(host_rows), (n,), generator=torch.Generator().manual_seed(0))]
     out = torch.empty((n, *table.row_shape), dtype=table.dtype, device=table.device)
@@ -180,7 +183,7 @@ def measure(table, batch: int, key: str = "", repeats: int = 3) -> Model:
         for _ in range(repeats + 1):  # the first run warms up (kernel build, page tables, staging)
             torch.cuda.synchronize(table.device)
             start = time.perf_counter()
-            table._gather_split(ids, out, share)
+            run(table, ids, out, share)
             torch.cuda.synchronize(table.device)
             best = min(best, time.perf_counter() - start)
         return best
@@ -194,84 +197,57 @@ def measure(table, batch: int, key: str = "", repeats: int = 3) -> Model:
     return Model(n / times[0.0], n / times[1.0], times, key)
 
 
-class CpuLoad:
-    """How many of this process's cores other processes left idle, over the last ``PERIOD`` or more.
+class Setting:
+    """A table's split: the CPU's fixed share of host-tier rows, or ``"auto"`` and the shares measured so far.
 
-    From the busy time of each allowed core (``/proc/stat``) less this
-    process's own (``/proc/self/stat``). Where those files cannot be read
-    (not Linux) or do not list the allowed cores, every core counts as idle;
-    cgroup CPU quotas are not looked at. ``read_stat``/``read_self``/
-    ``clock`` stand in for the files and the clock in tests.
+    ``run``: how the table gathers at a given share (for measuring, see
+    :func:`measure`). Raises ValueError for values other than ``"auto"``
+    and shares in ``[0, 1]``.
     """
 
-    PERIOD = 0.25
+    def __init__(self, value, run):
+        if value != "auto" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1):
+            raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {value!r}")
+        self.value = value if value == "auto" else float(value)
+        self.run = run
+        self.shares: dict[int, float] = {}  # "auto": the measured share by batch size class
+        self.skipped = 0  # "auto": batches read by the kernel alone because the CPUs were busy
+        self._on_host: torch.Tensor | None = None
 
-    def __init__(self, read_stat=None, read_self=None, clock=time.monotonic, cpus=None):
-        self._given_cpus = cpus
-        self._cpus = self._allowed()
-        self._read_stat, self._read_self, self._clock = read_stat or _read_file("/proc/stat"), \
-            read_self or _read_file("/proc/self/stat"), clock
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._last = None  # (time, busy ticks of the cores, own ticks)
-        self._idle = float(len(self._cpus))
-        self._lock = threading.Lock()
+    def share(self, table, batch: int) -> float:
+        """The CPU's share for a batch of ``batch`` ids: fixed, or the cost model's for its size class (0 while
+        other processes leave too few idle cores, see :class:`hmgstore.cpu_load.CpuLoad`)."""
+        if self.value != "auto":
+            return self.value
+        size = batch_class(batch)
+        if size not in self.shares:
+            self.shares[size] = model_for(table, size, self.run).share
+        share = self.shares[size]
+        if share and not cpu_load.room_for(torch.get_num_threads()):
+            self.skipped += 1
+            return 0.0
+        return share
 
-    def _allowed(self) -> list[int]:
-        """The cores this process may run on (read again at every sample: a rank may be pinned later)."""
-        if self._given_cpus is not None:
-            return sorted(self._given_cpus)
-        return sorted(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1))
-
-    def _sample(self):
-        wanted = {f"cpu{c}" for c in self._cpus}
-        busy, seen = 0, 0
-        for line in self._read_stat().splitlines():
-            fields = line.split()
-            if fields and fields[0] in wanted:  # user nice system idle iowait irq softirq steal
-                ticks = [int(v) for v in fields[1:9]]
-                busy += sum(ticks) - ticks[3] - ticks[4]
-                seen += 1
-        if seen < len(wanted):  # cores renumbered (a container's /proc) or missing: no figure to trust
-            raise ValueError(f"/proc/stat lists {seen} of the {len(wanted)} allowed cores")
-        own = self._read_self().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        return busy, int(own[11]) + int(own[12])  # utime, stime
-
-    def idle(self) -> float:
-        """Cores left idle by other processes (0 to the number of allowed cores)."""
-        with self._lock:
-            now = self._clock()
-            if self._last is not None and now - self._last[0] < self.PERIOD:
-                return self._idle
-            cpus = self._allowed()
-            if cpus != self._cpus:  # the affinity changed: start over
-                self._cpus, self._last, self._idle = cpus, None, float(len(cpus))
-            try:
-                busy, own = self._sample()
-            except (OSError, ValueError, IndexError):
-                return self._idle
-            if self._last is not None:
-                others = max(0, (busy - self._last[1]) - (own - self._last[2])) / self._tick / (now - self._last[0])
-                self._idle = max(0.0, len(self._cpus) - others)
-            self._last = (now, busy, own)
-            return self._idle
-
-    def room_for(self, threads: int) -> bool:
-        """Whether the idle cores hold this process's main thread and ``threads`` more, counting at most half
-        the allowed cores for the threads (torch's default is one thread per core, which could never fit
-        beside the main thread)."""
-        return self.idle() >= 1 + min(threads, max(1, len(self._cpus) // 2))
+    def on_host(self, placement) -> torch.Tensor | None:
+        """bool [num_rows] (CPU): rows read from the host tier; None when every row is."""
+        if self._on_host is None and placement.resident_rows:
+            self._on_host = host_mask(placement)
+        return self._on_host
 
 
-def _read_file(path: str):
-    def read() -> str:
-        with open(path) as f:
-            return f.read()
-    return read
+def host_mask(placement) -> torch.Tensor:
+    """bool [num_rows] (CPU): rows of ``placement`` read from the host tier."""
+    mask = torch.ones(placement.num_rows, dtype=torch.bool)
+    for rows in placement.resident:
+        mask[rows] = False
+    return mask
 
 
-cpu_load = CpuLoad()
-if hasattr(os, "register_at_fork"):  # a lock held by another thread at fork stays held in the child
-    os.register_at_fork(after_in_child=lambda: setattr(cpu_load, "_lock", threading.Lock()))
+def host_rows_of(placement) -> torch.Tensor:
+    """Ids (int64, CPU) of the rows ``placement`` reads from the host tier."""
+    if not placement.resident_rows:
+        return torch.arange(placement.num_rows)
+    return host_mask(placement).nonzero().flatten()
 
 
 # ---- the CPU path ------------------------------------------------------------------------------------------------

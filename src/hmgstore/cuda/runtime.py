@@ -33,6 +33,18 @@ def cupy():
     return _cupy
 
 
+def synchronize(devices) -> None:
+    """Wait for every kernel on ``devices``; nothing to wait for at shutdown or in a dead context.
+
+    Torch only (no CuPy): memory that kernels may read is freed after it.
+    """
+    for device in devices:
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:  # interpreter shutdown or a dead context
+            pass
+
+
 def check_device(device: torch.device) -> None:
     """Raise a clear error if ``device`` (a CUDA device) cannot be used."""
     if not torch.cuda.is_available():

@@ -6,7 +6,7 @@ hmgstore makes its own gloo groups for its few control messages).
 
 One node, which holds the whole table:
 
-- :func:`share_on_node` (:mod:`.share`) puts a host table in shared memory
+- :func:`share_on_node` (:mod:`.node`, protocol in :mod:`.share`) puts a host table in shared memory
   once per node: the node's first rank builds it, the others map the same
   pages (no per-process copy). Nothing is left in /dev/shm however the
   processes end.
@@ -40,11 +40,10 @@ checks and watching are the same.
 """
 from .book import PartitionBook
 from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
-from .node import SETUP_TIMEOUT, this_node
+from .node import SETUP_TIMEOUT, share_on_node, this_node
 from .partition import Partition, load_partition, partition
 from .sampling import DistributedNeighborSampler
 from .shard import DistributedTensor, shard
-from .share import share_on_node
 from .watch import WATCH_SECONDS, PeerLostError
 
 __all__ = ["share_on_node", "shard", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",

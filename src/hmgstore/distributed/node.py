@@ -5,7 +5,7 @@ same host as this one (by hostname, or ``$HMGSTORE_NODE_ID`` where one host
 simulates several), makes a gloo group for them (hmgstore's few control
 messages never go through NCCL), and a small board in node-shared memory
 where each rank says how many tables it has open, for the peer watch
-(:mod:`.watch`). After ``destroy_process_group()`` and a new
+(:mod:`.watch`), and :func:`share_on_node` over that group (:mod:`.share` holds the protocol). After ``destroy_process_group()`` and a new
 ``init_process_group()``, the next call starts afresh.
 """
 from __future__ import annotations
@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from . import watch
+from .share import share_in_group
 
 #: How long hmgstore's control messages (set-up, hand-shakes) wait for a rank
 #: that is alive but slow: the node leader may be filling a large table.
@@ -52,9 +55,7 @@ class Node:
     def check(self) -> None:
         """Raise :class:`~hmgstore.distributed.PeerLostError` once a peer died with tables open."""
         if self.lost is not None:
-            from .watch import PeerLostError
-
-            raise PeerLostError(self.lost)
+            raise watch.PeerLostError(self.lost)
 
     def opened(self, change: int) -> None:
         """Count this process's open tables, here and on the node's board (which peers watch)."""
@@ -73,8 +74,6 @@ def _default_group():
 def this_node() -> Node:
     """This node's state for the current process group, made on first use (collective over it)."""
     global _node
-    from . import watch
-
     with _lock:
         if _node is not None and _node.world is not _default_group():  # a new process group: start afresh
             watch.stop(_node)
@@ -86,8 +85,6 @@ def this_node() -> Node:
 
 
 def _make_node() -> Node:
-    from .share import share_in_group
-
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "hmgstore.distributed needs torch.distributed: call torch.distributed.init_process_group() first "
@@ -107,3 +104,19 @@ def _make_node() -> Node:
     ranks, rank = groups[me[0]], dist.get_rank()
     board = share_in_group(lambda: torch.zeros(len(ranks), dtype=torch.int32), mine, ranks, rank, progress=False)
     return Node(_default_group(), mine, ranks, rank, [info[r][1] for r in ranks], board)
+
+
+def share_on_node(make, *, progress: bool = True) -> torch.Tensor:
+    """A host table in shared memory, built once per node and mapped by each of its processes.
+
+    ``make``: a callable returning the table (torch CPU tensor, numpy array,
+    memmap), called on the node's first rank only; or the table itself, used
+    on that rank and ignored on the others. Collective: every rank calls it.
+    Returns a CPU tensor over the shared pages (the same memory in every
+    process of the node; writes are seen by all). The pages go when the last
+    process drops its tensor or exits. Raises MemoryError when /dev/shm is
+    too small (see :func:`hmgstore.memory.create_segment`), and RuntimeError
+    on every rank if the first rank's ``make`` fails.
+    """
+    state = this_node()
+    return share_in_group(make, state.group, state.ranks, state.rank, progress)

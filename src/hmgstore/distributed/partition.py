@@ -175,7 +175,7 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                          f"{meta['part_nodes']} nodes vs {book.sizes[machine]})")
     features = {}
     if share:
-        from .share import share_on_node
+        from .node import share_on_node
 
         def read_once(path):  # the machine's first rank reads; every rank maps the same pages
             return share_on_node(lambda: read(path, progress=progress), progress=progress)

@@ -21,7 +21,9 @@ import torch.distributed as dist
 from .. import placement as placement_mod
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..sharded import allocate_tier
-from ..tensor import HybridTensor, fill_rows, resolve_device
+from ..device import resolve_device
+from ..plan import fill_rows
+from ..tensor import HybridTensor
 from .node import Node, this_node
 
 log = logging.getLogger(__name__)

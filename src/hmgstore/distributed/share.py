@@ -56,21 +56,3 @@ def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> 
     if failure is not None:
         raise failure
     return table
-
-
-def share_on_node(make, *, progress: bool = True) -> torch.Tensor:
-    """A host table in shared memory, built once per node and mapped by each of its processes.
-
-    ``make``: a callable returning the table (torch CPU tensor, numpy array,
-    memmap), called on the node's first rank only; or the table itself, used
-    on that rank and ignored on the others. Collective: every rank calls it.
-    Returns a CPU tensor over the shared pages (the same memory in every
-    process of the node; writes are seen by all). The pages go when the last
-    process drops its tensor or exits. Raises MemoryError when /dev/shm is
-    too small (see :func:`hmgstore.memory.create_segment`), and RuntimeError
-    on every rank if the first rank's ``make`` fails.
-    """
-    from .node import this_node
-
-    state = this_node()
-    return share_in_group(make, state.group, state.ranks, state.rank, progress)

@@ -20,7 +20,6 @@ import time
 import torch.distributed as dist
 
 from ..memory.shared import process_alive
-from .node import Node
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +31,14 @@ class PeerLostError(RuntimeError):
     """A process of this node that shares a table with this one has exited."""
 
 
-def start(state: Node) -> None:
+def start(state) -> None:
+    """Watch the peers of ``state`` (a :class:`hmgstore.distributed.node.Node`) on a daemon thread."""
     state.watch = threading.Thread(target=_watch, args=(state,), name="hmgstore-peer-watch", daemon=True)
     state.watch.start()
     atexit.register(stop, state)
 
 
-def stop(state: Node) -> None:
+def stop(state) -> None:
     """Stop and join the watch. Called at exit too: a daemon thread caught inside torch at
     shutdown ends the process with std::terminate."""
     state.stop.set()
@@ -46,7 +46,7 @@ def stop(state: Node) -> None:
         state.watch.join(timeout=5)
 
 
-def _watch(state: Node) -> None:
+def _watch(state) -> None:
     """Poll the node's peers; when one dies with tables open, fail this process's gathers,
     then the process itself."""
     peers = [k for k in range(len(state.ranks)) if k != state.local_rank]

@@ -18,9 +18,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import placement
-from ..memory.pinned import CHUNK_BYTES, PinnedHost, synchronize
+from ..cuda.runtime import synchronize
+from ..device import resolve_device
+from ..memory.pinned import CHUNK_BYTES, PinnedHost
 from ..stats import TierCounter
-from ..tensor import resolve_device
 from .csc import CSC
 
 

@@ -145,8 +145,7 @@ class _CudaHostBlock:
 
 
 def _free_cuda_block(ptr: int, owner: int) -> None:
-    from ..cuda.runtime import cupy
-    from .pinned import synchronize
+    from ..cuda.runtime import cupy, synchronize
 
     if os.getpid() != owner:  # a forked child shares the parent's block and cannot use CUDA: the parent frees it
         return

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..cuda.runtime import synchronize
 from . import owned
 
 log = logging.getLogger(__name__)
@@ -346,15 +347,6 @@ class PinnedHost:
     def release(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
-
-
-def synchronize(devices) -> None:
-    """Wait for every kernel on ``devices``; nothing to wait for at shutdown or in a dead context."""
-    for device in devices:
-        try:
-            torch.cuda.synchronize(device)
-        except Exception:  # interpreter shutdown or a dead context
-            pass
 
 
 def _release(keys, source, devices) -> None:

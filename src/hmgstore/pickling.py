@@ -1,0 +1,91 @@
+"""Tables crossing processes: what a :class:`hmgstore.HybridTensor` sends, and how the source travels.
+
+A table is sent as a small dict (:func:`state_of`): its source in a form
+that is safe and cheap to send, its dtype, device, GPU rows and whether it
+was closed. The receiving process rebuilds the table around that source and
+builds its CUDA parts (GPU tier, pinning) on first use
+(``hmgstore.tensor._rebuild``), so a DataLoader worker that never gathers
+never touches the GPU. A view of a table whose GPU memory belongs to
+another object (a sharded table) cannot be rebuilt elsewhere; its state
+says why, and the first gather there raises with that text.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def state_of(table, for_process: bool) -> dict:
+    """What another process rebuilds ``table`` from.
+
+    ``for_process``: sent through torch's multiprocessing (ForkingPickler),
+    which moves tensors into shared memory in place (see :func:`sendable_source`).
+    """
+    source = sendable_source(table, for_process)
+    unusable = None
+    if table._owner is not None:
+        unusable = (f"this table is a view of {table._owner!r}, whose GPU memory belongs to the process that "
+                    "built it; build the sharded table in each process that gathers "
+                    "(hmgstore.distributed.shard under torchrun), or gather in the main process "
+                    "(PyG: filter_per_worker=False)")
+    elif table._deferred is not None:
+        unusable = table._deferred.get("unusable")
+    return {"source": source, "dtype": table.dtype, "device": str(table.device), "max_sms": table.max_sms,
+            "closed": table.closed,
+            "gpu_rows": table.placement.gpu_rows if table.placement.num_gpu_rows else None,
+            "unusable": unusable}
+
+
+def sendable_source(table, for_process: bool):
+    """The table's source, in a form that is safe and cheap to send.
+
+    - A memmap travels as its file name and is opened again (no copy).
+    - torch's multiprocessing moves a tensor's memory into shared memory in
+      place, unless it is shared already; that would pull pinned pages out
+      from under this table (its kernels would read freed memory), so a
+      pinned source that is not shared travels as a copy.
+    - Otherwise the source itself (plain pickle copies its bytes).
+    """
+    given = table._given
+    if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
+        return MemmapSpec.of(given)
+    source = table._source
+    pinned = table._pinned is not None and (table._pinned.registered or table._pinned.owner_pinned)
+    if for_process and pinned and not source.is_shared():
+        if source.nbytes >= 1 << 30:
+            log.warning("hmgstore: sending a CUDA table to another process copies its %.2f GB host source; use "
+                        "the fork start method, or source.share_memory_() before building the table",
+                        source.nbytes / 1e9)
+        return source.clone()
+    return given if isinstance(given, np.ndarray) else source
+
+
+def source_of(state: dict):
+    """The source a received state names: the tensor or array itself, or its memmap opened again."""
+    source = state["source"]
+    return source.open() if isinstance(source, MemmapSpec) else source
+
+
+class MemmapSpec:
+    """A memmap's file, layout and mode, to open it again in another process."""
+
+    def __init__(self, filename, dtype, shape, offset, mode, order):
+        self.filename, self.dtype, self.shape, self.offset, self.mode, self.order = \
+            filename, dtype, shape, offset, mode, order
+
+    @classmethod
+    def of(cls, array: np.memmap) -> "MemmapSpec":
+        base = array
+        while isinstance(base.base, np.memmap):
+            base = base.base
+        # Offset of this view from the file's start: the memmap's own offset plus the view's.
+        view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
+        return cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C")
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset, shape=self.shape,
+                         order=self.order)

@@ -1,0 +1,218 @@
+"""The gather plan and its launch: what :func:`hmgstore.gather_many` does once its arguments are checked.
+
+For a batch of requests ``(table, ids)`` on one device:
+
+1. every index is checked and made flat (:func:`hmgstore.index.prepare_many`;
+   CPU ids before anything is read, GPU ids as the ``check`` mode says);
+2. each request gets its output, given or allocated on the gather's stream;
+3. on the CPU, ``torch.index_select`` reads each table's source (widening
+   narrow host rows); on a GPU, each request becomes one kernel *job*
+   (:func:`job`: ids narrowed to int32 where they fit and grouped by ~2 MiB
+   of host memory, :mod:`hmgstore.cuda.order`), all jobs go in ONE launch
+   (:mod:`hmgstore.cuda.gather`), and split tables hand a share of their
+   host rows to the CPU (:mod:`hmgstore.split`) while it runs.
+
+Nothing here checks the caller's arguments or the tables' lifetime: the
+public functions of :mod:`hmgstore.tensor` do, before calling :func:`run`.
+The tables are :class:`hmgstore.HybridTensor` objects; this module reads
+their tiers and settings and never imports the class.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from . import index as index_mod
+from . import placement as placement_mod
+from . import split as split_mod
+from .index import Index, check_pending, prepare_many
+from .memory.pinned import PinnedHost
+
+
+def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
+    """``[table[index] for table, index in requests]`` into ``outs`` (None entries: allocated).
+
+    ``requests``: checked ``(table, index)`` pairs, every table on
+    ``device`` and ready to read; ``outs``: one destination or None per
+    request. Returns the results shaped ``[*index.shape, *row_shape]``.
+    """
+    context = contextlib.nullcontext() if device.type == "cpu" else cuda_context(device, stream)
+    with context as stream:
+        indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device, check)
+        results = []
+        for (table, _), index, out in zip(requests, indices, outs):
+            if out is None:
+                out = torch.empty((len(index.ids), *table.row_shape), dtype=table.dtype, device=device)
+            else:
+                check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
+                out = out.view(len(index.ids), *table.row_shape)
+            results.append(out)
+        counting = list({id(t): t for t, _ in requests if t._counter is not None}.values())
+        started = [t._counter.start() for t in counting]
+        if device.type == "cpu":
+            check_pending(pending)
+            for (table, _), index, out in zip(requests, indices, results):
+                if table._narrow:
+                    out.copy_(torch.index_select(table._source, 0, index.ids))
+                else:
+                    torch.index_select(table._source, 0, index.ids, out=out)
+                if table._counter is not None:
+                    table._counter.rows[-1] += len(index.ids)  # a CPU table is its host tier
+        else:
+            gather_cuda(requests, indices, results, pending, check, device, stream)
+        for table, start in zip(counting, started):
+            table._counter.stop(start)
+    return [out.view((*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
+
+
+def check_out(out: torch.Tensor, shape, dtype, device) -> None:
+    """Raise ValueError unless ``out`` is a contiguous tensor of ``shape``, ``dtype`` on ``device``."""
+    shape = torch.Size(shape)
+    if out.shape != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous tensor of shape {tuple(shape)}, dtype {dtype} on {device}; "
+            f"got shape {tuple(out.shape)}, dtype {out.dtype} on {out.device}"
+            f"{'' if out.is_contiguous() else ', not contiguous'}")
+
+
+def page_shift(table) -> int:
+    """log2 of the rows per ~2 MiB of the table's host tier: the groups a gather's ids are ordered in."""
+    from .cuda import order
+
+    return order.bucket_shift(table._pinned.pitch if table._pinned is not None else table.row_bytes)
+
+
+def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
+    """The kernel job for one table's ids. Runs on the current stream.
+
+    ``prepared`` caches narrowed/grouped ids per index within one batch, so
+    features and labels indexed by the same ids convert and group them once
+    (grouped by host page: :mod:`hmgstore.cuda.order`).
+    Ids not ``checked`` yet (the kernel checks them) are never narrowed,
+    which could wrap a bad id into range.
+    """
+    from .cuda import gather, order
+
+    narrow = table.placement.index_dtype if checked else index.ids.dtype
+    shift = page_shift(table) if table._sort_ids and table._reads_host and len(index.ids) > 1 else None
+    key = (id(index), narrow, shift)  # tables with the same bucket size share a grouping
+    if key not in prepared:
+        ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
+        perm = None
+        if shift is not None:
+            ids, perm = order.group_by_page(ids, table.num_rows, shift)
+        prepared[key] = (ids, perm)
+    ids, perm = prepared[key]
+    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
+
+
+def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device,
+              stored: torch.dtype | None = None) -> None:
+    """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits.
+
+    ``rows``: ids in range (they come from a placement); ``stored``: the
+    source's dtype when narrower than ``out``'s (widened on the way).
+    """
+    from .cuda import gather
+
+    if not len(rows):
+        return
+    num_rows = pinned.tensor.shape[0]
+    host = placement_mod.host_only(num_rows)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device)
+        ids = rows.to(device, host.index_dtype)
+        tiers = [host.tier("host").bind(pinned.address, pinned.pitch, stored)]
+        row_bytes = out[0].numel() * out.element_size()
+        gather.launch_gather([gather.Job(ids, None, out, None, num_rows, row_bytes, tiers)], device, stream, None)
+        stream.synchronize()
+
+
+def gather_cuda(requests, indices, results, pending, check, device, stream, shares=None) -> None:
+    """Queue one launch for every request on ``stream``, and the CPU's share of split tables' rows.
+
+    ``shares``: per request, the CPU's share of the split gather, or None
+    to use each table's own setting.
+    """
+    from .cuda import gather
+
+    prepared = {}
+    unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
+    if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
+        shares = [None if index.host is None or table._split is None else table._split.share(table, len(index.host))
+                  for (table, _), index in zip(requests, indices)]
+    jobs, parts = [], []
+    for (table, _), index, out, share in zip(requests, indices, results, shares):
+        work, part = (None, None) if not share or index.host is None else split_job(table, index, out, share, stream)
+        jobs.append(work or job(table, index, out, prepared, id(index.ids) not in unchecked))
+        if part is not None:
+            parts.append((table, part, out))
+    caps = [t.max_sms for t, _ in requests if t.max_sms]
+    packed = gather.pack(jobs, device)
+    record = None
+    if check == "sync":
+        check_pending(pending)  # the range check's read-back, after the host work it overlaps
+    elif pending and packed is not None:
+        record = index_mod.error_record(device)
+    gather.run(packed, device, stream, min(caps) if caps else None, record)
+    if record is not None:
+        described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
+                     for k in packed.kept]
+        index_mod.deferred(device, stream, record, described)
+    for table, part, out in parts:  # the CPU's rows, read while the kernel runs
+        split_mod.finish(part, out, stream)
+        if table._counter is not None:
+            table._counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
+    for (table, _), work in zip(requests, jobs):
+        if table._counter is not None:
+            count(table, work)
+
+
+def count(table, work) -> None:
+    """Add a CUDA job's rows to the table's per-tier counters (device work only, no waiting)."""
+    ids = work.ids.clamp(0, table.num_rows - 1)  # ids of a deferred check may be out of range (reported later)
+    new = ids if table._map is None else table._map[ids]
+    table._counter.add(torch.searchsorted(table._tier_starts, new.to(table._tier_starts.dtype), right=True) - 1)
+
+
+def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
+    """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
+    from .cuda import gather, order
+
+    k, cpu, rest = split_mod.divide(index.host, table._split.on_host(table.placement), share)
+    if not k:
+        return None, None
+    part = split_mod.CpuPart((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64), cpu)
+    split_mod.start(part, table._source, out, stream)
+    if rest is None:  # every row on the host: the kernel reads positions k..n
+        ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
+    else:
+        positions = rest.to(table.device, non_blocking=True)
+        ids = index.ids[positions]
+    ids = ids.to(table.placement.index_dtype)  # CPU ids: checked, cannot wrap
+    perm = positions
+    if table._sort_ids and len(ids) > 1:
+        ids, by_page = order.group_by_page(ids, table.num_rows, page_shift(table))
+        perm = positions if by_page is None else positions[by_page]
+    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
+
+
+def gather_with_share(table, ids: torch.Tensor, out: torch.Tensor, share: float) -> None:
+    """Gather CPU ids (int64, in range) of a CUDA table into ``out`` with the CPU reading ``share`` of its host
+    rows (how :mod:`hmgstore.split` measures its cost model)."""
+    with cuda_context(table.device, None) as stream:
+        index = Index(ids.to(table.device, non_blocking=True), (len(ids),), ids)
+        gather_cuda([(table, ids)], [index], [out], [], "sync", table.device, stream, [share])
+
+
+@contextlib.contextmanager
+def cuda_context(device: torch.device, stream):
+    """Run on ``device`` with ``stream`` (default: its current stream) current, so every
+    allocation and copy of the gather is ordered on that one stream."""
+    if stream is not None and stream.device != device:
+        raise ValueError(f"stream is on {stream.device} but the tables are on {device}")
+    with torch.cuda.device(device):
+        stream = stream if stream is not None else torch.cuda.current_stream(device)
+        with torch.cuda.stream(stream):
+            yield stream

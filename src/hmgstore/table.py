@@ -1,0 +1,300 @@
+"""The table's state and lifecycle: :class:`Table`, what every :class:`hmgstore.HybridTensor` is.
+
+A table of ``N`` rows is built from a host source (torch CPU tensor, numpy
+array or memmap) and a :class:`~hmgstore.placement.Placement`. On a GPU,
+:meth:`Table._build` copies the resident rows into a GPU tier and pins the
+source (or the owned copy made of it) as the host tier, and binds each tier
+to its address: the kernel's view of the table. On the CPU every row is read
+from the source.
+
+Lifecycle. Gathers register themselves per thread (:meth:`Table._enter`);
+:meth:`Table.close` waits for those in flight in other threads, refuses new
+ones, waits for the device, then frees the GPU tier and the host
+registration, so no kernel still reads what it frees. A table that crossed
+into another process (:mod:`hmgstore.pickling`) builds its CUDA parts on
+first use (:meth:`Table._ready`).
+
+The gathering API (indexing, writes, statistics, ``gather_many``) is
+:class:`hmgstore.HybridTensor`, in :mod:`hmgstore.tensor`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Sequence
+
+import torch
+
+from . import plan
+from .cuda.runtime import synchronize
+from .device import resolve_device
+from .memory.pinned import PinnedHost, as_host_tensor, row_layout
+from .placement import Placement, Tier
+from .stats import TierCounter
+
+log = logging.getLogger(__name__)
+
+
+class Table:
+    """A table's rows, where they live and whether it may be read; see the module docstring.
+
+    Not built directly: :class:`hmgstore.HybridTensor` is the public class.
+    """
+
+    def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_dtype=None,
+               backing="auto", dtype=None) -> None:
+        """``dtype``: the table's dtype when ``source`` is already a narrow host tier (rebuilt tables)."""
+        from .memory import owned
+
+        self.device = device
+        self._given = source  # what the caller passed: a read-only array is handed back as it is
+        self._source, self._read_only = as_host_tensor(source)
+        self._dtype = dtype or self._source.dtype
+        row_layout(self._source)  # unusable layouts raise before any copy
+        stored = host_dtype if host_dtype is not None else self._source.dtype
+        if stored != self._dtype:
+            _check_narrow(self._dtype, stored)
+        if copy or stored != self._source.dtype:
+            self._source = owned.copy_of(self._source, stored, backing, progress, device)
+            self._given, self._read_only = self._source, False
+        host_row = row_layout(self._source)[0]
+        self.row_bytes = host_row // self._source.element_size() * torch.empty(0, dtype=self._dtype).element_size()
+        self.max_sms = max_sms
+        self._progress = progress
+        self._pinned: PinnedHost | None = None
+        self._gpu: torch.Tensor | None = None
+        self._map: torch.Tensor | None = None
+        self._tiers: tuple[Tier, ...] = ()  # bound to this device's addresses
+        self._reads_host = False
+        self._host_address = None  # the source's address when the host tier is the source itself
+        self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
+        self._deferred = None  # why and how the table is built on first use (after unpickling)
+        self._sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
+        self._closing = False
+        self._closed = False
+        self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
+        self._counter: TierCounter | None = None  # per-tier statistics, once counting
+        self._tier_starts: torch.Tensor | None = None
+        self._split = None  # a split.Setting when splitting
+
+    def _build(self) -> None:
+        p = self.placement
+        self._reads_host = p.has_host_tier
+        if self.device.type != "cuda":
+            return
+        from . import cuda
+
+        cuda.check_device(self.device)
+        # Whenever the table goes, wait for kernels that may still read its memory.
+        weakref.finalize(self, synchronize, (self.device,))
+        try:
+            with torch.cuda.device(self.device):
+                tiers = []
+                if p.has_host_tier:
+                    self._pinned = PinnedHost(self._source, self.device, self._read_only, self._progress)
+                if p.num_gpu_rows:
+                    self._map = p.new_of_old(self.device, p.index_dtype)
+                    self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
+                    self._fill_gpu_tier()
+                    tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.row_bytes))
+                if self._pinned is not None:
+                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch, self._narrow))
+                    self._host_address = self._pinned.address if self._pinned.tensor is self._source else None
+                self._tiers = tuple(tiers)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_tiers(cls, source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
+                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> "Table":
+        """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
+
+        ``tiers``: the resident tiers ``device`` reads, bound to their
+        addresses as seen from it (:meth:`hmgstore.placement.Tier.bind`);
+        ``pinned``: the source pinned for ``device``, when some rows are read
+        from the host; ``unreachable``: names of resident tiers ``device``
+        cannot read, whose rows it reads from the host instead. ``owner``
+        must have ``check()``, which raises when the view can no longer be
+        read (a gather calls it first); the view's :meth:`close` leaves the
+        memory to the owner. On the CPU, pass ``tiers=()``.
+        """
+        self = cls.__new__(cls)
+        self._setup(source, resolve_device(device), max_sms, False)
+        self.placement, self._owner, self._pinned = placement, owner, pinned
+        bound = {t.name: t for t in tiers}
+        if pinned is not None:
+            bound["host"] = placement.tier("host").bind(pinned.address, pinned.pitch)
+            self._host_address = pinned.address if pinned.tensor is self._source else None
+        # A tier without an address (a peer this GPU cannot read) is never addressed: the map sends no row there.
+        self._tiers = tuple(bound.get(t.name, t) for t in placement.tiers) if self.device.type == "cuda" else ()
+        self._reads_host = placement.has_host_tier or bool(unreachable)
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                self._map = placement.new_of_old(self.device, placement.index_dtype, host_tiers=tuple(unreachable))
+                # A first gather may run on another stream (DGL's prefetch thread): the map must be written by then.
+                torch.cuda.current_stream(self.device).synchronize()
+            weakref.finalize(self, synchronize, (self.device,))
+        return self
+
+    def _fill_gpu_tier(self) -> None:
+        """Copy the GPU tier's rows in, reading the host table through the gather kernel."""
+        temporary = self._pinned is None  # every row resident: read the source through a temporary pin
+        pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
+        try:
+            plan.fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device, self._narrow)
+        finally:
+            if temporary:
+                pinned.release()
+
+    # ---- shape and identity -------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return self._source.shape[0]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._source.shape
+
+    @property
+    def row_shape(self) -> torch.Size:
+        return self._source.shape[1:]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def host_dtype(self) -> torch.dtype:
+        """The dtype the host tier keeps rows in (narrower than :attr:`dtype` for half-width host rows)."""
+        return self._source.dtype
+
+    @property
+    def _narrow(self) -> torch.dtype | None:
+        return self._source.dtype if self._source.dtype != self._dtype else None
+
+    @property
+    def num_gpu_rows(self) -> int:
+        return self.placement.num_gpu_rows
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the source is read-only memory (e.g. a memmap opened with ``mode="r"``)."""
+        return self._read_only
+
+    @property
+    def source(self):
+        """The host table the table reads from (the caller's memory, unless ``copy``/``host_dtype`` made one).
+
+        A torch CPU tensor; for a read-only source, the caller's read-only
+        numpy array itself, so that writing to it raises instead of crashing.
+        Change rows through ``table[ids] = rows``, which keeps the GPU tier
+        in step.
+        """
+        return self._given if self._read_only else self._source
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
+        narrow = f", host_dtype={self.host_dtype}" if self._narrow else ""
+        return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}{narrow}, device={self.device}, "
+                f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
+
+    # ---- lifetime ------------------------------------------------------------
+    def _enter(self) -> None:
+        """Count a gather in flight on this thread; refuse it if the table is closing."""
+        me = threading.get_ident()
+        self._users[me] = self._users.get(me, 0) + 1  # only this thread writes its own entry
+        if self._closing:
+            self._exit()
+            raise RuntimeError("this table was closed; build a new HybridTensor")
+
+    def _exit(self) -> None:
+        me = threading.get_ident()
+        left = self._users[me] - 1
+        if left:
+            self._users[me] = left
+        else:
+            del self._users[me]
+
+    def _ready(self) -> None:
+        """Raise if a gather cannot read this table now; build it first if it was unpickled."""
+        if self._deferred is not None:
+            self._build_deferred()
+        if self._owner is not None:
+            self._owner.check()  # e.g. a sharded table whose peer process died raises here
+        if self._host_address is not None and self._source.data_ptr() != self._host_address:
+            raise RuntimeError(
+                "the source's memory moved after the table was built (resize_() past its size or "
+                "share_memory_() on the tensor it was built from); the table cannot read it any more. "
+                "Build the table after such changes, and leave its source alone while it is in use")
+
+    def close(self) -> None:
+        """Free the GPU tier and unregister the host memory (idempotent).
+
+        Waits for gathers in flight on this table in other threads and
+        refuses new ones (RuntimeError), then waits for the table's device,
+        so no kernel still reads what is freed.
+        """
+        if self._closed:
+            return
+        self._closing = True  # a gather that registers itself from now on sees this and backs out
+        me, start, warned = threading.get_ident(), time.monotonic(), False
+        while any(t != me for t in list(self._users)):  # list(): one atomic snapshot of the dict
+            time.sleep(0.001)
+            if not warned and time.monotonic() - start > 10:
+                log.warning("hmgstore: close() has waited 10 s for a gather on another thread to finish")
+                warned = True
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            synchronize((self.device,))
+        if self._pinned is not None and self._owner is None:
+            self._pinned.release()
+        self._pinned = self._gpu = self._map = self._owner = None
+        self._tiers = ()
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _build_deferred(self) -> None:
+        with _deferred_lock:
+            state = self._deferred
+            if state is None:
+                return
+            if state["unusable"]:
+                raise RuntimeError(state["unusable"])
+            self._build()
+            self._deferred = None
+
+
+_deferred_lock = threading.Lock()
+
+
+def _check_narrow(dtype: torch.dtype, host_dtype: torch.dtype) -> None:
+    from .cuda.gather import NARROW
+
+    if dtype != torch.float32 or host_dtype not in NARROW:
+        raise ValueError(f"half-width host rows keep a float32 table in {' or '.join(map(str, NARROW))}; "
+                         f"got a {dtype} table with host_dtype={host_dtype}")
+
+
+_deferred_lock = threading.Lock()
+
+
+def _check_narrow(dtype: torch.dtype, host_dtype: torch.dtype) -> None:
+    from .cuda.gather import NARROW
+
+    if dtype != torch.float32 or host_dtype not in NARROW:
+        raise ValueError(f"half-width host rows keep a float32 table in {' or '.join(map(str, NARROW))}; "
+                         f"got a {dtype} table with host_dtype={host_dtype}")
