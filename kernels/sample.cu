@@ -16,7 +16,7 @@
 //
 // Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
 // thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
-// hmgstore/graph/sampler.py computes the same function with torch (bit-identical). The key
+// hmgstore/graph/hop.py computes the same function with torch (bit-identical). The key
 // is read from device memory, so a captured CUDA graph of a batch draws new samples each
 // time it is replayed with new keys.
 //

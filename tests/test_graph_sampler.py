@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hmgstore.graph import NeighborSampler, Topology, to_csc
-from hmgstore.graph.sampler import draw
+from hmgstore.graph.hop import draw
 
 # (device, share of the topology's bytes given to the GPU)
 PLACEMENTS = [pytest.param(("cpu", None), id="cpu"),

@@ -42,7 +42,8 @@ import torch.distributed as dist
 from ..graph.csc import CSC
 from ..graph.fanout import check_fanout
 from ..graph.relabel import SortedNodeSet
-from ..graph.sampler import NeighborSampler, Sample, _floyd_cpu, draw, slot_counts
+from ..graph.hop import _floyd_cpu, draw, slot_counts
+from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
 from ..index import normalize_many
 from .cluster import this_cluster

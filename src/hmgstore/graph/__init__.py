@@ -4,13 +4,15 @@
 - :mod:`.fanout`: the one check of neighbours per hop;
 - :mod:`.topology`: one edge type's CSC held for sampling, its neighbour ids in tiers (GPU, pinned host);
 - :mod:`.sampler`: multi-hop uniform neighbour sampling with relabelling, on a GPU or the CPU;
+- :mod:`.hop`: one hop of it, and the draws (the same on both devices);
 - :mod:`.relabel`: sampled node keys to local ids (sort, or a GPU hash table);
 - :mod:`.presample`: node hotness from an epoch of real sampling.
 """
 from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
 from .fanout import check_fanout, parse_fanout
 from .presample import Hotness, hit_ratio, presample
-from .sampler import NeighborSampler, Sample, sample_hop
+from .hop import sample_hop
+from .sampler import NeighborSampler, Sample
 from .topology import Topology
 
 __all__ = ["CSC", "LAYOUTS", "index2ptr", "ptr2index", "stable_sort", "to_csc", "NeighborSampler", "Sample",

@@ -1,0 +1,145 @@
+"""One hop of neighbour sampling, and the draws behind it: the part of :mod:`.sampler` that the
+distributed sampler (:mod:`hmgstore.distributed.sampling`) runs on its own part of a graph.
+
+Every node of a hop gets up to ``k`` of its in-neighbours: without
+replacement by Floyd's algorithm, with replacement by ``k`` independent
+draws, every neighbour for ``k = -1``. A draw is a counter-based hash of the
+hop's 64-bit key, the seed's index and the slot (splitmix64's finaliser), the
+same function as ``draw`` in ``kernels/sample.cu``, so the CPU and a GPU draw
+the same neighbours.
+"""
+from __future__ import annotations
+
+import torch
+
+from .topology import Topology
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that has it."""
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN, _M1, _M2, _SEED_STEP = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
+                                                    0x94D049BB133111EB, 0xD1B54A32D192ED03))
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 values."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping arithmetic), as mix64 in sample.cu."""
+    z = z + _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _M1
+    z = (z ^ _shift_right(z, 27)) * _M2
+    return z ^ _shift_right(z, 31)
+
+
+def draw(key: int, seed_index: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
+    """A uniform int64 in ``[0, n)`` for slot ``t`` of seed ``seed_index``: ``draw`` in sample.cu.
+
+    ``key``: the hop's 64-bit key (a Python int); ``seed_index``, ``t``, ``n``:
+    int64 tensors (or ints) of one shape, ``n >= 1``.
+    """
+    h = _mix64(seed_index * _SEED_STEP ^ _signed(key))
+    return _shift_right(_mix64(h + t), 1) % n
+
+
+def slot_counts(degree: torch.Tensor, k: int, replace: bool) -> torch.Tensor:
+    """Neighbours to sample per seed: every one for ``k < 0``, ``k`` (when the degree is not 0)
+    with replacement, else ``min(k, degree)``."""
+    if k < 0:
+        return degree.clone()
+    if replace:
+        return torch.where(degree > 0, k, 0)
+    return degree.clamp(max=k)
+
+
+def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch.Tensor) -> torch.Tensor:
+    """Floyd's algorithm for many seeds at once: ``[seeds, max count]`` positions, -1 past each count."""
+    width = int(count.max()) if len(count) else 0
+    chosen = torch.full((len(count), width), -1, dtype=torch.int64)
+    for t in range(width):
+        active = count > t
+        j = degree - count + t
+        r = draw(key, index, t, torch.where(active, j + 1, 1))
+        taken = (chosen[:, :t] == r[:, None]).any(1)
+        chosen[:, t] = torch.where(active, torch.where(taken, j, r), -1)
+    return chosen
+
+
+def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int):
+    """Sample one hop: ``(neighbours, edge ids, counts)``.
+
+    ``seeds``: int64 [S] destination ids on the topology's device, in range.
+    ``key``: the hop's draw key (an int; on a GPU also a one-element int64
+    device tensor). Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
+    ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
+    (neighbours per seed; M is their sum).
+    """
+    if topology.device.type == "cuda":
+        if not isinstance(key, torch.Tensor):
+            key = torch.tensor([_signed(key)], device=topology.device)
+        return _sample_hop_cuda(topology, seeds, k, replace, key)
+    key = int(key)
+    degree = topology.degree(seeds)
+    counts = slot_counts(degree, k, replace)
+    offsets = counts.cumsum(0) - counts
+    num_slots = int(counts.sum())
+    topology.count(seeds, counts)
+    seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
+    t = torch.arange(num_slots) - offsets[seg]
+    if replace:
+        pos = draw(key, seg, t, degree[seg])
+    else:
+        pos = t  # seeds that take every neighbour
+        floyd = (counts < degree).nonzero().view(-1)
+        if len(floyd):
+            chosen = _floyd_cpu(key, floyd, counts[floyd], degree[floyd])
+            pos = pos.clone()
+            pos[(counts < degree)[seg]] = chosen[chosen >= 0]
+    first = topology.colptr[seeds][seg]
+    eid = first + pos
+    return topology.row[eid].long(), eid, counts
+
+
+def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_seeds: int, k: int, replace: bool,
+               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None):
+    """Queue one hop's kernels for the seeds ``nodes[lohi[0]:lohi[1]]`` (bounds on the device, at most
+    ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
+    ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used."""
+    from ..cuda import sample as kernels
+
+    device = nodes.device
+    counts = torch.empty(max_seeds, dtype=torch.int64, device=device)
+    kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts)
+    ends = counts.cumsum(0)
+    slots = max_seeds * k if max_slots is None else max_slots
+    pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
+    if not replace:
+        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos)
+    kernels.read(topology, nodes, lohi, max_seeds, counts, ends, slots, pos, replace, key, num_dst, disjoint, nbr, eid,
+                 seed_local)
+    return nbr, eid, seed_local, counts, ends
+
+
+def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: torch.Tensor):
+    """:func:`sample_hop` on a GPU: the hop's size is read back (one synchronisation) to size the output."""
+    lohi = torch.tensor([0, len(seeds)], device=seeds.device)
+    if k < 0:  # every neighbour: the size is the degrees' sum
+        counts = torch.empty_like(seeds)
+        from ..cuda import sample as kernels
+
+        kernels.counts(seeds, lohi, len(seeds), topology.colptr, k, replace, 1, False, counts)
+        slots = int(counts.sum()) if len(seeds) else 0
+    else:
+        slots = len(seeds) * k
+    nbr, eid, _, counts, ends = _queue_hop(topology, seeds, lohi, len(seeds), k, replace, key, 1, False, slots)
+    used = int(ends[-1]) if len(seeds) else 0  # the hop's one synchronisation: output sizes
+    topology.count(seeds, counts)
+    return nbr[:used], eid[:used], counts
