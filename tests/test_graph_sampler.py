@@ -275,7 +275,7 @@ def test_cpu_sampler_cost_is_modest():
     ei = power_law_graph(20_000, 200_000)
     sampler, _ = build(ei, 20_000, ("cpu", None), num_neighbors=[15, 10, 5])
     calls = []
-    import hmgstore.graph.sampler as mod
+    import hmgstore.graph.hop as mod
     original = mod.draw
     mod.draw = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
     try:
