@@ -1,7 +1,7 @@
 """Command line: ``python -m hmgstore.partition OUT_DIR --parts N [--by range|hash|FILE] GRAPH``.
 
 Cuts a graph into one part per machine (see
-:mod:`hmgstore.distributed.partition` for what each part holds), for
+:mod:`hmgstore.distributed.parts` for what each part holds), for
 :func:`hmgstore.distributed.load_partition` and
 :class:`hmgstore.distributed.ClusterTensor`. The graph is an OGB node
 dataset already on disk (``--ogb ROOT [--name ogbn-products]``; never
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .distributed.book import PartitionBook
-from .distributed.partition import partition
+from .distributed.parts import partition
 
 log = logging.getLogger(__name__)
 

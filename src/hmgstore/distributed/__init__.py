@@ -21,7 +21,7 @@ Several machines (the job's nodes), each holding its partition of the graph:
 
 - :class:`PartitionBook` (:mod:`.book`) says which machine owns each node
   and at which row of its partition (range, hash or a given assignment).
-- :func:`partition` (:mod:`.partition`; command ``python -m
+- :func:`partition` (:mod:`.parts`; command ``python -m
   hmgstore.partition``) writes one part per machine: the book, the part's
   feature rows, the in-edges of its nodes; :func:`load_partition` reads one.
 - :class:`ClusterTensor` (:mod:`.cluster`) gathers any node's rows on every
@@ -41,7 +41,7 @@ checks and watching are the same.
 from .book import PartitionBook
 from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
 from .node import SETUP_TIMEOUT, share_on_node, this_node
-from .partition import Partition, load_partition, partition
+from .parts import Partition, load_partition, partition
 from .sampling import DistributedNeighborSampler
 from .shard import DistributedTensor, shard
 from .watch import WATCH_SECONDS, PeerLostError

@@ -47,7 +47,7 @@ from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
 from ..index import normalize_many
 from .cluster import this_cluster
-from .partition import Partition
+from .parts import Partition
 from .watch import PeerLostError
 
 
