@@ -1,0 +1,142 @@
+"""The tree a maintainer can change: layers import only layers below them, no import circles, small modules.
+
+Every import counts, a function's own ``from .x import y`` included: one made
+inside a function still ties the two modules together. The layers, lowest
+first (a module may import its own layer and those below it):
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"hmgstore": ROOT / "src" / "hmgstore", "hmgstore.plugins": ROOT / "plugins"}
+
+#: Lowest first. A module belongs to the first entry that names it or a package above it.
+LAYERS = [
+    ["hmgstore.cuda"],                                           # the only CuPy import
+    ["hmgstore.memory", "hmgstore.device", "hmgstore.cpu_load", "hmgstore.stats", "hmgstore.pickling",
+     "hmgstore.graph.fanout"],                                   # leaves: host memory, small utilities
+    ["hmgstore.index"],                                          # the one range check
+    ["hmgstore.placement"],                                      # which row lives where
+    ["hmgstore.split"],                                          # the CPU's share of a gather
+    ["hmgstore.plan"],                                           # the gather plan and launch
+    ["hmgstore.table"],                                          # the table's state and lifecycle
+    ["hmgstore.tensor"],                                         # HybridTensor, gather_many
+    ["hmgstore.files", "hmgstore.sharded"],                      # tables from files, over several GPUs
+    ["hmgstore.graph"],                                          # topology in tiers, sampling
+    ["hmgstore.pipeline"],                                       # batches made ahead
+    ["hmgstore.distributed"],                                    # several processes and machines
+    ["hmgstore.data"],                                           # synthetic and OGB graphs
+    ["hmgstore"],                                                # the package's own public names
+    ["hmgstore.plugins"],                                        # PyG and DGL adapters
+    ["hmgstore.bench", "hmgstore.partition", "hmgstore.flags"],  # commands
+]
+#: "About 400 lines": past this a module usually holds two ideas (STYLE.md).
+MAX_LINES = 420
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str, level: int, module: str, is_package: bool) -> str:
+    if level == 0:
+        return name
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _known(name: str) -> str | None:
+    """The module of ours that ``name`` imports (the longest prefix that is one), or None."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """Our modules that ``module`` imports anywhere in it (a package importing its own children aside)."""
+    path = MODULES[module]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            target = _resolve(node.module, node.level, module, path.name == "__init__.py")
+            names = [target] + [f"{target}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            known = _known(name)
+            if known and known != module and not known.startswith(module + "."):
+                found.add(known)
+    return found
+
+
+def layer(module: str) -> int:
+    best = None
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (rank, name)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS in tests/test_layers.py"
+    return best[0]
+
+
+def test_every_module_found():
+    assert "hmgstore.tensor" in MODULES and "hmgstore.plugins.pyg.sampler" in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_only_its_layer_and_below(module):
+    mine = layer(module)
+    upward = sorted(m for m in imports(module) if layer(m) > mine and not module.startswith(m + "."))
+    assert not upward, f"{module} (layer {mine}) imports {upward}, from layers above it"
+
+
+def test_no_import_circles():
+    graph = {m: {t for t in imports(m) if not m.startswith(t + ".")} for m in MODULES}
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == "open":
+                circle = stack[stack.index(t):] + [t]
+                raise AssertionError("import circle: " + " -> ".join(circle))
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_fits_in_one_sitting(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines (at most {MAX_LINES}): " \
+                               "it probably holds two ideas; split it"
+
+
+def test_the_checks_can_fail():
+    """The import scan sees function-level imports and upward ones (a check that cannot fail proves nothing)."""
+    assert "hmgstore.cuda.runtime" in imports("hmgstore.memory.owned")  # a function-level import
+    assert layer("hmgstore.tensor") > layer("hmgstore.placement") > layer("hmgstore.cuda.gather")
+    assert layer("hmgstore.graph.sampler") > layer("hmgstore.tensor")
