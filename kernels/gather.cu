@@ -23,9 +23,9 @@
 // Tiers. A row's *new id* is map[id] (or id itself when the job has no map);
 // tier t holds new ids bounds[t] <= n < bounds[t+1] at base[t] + (n -
 // bounds[t]) * pitch[t]. The host tier is the source table pinned in place;
-// GPU and peer tiers are device buffers. A tier may store its rows as 16-bit
-// floats (bit t of J_NARROW; bfloat16 or float16 by F_BF16): the kernel
-// widens them to the float32 output, so half the bytes cross PCIe.
+// GPU and peer tiers are device buffers. A tier may store its rows in a narrower
+// format (bit t of J_NARROW; the job's format in F_FMT_*: float16, bfloat16, or float8/int8 values with a float32 scale per row, hmgstore/formats.py): the kernel
+// decodes them into the float32 output, so 2-3.6x fewer bytes cross PCIe and a GPU tier holds as many more rows.
 //
 // Bad ids. CPU ids are range-checked at the public entry
 // (hmgstore/index.py). GPU ids are checked here: the kernel never reads a
@@ -45,14 +45,14 @@ typedef long long i64;
 #ifndef ROWS
 #error "ROWS (rows per team per tile) is defined by hmgstore/cuda/gather.py"
 #endif
-// NARROW: 1 in the build that widens narrow tiers, 0 in the one that has none. The widening costs 16
+// NARROW: 1 in the build that decodes narrow tiers, 0 in the one that has none. The decoding costs 16
 // registers a thread, one resident block less per SM, which the build without it does not pay (the GPU
 // tier at 128 B rows: 0.61 of index_select with it, see benchmarks/NOTES.md).
 #ifndef NARROW
 #error "NARROW (0 or 1) is defined by hmgstore/cuda/gather.py"
 #endif
 
-// Row k is copied when src[k] is set and bit k of `narrow` is clear (narrow rows are widened instead).
+// Row k is copied when src[k] is set and bit k of `narrow` is clear (narrow rows are decoded instead).
 template <typename V>
 __device__ __forceinline__ void copy_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
                                           unsigned narrow, i64 nvec, int lane, int tpr) {
@@ -78,41 +78,104 @@ __device__ __forceinline__ float half_bits_to_float(unsigned int h) {
   return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
 }
 
-__device__ __forceinline__ float narrow_to_float(unsigned int h, bool bf16) {
-  return bf16 ? __uint_as_float(h << 16) : half_bits_to_float(h);
+// float8 e4m3 (finite-only "fn" variant: no infinities, 0x7f/0xff NaN) bits -> float32, exactly as torch converts.
+__device__ __forceinline__ float e4m3_bits_to_float(unsigned int b) {
+  const unsigned int sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 0x7u;
+  if (e == 0) {
+    const float v = (float)m * 0.001953125f;  // m * 2^-9, exact
+    return sign ? -v : v;
+  }
+  if (e == 15 && m == 7) return __uint_as_float(sign | 0x7fc00000u);
+  return __uint_as_float(sign | ((e + 120) << 23) | (m << 20));
 }
 
-// Rows k with bit k of `narrow` set, stored as 16-bit floats -> float32 rows of `elems` values.
-// wide: 8 values per 16-byte load.
-__device__ __forceinline__ void widen_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
-                                           unsigned narrow, i64 elems, int lane, int tpr, bool bf16, bool wide) {
-  if (wide) {
-    for (i64 v = lane; v < elems / 8; v += tpr) {
-      uint4 r[ROWS];
+template <int FMT>
+__device__ __forceinline__ float stored_to_float(unsigned int bits) {
+  if (FMT == FMT_F16) return half_bits_to_float(bits);
+  if (FMT == FMT_BF16) return __uint_as_float(bits << 16);
+  if (FMT == FMT_E4M3) return e4m3_bits_to_float(bits);
+  return (float)(signed char)(bits & 0xffu);  // FMT_INT8
+}
+
+// 32-bit word w of a loaded vector (a load narrower than 4 bytes is its own word 0).
+__device__ __forceinline__ unsigned int word_of(unsigned char r, int) { return r; }
+__device__ __forceinline__ unsigned int word_of(unsigned short r, int) { return r; }
+__device__ __forceinline__ unsigned int word_of(unsigned int r, int) { return r; }
+__device__ __forceinline__ unsigned int word_of(const uint4& r, int w) {
+  return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w;
+}
+
+// Stored value i (ES bytes) of a loaded vector L: its bytes in memory order, little-endian. With i a
+// compile-time constant (unrolled loops) this is a register shift and mask.
+template <typename L, int ES>
+__device__ __forceinline__ unsigned int stored_value(const L& r, int i) {
+  return (word_of(r, (i * ES) >> 2) >> (((i * ES) & 3) * 8)) & (ES == 2 ? 0xffffu : 0xffu);
+}
+
+// Rows k with bit k of `narrow` set, stored in format FMT -> float32 rows of `elems` values. Each thread loads
+// one L (V stored values) of every such row before it decodes any, as copy_rows does, then writes V floats
+// (float4 stores when V is a multiple of 4). Scaled formats: one float32 multiply by the row's scale, stored
+// after its values at the next multiple of 4 bytes: value * scale, as hmgstore/formats.py decodes.
+template <int FMT, typename L>
+__device__ __forceinline__ void decode_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
+                                            unsigned narrow, i64 elems, int lane, int tpr) {
+  constexpr int ES = (FMT == FMT_F16 || FMT == FMT_BF16) ? 2 : 1;
+  constexpr int V = (int)sizeof(L) / ES;
+  constexpr bool SCALED = FMT == FMT_E4M3 || FMT == FMT_INT8;
+  float scale[ROWS];
 #pragma unroll
-      for (int k = 0; k < ROWS; ++k)
-        if ((narrow >> k) & 1) r[k] = reinterpret_cast<const uint4*>(src[k])[v];
+  for (int k = 0; k < ROWS; ++k)
+    scale[k] = SCALED && ((narrow >> k) & 1)
+                   ? *reinterpret_cast<const float*>(src[k] + ((elems * ES + 3) & ~(i64)3)) : 1.0f;
+  for (i64 v = lane; v < elems / V; v += tpr) {
+    L r[ROWS];
 #pragma unroll
-      for (int k = 0; k < ROWS; ++k) {
-        if (!((narrow >> k) & 1)) continue;
-        const unsigned int w[4] = {r[k].x, r[k].y, r[k].z, r[k].w};
-        float4* out = reinterpret_cast<float4*>(dst[k]) + 2 * v;
-        out[0] = make_float4(narrow_to_float(w[0] & 0xffffu, bf16), narrow_to_float(w[0] >> 16, bf16),
-                             narrow_to_float(w[1] & 0xffffu, bf16), narrow_to_float(w[1] >> 16, bf16));
-        out[1] = make_float4(narrow_to_float(w[2] & 0xffffu, bf16), narrow_to_float(w[2] >> 16, bf16),
-                             narrow_to_float(w[3] & 0xffffu, bf16), narrow_to_float(w[3] >> 16, bf16));
+    for (int k = 0; k < ROWS; ++k)
+      if ((narrow >> k) & 1) r[k] = reinterpret_cast<const L*>(src[k])[v];
+#pragma unroll
+    for (int k = 0; k < ROWS; ++k) {
+      if (!((narrow >> k) & 1)) continue;
+      float f[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        f[i] = stored_to_float<FMT>(stored_value<L, ES>(r[k], i));
+        if (SCALED) f[i] = __fmul_rn(f[i], scale[k]);
+      }
+      float* out = reinterpret_cast<float*>(dst[k]) + v * V;
+      if (V % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i + 3 < V; i += 4)
+          reinterpret_cast<float4*>(out)[i / 4] = make_float4(f[i], f[i + 1], f[i + 2], f[i + 3]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] = f[i];
       }
     }
-    return;
   }
-  for (i64 v = lane; v < elems; v += tpr) {
-    unsigned int r[ROWS];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k)
-      if ((narrow >> k) & 1) r[k] = reinterpret_cast<const unsigned short*>(src[k])[v];
-#pragma unroll
-    for (int k = 0; k < ROWS; ++k)
-      if ((narrow >> k) & 1) reinterpret_cast<float*>(dst[k])[v] = narrow_to_float(r[k], bf16);
+}
+
+// The decode for a job's format and load width (log2 of values per load: 0, 2, 3 or 4; gather.py picks it).
+__device__ __forceinline__ void decode_job_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
+                                                unsigned narrow, i64 elems, int lane, int tpr, int fmt, int vlog2) {
+  switch (fmt) {
+    case FMT_F16:
+      if (vlog2 == 3) decode_rows<FMT_F16, uint4>(src, dst, narrow, elems, lane, tpr);
+      else decode_rows<FMT_F16, unsigned short>(src, dst, narrow, elems, lane, tpr);
+      break;
+    case FMT_BF16:
+      if (vlog2 == 3) decode_rows<FMT_BF16, uint4>(src, dst, narrow, elems, lane, tpr);
+      else decode_rows<FMT_BF16, unsigned short>(src, dst, narrow, elems, lane, tpr);
+      break;
+    case FMT_E4M3:
+      if (vlog2 == 4) decode_rows<FMT_E4M3, uint4>(src, dst, narrow, elems, lane, tpr);
+      else if (vlog2 == 2) decode_rows<FMT_E4M3, unsigned int>(src, dst, narrow, elems, lane, tpr);
+      else decode_rows<FMT_E4M3, unsigned char>(src, dst, narrow, elems, lane, tpr);
+      break;
+    default:
+      if (vlog2 == 4) decode_rows<FMT_INT8, uint4>(src, dst, narrow, elems, lane, tpr);
+      else if (vlog2 == 2) decode_rows<FMT_INT8, unsigned int>(src, dst, narrow, elems, lane, tpr);
+      else decode_rows<FMT_INT8, unsigned char>(src, dst, narrow, elems, lane, tpr);
+      break;
   }
 }
 
@@ -183,8 +246,8 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
     }
 #if NARROW
     if (narrow_rows)
-      widen_rows(src, dst, narrow_rows, row_bytes >> 2, lane, tpr, flags & F_BF16,
-                 ((flags >> F_NVEC_SHIFT) & 0xff) == 3);
+      decode_job_rows(src, dst, narrow_rows, row_bytes >> 2, lane, tpr, (int)((flags >> F_FMT_SHIFT) & 0xff),
+                      (int)((flags >> F_NVEC_SHIFT) & 0xff));
 #endif
     if (bad_rows) {
 #pragma unroll

@@ -17,15 +17,19 @@
 #define J_BOUNDS 10                          // MAX_TIERS + 1 words: new-id boundaries of the tiers
 #define J_BASE (J_BOUNDS + MAX_TIERS + 1)    // MAX_TIERS words: address of each tier's first row
 #define J_PITCH (J_BASE + MAX_TIERS)         // MAX_TIERS words: bytes between a tier's rows
-#define J_NARROW (J_PITCH + MAX_TIERS)       // bit t set: tier t stores rows as 16-bit floats (widened to float32)
+#define J_NARROW (J_PITCH + MAX_TIERS)       // bit t set: tier t stores rows in the job's format (F_FMT_*), decoded
 #define J_WORDS (J_NARROW + 1)
 
 #define F_IDS64 1         // ids are int64 (else int32)
 #define F_MAP64 2         // map is int64 (else int32)
 #define F_VEC_SHIFT 8     // bits 8..15: log2 of the vector width in bytes
 #define F_TPR_SHIFT 16    // bits 16..23: log2 of the threads per row (team size)
-#define F_BF16 4          // narrow tiers hold bfloat16 (else float16)
-#define F_NVEC_SHIFT 24   // bits 24..31: log2 of the 16-bit values each narrow load reads (0 or 3)
+#define F_NVEC_SHIFT 24   // bits 24..31: log2 of the stored values each narrow load reads (0, 2, 3 or 4)
+#define F_FMT_SHIFT 32    // bits 32..39: the narrow tiers' format, one per job (hmgstore/formats.py):
+#define FMT_F16 1         //   float16
+#define FMT_BF16 2        //   bfloat16
+#define FMT_E4M3 3        //   float8 e4m3 values, then a float32 scale per row
+#define FMT_INT8 4        //   int8 values, then a float32 scale per row
 
 // The error record a launch may be given (4 int64 words, device memory, zeroed): the first id out of
 // range sets E_FLAG to 1 and writes which job, which output position and the id itself.

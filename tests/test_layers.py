@@ -17,7 +17,7 @@ PACKAGES = {"hmgstore": ROOT / "src" / "hmgstore", "hmgstore.plugins": ROOT / "p
 #: Lowest first. A module belongs to the first entry that names it or a package above it.
 LAYERS = [
     ["hmgstore.cuda"],                                           # the only CuPy import
-    ["hmgstore.memory", "hmgstore.device", "hmgstore.cpu_load", "hmgstore.stats", "hmgstore.pickling",
+    ["hmgstore.memory", "hmgstore.device", "hmgstore.cpu_load", "hmgstore.stats", "hmgstore.pickling", "hmgstore.formats",
      "hmgstore.graph.fanout"],                                   # leaves: host memory, small utilities
     ["hmgstore.index"],                                          # the one range check
     ["hmgstore.placement"],                                      # which row lives where

@@ -352,8 +352,8 @@ def test_half_width_host_rows_read_as_rounded_float32(device, host_dtype, width)
 def test_half_width_host_rows_are_for_float32_tables():
     with pytest.raises(ValueError, match="float32 table"):
         hmgstore.HybridTensor(torch.arange(10).reshape(5, 2), "cpu", host_dtype=torch.float16)
-    with pytest.raises(ValueError, match="float32 table"):
-        hmgstore.HybridTensor(random_table(5, (2,), torch.float32), "cpu", host_dtype=torch.int8)
+    with pytest.raises(ValueError, match="unknown stored row format"):
+        hmgstore.HybridTensor(random_table(5, (2,), torch.float32), "cpu", host_dtype=torch.int16)
 
 
 # ---- GPU ids checked by the kernel, without waiting ------------------------------------------------------

@@ -155,9 +155,10 @@ class Tier:
     rows in slot order (int64, CPU); None for the host tier, which holds
     every row in id order. ``base`` and ``pitch``: the address of the tier's
     first row as seen from the GPU that reads it, and the bytes between rows;
-    0 until a table binds them (:meth:`bind`). ``stored``: the element type
-    the tier keeps its rows in when narrower than the table's (a float32
-    table's host tier in bfloat16 or float16); None when the same.
+    0 until a table binds them (:meth:`bind`). ``stored``: the
+    :class:`hmgstore.formats.Format` the tier keeps a float32 table's rows
+    in (bfloat16, float16, float8 or int8 with a per-row scale), decoded by
+    every gather; None when rows are kept as they read.
     """
 
     name: str
@@ -166,13 +167,13 @@ class Tier:
     rows: torch.Tensor | None = None
     base: int = 0
     pitch: int = 0
-    stored: torch.dtype | None = None
+    stored: object = None  # hmgstore.formats.Format
 
     @property
     def size(self) -> int:
         return self.end - self.start
 
-    def bind(self, base: int, pitch: int, stored: torch.dtype | None = None) -> "Tier":
+    def bind(self, base: int, pitch: int, stored=None) -> "Tier":
         """This tier read at ``base`` with ``pitch`` bytes between rows, its rows kept as ``stored``."""
         return dataclasses.replace(self, base=base, pitch=pitch, stored=stored)
 

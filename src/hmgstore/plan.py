@@ -53,8 +53,8 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
         if device.type == "cpu":
             check_pending(pending)
             for (table, _), index, out in zip(requests, indices, results):
-                if table._narrow:
-                    out.copy_(torch.index_select(table._source, 0, index.ids))
+                if table._format is not None:
+                    out.copy_(table._format.decode(torch.index_select(table._source, 0, index.ids), table.row_shape))
                 else:
                     torch.index_select(table._source, 0, index.ids, out=out)
                 if table._counter is not None:
@@ -108,11 +108,12 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
 
 
 def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device,
-              stored: torch.dtype | None = None) -> None:
+              stored=None) -> None:
     """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits.
 
     ``rows``: ids in range (they come from a placement); ``stored``: the
-    source's dtype when narrower than ``out``'s (widened on the way).
+    :class:`~hmgstore.formats.Format` the source keeps rows in, decoded on
+    the way into ``out`` (float32); None copies the rows' bytes as they are.
     """
     from .cuda import gather
 
@@ -183,7 +184,9 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     k, cpu, rest = split_mod.divide(index.host, table._split.on_host(table.placement), share)
     if not k:
         return None, None
-    part = split_mod.CpuPart((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64), cpu)
+    fmt = table._format
+    decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
+    part = split_mod.CpuPart((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64), cpu, decode)
     split_mod.start(part, table._source, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
         ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)

@@ -119,9 +119,10 @@ def cache_key(table, batch: int) -> str:
     """What a measurement depends on: machine, host table size class, stored row, torch's threads, batch class."""
     size_class = batch_class(table._source.nbytes)
     name = torch.cuda.get_device_name(table.device)
-    stored_row = table.row_bytes * table._source.element_size() // torch.empty(0, dtype=table.dtype).element_size()
+    stored_row = table._source[:1].numel() * table._source.element_size()
     return (f"{name}|cpus={os.cpu_count()}|table<={size_class >> 20}MiB|row={stored_row}B|"
-            f"{str(table.host_dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|"
+            f"{table.host_format.name if table.host_format else str(table.dtype).removeprefix('torch.')}|"
+            f"threads={torch.get_num_threads()}|"
             f"batch<={batch_class(batch)}")
 
 
@@ -283,11 +284,15 @@ class CpuPart:
     """The rows of one gather that the CPU reads, and its work in flight.
 
     ``ids``: source row ids (CPU int64); ``positions``: their output
-    positions (CPU int64), or None for the first ``len(ids)`` positions.
+    positions (CPU int64), or None for the first ``len(ids)`` positions;
+    ``decode``: turns the host tier's stored rows (on the GPU) into the
+    output's, or None when a dtype conversion does (rows kept as they read,
+    or half-width).
     """
 
     ids: torch.Tensor
     positions: torch.Tensor | None
+    decode: object = None
     chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the read)
     staging: torch.Tensor | None = None  # pinned, the host tier's dtype
     landed: torch.Tensor | None = None  # the staging's copy on the GPU, when it cannot land in the output
@@ -320,7 +325,7 @@ def start(part: CpuPart, source: torch.Tensor, out: torch.Tensor, stream: torch.
     let the copy stream wait for ``stream`` here, before the kernel, so it waits for nothing the kernel does."""
     n, row_shape = len(part.ids), source.shape[1:]
     part.staging = torch.empty((n, *row_shape), dtype=source.dtype, pin_memory=True)
-    if part.positions is not None or source.dtype != out.dtype:
+    if part.positions is not None or source.dtype != out.dtype or part.decode is not None:
         part.landed = torch.empty((n, *row_shape), dtype=source.dtype, device=out.device)
     copy_stream(out.device).wait_stream(stream)  # the output and landing buffer are the gather stream's
     part.chunks = read_chunks(source, part.ids, part.staging)
@@ -338,8 +343,10 @@ def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
             into[a:b].copy_(part.staging[a:b], non_blocking=True)
         positions = None if part.positions is None else part.positions.pin_memory().to(out.device, non_blocking=True)
     stream.wait_stream(side)
+    rows = None if part.landed is None else \
+        part.landed.to(out.dtype) if part.decode is None else part.decode(part.landed)
     if positions is not None:
         positions.record_stream(stream)
-        out.index_copy_(0, positions, part.landed.to(out.dtype))
-    elif part.landed is not None:
-        out[:len(part.ids)].copy_(part.landed)
+        out.index_copy_(0, positions, rows)
+    elif rows is not None:
+        out[:len(part.ids)].copy_(rows)

@@ -20,6 +20,7 @@ The gathering API (indexing, writes, statistics, ``gather_many``) is
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import weakref
@@ -27,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from . import plan
+from . import formats, plan
 from .cuda.runtime import synchronize
 from .device import resolve_device
 from .memory.pinned import PinnedHost, as_host_tensor, row_layout
@@ -43,24 +44,51 @@ class Table:
     Not built directly: :class:`hmgstore.HybridTensor` is the public class.
     """
 
-    def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_dtype=None,
-               backing="auto", dtype=None) -> None:
-        """``dtype``: the table's dtype when ``source`` is already a narrow host tier (rebuilt tables)."""
+    def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_format=None,
+               gpu_format=None, backing="auto", dtype=None, shape=None) -> None:
+        """Take ``source`` as the host tier.
+
+        A table's own source is copied (``copy``, or encoded in
+        ``host_format``, a :class:`~hmgstore.formats.Format`) into owned
+        memory. ``dtype``: the table's dtype when ``source`` is already a
+        stored host tier (rebuilt, loaded or empty tables), whose format is
+        ``host_format`` (16-bit formats are also recognised by their dtype)
+        and whose table shape is ``shape`` (needed for scaled formats).
+        ``gpu_format``: the format the GPU tier keeps rows in (None: the
+        table's dtype).
+        """
         from .memory import owned
 
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
-        self._dtype = dtype or self._source.dtype
         row_layout(self._source)  # unusable layouts raise before any copy
-        stored = host_dtype if host_dtype is not None else self._source.dtype
-        if stored != self._dtype:
-            _check_narrow(self._dtype, stored)
-        if copy or stored != self._source.dtype:
-            self._source = owned.copy_of(self._source, stored, backing, progress, device)
-            self._given, self._read_only = self._source, False
-        host_row = row_layout(self._source)[0]
-        self.row_bytes = host_row // self._source.element_size() * torch.empty(0, dtype=self._dtype).element_size()
+        if dtype is None:  # the caller's own table: rows as they read
+            self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
+            if host_format is not None:
+                _check_format(self._dtype, host_format)
+                stored = owned.empty(host_format.stored_shape(self._shape), host_format.stored_dtype(), backing,
+                                     device, zero=False)
+                self._source = owned.copy_in(stored, self._source, progress, f"encoding host tier as "
+                                             f"{host_format.name}", encode=host_format.encode)
+            elif copy:
+                self._source = owned.copy_of(self._source, None, backing, progress, device)
+            if host_format is not None or copy:
+                self._given, self._read_only = self._source, False
+        else:  # already the stored host tier
+            self._dtype = dtype
+            if host_format is None and self._source.dtype != dtype:
+                host_format = formats.get(self._source.dtype)
+            if host_format is not None:
+                _check_format(dtype, host_format)
+            self._shape = tuple(shape) if shape is not None else tuple(self._source.shape)
+            if host_format is not None and tuple(self._source.shape) != host_format.stored_shape(self._shape):
+                raise ValueError(f"a {host_format.name} host tier of a {self._shape} table has shape "
+                                 f"{host_format.stored_shape(self._shape)}, not {tuple(self._source.shape)}")
+        if gpu_format is not None and gpu_format != host_format:
+            raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
+        self._format, self._gpu_format = host_format, gpu_format
+        self.row_bytes = math.prod(self._shape[1:]) * torch.empty(0, dtype=self._dtype).element_size()
         self.max_sms = max_sms
         self._progress = progress
         self._pinned: PinnedHost | None = None
@@ -96,11 +124,14 @@ class Table:
                     self._pinned = PinnedHost(self._source, self.device, self._read_only, self._progress)
                 if p.num_gpu_rows:
                     self._map = p.new_of_old(self.device, p.index_dtype)
-                    self._gpu = torch.empty((p.num_gpu_rows, *self.row_shape), dtype=self.dtype, device=self.device)
+                    fmt = self._gpu_format
+                    shape = (p.num_gpu_rows, *self.row_shape)
+                    self._gpu = torch.empty(fmt.stored_shape(shape) if fmt else shape,
+                                            dtype=fmt.stored_dtype() if fmt else self.dtype, device=self.device)
                     self._fill_gpu_tier()
-                    tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.row_bytes))
+                    tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.gpu_row_bytes, fmt))
                 if self._pinned is not None:
-                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch, self._narrow))
+                    tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch, self._format))
                     self._host_address = self._pinned.address if self._pinned.tensor is self._source else None
                 self._tiers = tuple(tiers)
         except BaseException:
@@ -140,11 +171,13 @@ class Table:
         return self
 
     def _fill_gpu_tier(self) -> None:
-        """Copy the GPU tier's rows in, reading the host table through the gather kernel."""
+        """Copy the GPU tier's rows in, reading the host table through the gather kernel: the stored rows as
+        they are when the GPU tier keeps the host's format, else decoded."""
         temporary = self._pinned is None  # every row resident: read the source through a temporary pin
         pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
         try:
-            plan.fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device, self._narrow)
+            decode = None if self._gpu_format is not None else self._format
+            plan.fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device, decode)
         finally:
             if temporary:
                 pinned.release()
@@ -152,15 +185,15 @@ class Table:
     # ---- shape and identity -------------------------------------------------
     @property
     def num_rows(self) -> int:
-        return self._source.shape[0]
+        return self._shape[0]
 
     @property
     def shape(self) -> torch.Size:
-        return self._source.shape
+        return torch.Size(self._shape)
 
     @property
     def row_shape(self) -> torch.Size:
-        return self._source.shape[1:]
+        return torch.Size(self._shape[1:])
 
     @property
     def dtype(self) -> torch.dtype:
@@ -168,12 +201,25 @@ class Table:
 
     @property
     def host_dtype(self) -> torch.dtype:
-        """The dtype the host tier keeps rows in (narrower than :attr:`dtype` for half-width host rows)."""
-        return self._source.dtype
+        """The dtype of the values the host tier keeps (narrower than :attr:`dtype` in a stored format)."""
+        return self._format.element if self._format is not None else self._dtype
 
     @property
-    def _narrow(self) -> torch.dtype | None:
-        return self._source.dtype if self._source.dtype != self._dtype else None
+    def host_format(self):
+        """The :class:`~hmgstore.formats.Format` of the host tier's rows, or None when kept as they read."""
+        return self._format
+
+    @property
+    def gpu_format(self):
+        """The :class:`~hmgstore.formats.Format` of the GPU tier's rows, or None when kept as they read."""
+        return self._gpu_format
+
+    @property
+    def gpu_row_bytes(self) -> int:
+        """Bytes of GPU memory a resident row takes (its stored size with ``compress``)."""
+        if self._gpu_format is None:
+            return self.row_bytes
+        return self._gpu_format.pitch(math.prod(self._shape[1:]))
 
     @property
     def num_gpu_rows(self) -> int:
@@ -204,7 +250,8 @@ class Table:
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
-        narrow = f", host_dtype={self.host_dtype}" if self._narrow else ""
+        narrow = "" if self._format is None else \
+            f", compress={self._format.name!r}" if self._gpu_format is not None else f", host_dtype={self._format.name!r}"
         return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}{narrow}, device={self.device}, "
                 f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
 
@@ -281,20 +328,7 @@ class Table:
 _deferred_lock = threading.Lock()
 
 
-def _check_narrow(dtype: torch.dtype, host_dtype: torch.dtype) -> None:
-    from .cuda.gather import NARROW
-
-    if dtype != torch.float32 or host_dtype not in NARROW:
-        raise ValueError(f"half-width host rows keep a float32 table in {' or '.join(map(str, NARROW))}; "
-                         f"got a {dtype} table with host_dtype={host_dtype}")
-
-
-_deferred_lock = threading.Lock()
-
-
-def _check_narrow(dtype: torch.dtype, host_dtype: torch.dtype) -> None:
-    from .cuda.gather import NARROW
-
-    if dtype != torch.float32 or host_dtype not in NARROW:
-        raise ValueError(f"half-width host rows keep a float32 table in {' or '.join(map(str, NARROW))}; "
-                         f"got a {dtype} table with host_dtype={host_dtype}")
+def _check_format(dtype: torch.dtype, fmt) -> None:
+    if dtype != torch.float32:
+        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
+                         "Convert it first (x.float()), or keep its rows as they are")

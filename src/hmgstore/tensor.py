@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from . import pickling, plan
+from . import formats, pickling, plan
 from . import placement as placement_mod
 from . import split as split_mod
 from .device import resolve_device
@@ -111,15 +111,17 @@ class HybridTensor(Table):
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
-                 host_dtype: torch.dtype | None = None, backing: str = "auto", split=None):
-        self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_dtype=host_dtype,
-                    backing=backing)
+                 host_dtype=None, compress=None, backing: str = "auto", split=None):
+        host_format, gpu_format = _formats(host_dtype, compress)
+        self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_format=host_format,
+                    gpu_format=gpu_format, backing=backing)
         self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats,
                               split=split)
 
     def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, stats=False, split=None) -> None:
-        """Decide the placement, build the tiers, then the statistics and split settings."""
-        self.placement = placement_mod.for_table(self.num_rows, self.row_bytes, self.device, gpu_rows=gpu_rows,
+        """Decide the placement (a GPU budget counts stored bytes), build the tiers, then the statistics and split
+        settings."""
+        self.placement = placement_mod.for_table(self.num_rows, self.gpu_row_bytes, self.device, gpu_rows=gpu_rows,
                                                  gpu_budget=gpu_budget, hot_order=hot_order)
         self._build()
         if stats:
@@ -158,21 +160,48 @@ class HybridTensor(Table):
         return self._split.skipped if self._split is not None else 0
 
     @classmethod
-    def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype: torch.dtype | None = None,
+    def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype=None, compress=None,
               backing: str = "auto", **kwargs) -> "HybridTensor":
         """A table of ``shape`` whose host tier is owned memory (see ``backing``), for the caller to fill.
 
         Rows start as zeros. Write them with
         ``table[ids] = rows`` (or slices), which also updates the GPU tier's
-        copies. ``host_dtype``, ``backing`` and the placement arguments
-        (``gpu_rows``, ``gpu_budget`` with ``hot_order``, ``max_sms``,
-        ``stats``, ``progress``) are as for the constructor.
+        copies. ``host_dtype``, ``compress``, ``backing`` and the placement
+        arguments (``gpu_rows``, ``gpu_budget`` with ``hot_order``,
+        ``max_sms``, ``stats``, ``progress``) are as for the constructor.
         """
         from .memory import owned
 
         device = resolve_device(device)
-        host = owned.empty(shape, host_dtype or dtype, backing, device)
-        return cls._of_host(host, device, dtype, **kwargs)
+        host_format, gpu_format = _formats(host_dtype, compress)
+        shape = tuple(int(s) for s in shape)
+        if host_format is None:
+            host = owned.empty(shape, dtype, backing, device)
+        else:  # zero bytes are zero rows in every format (a scaled row's scale 0 decodes to 0)
+            host = owned.empty(host_format.stored_shape(shape), host_format.stored_dtype(), backing, device)
+        return cls._of_host(host, device, dtype, fmt=host_format, shape=shape, gpu_format=gpu_format, **kwargs)
+
+    @classmethod
+    def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None, gpu_format=None,
+                 max_sms=None, progress=True, **placement) -> "HybridTensor":
+        """A table over ``host`` (owned memory in the stored form, used in place), whose rows read as ``dtype``
+        (``fmt``, ``shape``: see :meth:`hmgstore.table.Table._setup`)."""
+        self = cls.__new__(cls)
+        self._setup(host, resolve_device(device), max_sms, progress, host_format=fmt, gpu_format=gpu_format,
+                    dtype=dtype, shape=shape)
+        self._place_and_build(**placement)
+        return self
+
+    def dense(self) -> torch.Tensor:
+        """The whole table as a CPU tensor of :attr:`shape` and :attr:`dtype`.
+
+        The host tier itself (no copy) when it keeps rows as they read and is
+        writable; a decoded copy when it keeps a stored format; a copy of a
+        read-only source. For PyG's whole-table reads and for checks.
+        """
+        if self._format is not None:
+            return self._format.decode(self._source, self.row_shape)
+        return self._source.clone() if self._read_only else self._source
 
     # ---- gathering -----------------------------------------------------------
     def gather(self, index, *, out: torch.Tensor | None = None, stream=None, check: str = "deferred") -> torch.Tensor:
@@ -218,14 +247,17 @@ class HybridTensor(Table):
             self._ready()
             ids = normalize(index, self.num_rows, torch.device("cpu")).ids
             rows = torch.as_tensor(value).to("cpu", self._dtype).expand(len(ids), *self.row_shape)
-            host_rows = rows.to(self._source.dtype).contiguous()
+            fmt = self._format
+            host_rows = (fmt.encode(rows.contiguous()) if fmt else rows).contiguous()
             self._source.index_copy_(0, ids, host_rows)
             if self._pinned is not None and self._pinned.tensor is not self._source:  # a small table's pinned copy
                 self._pinned.tensor.index_copy_(0, ids, host_rows)
             if self._gpu is not None and len(ids):
-                new = self._map[ids.to(self.device)]
+                new = ids.to(self.device) if self._map is None else self._map[ids.to(self.device)]
                 resident = (new < self.num_gpu_rows).nonzero().flatten()
-                self._gpu[new[resident].long()] = host_rows.to(self.device)[resident].to(self._dtype)
+                if self._gpu_format is None and fmt is not None:  # the GPU tier keeps rows as they read
+                    host_rows = fmt.decode(host_rows, self.row_shape)
+                self._gpu[new[resident].long()] = host_rows.to(self.device)[resident]
         finally:
             self._exit()
 
@@ -267,8 +299,9 @@ def _rebuild(state: dict) -> HybridTensor:
     """A table from :func:`hmgstore.pickling.state_of`: checked now, built (CUDA memory, pinning) on first use."""
     table = HybridTensor.__new__(HybridTensor)
     table._setup(pickling.source_of(state), resolve_device(state["device"]), state["max_sms"], False,
-                 dtype=state["dtype"])
-    table.placement = placement_mod.for_table(table.num_rows, table.row_bytes, table.device,
+                 dtype=state["dtype"], shape=state["shape"], host_format=formats.get(state["format"]),
+                 gpu_format=formats.get(state["gpu_format"]))
+    table.placement = placement_mod.for_table(table.num_rows, table.gpu_row_bytes, table.device,
                                               gpu_rows=state["gpu_rows"])
     if state["closed"]:
         table._closing = table._closed = True
@@ -326,3 +359,14 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     finally:
         for table in entered:
             table._exit()
+
+
+def _formats(host_dtype, compress):
+    """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
+    host, both = formats.get(host_dtype), formats.get(compress)
+    if both is not None:
+        if host is not None and host != both:
+            raise ValueError(f"compress={both.name!r} stores both tiers as {both.name}; host_dtype={host.name!r} "
+                             "asks for another host format: pass one of them")
+        return both, both
+    return host, None

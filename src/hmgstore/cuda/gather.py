@@ -56,8 +56,6 @@ LAYOUT = read_layout(kernel_source(HEADER))
 MAX_TIERS = LAYOUT["MAX_TIERS"]
 J_WORDS = LAYOUT["J_WORDS"]
 E_WORDS = LAYOUT["E_WORDS"]
-#: Element types a tier may store float32 rows in (the kernel widens them).
-NARROW = (torch.bfloat16, torch.float16)
 
 
 @dataclass
@@ -96,10 +94,17 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
     L = LAYOUT
     if len(job.tiers) > MAX_TIERS:
         raise ValueError(f"a table may have at most {MAX_TIERS} tiers, got {len(job.tiers)}")
+    formats = {t.stored for t in job.tiers if t.stored is not None}
+    if len(formats) > 1:
+        raise ValueError(f"the tiers of one table may store rows in one narrower format, not {sorted(formats)}")
     vec = vector_bytes(job.row_bytes, job.out.data_ptr(),
                        *(p for t in job.tiers if t.stored is None for p in (t.base, t.pitch)))
-    nvec = job.row_bytes // vec
-    tpr_log2 = min(5, max(0, (nvec - 1).bit_length()))  # team: pow2 >= nvec, at most a warp
+    fmt = formats.pop() if formats else None
+    format_flags, values = _format_flags(job, fmt) if fmt is not None else (0, 1)
+    # Loads a team makes per row: vectors of rows kept as they read, stored-value loads of decoded rows.
+    loads = max(job.row_bytes // vec if any(t.stored is None for t in job.tiers) else 1,
+                job.row_bytes // 4 // values if fmt is not None else 1)
+    tpr_log2 = min(5, max(0, (loads - 1).bit_length()))  # team: pow2 >= loads, at most a warp
     rows_per_tile = (BLOCK >> tpr_log2) * ROWS
     tiles = -(-len(job.ids) // rows_per_tile)
     words = [0] * J_WORDS
@@ -115,7 +120,8 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
         (L["F_IDS64"] if job.ids.dtype == torch.int64 else 0)
         | (L["F_MAP64"] if job.map is not None and job.map.dtype == torch.int64 else 0)
         | (vec.bit_length() - 1) << L["F_VEC_SHIFT"]
-        | tpr_log2 << L["F_TPR_SHIFT"])
+        | tpr_log2 << L["F_TPR_SHIFT"]
+        | format_flags)
     words[L["J_NTIERS"]] = len(job.tiers)
     words[L["J_BOUNDS"]] = job.tiers[0].start
     for t, tier in enumerate(job.tiers):
@@ -124,18 +130,25 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
         words[L["J_PITCH"] + t] = tier.pitch
         if tier.stored is not None:
             words[L["J_NARROW"]] |= 1 << t
-            words[L["J_FLAGS"]] |= _narrow_flags(job, tier)
     return words, tiles
 
 
-def _narrow_flags(job: Job, tier) -> int:
-    """Flag bits for a tier whose rows are 16-bit floats widened to the float32 output."""
+def _format_flags(job: Job, fmt) -> tuple[int, int]:
+    """Flag bits of a job whose narrow tiers keep rows in ``fmt`` (:class:`hmgstore.formats.Format`): its code,
+    and the widest load (16, 4 or the element's own bytes) that every narrow tier's base and pitch, the
+    output and the row's value count allow; and the stored values that load reads."""
     L = LAYOUT
-    if tier.stored not in NARROW or job.out.dtype != torch.float32:
-        raise ValueError(f"a tier may store float32 rows as bfloat16 or float16, not {job.out.dtype} as {tier.stored}")
+    if job.out.dtype != torch.float32:
+        raise ValueError(f"narrow tiers decode into float32 tables, not {job.out.dtype}")
     elems = job.row_bytes // 4
-    wide = elems % 8 == 0 and vector_bytes(16, tier.base, tier.pitch, job.out.data_ptr()) == 16
-    return (L["F_BF16"] if tier.stored == torch.bfloat16 else 0) | (3 if wide else 0) << L["F_NVEC_SHIFT"]
+    aligned = vector_bytes(16, *(p for t in job.tiers if t.stored is not None for p in (t.base, t.pitch)))
+    if fmt.scaled and aligned < 4:
+        raise ValueError(f"{fmt.name} rows need 4-byte aligned tiers (base and pitch), got {aligned}-byte")
+    size = fmt.element_size
+    loads = [(16, 16 // size)] + ([(4, 4)] if size == 1 else [])  # (bytes, values) the kernel has builds for
+    out_aligned = vector_bytes(16, job.out.data_ptr()) == 16  # the decoded values are written as float4
+    values = next((v for load, v in loads if out_aligned and aligned >= load and elems % v == 0), 1)
+    return fmt.code << L["F_FMT_SHIFT"] | (values.bit_length() - 1) << L["F_NVEC_SHIFT"], values
 
 
 def _kernel(device_index: int, narrow: bool = False):

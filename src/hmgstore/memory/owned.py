@@ -169,16 +169,22 @@ def page_locked_here(start: int, end: int) -> bool:
         return any(s <= start and end <= e for s, e in _cuda_ranges.items())
 
 
-def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying into host tier") -> torch.Tensor:
+def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying into host tier",
+            encode=None) -> torch.Tensor:
     """``dst[:] = src`` row block by row block (converting dtype), under a progress bar for large tables.
 
     ``src``: a CPU tensor or numpy array (a memmap is read piece by piece,
-    never whole) with ``dst``'s shape; either may be strided. Returns ``dst``.
+    never whole) with ``dst``'s shape; either may be strided. ``encode``:
+    instead of a dtype conversion, ``encode(rows, first_row)`` turns each
+    block of ``src`` rows (a CPU tensor) into ``dst``'s rows, whose shape
+    may then differ from ``src``'s past the first dimension (stored row
+    formats, :mod:`hmgstore.formats`). Returns ``dst``.
     """
-    if tuple(src.shape) != tuple(dst.shape):
+    same_rows = encode is not None and src.shape[0] == dst.shape[0]
+    if not same_rows and tuple(src.shape) != tuple(dst.shape):
         raise ValueError(f"cannot copy a {tuple(src.shape)} source into a {tuple(dst.shape)} table")
     rows = dst.shape[0]
-    row_bytes = max(1, dst[:1].numel() * dst.element_size())
+    row_bytes = max(1, dst[:1].numel() * dst.element_size())  # blocks of the destination's bytes
     step = max(1, COPY_CHUNK_BYTES // row_bytes)
     with tqdm(total=rows * row_bytes, unit="B", unit_scale=True, desc=desc, leave=False,
               disable=not progress or rows * row_bytes < QUIET_BYTES) as bar:
@@ -187,7 +193,7 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
             piece = src[start:end]
             if isinstance(piece, np.ndarray):
                 piece = torch.from_numpy(np.ascontiguousarray(piece))
-            dst[start:end].copy_(piece)
+            dst[start:end].copy_(piece if encode is None else encode(piece, start))
             bar.update((end - start) * row_bytes)
     return dst
 

@@ -1,0 +1,146 @@
+"""Stored row formats: how a tier keeps a float32 table's rows in fewer bytes, and how they read back.
+
+A tier may keep its rows in a narrower *format*; every gather decodes them,
+so a table always reads in its own dtype (float32):
+
+====================  =========================  =================================  ==================
+name                  stored row                 reads back as (torch)              bytes, 128 values
+====================  =========================  =================================  ==================
+``"bfloat16"``        ``elems`` bfloat16         ``x.to(torch.bfloat16).float()``   256 (2x fewer)
+``"float16"``         ``elems`` float16          ``x.to(torch.float16).float()``    256 (2x)
+``"float8"``          ``elems`` float8_e4m3fn,   ``q.float() * scale``              144 (3.6x)
+                      then a float32 scale
+``"int8"``            ``elems`` int8, then a     ``q.float() * scale``              144 (3.6x)
+                      float32 scale
+====================  =========================  =================================  ==================
+
+The two scaled formats keep one float32 ``scale`` per row, ``max |x| / QMAX``
+(127 for int8, 448, e4m3's largest finite value, for float8), and the
+values ``q = x / scale`` rounded to the format (int8: to nearest, ties to
+even, as ``torch.round``; float8: torch's conversion). A row of zeros
+stores scale 1. A scaled row is laid out as bytes: the ``elems`` values at
+offset 0, the scale at :meth:`Format.scale_offset` (the next multiple of
+4), the row padded to a multiple of 16 bytes (:meth:`Format.pitch`) so that
+the GPU reads it with 16-byte loads; the host tensor of such a tier is
+``uint8 [N, pitch]``. The 16-bit formats are plain typed tensors
+``[N, *row_shape]``.
+
+:meth:`Format.encode` is the one place where rows are rounded, on the CPU
+with torch, and :meth:`Format.decode` is the reference the gather kernel
+(``kernels/gather.cu``) matches bit for bit: the same conversion of each
+stored value to float32, then one float32 multiply by the scale. Rows with
+NaN or infinity cannot be scaled (their scale would be NaN or infinite and
+take the whole row with it): encoding raises ValueError, naming the first
+such row. The 16-bit formats keep NaN and infinity as they are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Format:
+    """One stored row format (see the module docstring); get them with :func:`get`."""
+
+    name: str
+    element: torch.dtype  # the stored values' dtype
+    scaled: bool  # a float32 scale per row after the values
+    code: int  # the kernel's name for it (F_FMT_* in kernels/gather_job.cuh)
+    qmax: float = 0.0  # scaled formats: the largest stored magnitude
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty(0, dtype=self.element).element_size()
+
+    def scale_offset(self, elems: int) -> int:
+        """Byte offset of a scaled row's float32 scale: after its values, 4-byte aligned."""
+        return -(-elems * self.element_size // 4) * 4
+
+    def pitch(self, elems: int) -> int:
+        """Bytes a stored row of ``elems`` values takes (a scaled row padded to a multiple of 16)."""
+        if not self.scaled:
+            return elems * self.element_size
+        return -(-(self.scale_offset(elems) + 4) // 16) * 16
+
+    def stored_shape(self, shape) -> tuple[int, ...]:
+        """The host tensor's shape for a table of ``shape`` (rows first)."""
+        shape = tuple(shape)
+        if not self.scaled:
+            return shape
+        return (shape[0], self.pitch(_elems(shape)))
+
+    def stored_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.scaled else self.element
+
+    def encode(self, rows: torch.Tensor, first_row: int = 0) -> torch.Tensor:
+        """``rows`` (float32 CPU ``[n, *row_shape]``) in this format: ``stored_shape`` of ``stored_dtype``.
+
+        ``first_row``: the table row of ``rows[0]``, for error messages.
+        Raises ValueError for a non-float32 input, and for scaled formats a
+        row holding NaN or infinity.
+        """
+        if rows.dtype != torch.float32:
+            raise ValueError(f"stored formats keep float32 rows; got {rows.dtype}")
+        if not self.scaled:
+            return rows.to(self.element)
+        n, elems = rows.shape[0], _elems(rows.shape)
+        flat = rows.reshape(n, elems)
+        bad = ~torch.isfinite(flat).all(1)
+        if bool(bad.any()):
+            row = first_row + int(bad.nonzero()[0, 0])
+            raise ValueError(f"row {row} holds NaN or infinity, which {self.name} rows (values scaled by the row's "
+                             f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
+        scale = flat.abs().amax(1) / self.qmax if elems else torch.ones(n)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (flat / scale[:, None]).clamp(-self.qmax, self.qmax)
+        values = torch.round(q).to(torch.int8) if self.element == torch.int8 else q.to(self.element)
+        out = torch.zeros((n, self.pitch(elems)), dtype=torch.uint8)
+        out[:, :elems * self.element_size] = values.view(torch.uint8).reshape(n, -1)
+        offset = self.scale_offset(elems)
+        out[:, offset:offset + 4] = scale.reshape(n, 1).view(torch.uint8)
+        return out
+
+    def decode(self, stored: torch.Tensor, row_shape) -> torch.Tensor:
+        """Stored rows (as :meth:`encode` returns them, any device) back as float32 ``[n, *row_shape]``."""
+        row_shape = tuple(row_shape)
+        if not self.scaled:
+            return stored.to(torch.float32)
+        n, elems = stored.shape[0], _elems((0, *row_shape))
+        values = stored[:, :elems * self.element_size].contiguous().view(self.element).to(torch.float32)
+        offset = self.scale_offset(elems)
+        scale = stored[:, offset:offset + 4].contiguous().view(torch.float32)
+        return (values * scale).reshape(n, *row_shape)
+
+
+def _elems(shape) -> int:
+    count = 1
+    for size in tuple(shape)[1:]:
+        count *= int(size)
+    return count
+
+
+FORMATS = {f.name: f for f in (
+    Format("bfloat16", torch.bfloat16, False, 2),
+    Format("float16", torch.float16, False, 1),
+    Format("float8", torch.float8_e4m3fn, True, 3, 448.0),
+    Format("int8", torch.int8, True, 4, 127.0),
+)}
+_ALIASES = {torch.bfloat16: "bfloat16", torch.float16: "float16", "bf16": "bfloat16", "fp16": "float16",
+            "half": "float16", "fp8": "float8", "float8_e4m3fn": "float8", "e4m3": "float8",
+            torch.float8_e4m3fn: "float8", torch.int8: "int8"}
+
+
+def get(spec) -> Format | None:
+    """The format ``spec`` names: a :class:`Format`, a name (``"int8"``, ``"fp8"``, ``"bf16"`` ...), a torch
+    dtype (``torch.bfloat16``), or None (rows kept as they are). Raises ValueError for anything else."""
+    if spec is None or isinstance(spec, Format):
+        return spec
+    name = _ALIASES.get(spec, spec)
+    if isinstance(name, str):
+        name = _ALIASES.get(name.lower().removeprefix("torch."), name.lower().removeprefix("torch."))
+    if name not in FORMATS:
+        raise ValueError(f"unknown stored row format {spec!r}; use one of {', '.join(FORMATS)} "
+                         "(or torch.bfloat16 / torch.float16)")
+    return FORMATS[name]
