@@ -111,3 +111,25 @@ def test_ids_grouped_by_page_are_a_permutation_in_page_order(cuda_device, dtype)
     assert one.tolist() == ids[:1].tolist() and at.tolist() == [0]
     none, at = order.group_by_page(ids[:0], num_rows, shift)
     assert len(none) == 0 and len(at) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, map_dtype", [(torch.int32, torch.int32), (torch.int64, torch.int32),
+                                              (torch.int32, torch.int64), (torch.int64, torch.int64)])
+def test_ids_grouped_by_their_mapped_position(cuda_device, dtype, map_dtype):
+    """A table that renumbers its rows (GPU tier, host layout) groups ids by where their rows are: map[id]."""
+    from hmgstore.cuda import order
+
+    num_rows, shift = 200_000, 8
+    new_of_old = torch.randperm(num_rows, generator=torch.Generator().manual_seed(1)) + 1000  # 1000 GPU rows first
+    ids = torch.randint(0, num_rows, (50_000,), dtype=dtype)
+    ids[:2] = torch.tensor([-1, num_rows], dtype=dtype)  # never looked up: first or last group
+    grouped, perm = order.group_by_page(ids.to(cuda_device), num_rows, shift, new_of_old.to(cuda_device, map_dtype),
+                                        positions=num_rows + 1000)
+    grouped, perm = grouped.cpu(), perm.cpu()
+    assert torch.equal(torch.sort(perm).values, torch.arange(len(ids))) and torch.equal(grouped, ids[perm])
+    last = (num_rows + 999) >> shift
+    keys = torch.where((grouped >= 0) & (grouped < num_rows), new_of_old[grouped.long().clamp(0, num_rows - 1)],
+                       torch.where(grouped < 0, 0, last << shift))
+    buckets = (keys >> shift).clamp(0, last)
+    assert bool((buckets[1:] >= buckets[:-1]).all())

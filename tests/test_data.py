@@ -116,3 +116,14 @@ def test_unknown_or_hetero_dataset(ogb_reader, tmp_path):
         ogb_reader.load_node_dataset(tmp_path, "ogbn-nothing")
     with pytest.raises(ValueError, match="heterogeneous"):
         ogb_reader.load_node_dataset(tmp_path, "ogbn-mag")
+
+
+def test_synthetic_fine_communities_keep_edges_inside_and_one_class_each():
+    g = datasets.synthetic(num_nodes=20_000, avg_degree=10, feat_dim=4, num_classes=4, communities=400, seed=3)
+    default = datasets.synthetic(num_nodes=2_000, avg_degree=5, feat_dim=4, num_classes=4, seed=4)
+    same = datasets.synthetic(num_nodes=2_000, avg_degree=5, feat_dim=4, num_classes=4, communities=4, seed=4)
+    assert torch.equal(default.edge_index, same.edge_index) and torch.equal(default.x, same.x)  # the default is kept
+    src, dst = g.edge_index
+    assert (g.y[src] == g.y[dst]).float().mean() > 0.8  # most edges stay inside a community, hence a class
+    with pytest.raises(ValueError, match="communities"):
+        datasets.synthetic(num_nodes=100, num_classes=4, communities=2)

@@ -34,7 +34,7 @@ def state_of(table, for_process: bool) -> dict:
     elif table._deferred is not None:
         unusable = table._deferred.get("unusable")
     return {"source": source, "dtype": table.dtype, "device": str(table.device), "max_sms": table.max_sms,
-            "closed": table.closed, "shape": tuple(table.shape),
+            "closed": table.closed, "shape": tuple(table.shape), "layout": table.layout,
             "format": table.host_format.name if table.host_format else None,
             "gpu_format": table.gpu_format.name if table.gpu_format else None,
             "gpu_rows": table.placement.gpu_rows if table.placement.num_gpu_rows else None,

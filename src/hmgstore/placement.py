@@ -184,12 +184,15 @@ class Placement:
 
     A table on one GPU has tiers ``gpu, host``; a table sharded over ``k``
     GPUs ``replica, shard0 .. shard{k-1}, host`` (empty tiers are left out,
-    except shards). The new-id map is derived where it is used: see
-    :meth:`new_of_old`.
+    except shards). ``host_layout``: old ids in the order the host tier
+    keeps its rows (a permutation: rows used together laid out together,
+    :mod:`hmgstore.locality`), or None for id order. The new-id map is
+    derived where it is used: see :meth:`new_of_old`.
     """
 
     num_rows: int
     tiers: tuple[Tier, ...]
+    host_layout: torch.Tensor | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -228,9 +231,13 @@ class Placement:
         row on one GPU in id order).
         """
         count = self.resident_rows
-        if count == 0 or self.names == ("gpu",):
+        if (count == 0 and self.host_layout is None) or self.names == ("gpu",):
             return None
-        new = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
+        if self.host_layout is None:
+            new = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
+        else:  # the host tier's row i holds old row host_layout[i]
+            new = torch.empty(self.num_rows, dtype=dtype, device=device)
+            new[self.host_layout.to(device)] = torch.arange(count, count + self.num_rows, dtype=dtype, device=device)
         for t in self.tiers:
             if t.rows is not None and t.name not in host_tiers and len(t.rows):
                 new[t.rows.to(device)] = torch.arange(t.start, t.end, dtype=dtype, device=device)
@@ -265,20 +272,41 @@ class Placement:
         return self.resident_rows < self.num_rows
 
 
-def _stack(num_rows: int, resident: list[tuple[str, torch.Tensor]], host: bool = True) -> Placement:
-    """Resident tiers in the given order, then the host tier (new id = its start + old id)."""
+def _stack(num_rows: int, resident: list[tuple[str, torch.Tensor]], host: bool = True,
+           host_layout: torch.Tensor | None = None) -> Placement:
+    """Resident tiers in the given order, then the host tier (new id = its start + the row's host position)."""
     tiers, start = [], 0
     for name, rows in resident:
         tiers.append(Tier(name, start, start + len(rows), rows))
         start += len(rows)
     if host:
         tiers.append(Tier("host", start, start + num_rows))
-    return Placement(num_rows, tuple(tiers))
+    return Placement(num_rows, tuple(tiers), host_layout if host else None)
 
 
-def host_only(num_rows: int) -> Placement:
-    """Every row read from the pinned host table."""
-    return _stack(num_rows, [])
+def host_only(num_rows: int, host_layout: torch.Tensor | None = None) -> Placement:
+    """Every row read from the pinned host table (kept in ``host_layout`` order, see :class:`Placement`)."""
+    return _stack(num_rows, [], host_layout=host_layout)
+
+
+def check_layout(layout, num_rows: int) -> torch.Tensor:
+    """``layout`` as int64 CPU ids after checking it is a permutation of ``range(num_rows)``.
+
+    Raises ValueError for another length, IndexError for ids out of range
+    and ValueError naming a row listed twice.
+    """
+    from .index import as_tensor, check_range
+
+    layout, _ = as_tensor(layout, num_rows)
+    layout = layout.reshape(-1).to("cpu", torch.int64)
+    if len(layout) != num_rows:
+        raise ValueError(f"a layout lists every row once: {num_rows} ids, got {len(layout)}")
+    check_range(layout, num_rows)
+    seen = torch.bincount(layout, minlength=num_rows)
+    if bool((seen != 1).any()):
+        raise ValueError(f"a layout lists every row once; row {int((seen != 1).nonzero()[0, 0])} is listed "
+                         f"{int(seen[(seen != 1).nonzero()[0, 0]])} times")
+    return layout
 
 
 def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
@@ -293,7 +321,7 @@ def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     return ids
 
 
-def by_ids(num_rows: int, gpu_rows) -> Placement:
+def by_ids(num_rows: int, gpu_rows, host_layout: torch.Tensor | None = None) -> Placement:
     """Rows ``gpu_rows`` resident on the GPU (slots in the given order), the rest on the host.
 
     When ``gpu_rows`` lists every row, slots follow row ids instead, so the
@@ -304,20 +332,21 @@ def by_ids(num_rows: int, gpu_rows) -> Placement:
     """
     ids = _ids(gpu_rows, num_rows, "gpu_rows")
     if len(ids) == 0:
-        return host_only(num_rows)
+        return host_only(num_rows, host_layout)
     if len(ids) == num_rows:  # every row resident: slot = id, so no map and no host tier
         return _stack(num_rows, [("gpu", torch.arange(num_rows))], host=False)
-    return _stack(num_rows, [("gpu", ids)])
+    return _stack(num_rows, [("gpu", ids)], host_layout=host_layout)
 
 
 def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=None, gpu_budget=None,
-              hot_order=None) -> Placement:
+              hot_order=None, host_layout: torch.Tensor | None = None) -> Placement:
     """The placement of one table on ``device``, from the arguments :class:`~hmgstore.HybridTensor` takes.
 
     ``gpu_rows`` (ids), or ``gpu_budget`` (bytes) with ``hot_order`` (ids,
     hottest first). They are checked on every device, so a script that runs
     on the CPU fails the same way it would on a GPU; on the CPU every row is
-    then read from the source. Raises ValueError for conflicting or missing
+    then read from the source. ``host_layout``: see :class:`Placement`
+    (checked by the table). Raises ValueError for conflicting or missing
     arguments and repeated ids, IndexError for ids out of range.
     """
     if gpu_rows is not None and (gpu_budget is not None or hot_order is not None):
@@ -330,8 +359,8 @@ def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=N
         gpu_rows = by_hotness(hot_order, gpu_budget, row_bytes)  # by_ids checks the rows chosen
     elif hot_order is not None:
         raise ValueError("hot_order is only used with gpu_budget; pass gpu_budget too")
-    placement = host_only(num_rows) if gpu_rows is None else by_ids(num_rows, gpu_rows)
-    return host_only(num_rows) if torch.device(device).type == "cpu" else placement
+    placement = host_only(num_rows, host_layout) if gpu_rows is None else by_ids(num_rows, gpu_rows, host_layout)
+    return host_only(num_rows, host_layout) if torch.device(device).type == "cpu" else placement
 
 
 def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budget, replicate=0) -> Placement:

@@ -53,10 +53,11 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
         if device.type == "cpu":
             check_pending(pending)
             for (table, _), index, out in zip(requests, indices, results):
+                at = table.host_positions(index.ids)
                 if table._format is not None:
-                    out.copy_(table._format.decode(torch.index_select(table._source, 0, index.ids), table.row_shape))
+                    out.copy_(table._format.decode(torch.index_select(table._source, 0, at), table.row_shape))
                 else:
-                    torch.index_select(table._source, 0, index.ids, out=out)
+                    torch.index_select(table._source, 0, at, out=out)
                 if table._counter is not None:
                     table._counter.rows[-1] += len(index.ids)  # a CPU table is its host tier
         else:
@@ -96,12 +97,12 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
     shift = page_shift(table) if table._sort_ids and table._reads_host and len(index.ids) > 1 else None
-    key = (id(index), narrow, shift)  # tables with the same bucket size share a grouping
+    key = (id(index), narrow, shift, id(table._map))  # tables with the same bucket size and map share a grouping
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
         perm = None
-        if shift is not None:
-            ids, perm = order.group_by_page(ids, table.num_rows, shift)
+        if shift is not None:  # by host position: map[id] when the table renumbers its rows
+            ids, perm = order.group_by_page(ids, table.num_rows, shift, table._map, table.placement.bounds[-1])
         prepared[key] = (ids, perm)
     ids, perm = prepared[key]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
@@ -186,7 +187,8 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
         return None, None
     fmt = table._format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
-    part = split_mod.CpuPart((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64), cpu, decode)
+    part = split_mod.CpuPart(table.host_positions((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64)),
+                             cpu, decode)
     split_mod.start(part, table._source, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
         ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
@@ -196,7 +198,8 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     ids = ids.to(table.placement.index_dtype)  # CPU ids: checked, cannot wrap
     perm = positions
     if table._sort_ids and len(ids) > 1:
-        ids, by_page = order.group_by_page(ids, table.num_rows, page_shift(table))
+        ids, by_page = order.group_by_page(ids, table.num_rows, page_shift(table), table._map,
+                                           table.placement.bounds[-1])
         perm = positions if by_page is None else positions[by_page]
     return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
 

@@ -29,6 +29,7 @@ from typing import Sequence
 import torch
 
 from . import formats, plan
+from . import placement as placement_mod
 from .cuda.runtime import synchronize
 from .device import resolve_device
 from .memory.pinned import PinnedHost, as_host_tensor, row_layout
@@ -45,7 +46,7 @@ class Table:
     """
 
     def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_format=None,
-               gpu_format=None, backing="auto", dtype=None, shape=None) -> None:
+               gpu_format=None, backing="auto", dtype=None, shape=None, layout=None) -> None:
         """Take ``source`` as the host tier.
 
         A table's own source is copied (``copy``, or encoded in
@@ -55,7 +56,9 @@ class Table:
         ``host_format`` (16-bit formats are also recognised by their dtype)
         and whose table shape is ``shape`` (needed for scaled formats).
         ``gpu_format``: the format the GPU tier keeps rows in (None: the
-        table's dtype).
+        table's dtype). ``layout``: old ids in the order the host tier keeps
+        them (a permutation, :mod:`hmgstore.locality`); a table's own source
+        is then copied in that order, a stored host tier is in it already.
         """
         from .memory import owned
 
@@ -63,17 +66,20 @@ class Table:
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
         row_layout(self._source)  # unusable layouts raise before any copy
+        if layout is not None:
+            layout = placement_mod.check_layout(layout, self._source.shape[0] if shape is None else shape[0])
         if dtype is None:  # the caller's own table: rows as they read
             self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
             if host_format is not None:
                 _check_format(self._dtype, host_format)
-                stored = owned.empty(host_format.stored_shape(self._shape), host_format.stored_dtype(), backing,
-                                     device, zero=False)
-                self._source = owned.copy_in(stored, self._source, progress, f"encoding host tier as "
-                                             f"{host_format.name}", encode=host_format.encode)
-            elif copy:
-                self._source = owned.copy_of(self._source, None, backing, progress, device)
-            if host_format is not None or copy:
+            if host_format is not None or copy or layout is not None:
+                fmt = host_format
+                stored = owned.empty(fmt.stored_shape(self._shape) if fmt else self._shape,
+                                     fmt.stored_dtype() if fmt else self._dtype, backing, device, zero=False)
+                what = f"encoding host tier as {fmt.name}" if fmt else "copying into host tier"
+                self._source = owned.copy_in(stored, self._source, progress,
+                                             what + (" in layout order" if layout is not None else ""),
+                                             encode=fmt.encode if fmt else None, order=layout)
                 self._given, self._read_only = self._source, False
         else:  # already the stored host tier
             self._dtype = dtype
@@ -88,6 +94,8 @@ class Table:
         if gpu_format is not None and gpu_format != host_format:
             raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
         self._format, self._gpu_format = host_format, gpu_format
+        self._layout = layout
+        self._host_pos = None  # host position of each old id, once asked for (see host_positions)
         self.row_bytes = math.prod(self._shape[1:]) * torch.empty(0, dtype=self._dtype).element_size()
         self.max_sms = max_sms
         self._progress = progress
@@ -170,6 +178,22 @@ class Table:
             weakref.finalize(self, synchronize, (self.device,))
         return self
 
+    def host_positions(self, ids: torch.Tensor) -> torch.Tensor:
+        """Where old row ids ``ids`` (int64 CPU, in range) are in the host tier (``source``): the ids themselves,
+        or their places in the table's layout."""
+        if self._layout is None:
+            return ids
+        if self._host_pos is None:
+            pos = torch.empty(self.num_rows, dtype=torch.int64)
+            pos[self._layout] = torch.arange(self.num_rows)
+            self._host_pos = pos
+        return self._host_pos[ids]
+
+    @property
+    def layout(self) -> torch.Tensor | None:
+        """Old ids in the order the host tier keeps its rows (int64 CPU), or None for id order."""
+        return self._layout
+
     def _fill_gpu_tier(self) -> None:
         """Copy the GPU tier's rows in, reading the host table through the gather kernel: the stored rows as
         they are when the GPU tier keeps the host's format, else decoded."""
@@ -177,7 +201,7 @@ class Table:
         pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
         try:
             decode = None if self._gpu_format is not None else self._format
-            plan.fill_rows(pinned, self.placement.gpu_rows, self._gpu, self.device, decode)
+            plan.fill_rows(pinned, self.host_positions(self.placement.gpu_rows), self._gpu, self.device, decode)
         finally:
             if temporary:
                 pinned.release()

@@ -111,10 +111,10 @@ class HybridTensor(Table):
 
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
-                 host_dtype=None, compress=None, backing: str = "auto", split=None):
+                 host_dtype=None, compress=None, layout=None, backing: str = "auto", split=None):
         host_format, gpu_format = _formats(host_dtype, compress)
         self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_format=host_format,
-                    gpu_format=gpu_format, backing=backing)
+                    gpu_format=gpu_format, backing=backing, layout=layout)
         self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats,
                               split=split)
 
@@ -122,7 +122,8 @@ class HybridTensor(Table):
         """Decide the placement (a GPU budget counts stored bytes), build the tiers, then the statistics and split
         settings."""
         self.placement = placement_mod.for_table(self.num_rows, self.gpu_row_bytes, self.device, gpu_rows=gpu_rows,
-                                                 gpu_budget=gpu_budget, hot_order=hot_order)
+                                                 gpu_budget=gpu_budget, hot_order=hot_order,
+                                                 host_layout=self._layout)
         self._build()
         if stats:
             self.reset_stats()
@@ -183,25 +184,26 @@ class HybridTensor(Table):
 
     @classmethod
     def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None, gpu_format=None,
-                 max_sms=None, progress=True, **placement) -> "HybridTensor":
+                 layout=None, max_sms=None, progress=True, **placement) -> "HybridTensor":
         """A table over ``host`` (owned memory in the stored form, used in place), whose rows read as ``dtype``
-        (``fmt``, ``shape``: see :meth:`hmgstore.table.Table._setup`)."""
+        (``fmt``, ``shape``, ``layout``: see :meth:`hmgstore.table.Table._setup`)."""
         self = cls.__new__(cls)
         self._setup(host, resolve_device(device), max_sms, progress, host_format=fmt, gpu_format=gpu_format,
-                    dtype=dtype, shape=shape)
+                    dtype=dtype, shape=shape, layout=layout)
         self._place_and_build(**placement)
         return self
 
     def dense(self) -> torch.Tensor:
         """The whole table as a CPU tensor of :attr:`shape` and :attr:`dtype`.
 
-        The host tier itself (no copy) when it keeps rows as they read and is
-        writable; a decoded copy when it keeps a stored format; a copy of a
-        read-only source. For PyG's whole-table reads and for checks.
+        The host tier itself (no copy) when it keeps rows as they read, in id
+        order, and is writable; a copy when it keeps a stored format or a
+        layout, or is read-only. For PyG's whole-table reads and for checks.
         """
+        host = self._source if self._layout is None else self._source[self.host_positions(torch.arange(self.num_rows))]
         if self._format is not None:
-            return self._format.decode(self._source, self.row_shape)
-        return self._source.clone() if self._read_only else self._source
+            return self._format.decode(host, self.row_shape)
+        return host.clone() if self._read_only and host is self._source else host
 
     # ---- gathering -----------------------------------------------------------
     def gather(self, index, *, out: torch.Tensor | None = None, stream=None, check: str = "deferred") -> torch.Tensor:
@@ -249,9 +251,10 @@ class HybridTensor(Table):
             rows = torch.as_tensor(value).to("cpu", self._dtype).expand(len(ids), *self.row_shape)
             fmt = self._format
             host_rows = (fmt.encode(rows.contiguous()) if fmt else rows).contiguous()
-            self._source.index_copy_(0, ids, host_rows)
+            at = self.host_positions(ids)
+            self._source.index_copy_(0, at, host_rows)
             if self._pinned is not None and self._pinned.tensor is not self._source:  # a small table's pinned copy
-                self._pinned.tensor.index_copy_(0, ids, host_rows)
+                self._pinned.tensor.index_copy_(0, at, host_rows)
             if self._gpu is not None and len(ids):
                 new = ids.to(self.device) if self._map is None else self._map[ids.to(self.device)]
                 resident = (new < self.num_gpu_rows).nonzero().flatten()
@@ -300,9 +303,9 @@ def _rebuild(state: dict) -> HybridTensor:
     table = HybridTensor.__new__(HybridTensor)
     table._setup(pickling.source_of(state), resolve_device(state["device"]), state["max_sms"], False,
                  dtype=state["dtype"], shape=state["shape"], host_format=formats.get(state["format"]),
-                 gpu_format=formats.get(state["gpu_format"]))
+                 gpu_format=formats.get(state["gpu_format"]), layout=state["layout"])
     table.placement = placement_mod.for_table(table.num_rows, table.gpu_row_bytes, table.device,
-                                              gpu_rows=state["gpu_rows"])
+                                              gpu_rows=state["gpu_rows"], host_layout=table.layout)
     if state["closed"]:
         table._closing = table._closed = True
     elif table.device.type == "cuda" or state["unusable"]:

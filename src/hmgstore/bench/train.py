@@ -11,7 +11,7 @@ for ``--batches`` batches in each configuration, after warm-up, on one graph:
   read zero-copy;
 - ``cache``: hmgstore with ``--cache`` of the features' and of the topology's
   bytes on the GPU, the hot rows chosen by pre-sampling one epoch
-  (:func:`hmgstore.placement.presample`);
+  (:func:`hmgstore.graph.presample`);
 
 and each of the last three with ``hmgstore.Pipeline`` (``+pipe``): the next
 batches sampled and gathered on a side stream while the model trains.
@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 import hmgstore
 
+from ..graph import presample
 from .report import header, write_report
 
 log = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ def run(args) -> dict:
         log.info("pre-sampling one epoch for the cache")
         sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, progress=False)
         start = time.perf_counter()
-        hot = hmgstore.placement.presample(sampler, train, batch_size=args.batch_size, progress=False)
+        hot = presample(sampler, train, batch_size=args.batch_size, progress=False)
         report["presample_s"] = time.perf_counter() - start
         sampler.close()
     for config in configs:

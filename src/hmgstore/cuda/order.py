@@ -29,28 +29,39 @@ def bucket_shift(pitch: int) -> int:
     return max(0, (BUCKET_BYTES // max(1, pitch)).bit_length() - 1)
 
 
-def group_by_page(ids: torch.Tensor, num_rows: int, shift: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(grouped, perm)``: ``ids`` (1-D int32/int64 CUDA) grouped by ``id >> shift``, and each one's
-    position in ``ids`` (int64), so that ``grouped == ids[perm]``; ``perm`` is None when the whole table is
-    one group (``grouped`` is ``ids``). Ids outside ``[0, num_rows)`` go to the first or last group. Queued
-    on the current stream; nothing waits."""
+def group_by_page(ids: torch.Tensor, num_rows: int, shift: int, map: torch.Tensor | None = None,
+                  positions: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(grouped, perm)``: ``ids`` (1-D int32/int64 CUDA) grouped by their host position ``>> shift``, and each
+    one's position in ``ids`` (int64), so that ``grouped == ids[perm]``; ``perm`` is None when the whole table
+    is one group (``grouped`` is ``ids``).
+
+    An id's host position is ``map[id]`` when ``map`` (int32/int64 CUDA, one entry per row: the table's new id
+    of each old one) is given, among ``positions`` of them (default ``num_rows``), else the id itself. Ids
+    outside ``[0, num_rows)`` are never looked up and go to the first or last group. Queued on the current
+    stream; nothing waits."""
     if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 1 or ids.device.type != "cuda":
         raise ValueError(f"ids must be a 1-D int32/int64 CUDA tensor, got {ids.dtype} {tuple(ids.shape)} "
                          f"on {ids.device}")
+    if map is not None and (map.dtype not in (torch.int32, torch.int64) or map.device != ids.device):
+        raise ValueError(f"map must be an int32/int64 tensor on {ids.device}, got {map.dtype} on {map.device}")
     ids = ids.contiguous()
-    n, last = len(ids), max(0, (num_rows - 1) >> shift)
+    n, last = len(ids), max(0, ((positions or num_rows) - 1) >> shift)
     if last == 0:  # one group: the order is the ids' own (every atomic would meet on one counter)
         return ids, None
     if n >= 2**31:  # the kernels count in int32
-        return torch.sort(ids)
-    suffix = "i64" if ids.dtype == torch.int64 else "i32"
+        keys = ids if map is None else map[ids.clamp(0, num_rows - 1)]
+        perm = torch.sort(keys).indices
+        return ids[perm], perm
+    suffix = ("i64" if ids.dtype == torch.int64 else "i32") + ("_m64" if map is not None and map.dtype == torch.int64
+                                                                 else "_m32")
+    mapped = (np.uint64(0 if map is None else map.data_ptr()), np.int64(num_rows))
     counts = torch.zeros(last + 1, dtype=torch.int32, device=ids.device)
-    launch(FILES, f"hmg_bucket_count_{suffix}", n, (np.uint64(ids.data_ptr()), np.int64(n), np.int32(shift),
+    launch(FILES, f"hmg_bucket_count_{suffix}", n, (np.uint64(ids.data_ptr()), *mapped, np.int64(n), np.int32(shift),
                                                    np.int32(last), np.uint64(counts.data_ptr())), ids.device)
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
     grouped = torch.empty_like(ids)
     perm = torch.empty(n, dtype=torch.int64, device=ids.device)
-    launch(FILES, f"hmg_bucket_place_{suffix}", n, (np.uint64(ids.data_ptr()), np.int64(n), np.int32(shift),
+    launch(FILES, f"hmg_bucket_place_{suffix}", n, (np.uint64(ids.data_ptr()), *mapped, np.int64(n), np.int32(shift),
                                                    np.int32(last), np.uint64(ends.data_ptr()),
                                                    np.uint64(grouped.data_ptr()), np.uint64(perm.data_ptr())),
            ids.device)

@@ -40,29 +40,36 @@ class NodeGraph:
 
 
 def synthetic(num_nodes: int = 100_000, avg_degree: int = 10, feat_dim: int = 128, num_classes: int = 16,
-              *, intra: float = 0.8, noise: float = 2.0, skew: float = 3.0, dtype=torch.float32,
-              seed: int = 0) -> NodeGraph:
+              *, intra: float = 0.8, noise: float = 2.0, skew: float = 3.0, communities: int | None = None,
+              dtype=torch.float32, seed: int = 0) -> NodeGraph:
     """A random community graph (see the module docstring), reproducible from ``seed``.
 
     ``intra``: share of edges that stay inside a community; ``noise``: feature
     noise over centroid spread (higher is harder); ``skew``: exponent of the
     destination popularity (1 is uniform; 3 gives a heavy-tailed in-degree).
-    Splits: 60% train, 20% val, 20% test. Memory: about ``16 * E + N * D *
+    ``communities``: how many communities edges stay inside (default
+    ``num_classes``: one per class); more of them, each of one class, give
+    the graph the fine-grained locality of real ones (papers cite within a
+    subfield), which layouts by locality (:mod:`hmgstore.graph.locality`)
+    find. Splits: 60% train, 20% val, 20% test. Memory: about ``16 * E + N * D *
     itemsize`` bytes. Raises ValueError for sizes that make no graph.
     """
-    if num_nodes < num_classes or num_classes < 2 or avg_degree < 1 or feat_dim < 1:
-        raise ValueError("need num_nodes >= num_classes >= 2, avg_degree >= 1 and feat_dim >= 1")
+    k = num_classes if communities is None else communities
+    if num_nodes < max(num_classes, k) or num_classes < 2 or avg_degree < 1 or feat_dim < 1 or k < num_classes:
+        raise ValueError("need num_nodes >= num_classes >= 2 (and communities from num_classes to num_nodes), "
+                         "avg_degree >= 1 and feat_dim >= 1")
     g = torch.Generator().manual_seed(seed)
     n, c = num_nodes, num_classes
     num_edges = n * avg_degree
-    label = torch.arange(n) % c  # before the final relabelling: community of node i is i % c
+    member = torch.arange(n) % k  # before the final relabelling: community of node i is i % k
+    label = member % c  # and its class
     src = torch.randint(0, n, (num_edges,), generator=g)
     # Destination: a popular member of the source's community (or of a random one).
-    community = torch.where(torch.rand(num_edges, generator=g) < intra, label[src],
-                            torch.randint(0, c, (num_edges,), generator=g))
-    size = (n - community + c - 1) // c  # members of community k: k, k + c, k + 2c, ...
+    community = torch.where(torch.rand(num_edges, generator=g) < intra, member[src],
+                            torch.randint(0, k, (num_edges,), generator=g))
+    size = (n - community + k - 1) // k  # members of community j: j, j + k, j + 2k, ...
     rank = (torch.rand(num_edges, generator=g) ** skew * size).long().clamp_max(size - 1)
-    dst = community + rank * c
+    dst = community + rank * k
 
     centroids = torch.randn(c, feat_dim, generator=g)
     x = centroids[label] + noise * torch.randn(n, feat_dim, generator=g)

@@ -170,7 +170,7 @@ def page_locked_here(start: int, end: int) -> bool:
 
 
 def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying into host tier",
-            encode=None) -> torch.Tensor:
+            encode=None, order: torch.Tensor | None = None) -> torch.Tensor:
     """``dst[:] = src`` row block by row block (converting dtype), under a progress bar for large tables.
 
     ``src``: a CPU tensor or numpy array (a memmap is read piece by piece,
@@ -178,7 +178,9 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
     instead of a dtype conversion, ``encode(rows, first_row)`` turns each
     block of ``src`` rows (a CPU tensor) into ``dst``'s rows, whose shape
     may then differ from ``src``'s past the first dimension (stored row
-    formats, :mod:`hmgstore.formats`). Returns ``dst``.
+    formats, :mod:`hmgstore.formats`). ``order``: ``dst[i] = src[order[i]]``
+    (int64 CPU, a permutation: a host tier laid out by locality). Returns
+    ``dst``.
     """
     same_rows = encode is not None and src.shape[0] == dst.shape[0]
     if not same_rows and tuple(src.shape) != tuple(dst.shape):
@@ -190,7 +192,8 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
               disable=not progress or rows * row_bytes < QUIET_BYTES) as bar:
         for start in range(0, rows, step):
             end = min(rows, start + step)
-            piece = src[start:end]
+            piece = src[start:end] if order is None else src[order[start:end].numpy() if isinstance(src, np.ndarray)
+                                                             else order[start:end]]
             if isinstance(piece, np.ndarray):
                 piece = torch.from_numpy(np.ascontiguousarray(piece))
             dst[start:end].copy_(piece if encode is None else encode(piece, start))

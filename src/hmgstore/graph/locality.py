@@ -1,0 +1,237 @@
+"""Locality: host rows laid out so that rows used together share pages, and batches that use few pages.
+
+Why. On the lent machines (virtual machines with pass-through GPUs, as most
+cloud hosts are) a zero-copy gather keeps about 0.9x of the PCIe limit only
+while a batch's rows lie in a few hundred distinct 2 MiB host pages; each
+further page costs about half a microsecond, serialised
+(``python -m hmgstore.bench reach``). A mini-batch of random seeds touches
+rows all over a big table, whatever the order inside the batch. Two levers
+cut the pages a batch touches:
+
+- a *layout* (:class:`hmgstore.HybridTensor`'s ``layout=``): the host tier
+  keeps rows in an order where a node's neighbours sit near it, so the rows
+  of one seed's neighbourhood share pages. Orders offered here:
+  :func:`community_order` (label propagation, built in, torch only),
+  :func:`metis_order` (METIS through ``pymetis``, ``pip install pymetis``)
+  and :func:`coaccess_order` (nodes in the order an epoch of real sampling
+  first touches them);
+- *locality-aware batches* (:class:`LocalityBatchSampler`): each batch takes
+  its seeds from a window of a few *parts* (contiguous runs of the layout),
+  drawn at random every epoch, so its neighbourhoods stay in few pages
+  (BGL's proximity-aware ordering, MariusGNN's partition buffers). Random
+  order stays the default: batches of a few parts are less random, which
+  may cost accuracy (measured in the README).
+
+:func:`pages_touched` counts the distinct host pages of a batch's rows under
+a layout: the figure both levers are judged by.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Sampler
+from tqdm.auto import tqdm
+
+from .csc import CSC
+
+#: Bytes of host memory the GPU translates at once (the unit of :func:`pages_touched`).
+PAGE_BYTES = 2 << 20
+
+
+def _undirected(csc: CSC) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` of every edge in both directions (int64 CPU), self loops dropped."""
+    dst, src = csc.col(), csc.row.long()
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    return torch.cat([src, dst]), torch.cat([dst, src])
+
+
+def label_propagation(csc: CSC, rounds: int = 8, generator: torch.Generator | None = None,
+                      progress: bool = True) -> torch.Tensor:
+    """A community label per node (int64 [N], CPU): label propagation over the undirected graph.
+
+    Each round, a random half of the nodes takes the label most frequent
+    among its neighbours (ties broken at random); the other half keeps its
+    own, which stops the two-colour oscillation of synchronous updates.
+    ``csc``: a square graph's :class:`~hmgstore.graph.CSC`. Cost: a sort of
+    ``2E`` keys per round; memory about ``48 * E`` bytes. Raises ValueError
+    for a graph that is not square.
+    """
+    if csc.size[0] != csc.size[1]:
+        raise ValueError(f"label propagation needs a square graph, got {csc.size[0]} -> {csc.size[1]} nodes")
+    n = csc.size[1]
+    src, dst = _undirected(csc)
+    labels = torch.arange(n)
+    for _ in tqdm(range(rounds), desc="label propagation", disable=not progress, leave=False):
+        if not len(src):
+            break
+        key = dst * n + labels[src]
+        pairs, counts = torch.unique(key, return_counts=True)
+        node, label = pairs // n, pairs % n
+        score = counts.double() + torch.rand(len(counts), generator=generator, dtype=torch.float64) * 0.5
+        best = torch.full((n,), -1.0, dtype=torch.float64).scatter_reduce(0, node, score, "amax")
+        winner = score == best[node]
+        moving = torch.rand(n, generator=generator) < 0.5
+        take = winner & moving[node]
+        changed = labels.clone()
+        changed[node[take]] = label[take]
+        if torch.equal(changed, labels):
+            break
+        labels = changed
+    return labels
+
+
+def community_order(csc: CSC, rounds: int = 8, generator: torch.Generator | None = None,
+                    progress: bool = True) -> torch.Tensor:
+    """A layout (old ids in host order, int64 [N]) that keeps each community of :func:`label_propagation`
+    together, communities largest first; inside one, nodes by in-degree, highest first."""
+    labels = label_propagation(csc, rounds, generator, progress)
+    size = torch.bincount(labels, minlength=len(labels))
+    degree = csc.colptr.diff()
+    # Largest community first, then by label, then by in-degree (highest first), then by id: one stable sort
+    # per key, the least significant first.
+    order = torch.argsort(-degree, stable=True)
+    order = order[torch.argsort(labels[order], stable=True)]
+    return order[torch.argsort(-size[labels[order]], stable=True)]
+
+
+def metis_order(csc: CSC, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(layout, part)``: METIS's ``num_parts``-way partition of the undirected graph, as a layout keeping each
+    part together (parts in order, nodes by id inside one) and the part of each node (int64 [N]).
+
+    Needs ``pymetis`` (``pip install pymetis``, or ``pip install 'hmgstore[locality]'``): ImportError
+    otherwise. METIS holds the whole graph in memory (about ``16 * E`` bytes) and takes minutes past
+    tens of millions of edges.
+    """
+    try:
+        import pymetis
+    except ImportError:
+        raise ImportError("metis_order needs pymetis: pip install pymetis (or hmgstore[locality]); "
+                          "community_order needs nothing beyond torch") from None
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    from .csc import to_csc
+
+    n = csc.size[1]
+    if num_parts == 1:
+        return torch.arange(n), torch.zeros(n, dtype=torch.int64)
+    src, dst = _undirected(csc)
+    both = to_csc(torch.stack([src, dst]), "coo", (n, n))
+    _, part = pymetis.part_graph(num_parts, adjacency=pymetis.CSRAdjacency(both.colptr.numpy(), both.row.numpy()))
+    part = torch.as_tensor(part, dtype=torch.int64)
+    return torch.argsort(part, stable=True), part
+
+
+def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batches=None,
+                   progress: bool = True) -> torch.Tensor:
+    """A layout with nodes in the order an epoch of sampling first touches them (untouched nodes last, by id).
+
+    ``sampler``: a homogeneous :class:`~hmgstore.graph.NeighborSampler`;
+    ``seeds``: training nodes (int64); ``batches``: the epoch's batches of
+    positions into ``seeds`` (e.g. a :class:`LocalityBatchSampler`), default
+    ``seeds`` in their own order in runs of ``batch_size``. Rows that the
+    same batches read then sit together: the layout pays off for batches
+    made the same way (locality-aware ones), not for a fresh random order.
+    """
+    from .sampler import NeighborSampler
+
+    if not isinstance(sampler, NeighborSampler) or sampler.hetero:
+        raise TypeError("coaccess_order takes a homogeneous hmgstore.graph.NeighborSampler")
+    seeds = torch.as_tensor(seeds).to(torch.int64).cpu()
+    n = sampler.num_nodes[None]
+    if batches is None:
+        batches = [torch.arange(a, min(a + batch_size, len(seeds))) for a in range(0, len(seeds), batch_size)]
+    first = torch.full((n,), math.inf, dtype=torch.float64)
+    for b, positions in enumerate(tqdm(batches, desc="co-access order", disable=not progress, leave=False)):
+        out = sampler.sample({None: seeds[torch.as_tensor(positions)].to(sampler.device)})
+        nodes = out.node[None].cpu()
+        first[nodes] = torch.minimum(first[nodes], torch.full((len(nodes),), float(b), dtype=torch.float64))
+    return torch.argsort(first, stable=True)
+
+
+def parts_of(layout: torch.Tensor, part_rows: int) -> torch.Tensor:
+    """The part of each node (int64 [N]): runs of ``part_rows`` consecutive rows of ``layout``."""
+    if part_rows < 1:
+        raise ValueError(f"part_rows must be at least 1, got {part_rows}")
+    layout = torch.as_tensor(layout).to(torch.int64)
+    part = torch.empty_like(layout)
+    part[layout] = torch.arange(len(layout)) // part_rows
+    return part
+
+
+def rows_per_page(row_bytes: int) -> int:
+    """Rows of ``row_bytes`` bytes in one :data:`PAGE_BYTES` host page (at least 1)."""
+    return max(1, PAGE_BYTES // max(1, row_bytes))
+
+
+def pages_touched(ids: torch.Tensor, row_bytes: int, layout: torch.Tensor | None = None) -> int:
+    """Distinct 2 MiB host pages that rows ``ids`` (old ids) occupy in a table of ``row_bytes`` rows kept in
+    ``layout`` order (None: id order)."""
+    ids = torch.as_tensor(ids).to(torch.int64).cpu()
+    if layout is not None:
+        position = torch.empty(len(layout), dtype=torch.int64)
+        position[torch.as_tensor(layout).to(torch.int64)] = torch.arange(len(layout))
+        ids = position[ids]
+    return int(torch.unique(ids // rows_per_page(row_bytes)).numel())
+
+
+class LocalityBatchSampler(Sampler):
+    """Batches of positions into ``input_nodes`` whose seeds come from a window of ``window`` parts.
+
+    Every epoch the parts are shuffled; the parts holding seeds are taken
+    ``window`` at a time and their seeds shuffled together; the epoch, window
+    after window, is cut into batches of ``batch_size`` (a batch at a
+    window's end takes the rest from the next; ``drop_last`` drops a short
+    last batch), so every epoch has the same number of batches as random
+    order would. Pass it to a PyG loader as
+    ``batch_sampler=`` (with no ``batch_size``/``shuffle`` there):
+    ``NeighborLoader(data, fanout, input_nodes=train, batch_sampler=LocalityBatchSampler(train, part, 1024))``.
+
+    ``input_nodes``: int64 node ids (or a bool mask); ``node_part``: int64
+    [N], the part of every node (:func:`parts_of`, or METIS's parts);
+    ``generator``: a ``torch.Generator`` for the shuffles (default: torch's
+    global one). Raises ValueError for a window or batch size under 1, and
+    for parts that do not cover the input nodes.
+    """
+
+    def __init__(self, input_nodes, node_part, batch_size: int, window: int = 8, *,
+                 generator: torch.Generator | None = None, drop_last: bool = False):
+        nodes = torch.as_tensor(input_nodes)
+        nodes = nodes.nonzero().flatten() if nodes.dtype == torch.bool else nodes.to(torch.int64).reshape(-1)
+        node_part = torch.as_tensor(node_part).to(torch.int64).reshape(-1)
+        if batch_size < 1 or window < 1:
+            raise ValueError(f"batch_size and window must be at least 1, got {batch_size} and {window}")
+        if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= len(node_part)):
+            raise ValueError(f"node_part has {len(node_part)} entries; input node {int(nodes.max())} has none")
+        part = node_part[nodes]
+        self._order = torch.argsort(part, stable=True)  # positions, grouped by part
+        self._bounds = torch.cat([torch.zeros(1, dtype=torch.int64),
+                                  torch.unique_consecutive(part[self._order], return_counts=True)[1].cumsum(0)])
+        self.batch_size, self.window, self.generator, self.drop_last = batch_size, window, generator, drop_last
+
+    @property
+    def num_parts(self) -> int:
+        """Parts that hold input nodes."""
+        return len(self._bounds) - 1
+
+    def epoch(self) -> torch.Tensor:
+        """One epoch's positions, window after window (each window's seeds shuffled together)."""
+        shuffled = torch.randperm(self.num_parts, generator=self.generator)
+        windows = []
+        for w in range(0, self.num_parts, self.window):
+            chosen = shuffled[w:w + self.window].tolist()
+            positions = torch.cat([self._order[self._bounds[p]:self._bounds[p + 1]] for p in chosen])
+            windows.append(positions[torch.randperm(len(positions), generator=self.generator)])
+        return torch.cat(windows) if windows else self._order[:0]
+
+    def __iter__(self):
+        positions = self.epoch()
+        for a in range(0, len(positions), self.batch_size):  # a batch at a window's end spans two windows
+            batch = positions[a:a + self.batch_size]
+            if len(batch) == self.batch_size or not self.drop_last:
+                yield batch.tolist()
+
+    def __len__(self) -> int:
+        total = int(self._bounds[-1])
+        return total // self.batch_size if self.drop_last else -(-total // self.batch_size)
