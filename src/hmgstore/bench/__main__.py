@@ -1,13 +1,13 @@
-"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,remote} [options]``."""
+"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,remote,reach} [options]``."""
 from __future__ import annotations
 
 import argparse
 import logging
 
-from . import gather, hotness, peer, remote, sample, train
+from . import gather, hotness, peer, reach, remote, sample, train
 
 BENCHMARKS = {"gather": gather.run, "peer": peer.run, "sample": sample.run, "hotness": hotness.run,
-              "train": train.run, "remote": remote.run}
+              "train": train.run, "remote": remote.run, "reach": reach.run}
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hotness": (hotness, "cache hit ratios: pre-sampled hotness against degree order, at 1-20% of the nodes"),
         "train": (train, "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
                          "a pre-sampled cache, each with and without the pipeline"),
+        "reach": (reach, "gather rates against the distinct 2 MiB host pages a batch touches: the knee and the cost "
+                         "per page, kernel and CPU path"),
         "remote": (remote, "rows fetched from other machines (torch.distributed), against all_to_all; launches "
                            "simulated machines on this host unless run under torchrun"),
     }

@@ -1,0 +1,235 @@
+"""The GPU's reach into host memory: how a gather's rate falls with the distinct 2 MiB pages a batch touches.
+
+Why. On the lent machines (virtual machines with pass-through GPUs, as most
+cloud hosts are), zero-copy reads hold about 0.9x of the PCIe limit while a
+batch's rows lie in a few hundred 2 MiB pages; past that every further page
+costs a fixed, serialised time, whatever the row order inside the batch and
+however the host memory was allocated. A batch's time is then about
+
+    max(bytes / PCIe rate, pages * cost per page)
+
+so a big table's rate depends on how many pages a batch touches, which
+layouts and locality-aware batches (:mod:`hmgstore.graph.locality`) and
+stored formats (:mod:`hmgstore.formats`) lower.
+
+:func:`measure` finds that curve for one machine: a host table in owned
+(cudaHostAlloc) memory, batches of ids confined to ``K`` random pages for a
+sweep of ``K``, each gathered by the kernel (ids on the GPU) and by the CPU
+path (``index_select`` into pinned staging, then one copy), timed in the same
+run as the pinned H2D limit. From it come the *knee* (the most pages a batch
+may touch and still read at 0.8x of the best rate) and the *cost per page*
+(the slope of a batch's time past the knee). :func:`calibrated` measures a
+small sweep once per machine, in seconds, and caches it like the split
+gather's cost model (``$HMGSTORE_CACHE_DIR/reach.json``), so that placement
+decisions can read it; ``python -m hmgstore.bench reach`` runs the full sweep
+and writes its report.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from .split import cache_path as _split_cache_path
+from .timing import h2d_limit_gbps, median_seconds
+
+log = logging.getLogger(__name__)
+
+PAGE_BYTES = 2 << 20
+#: A rate at least this share of the best one is "before the knee".
+KNEE_SHARE = 0.8
+#: The quick calibration's sweep (pages per batch) and table.
+QUICK_PAGES = (16, 64, 256, 1024, 2048)
+QUICK_TABLE_BYTES = 4 << 30
+
+
+@dataclass
+class Curve:
+    """Rates against pages per batch for one row size, and what they imply.
+
+    ``pages[i]``: distinct 2 MiB pages of batch ``i``'s ids; ``rows[i]``: its
+    distinct rows; ``kernel_seconds``/``cpu_seconds``: median batch times of
+    each path (``cpu_seconds`` empty when the CPU path was not timed).
+    """
+
+    row_bytes: int
+    pages: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    kernel_seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)
+
+    def gbps(self, path: str = "kernel") -> list[float]:
+        times = self.kernel_seconds if path == "kernel" else self.cpu_seconds
+        return [r * self.row_bytes / t / 1e9 for r, t in zip(self.rows, times)]
+
+    def knee(self, path: str = "kernel") -> int:
+        """The most pages a batch may touch and still read at :data:`KNEE_SHARE` of the best rate."""
+        rates = self.gbps(path)
+        if not rates:
+            return 0
+        best = max(rates)
+        return max((p for p, r in zip(self.pages, rates) if r >= KNEE_SHARE * best), default=self.pages[0])
+
+    def us_per_page(self, path: str = "kernel") -> float:
+        """Microseconds a batch's time grows by per page past the knee (least squares over those points)."""
+        times = self.kernel_seconds if path == "kernel" else self.cpu_seconds
+        knee = self.knee(path)
+        points = [(p, t) for p, t in zip(self.pages, times) if p >= knee]
+        if len(points) < 2:
+            return 0.0
+        mp = sum(p for p, _ in points) / len(points)
+        mt = sum(t for _, t in points) / len(points)
+        var = sum((p - mp) ** 2 for p, _ in points)
+        return sum((p - mp) * (t - mt) for p, t in points) / var * 1e6 if var else 0.0
+
+
+@dataclass
+class Reach:
+    """One machine's reach: its PCIe limit and a :class:`Curve` per row size."""
+
+    device: str
+    limit_gbps: float | None  # None on a machine without a GPU
+    table_bytes: int
+    curves: dict = field(default_factory=dict)  # row bytes -> Curve
+
+    def knee(self, row_bytes: int | None = None) -> int:
+        """The knee of the row size nearest ``row_bytes`` (the smallest measured when None)."""
+        return self._curve(row_bytes).knee()
+
+    def _curve(self, row_bytes):
+        sizes = sorted(self.curves)
+        size = sizes[0] if row_bytes is None else min(sizes, key=lambda s: abs(s - row_bytes))
+        return self.curves[size]
+
+    def to_dict(self) -> dict:
+        return {"device": self.device, "limit_gbps": self.limit_gbps, "table_bytes": self.table_bytes,
+                "curves": {str(k): asdict(c) for k, c in self.curves.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Reach":
+        return cls(d["device"], d["limit_gbps"], d["table_bytes"],
+                   {int(k): Curve(**c) for k, c in d["curves"].items()})
+
+
+def confined_ids(table_rows: int, row_bytes: int, pages: int, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``batch`` distinct row ids (int64 CPU, sorted) drawn from ``pages`` random 2 MiB pages of a table of
+    ``table_rows`` rows."""
+    per_page = max(1, PAGE_BYTES // row_bytes)
+    total_pages = -(-table_rows // per_page)
+    chosen = torch.randperm(total_pages, generator=generator)[:pages]
+    draws = chosen[torch.randint(len(chosen), (batch,), generator=generator)] * per_page \
+        + torch.randint(per_page, (batch,), generator=generator)
+    return torch.unique(draws[draws < table_rows])
+
+
+def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512), pages=QUICK_PAGES,
+            batch: int = 200_000, reps: int = 5, cpu: bool = True, progress: bool = True) -> Reach:
+    """Measure the reach of ``device``: see the module docstring.
+
+    ``table_bytes``: the host table (owned cudaHostAlloc memory on a GPU
+    machine, filled with a pattern, not zeros); ``row_bytes``: row sizes
+    (multiples of 4); ``pages``: pages per batch to sweep (those that fit the
+    table); ``batch``: ids per batch (fewer where the pages hold fewer rows);
+    ``cpu``: time the CPU path too. Every gather is checked against
+    ``x[idx]``. On the CPU (``device="cpu"``) only the CPU path is timed
+    (``index_select`` alone: there is nothing to copy to), which shows the
+    CPU's own reach.
+    """
+    from .memory import owned
+    from .tensor import HybridTensor
+
+    device = torch.device(device)
+    gpu = device.type == "cuda"
+    if gpu and not torch.cuda.is_available():
+        raise RuntimeError(f"{device} was asked for, but torch sees no GPU; measure the CPU path with device='cpu'")
+    host = owned.empty((table_bytes // 8,), torch.int64, "cuda" if gpu else "hugepage", device, zero=False)
+    for a in tqdm(range(0, len(host), 1 << 27), desc="filling the probe table", disable=not progress, leave=False):
+        piece = host[a:a + (1 << 27)]
+        torch.arange(a, a + len(piece), out=piece)  # every word its own index: a misplaced row cannot pass
+    reach = Reach(torch.cuda.get_device_name(device) if gpu else "cpu", h2d_limit_gbps(device) if gpu else None,
+                  table_bytes)
+    generator = torch.Generator().manual_seed(0)
+    for rb in row_bytes:
+        rows_total = table_bytes // rb
+        source = host.view(torch.uint8)[:rows_total * rb].view(torch.int32).view(rows_total, rb // 4)
+        table = HybridTensor._of_host(source, device, torch.int32, progress=False) if gpu else None
+        curve, staging = Curve(rb), None
+        for k in tqdm([p for p in pages if p * PAGE_BYTES <= table_bytes], desc=f"reach, {rb} B rows",
+                      disable=not progress, leave=False):
+            sets = [confined_ids(rows_total, rb, k, batch, generator) for _ in range(3)]
+            n = min(len(s) for s in sets)
+            curve.pages.append(k)
+            curve.rows.append(n)
+            out = torch.empty((n, rb // 4), dtype=torch.int32, device=device)
+            if gpu:
+                on_gpu = [s[:n].to(device) for s in sets]
+                if not torch.equal(table.gather(on_gpu[0], out=out).cpu(), source[sets[0][:n]]):
+                    raise RuntimeError(f"the probe gather of {k} pages read wrong rows")
+                seconds, _ = median_seconds(lambda i: table.gather(on_gpu[i % 3], out=out), reps=reps,
+                                            device=device)
+                curve.kernel_seconds.append(seconds)
+            if cpu:
+                if gpu and (staging is None or len(staging) < n):
+                    staging = torch.empty((n, rb // 4), dtype=torch.int32, pin_memory=True)
+
+                def cpu_path(i, sets=sets, n=n, out=out, staging=staging):
+                    if staging is None:
+                        torch.index_select(source, 0, sets[i % 3][:n], out=out)
+                    else:
+                        torch.index_select(source, 0, sets[i % 3][:n], out=staging[:n])
+                        out.copy_(staging[:n], non_blocking=True)
+
+                seconds, _ = median_seconds(cpu_path, reps=max(2, reps // 2), wall=True, device=device)
+                curve.cpu_seconds.append(seconds)
+        reach.curves[rb] = curve
+        if table is not None:
+            table.close()
+    return reach
+
+
+def cache_path():
+    """``$HMGSTORE_CACHE_DIR/reach.json`` (default ``~/.cache/hmgstore``), beside the split gather's cache."""
+    return _split_cache_path().with_name("reach.json")
+
+
+def _key(device) -> str:
+    return f"{torch.cuda.get_device_name(device)}|cpus={os.cpu_count()}"
+
+
+def calibrated(device, *, progress: bool = False) -> Reach:
+    """This machine's reach: from the cache, else measured now with the quick sweep (a few seconds) and cached.
+
+    A damaged or foreign cache entry is measured again. Raises RuntimeError
+    without a GPU.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("the GPU's reach into host memory is calibrated on a GPU; none is here")
+    key = _key(device)
+    path = cache_path()
+    try:
+        return Reach.from_dict(json.loads(path.read_text())[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.perf_counter()
+    reach = measure(device, progress=progress)
+    log.info("hmgstore: the GPU's reach into host memory measured in %.1f s: knee %d pages at 128 B rows, "
+             "%.2f us a page past it", time.perf_counter() - start, reach.knee(128), reach._curve(128).us_per_page())
+    try:
+        entries = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        entries = {}
+    entries[key] = reach.to_dict()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as err:
+        log.warning("hmgstore: could not cache the reach measurement in %s (%s)", path, err)
+    return reach
