@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
+#                                          reach reach-quick compress compress-quick
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -83,6 +84,14 @@ for stage in "$@"; do
            torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
              --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-steps 30 --no-progress \
              --json "$OUT/pyg/multi_gpu_pyg.json" >"$OUT/multi-pyg.log" 2>&1; rc=$?; tail -30 "$OUT/multi-pyg.log" ;;
+    reach) timeout 560 python3 -m hmgstore.bench reach --no-progress --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?
+           tail -40 "$OUT/reach.log" ;;
+    reach-quick) timeout 200 python3 -m hmgstore.bench reach --table-gb 4 --pages 16 256 1024 2048 --no-progress \
+                   --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?; tail -30 "$OUT/reach.log" ;;
+    compress) timeout 560 python3 benchmarks/probe_compress.py >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"
+              rc=$?; cat "$OUT/probe_compress.log" ;;
+    compress-quick) timeout 200 python3 benchmarks/probe_compress.py --gb 2 --row-bytes 128 512 --reps 5 \
+                      >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"; rc=$?; cat "$OUT/probe_compress.log" ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;

@@ -129,7 +129,7 @@ def test_ids_grouped_by_their_mapped_position(cuda_device, dtype, map_dtype):
     grouped, perm = grouped.cpu(), perm.cpu()
     assert torch.equal(torch.sort(perm).values, torch.arange(len(ids))) and torch.equal(grouped, ids[perm])
     last = (num_rows + 999) >> shift
-    keys = torch.where((grouped >= 0) & (grouped < num_rows), new_of_old[grouped.long().clamp(0, num_rows - 1)],
-                       torch.where(grouped < 0, 0, last << shift))
+    inside = (grouped >= 0) & (grouped < num_rows)  # out-of-range ids are keyed by themselves
+    keys = torch.where(inside, new_of_old[grouped.long().clamp(0, num_rows - 1)], grouped.long().clamp(min=0))
     buckets = (keys >> shift).clamp(0, last)
     assert bool((buckets[1:] >= buckets[:-1]).all())
