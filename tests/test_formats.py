@@ -27,7 +27,7 @@ def torch_rounding(x: torch.Tensor, name: str) -> torch.Tensor:
     flat = x.reshape(len(x), -1)
     qmax = 127.0 if name == "int8" else 448.0
     scale = flat.abs().amax(1, keepdim=True) / qmax
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = torch.where(scale > 0, scale.clamp(min=2.0 ** -117), torch.ones_like(scale))
     q = (flat / scale).clamp(-qmax, qmax)
     q = torch.round(q).to(torch.int8) if name == "int8" else q.to(torch.float8_e4m3fn)
     return (q.to(torch.float32) * scale).reshape(x.shape)

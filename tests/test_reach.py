@@ -30,7 +30,9 @@ def test_ids_stay_inside_the_chosen_pages():
     g = torch.Generator().manual_seed(0)
     ids = reach.confined_ids(1 << 20, 128, 5, 10_000, g)  # 16384 rows of 128 B a page
     assert len(torch.unique(ids // 16384)) == 5 and bool((ids < 1 << 20).all())
-    assert torch.equal(ids, torch.unique(ids))
+    assert len(torch.unique(ids)) == len(ids) == 10_000
+    few = reach.confined_ids(1 << 20, 128, 1, 50_000, g)  # one page holds 16384 rows: all of them, shuffled
+    assert len(few) == 16384 and len(torch.unique(few // 16384)) == 1 and not torch.equal(few, few.sort().values)
 
 
 def test_the_cpu_path_is_measured_without_a_gpu():

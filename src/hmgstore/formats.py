@@ -18,7 +18,10 @@ The two scaled formats keep one float32 ``scale`` per row, ``max |x| / QMAX``
 (127 for int8, 448, e4m3's largest finite value, for float8), and the
 values ``q = x / scale`` rounded to the format (int8: to nearest, ties to
 even, as ``torch.round``; float8: torch's conversion). A row of zeros
-stores scale 1. A scaled row is laid out as bytes: the ``elems`` values at
+stores scale 1; a scale is at least ``MIN_SCALE`` (2^-117), so that every
+decoded value is a normal float32 or zero, which a GPU computes exactly as
+the CPU does whatever its handling of subnormal numbers (rows whose largest
+magnitude is under about 1e-33 keep only their largest values). A scaled row is laid out as bytes: the ``elems`` values at
 offset 0, the scale at :meth:`Format.scale_offset` (the next multiple of
 4), the row padded to a multiple of 16 bytes (:meth:`Format.pitch`) so that
 the GPU reads it with 16-byte loads; the host tensor of such a tier is
@@ -38,6 +41,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+#: The smallest per-row scale: its products with the smallest stored values (float8's 2^-9) stay normal floats.
+MIN_SCALE = 2.0 ** -117
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class Format:
             raise ValueError(f"row {row} holds NaN or infinity, which {self.name} rows (values scaled by the row's "
                              f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
         scale = flat.abs().amax(1) / self.qmax if elems else torch.ones(n)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
         q = (flat / scale[:, None]).clamp(-self.qmax, self.qmax)
         values = torch.round(q).to(torch.int8) if self.element == torch.int8 else q.to(self.element)
         out = torch.zeros((n, self.pitch(elems)), dtype=torch.uint8)

@@ -44,7 +44,7 @@ PAGE_BYTES = 2 << 20
 #: A rate at least this share of the best one is "before the knee".
 KNEE_SHARE = 0.8
 #: The quick calibration's sweep (pages per batch) and table.
-QUICK_PAGES = (16, 64, 256, 1024, 2048)
+QUICK_PAGES = (64, 256, 1024, 2048)
 QUICK_TABLE_BYTES = 4 << 30
 
 
@@ -116,15 +116,22 @@ class Reach:
                    {int(k): Curve(**c) for k, c in d["curves"].items()})
 
 
-def confined_ids(table_rows: int, row_bytes: int, pages: int, batch: int, generator: torch.Generator) -> torch.Tensor:
-    """Up to ``batch`` distinct row ids (int64 CPU, sorted) drawn from ``pages`` random 2 MiB pages of a table of
-    ``table_rows`` rows."""
+def confined_ids(table_rows: int, row_bytes: int, pages: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``count`` distinct row ids (int64 CPU, in random order) from ``pages`` random 2 MiB pages of a table of
+    ``table_rows`` rows; fewer only when those pages hold fewer rows."""
     per_page = max(1, PAGE_BYTES // row_bytes)
     total_pages = -(-table_rows // per_page)
     chosen = torch.randperm(total_pages, generator=generator)[:pages]
-    draws = chosen[torch.randint(len(chosen), (batch,), generator=generator)] * per_page \
-        + torch.randint(per_page, (batch,), generator=generator)
-    return torch.unique(draws[draws < table_rows])
+    available = torch.cat([torch.arange(p * per_page, min(table_rows, (p + 1) * per_page)) for p in chosen.tolist()]) \
+        if pages * per_page <= 4 * count else None
+    if available is not None:  # few rows to choose from: take a random subset of all of them
+        return available[torch.randperm(len(available), generator=generator)[:count]]
+    ids = torch.empty(0, dtype=torch.int64)
+    while len(ids) < count:  # draws from many rows: repeats are rare, drop them and draw again
+        draws = chosen[torch.randint(len(chosen), (2 * count,), generator=generator)] * per_page \
+            + torch.randint(per_page, (2 * count,), generator=generator)
+        ids = torch.unique(torch.cat([ids, draws[draws < table_rows]]))
+    return ids[torch.randperm(len(ids), generator=generator)[:count]]
 
 
 def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512), pages=QUICK_PAGES,
@@ -134,7 +141,8 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
     ``table_bytes``: the host table (owned cudaHostAlloc memory on a GPU
     machine, filled with a pattern, not zeros); ``row_bytes``: row sizes
     (multiples of 4); ``pages``: pages per batch to sweep (those that fit the
-    table); ``batch``: ids per batch (fewer where the pages hold fewer rows);
+    table); ``batch``: distinct ids per batch, at most half of the rows that
+    the fewest pages hold (the same count at every point);
     ``cpu``: time the CPU path too. Every gather is checked against
     ``x[idx]``. On the CPU (``device="cpu"``) only the CPU path is timed
     (``index_select`` alone: there is nothing to copy to), which shows the
@@ -159,9 +167,12 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
         source = host.view(torch.uint8)[:rows_total * rb].view(torch.int32).view(rows_total, rb // 4)
         table = HybridTensor._of_host(source, device, torch.int32, progress=False) if gpu else None
         curve, staging = Curve(rb), None
-        for k in tqdm([p for p in pages if p * PAGE_BYTES <= table_bytes], desc=f"reach, {rb} B rows",
-                      disable=not progress, leave=False):
-            sets = [confined_ids(rows_total, rb, k, batch, generator) for _ in range(3)]
+        sweep = [p for p in pages if p * PAGE_BYTES <= table_bytes]
+        # The same number of distinct rows at every point, so that only the pages they lie in change: at most
+        # half of what the fewest pages hold.
+        count = max(1, min(batch, min(sweep, default=1) * max(1, PAGE_BYTES // rb) // 2))
+        for k in tqdm(sweep, desc=f"reach, {rb} B rows", disable=not progress, leave=False):
+            sets = [confined_ids(rows_total, rb, k, count, generator) for _ in range(3)]
             n = min(len(s) for s in sets)
             curve.pages.append(k)
             curve.rows.append(n)

@@ -23,7 +23,7 @@ from .report import header, write_report
 
 log = logging.getLogger(__name__)
 
-PAGES = (16, 64, 256, 1024, 4096, 16384)
+PAGES = (64, 256, 1024, 4096, 16384)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -71,7 +71,9 @@ def module(device_index: int, files: tuple[str, ...], options: tuple[str, ...] =
         if mod is None:
             cp = cupy()
             with cp.cuda.Device(device_index):
-                mod = cp.RawModule(code=kernel_source(*files), options=("-std=c++17", *options))
+                # -ftz=false: a stored row's scale multiplies into float32 exactly as torch does on the CPU,
+                # subnormal results included (hmgstore/formats.py).
+                mod = cp.RawModule(code=kernel_source(*files), options=("-std=c++17", "-ftz=false", *options))
                 mod.compile()
             _modules[key] = mod
         return mod
