@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--formats", nargs="+", default=["bfloat16", "float8", "int8"])
     p.add_argument("--batch", type=int, default=500_000)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--split", action="store_true", help="also the split CPU+GPU gather (CPU ids), share measured")
     args = p.parse_args()
     device = torch.device("cuda", 0)
     limit = h2d_limit_gbps(device)
@@ -101,6 +102,19 @@ def main() -> None:
                 secs, _ = median_seconds(cpu_path, reps=max(3, args.reps // 2), wall=True, device=device)
                 entry["cpu_s"] = secs
                 entry["cpu_x_limit"] = k * rb / secs / 1e9 / limit
+                if args.split:
+                    t.set_split("auto")
+                    start = time.perf_counter()
+                    exact = torch.equal(t.gather(sets[0], out=out).cpu().view(torch.int32), want.view(torch.int32))
+                    entry["split_model_s"] = time.perf_counter() - start  # the first batch measures the share
+                    entry["split_share"] = t._split.shares.get(hmgstore.split.batch_class(k), 0.0)
+                    secs, _ = median_seconds(lambda i: t.gather(sets[i % 3], out=out), reps=max(3, args.reps // 2),
+                                             wall=True, device=device)
+                    entry["split_x_limit"] = k * rb / secs / 1e9 / limit
+                    entry["split_exact"] = exact
+                    t.set_split(None)
+                    log(f"  {name:9s} split share {entry['split_share']:.2f}: {entry['split_x_limit']:.2f}x "
+                        f"exact {exact}")
                 log(f"  {name:9s} stored {stored_row:4d} B  pages {entry['pages_per_batch']:6d}  exact {entry['exact']}  "
                     f"kernel {entry['kernel_x_limit']:.2f}x (stored {entry['kernel_stored_x_limit']:.2f}x)  "
                     f"cpu {entry['cpu_x_limit']:.2f}x  build {entry['build_s']:.1f} s")

@@ -48,45 +48,50 @@ def _undirected(csc: CSC) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def label_propagation(csc: CSC, rounds: int = 8, generator: torch.Generator | None = None,
-                      progress: bool = True) -> torch.Tensor:
+                      progress: bool = True, device=None) -> torch.Tensor:
     """A community label per node (int64 [N], CPU): label propagation over the undirected graph.
 
     Each round, a random half of the nodes takes the label most frequent
     among its neighbours (ties broken at random); the other half keeps its
     own, which stops the two-colour oscillation of synchronous updates.
-    ``csc``: a square graph's :class:`~hmgstore.graph.CSC`. Cost: a sort of
-    ``2E`` keys per round; memory about ``48 * E`` bytes. Raises ValueError
-    for a graph that is not square.
+    ``csc``: a square graph's :class:`~hmgstore.graph.CSC`; ``device``: where
+    to compute (a GPU sorts the ``2E`` keys of a round far faster; default
+    the CPU); ``generator``: a CPU generator for the tie-breaks and the
+    halves. Cost: a sort of ``2E`` keys per round; memory about ``48 * E``
+    bytes. Raises ValueError for a graph that is not square.
     """
     if csc.size[0] != csc.size[1]:
         raise ValueError(f"label propagation needs a square graph, got {csc.size[0]} -> {csc.size[1]} nodes")
     n = csc.size[1]
-    src, dst = _undirected(csc)
-    labels = torch.arange(n)
+    device = torch.device(device or "cpu")
+    src, dst = (t.to(device) for t in _undirected(csc))
+    labels = torch.arange(n, device=device)
     for _ in tqdm(range(rounds), desc="label propagation", disable=not progress, leave=False):
         if not len(src):
             break
         key = dst * n + labels[src]
         pairs, counts = torch.unique(key, return_counts=True)
         node, label = pairs // n, pairs % n
-        score = counts.double() + torch.rand(len(counts), generator=generator, dtype=torch.float64) * 0.5
-        best = torch.full((n,), -1.0, dtype=torch.float64).scatter_reduce(0, node, score, "amax")
+        noise = torch.rand(len(counts), generator=generator, dtype=torch.float64).to(device)
+        score = counts.double() + noise * 0.5
+        best = torch.full((n,), -1.0, dtype=torch.float64, device=device).scatter_reduce(0, node, score, "amax")
         winner = score == best[node]
-        moving = torch.rand(n, generator=generator) < 0.5
+        moving = (torch.rand(n, generator=generator) < 0.5).to(device)
         take = winner & moving[node]
         changed = labels.clone()
         changed[node[take]] = label[take]
         if torch.equal(changed, labels):
             break
         labels = changed
-    return labels
+    return labels.cpu()
 
 
 def community_order(csc: CSC, rounds: int = 8, generator: torch.Generator | None = None,
-                    progress: bool = True) -> torch.Tensor:
+                    progress: bool = True, device=None) -> torch.Tensor:
     """A layout (old ids in host order, int64 [N]) that keeps each community of :func:`label_propagation`
-    together, communities largest first; inside one, nodes by in-degree, highest first."""
-    labels = label_propagation(csc, rounds, generator, progress)
+    together, communities largest first; inside one, nodes by in-degree, highest first. ``device``: where
+    label propagation runs (see there)."""
+    labels = label_propagation(csc, rounds, generator, progress, device)
     size = torch.bincount(labels, minlength=len(labels))
     degree = csc.colptr.diff()
     # Largest community first, then by label, then by in-degree (highest first), then by id: one stable sort
@@ -142,12 +147,11 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
     n = sampler.num_nodes[None]
     if batches is None:
         batches = [torch.arange(a, min(a + batch_size, len(seeds))) for a in range(0, len(seeds), batch_size)]
-    first = torch.full((n,), math.inf, dtype=torch.float64)
+    first = torch.full((n,), math.inf, dtype=torch.float64, device=sampler.device)
     for b, positions in enumerate(tqdm(batches, desc="co-access order", disable=not progress, leave=False)):
-        out = sampler.sample({None: seeds[torch.as_tensor(positions)].to(sampler.device)})
-        nodes = out.node[None].cpu()
-        first[nodes] = torch.minimum(first[nodes], torch.full((len(nodes),), float(b), dtype=torch.float64))
-    return torch.argsort(first, stable=True)
+        nodes = sampler.sample({None: seeds[torch.as_tensor(positions)].to(sampler.device)}).node[None]
+        first[nodes] = torch.clamp(first[nodes], max=float(b))  # the first batch that touched each node
+    return torch.argsort(first.cpu(), stable=True)
 
 
 def parts_of(layout: torch.Tensor, part_rows: int) -> torch.Tensor:
