@@ -50,6 +50,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=500_000)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--split", action="store_true", help="also the split CPU+GPU gather (CPU ids), share measured")
+    p.add_argument("--rows-sweep", type=int, nargs="*", default=[],
+                   help="also the kernel alone for batches of these many distinct random ids (does a batch's rate "
+                        "grow with its rows on a table whose every page it touches?)")
     args = p.parse_args()
     device = torch.device("cuda", 0)
     limit = h2d_limit_gbps(device)
@@ -90,6 +93,17 @@ def main() -> None:
                 entry["kernel_s"] = secs
                 entry["kernel_x_limit"] = k * rb / secs / 1e9 / limit
                 entry["kernel_stored_x_limit"] = k * stored_row / secs / 1e9 / limit
+                entry["rows_sweep"] = {}
+                for m in args.rows_sweep:
+                    ids = [torch.unique(torch.randint(0, n, (int(m * 1.1),), generator=g))[:m] for _ in range(2)]
+                    ids = [i[torch.randperm(len(i), generator=g)].to(device) for i in ids]
+                    dst = torch.empty((m, rb // 4), dtype=torch.float32, device=device)
+                    secs_m, _ = median_seconds(lambda i: t.gather(ids[i % 2], out=dst), reps=5, device=device)
+                    entry["rows_sweep"][m] = {"x_limit": m * rb / secs_m / 1e9 / limit,
+                                              "pages": pages_touched(ids[0].cpu(), stored_row)}
+                    log(f"  {name:9s} {m:8d} ids: {entry['rows_sweep'][m]['x_limit']:.2f}x, "
+                        f"{entry['rows_sweep'][m]['pages']} pages")
+                    del dst, ids
                 source = t.source
                 staging = torch.empty((k, *source.shape[1:]), dtype=source.dtype, pin_memory=True)
                 landed = torch.empty((k, *source.shape[1:]), dtype=source.dtype, device=device)

@@ -93,6 +93,7 @@ for stage in "$@"; do
     compress-quick) timeout 200 python3 benchmarks/probe_compress.py --gb 2 --row-bytes 128 512 --reps 5 \
                       >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"; rc=$?; cat "$OUT/probe_compress.log" ;;
     compress-split) timeout 560 python3 benchmarks/probe_compress.py --gb 40 --formats int8 bfloat16 --split \
+                      --rows-sweep 125000 250000 1000000 2000000 4000000 \
                       >"$OUT/probe_compress_split.json" 2>"$OUT/probe_compress_split.log"; rc=$?
                     cat "$OUT/probe_compress_split.log" ;;
     locality) timeout 560 python3 benchmarks/probe_locality.py >"$OUT/probe_locality.json" 2>"$OUT/probe_locality.log"

@@ -153,12 +153,13 @@ def test_locality_batches_drive_a_stock_pyg_loader(graph):
 # ---- tables laid out by locality -------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("compress", [None, "int8"])
-def test_a_laid_out_table_reads_x_idx_from_every_tier(device, compress):
+@pytest.mark.parametrize("resident", [True, False], ids=["gpu-tier", "host-only"])
+def test_a_laid_out_table_reads_x_idx_from_every_tier(device, compress, resident):
     x = random_table(30_000, (24,), torch.float32, seed=6)
     want = x if compress is None else hmgstore.formats.get(compress).decode(hmgstore.formats.get(compress).encode(x),
                                                                             (24,))
     layout = torch.randperm(30_000, generator=torch.Generator().manual_seed(7))
-    gpu_rows = torch.arange(0, 30_000, 4) if device == "cuda" else None
+    gpu_rows = torch.arange(0, 30_000, 4) if device == "cuda" and resident else None
     t = hmgstore.HybridTensor(x, device, layout=layout, compress=compress, gpu_rows=gpu_rows, progress=False)
     assert torch.equal(t.layout, layout)
     idx = torch.randint(0, 30_000, (20_000,), generator=torch.Generator().manual_seed(8))

@@ -130,8 +130,9 @@ class Table:
                 tiers = []
                 if p.has_host_tier:
                     self._pinned = PinnedHost(self._source, self.device, self._read_only, self._progress)
-                if p.num_gpu_rows:
+                if p.num_gpu_rows or p.host_layout is not None:  # rows renumbered: a GPU tier or a host layout
                     self._map = p.new_of_old(self.device, p.index_dtype)
+                if p.num_gpu_rows:
                     fmt = self._gpu_format
                     shape = (p.num_gpu_rows, *self.row_shape)
                     self._gpu = torch.empty(fmt.stored_shape(shape) if fmt else shape,
