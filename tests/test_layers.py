@@ -23,6 +23,7 @@ LAYERS = [
     ["hmgstore.placement"],                                      # which row lives where
     ["hmgstore.split"],                                          # the CPU's share of a gather
     ["hmgstore.plan"],                                           # the gather plan and launch
+    ["hmgstore.fusion"],                                         # several batches' gathers in one launch
     ["hmgstore.table"],                                          # the table's state and lifecycle
     ["hmgstore.tensor"],                                         # HybridTensor, gather_many
     ["hmgstore.files", "hmgstore.sharded", "hmgstore.reach"],    # tables from files, several GPUs; calibration

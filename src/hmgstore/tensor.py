@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from . import formats, pickling, plan
+from . import formats, fusion, pickling, plan
 from . import placement as placement_mod
 from . import split as split_mod
 from .device import resolve_device
@@ -341,7 +341,9 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     index in any request raises (IndexError/TypeError) without reading
     memory; ids already on a GPU are checked as ``check`` says (see
     :meth:`HybridTensor.gather`), and an earlier gather's bad GPU id found
-    since is raised here first. The work is :func:`hmgstore.plan.run`.
+    since is raised here first. The work is :func:`hmgstore.plan.run`; inside
+    :func:`hmgstore.fusion.fused` (and without ``outs`` or ``stream``), the
+    gather is recorded and its outputs written when the block ends.
     """
     requests = list(requests)
     outs = [None] * len(requests) if outs is None else list(outs)
@@ -352,12 +354,15 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     device = _check_requests(requests, outs)
     if device.type == "cuda":
         raise_deferred(device, wait=False)  # finished launches only: no waiting
+    window = fusion.current(device) if stream is None and all(o is None for o in outs) else None
     entered = []
     try:
         for table in {id(t): t for t, _ in requests}.values():
             table._enter()
             entered.append(table)
             table._ready()
+        if window is not None:  # recorded: written when the window ends (see hmgstore.fusion)
+            return window.record(requests, check)
         return plan.run(requests, outs, device, stream, check)
     finally:
         for table in entered:
