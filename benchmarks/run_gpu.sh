@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
-#                                          reach reach-quick compress compress-quick compress-split locality
+#                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -98,6 +98,8 @@ for stage in "$@"; do
                     cat "$OUT/probe_compress_split.log" ;;
     locality) timeout 560 python3 benchmarks/probe_locality.py >"$OUT/probe_locality.json" 2>"$OUT/probe_locality.log"
               rc=$?; cat "$OUT/probe_locality.log" ;;
+    fuse) timeout 560 python3 benchmarks/probe_fuse.py >"$OUT/probe_fuse.json" 2>"$OUT/probe_fuse.log"; rc=$?
+          cat "$OUT/probe_fuse.log" ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
