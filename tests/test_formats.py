@@ -209,3 +209,23 @@ def test_split_gather_of_scaled_rows_is_bit_exact(resident, cuda_device):
     out = torch.full((50_000, 48), float("nan"), device=cuda_device)
     t.gather(idx, out=out)
     assert_same(out.cpu(), torch_rounding(x, "int8")[idx])
+
+
+# ---- through PyG ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pyg_stores_keep_float_attributes_compressed_and_labels_as_they_are(small_graph, workers):
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+
+    from hmgstore.plugins.pyg import from_data
+
+    g = small_graph
+    stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device="cpu", compress="int8", progress=False)
+    assert stores[0].table(None, "x").host_format.name == "int8" and stores[0].table(None, "y").host_format is None
+    want = torch_rounding(g.x, "int8")
+    loader = NeighborLoader(stores, [4, 2], input_nodes=g.train_idx[:300], batch_size=100, num_workers=workers,
+                            filter_per_worker=workers > 0)
+    for batch in loader:
+        assert_same(batch.x, want[batch.n_id])
+        assert_same(batch.y, g.y[batch.n_id])
+    assert_same(stores[0].get_tensor(group_name=None, attr_name="x", index=None), want)  # whole-table reads decode

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
-from hmgstore import HybridTensor, gather_many, placement, resolve_device, stats
+from hmgstore import HybridTensor, formats, gather_many, placement, resolve_device, stats
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,8 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _whole(table: HybridTensor) -> torch.Tensor:
     """A whole table as a host tensor: its source, no copy; a read-only source is copied, since
-    writing to a tensor over read-only memory crashes the process, and half-width rows are widened."""
-    source = table.source
-    source = torch.from_numpy(np.array(source)) if isinstance(source, np.ndarray) else source
-    return source.to(table.dtype)  # no copy unless the host keeps half-width rows
+    writing to a tensor over read-only memory crashes the process, and stored formats are decoded."""
+    return table.dense()  # the host tier itself unless it keeps a stored format or a layout, or is read-only
 
 
 class HybridFeatureStore(FeatureStore):
@@ -124,11 +122,19 @@ class HybridFeatureStore(FeatureStore):
         resident on the GPU; a row of a type costs all its attributes' bytes
         (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms``,
         ``progress`` and the host-memory ``options`` (``copy``,
-        ``host_dtype``, ``backing``, ``split``) are passed to every
-        HybridTensor; ``host_dtype`` to float32 sources only (labels and
-        other attributes keep their width).
+        ``host_dtype``, ``compress``, ``layout``, ``backing``, ``split``) are
+        passed to every HybridTensor; ``host_dtype`` and ``compress`` (stored
+        row formats, :mod:`hmgstore.formats`) to float32 sources only
+        (labels and other attributes keep their width), and the GPU budget
+        counts a compressed row's stored bytes.
         """
         store = cls(device)
+        host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
+        stored = formats.get(compress)
+
+        def narrow(source, fmt):
+            return fmt if str(source.dtype) in ("torch.float32", "float32") else None
+
         gpu_rows: dict = {}
         if gpu_budget is not None and store.device.type == "cuda":
             if hotness is None:
@@ -138,14 +144,15 @@ class HybridFeatureStore(FeatureStore):
             for (group, _), source in sources.items():
                 rows[group] = source.shape[0]
                 item = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
-                row_bytes[group] = row_bytes.get(group, 0) + item * int(np.prod(source.shape[1:], dtype=np.int64))
+                elems = int(np.prod(source.shape[1:], dtype=np.int64))
+                size = stored.pitch(elems) if narrow(source, stored) else item * elems
+                row_bytes[group] = row_bytes.get(group, 0) + size
             hotness = placement.check_hotness(hotness, rows)
             gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
-        host_dtype = options.pop("host_dtype", None)
         for (group, attr), source in sources.items():
-            narrow = host_dtype if str(source.dtype) in ("torch.float32", "float32") else None
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
-                                 progress=progress, host_dtype=narrow, **options)
+                                 progress=progress, host_dtype=narrow(source, host_dtype),
+                                 compress=narrow(source, compress), **options)
             store._add((group, attr), table)
         return store
 
@@ -167,7 +174,9 @@ class HybridFeatureStore(FeatureStore):
             log.warning("hmgstore: a DataLoader worker is gathering features on the CPU (a worker cannot use "
                         "the GPU of its parent). Pass filter_per_worker=False to the loader so that workers "
                         "only sample and the main process gathers on %s.", self.device)
-            self._host = (os.getpid(), {key: HybridTensor._of_host(t.source, "cpu", t.dtype, progress=False)
+            self._host = (os.getpid(), {key: HybridTensor._of_host(t.source, "cpu", t.dtype, fmt=t.host_format,
+                                                                      shape=tuple(t.shape), layout=t.layout,
+                                                                      progress=False)
                                         for key, t in self._tables.items()})  # half-width rows still widen
         return self._host[1]
 

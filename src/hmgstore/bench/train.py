@@ -32,9 +32,11 @@ pattern, not learnable, as only time is measured).
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import logging
 import math
+import resource
 import time
 from collections import defaultdict
 
@@ -44,6 +46,7 @@ import torch.nn.functional as F
 import hmgstore
 
 from ..graph import presample
+from ..graph.locality import pages_touched
 from .report import header, write_report
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=int, default=None,
                    help="pipeline: cap the gather at this many SMs, leaving the rest to training (default: no cap)")
+    p.add_argument("--fuse", type=int, default=1,
+                   help="pipeline: gather this many batches' rows in one launch (hmgstore.fusion; default: 1)")
+    p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
+                   help="host and cache configurations: keep the features in this stored format (hmgstore.formats; "
+                        "the cache's GPU budget then holds that many more rows)")
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
@@ -151,7 +159,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     stores = sampler = None
     topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
     if base == "all_gpu":
-        data = data.clone().to(device)  # Data.to moves in place: the other configurations need it on the CPU
+        data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
         sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, gpu_budget=2**62,
                                         progress=False)
     elif base in ("host", "cache"):
@@ -161,8 +169,9 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
             feature_bytes = data.x.element_size() * data.x.numel()
             budget = int(args.cache * feature_bytes)
             feature_hot = hot.features[None]
+        build = time.perf_counter()
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           progress=False)
+                           compress=args.compress, progress=False)
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]
@@ -171,13 +180,15 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
                                         gpu_budget=topo_budget, progress=False,
                                         hot_order=None if base == "host" else
                                         hmgstore.placement.order_by_score(hot.topology[None]))
+        build = time.perf_counter() - build
     loader = _loader(base, data, train, args, stores, sampler)
     model = SAGE([data.x.shape[1], 256, 256, classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
     if not pipe:
         timer.wrap(loader, "filter_fn", "gather")
-    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms) if pipe else loader
+    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms,
+                                 fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
     reps = args.stock_batches if base == "stock" else args.batches
     warmup = 3
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -209,6 +220,9 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     per_epoch = math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": float(loss)}
+    if base in ("host", "cache"):
+        result["build_s"] = build
+    result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
     if pipe:
         result["split_s"] = {"wait": load_s / reps, "train_issue": train_s / reps}
     else:
@@ -218,11 +232,15 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         for counted in (stores[0] if stores else None, sampler):
             if counted is not None:
                 counted.reset_stats()
-        counting = iter(loader)
+        counting, pages = iter(loader), []
         for _ in range(5):
-            next(counting)
+            batch = next(counting)
+            if stores is not None:  # distinct 2 MiB pages of the features' host tier that the batch's rows lie in
+                table = stores[0].table(None, "x")
+                pages.append(pages_touched(batch.n_id.cpu(), table.source[:1].nbytes, table.layout))
         if stores is not None:
             result["feature_stats"] = stores[0].stats()
+            result["pages_per_batch"] = sum(pages) / len(pages)
         result["topology_stats"] = sampler.stats()
     for obj in (stores[0] if stores else None, sampler):
         if obj is not None:
@@ -276,7 +294,7 @@ def run(args) -> dict:
         "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": "GraphSAGE 3 layers, hidden 256, fanout 15,10,5", "batch": args.batch_size, "cache": args.cache,
-        "pipeline": {"depth": args.depth, "max_sms": args.max_sms},
+        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse}, "compress": args.compress,
         "configs": {},
     }
     hot = None
@@ -322,14 +340,20 @@ def table_text(report: dict) -> str:
     lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
              f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}, "
              f"cache {report['cache']:.0%}   date: {report['date']}", "",
-             "| config | batches/s | epoch s | x stock | per batch (ms) | feature hits | topology hits |",
-             "|---|---:|---:|---:|---|---:|---:|"]
+             f"pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; features "
+             f"stored as {report.get('compress') or 'float32'}", "",
+             "| config | batches/s | epoch s | x stock | per batch (ms) | feature hits | topology hits "
+             "| host pages a batch | build s | peak host GB |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     stock = _epoch(report, "stock")
     for name, c in report["configs"].items():
         split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
         speed = "-" if not stock else f"{stock / c['epoch_s']:.1f}"
+        pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else "-"
+        build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
         lines.append(f"| {name} | {c['batches_per_s']:.1f} | {c['epoch_s']:.2f} | {speed} | {split} "
-                     f"| {_hits(c.get('feature_stats'))} | {_hits(c.get('topology_stats'))} |")
+                     f"| {_hits(c.get('feature_stats'))} | {_hits(c.get('topology_stats'))} | {pages} | {build} "
+                     f"| {c.get('peak_host_gb', 0):.1f} |")
     t = report.get("targets", {})
     if t.get("cache_vs_all_gpu"):
         lines.append(f"\ncache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (target <= 1.15); "
