@@ -158,7 +158,12 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     base, pipe = config.split("+")[0], config.endswith("+pipe")
     stores = sampler = None
     topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
-    if base == "all_gpu":
+    if base == "all_gpu" and csc is not None:  # no edge_index to move: every feature row in the GPU tier
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=2**62,
+                           hotness=torch.zeros(data.num_nodes), progress=False)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), [15, 10, 5], device=device,
+                                        gpu_budget=2**62, progress=False)
+    elif base == "all_gpu":
         data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
         sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, gpu_budget=2**62,
                                         progress=False)
