@@ -1,0 +1,105 @@
+"""GraphSAGE test accuracy under hmgstore's options against the plain setting, 3 seeds, paired by seed.
+
+Usage: python benchmarks/accuracy.py formats > formats.json     (float32 / bfloat16 / float8 / int8 rows)
+       python benchmarks/accuracy.py batches > batches.json     (random batches / locality-aware, windows 4 and 16)
+
+Task (as benchmarks/results/half-width-accuracy-cpu.md): GraphSAGE, fanout 15,10,5, hidden 256, batch 1024,
+lr 0.003, 3 epochs, hmgstore's stores and sampler through a stock PyG NeighborLoader, on hmgstore's synthetic
+community graph of 50,000 nodes, 16 features, 16 classes (chance 0.0625), degree 2 (so that accuracy is not
+saturated and a difference could show). ``batches`` uses 500 communities of one class each (fine-grained
+locality, which the community layout finds) and degree 4. Each seed seeds the graph and the model, so the
+settings of one seed train on the same graph from the same initial weights.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Data
+from torch_geometric.loader import NeighborLoader
+from torch_geometric.nn import SAGEConv
+
+from hmgstore.data import synthetic
+from hmgstore.graph import to_csc
+from hmgstore.graph import locality as L
+from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+
+
+class SAGE(torch.nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x, edge_index):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = F.dropout(x.relu(), p=0.5, training=self.training)
+        return x
+
+
+def run(seed: int, compress=None, window=None, communities=None, degree=2) -> dict:
+    g = synthetic(num_nodes=50_000, avg_degree=degree, feat_dim=16, num_classes=16, communities=communities, seed=seed)
+    stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device="cpu", compress=compress, progress=False)
+    sampler = HybridNeighborSampler(stores, [15, 10, 5], progress=False)
+    torch.manual_seed(seed)
+    if window is None:
+        loader = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.train_idx,
+                                batch_size=1024, shuffle=True)
+    else:
+        csc = to_csc(g.edge_index, "coo", (g.num_nodes, g.num_nodes))
+        layout = L.community_order(csc, generator=torch.Generator().manual_seed(seed), progress=False)
+        batches = L.LocalityBatchSampler(g.train_idx, L.parts_of(layout, 256), 1024, window,
+                                         generator=torch.Generator().manual_seed(seed))
+        loader = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.train_idx,
+                                batch_sampler=batches)
+    test = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.test_idx, batch_size=2048)
+    model = SAGE([16, 256, 256, 16])
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    start = time.perf_counter()
+    for _ in range(3):
+        model.train()
+        for batch in loader:
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index)[:batch.batch_size]
+            F.cross_entropy(out, batch.y[:batch.batch_size]).backward()
+            optimizer.step()
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in test:
+            pred = model(batch.x, batch.edge_index)[:batch.batch_size].argmax(1)
+            correct += int((pred == batch.y[:batch.batch_size]).sum())
+            total += batch.batch_size
+    return {"seed": seed, "compress": compress, "window": window, "test_acc": correct / total,
+            "seconds": time.perf_counter() - start}
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "formats"
+    settings = {"formats": [dict(compress=c) for c in (None, "bfloat16", "float8", "int8")],
+                "batches": [dict(window=w, communities=500, degree=4) for w in (None, 4, 16)]}[what]
+    runs = []
+    for seed in (0, 1, 2):
+        for s in settings:
+            r = run(seed, **s)
+            runs.append({**s, **r})
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    base = [r for r in runs if r.get("compress") is None and r.get("window") is None]
+    summary = []
+    for s in settings:
+        mine = [r for r in runs if all(r.get(k) == v for k, v in s.items())]
+        diffs = [a["test_acc"] - b["test_acc"] for a, b in zip(mine, base)]
+        accs = [r["test_acc"] for r in mine]
+        summary.append({**s, "acc": accs, "mean": statistics.mean(accs), "std": statistics.stdev(accs),
+                        "diff": diffs, "diff_mean": statistics.mean(diffs), "diff_std": statistics.stdev(diffs)})
+    print(json.dumps({"what": what, "date": time.strftime("%F %T"), "command": " ".join(sys.argv), "runs": runs,
+                      "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
