@@ -21,25 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
-from torch_geometric.nn import SAGEConv
 
+from hmgstore.bench.train import SAGE  # the benchmarks' one GraphSAGE
 from hmgstore.data import synthetic
 from hmgstore.graph import to_csc
 from hmgstore.graph import locality as L
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
-
-
-class SAGE(torch.nn.Module):
-    def __init__(self, dims):
-        super().__init__()
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = F.dropout(x.relu(), p=0.5, training=self.training)
-        return x
 
 
 def run(seed: int, compress=None, window=None, communities=None, degree=2) -> dict:
