@@ -75,3 +75,21 @@ def test_bench_reach_runs_on_this_machine(tmp_path, capsys):
     assert (tmp_path / "reach.md").exists()
     if not torch.cuda.is_available():
         assert "no GPU" in text and "kernel" not in report["summary"]["128"]
+
+
+def test_batches_to_fuse_follow_the_host_pages_over_the_knee():
+    from types import SimpleNamespace
+
+    curve = reach.Curve(512, [64, 1024, 4096], [1000] * 3, [1e-3, 1e-3, 4e-3])  # knee at 1024 pages
+    measured = reach.Reach("dev", 50.0, 1 << 30, {512: curve})
+    gpu = torch.device("cuda", 0)
+
+    def table(gb, row=512, device=gpu, host=True):  # a table's shape without its memory (meta tensors)
+        source = torch.empty((int(gb * 1e9) // row, row), dtype=torch.uint8, device="meta")
+        return SimpleNamespace(device=device, placement=SimpleNamespace(has_host_tier=host), source=source)
+
+    assert reach.batches_to_fuse([table(1)], gpu, measured) == 1  # 477 pages: within the knee
+    assert reach.batches_to_fuse([table(4)], gpu, measured) == 2  # 1908 pages
+    assert reach.batches_to_fuse([table(1), table(40)], gpu, measured) == reach.MAX_FUSE  # 19k pages: capped
+    assert reach.batches_to_fuse([table(40, host=False)], gpu, measured) == 1  # all on the GPU
+    assert reach.batches_to_fuse([table(40)], "cpu", measured) == 1

@@ -30,6 +30,7 @@ import torch
 
 from .device import resolve_device
 from .fusion import fused
+from .reach import batches_to_fuse
 
 _DONE = object()
 
@@ -72,7 +73,9 @@ class Pipeline:
             host tables read several times faster per row in launches of
             more rows. Costs the memory of ``fuse`` batches' features and
             delays the first batch of each group by the group's sampling.
-            Default 1 (each batch gathered on its own).
+            ``"auto"``: as many as the loader's biggest host tier needs
+            (:func:`hmgstore.reach.batches_to_fuse`, from this machine's
+            measured reach, cached). Default 1 (each batch on its own).
 
     Batches come out ready on the stream that is current when they are taken.
     The first :attr:`warm` batches of each pass are made in the consumer's
@@ -87,8 +90,8 @@ class Pipeline:
                  fuse: int = 1):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
-        if not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1:
-            raise ValueError(f"fuse is the number of batches gathered together, at least 1; got {fuse!r}")
+        if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
+            raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
         self.loader, self.depth, self.max_sms, self.fuse = loader, depth, max_sms, fuse
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
@@ -119,6 +122,8 @@ class Pipeline:
         stop = threading.Event()
         tables = self._tables() if self.max_sms is not None else []
         caps = [t.max_sms for t in tables]
+        if self.fuse == "auto":
+            self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
         for t in tables:
             t.max_sms = self.max_sms
 
