@@ -22,7 +22,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	@echo "== set-up: $(VENV) with $(TORCH) and hmgstore[$(EXTRAS)] (a few minutes on a fresh machine)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --progress-bar on "$(TORCH)" setuptools wheel
+# numpy with torch: the CUDA probe below imports torch, which warns "Failed to initialize NumPy" without it.
+	$(PY) -m pip install --progress-bar on "$(TORCH)" numpy setuptools wheel
 	cuda=$$($(PY) -c "import torch; v = torch.version.cuda; print(',cuda' + v.split('.')[0] if v and torch.cuda.is_available() else '')"); \
 	  $(PY) -m pip install --progress-bar on -e ".[$(EXTRAS)$$cuda]"
 	$(if $(WHEELS),PIP_FIND_LINKS=$(WHEELS) $(PY) -m pip install --only-binary torch_scatter$(comma)torch_sparse torch_scatter torch_sparse || ,)echo "== PyG's own sampler (torch-sparse) not installed: the tests that compare with it skip (make pyg-sampler builds it)"

@@ -39,7 +39,7 @@ def main():
     p.add_argument("--table-gib", type=float, default=2.0)
     args = p.parse_args()
     dev = torch.device("cuda", 0)
-    buf = _fill(table_bytes(4096, args))
+    buf = _fill(table_bytes(4096, args.table_gib, args.batch))
     res = {"device": torch.cuda.get_device_name(dev), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "h2d_limit_gbps": h2d_limit_gbps(dev), "batch": args.batch}
     lines = [f"# gather tuning, {res['device']}, {res['date']}", "",
@@ -48,7 +48,7 @@ def main():
 
     def table_at(row_bytes, gpu=False):
         cols = row_bytes // 4
-        x = buf[: table_bytes(row_bytes, args) // 4].view(-1, cols)
+        x = buf[: table_bytes(row_bytes, args.table_gib, args.batch) // 4].view(-1, cols)
         t = hmgstore.HybridTensor(x, dev, gpu_rows=torch.arange(len(x)) if gpu else None, progress=False)
         return t, _ids(len(x), args.batch, 4, dev)
 

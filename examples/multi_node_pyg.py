@@ -11,13 +11,13 @@ below still runs forward and backward on them, so that DDP stays in step).
 
 Write the parts (once, on a disk every machine reads, or copy part{m} to machine m)::
 
-    python -m hmgstore.partition parts --parts 2 --by hash --synthetic 20000 --feat-dim 32
+    python -m hmgstore.partition bench-out/parts --parts 2 --by hash --synthetic 20000 --feat-dim 32
 
 Two machines, K processes each (one per GPU; on CPUs, any K: gloo)::
 
     # on machine 0 (address ADDR)                    # on machine 1
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node K --master-addr ADDR --master-port 29500 \\
-        examples/multi_node_pyg.py parts --json out.json
+        examples/multi_node_pyg.py bench-out/parts --json bench-out/multi-node.json
     torchrun --nnodes 2 --node-rank 1 --nproc-per-node K --master-addr ADDR --master-port 29500 \\
         examples/multi_node_pyg.py parts
 

@@ -1,46 +1,168 @@
-"""``python -m hmgstore.bench``: the gather benchmark on the CPU, and the peer benchmark.
+"""``python -m hmgstore.bench``: its command line, the benchmarks on the CPU, and the peer benchmark.
 
-``peer``: arguments, GPU selection, sizing, id choice, a CPU dry run, the
-report. Its CUDA parts (start gate, concurrent timing, peer copies) run only
-on a machine with 2+ GPUs (the ``multigpu`` test at the end); on the CPU the
-same work functions run serially with ``device='cpu'`` standing for each GPU.
+The command line: every help text, the shared flags of :mod:`hmgstore.flags`
+on every benchmark, ``--quick`` and the CPU sizes filling only the options
+not given, and the commands recorded in ``benchmarks/`` still parsing.
+Without a GPU each benchmark says so once and shows CPU figures, not
+columns of ``-``. ``peer``: arguments, GPU selection, sizing, id choice, a
+CPU dry run, the report. Its CUDA parts (start gate, concurrent timing, peer
+copies) run only on a machine with 2+ GPUs (the ``multigpu`` test at the
+end); on the CPU the same work functions run serially with ``device='cpu'``
+standing for each GPU.
 """
 import json
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from hmgstore import HybridTensor, placement
-from hmgstore.bench import peer, peer_report, peer_work
-from hmgstore.bench.__main__ import build_parser
+import hmgstore
+from hmgstore import HybridTensor, flags, placement
+from hmgstore.bench import hotness, peer, peer_report, peer_work, reach, sample
+from hmgstore.bench.__main__ import BENCHMARKS, build_parser, main, parse_args
 from hmgstore.bench.gather import _fill
 from hmgstore.bench.report import write_report
+from hmgstore.graph import parse_fanout
+
+ROOT = Path(__file__).resolve().parents[1]
+no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU shows")
+
+
+def _bench(*argv, timeout=300) -> subprocess.CompletedProcess:
+    """``python -m hmgstore.bench ARGV`` in a child process; fails the test unless it exits 0."""
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", *map(str, argv)], capture_output=True, text=True,
+                         timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def _cells(text: str) -> list[str]:
+    """Every cell of the markdown tables in ``text`` (header and separator rows left out)."""
+    rows = [line for line in text.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    return [c.strip() for row in rows[1:] for c in row.strip().strip("|").split("|")
+            if not any(row.startswith(h) for h in ("| table", "| graph", "| config", "| row B", "| pages"))]
+
+
+def _assert_cpu_output(stdout: str) -> None:
+    """Without a GPU: said once, and every cell a figure, not '-'."""
+    assert stdout.count("no GPU:") == 1, stdout
+    assert "-" not in _cells(stdout), stdout
+    assert "H2D memcpy limit" not in stdout
+
+
+# ---- the command line --------------------------------------------------------------------
+def test_help_of_the_command_and_of_every_benchmark(capsys):
+    """argparse %-formats help texts: a bare '%' in one ('1-20% of the nodes') crashed the top-level --help."""
+    for argv in ([], *[[name] for name in BENCHMARKS]):
+        with pytest.raises(SystemExit) as done:
+            parse_args([*argv, "--help"])
+        assert done.value.code == 0
+        assert "usage: python -m hmgstore.bench" in capsys.readouterr().out
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "1-20% of the nodes" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", list(BENCHMARKS))
+def test_every_benchmark_speaks_the_shared_flags(name):
+    args = parse_args([name, "--batch-size", "77"])
+    assert args.batch_size == 77 and not args.no_progress
+    assert parse_args([name, "--batch", "78", "--no-progress"]).batch_size == 78  # commands written before
+    assert parse_args([name, "--no-progress"]).no_progress
+    if name != "reach":  # reach draws its pages with the library's own fixed seed (hmgstore.reach.measure)
+        assert parse_args([name]).seed == 0 and parse_args([name, "--seed", "5"]).seed == 5
+    if name in ("sample", "hotness", "train"):
+        assert parse_args([name]).fanout == parse_fanout(flags.DEFAULT_FANOUT) == [15, 10, 5]
+        assert parse_args([name, "--fanout", "5,3"]).fanout == [5, 3]
+
+
+def test_quick_fills_only_the_options_not_given():
+    """``--quick --table-gib 0.125`` used to time 4 MiB tables: --quick overwrote what was given."""
+    args = parse_args(["gather", "--quick", "--table-gib", "0.125", "--batch", "300"])
+    assert args.table_gib == 0.125 and args.batch_size == 300
+    assert args.reps == 3 and args.sweep_gb == []  # the rest: --quick's
+    args = parse_args(["sample", "--quick", "--batch-size", "64"])
+    assert args.batch_size == 64 and args.graphs == [("power-law", 20_000, 200_000)] and args.batches == 3
+    args = parse_args(["train", "--quick", "--graph", "synthetic:3K"])
+    assert args.graph == "synthetic:3K" and args.batch_size == 256 and args.feat_dim == 32
+    assert parse_args(["reach", "--quick", "--reps", "4"]).reps == 4
+    assert parse_args(["remote", "--quick", "--row-bytes", "256"]).row_bytes == [256]
+
+
+@no_gpu_only
+def test_without_a_gpu_options_not_given_take_the_cpu_sizes():
+    args = parse_args(["gather"])
+    assert args.batch_size == 50_000 and args.table_gib == 0.125 and args.row_bytes == [128, 512, 4096]
+    assert parse_args(["gather", "--batch-size", "1000"]).batch_size == 1000
+    assert parse_args(["train"]).configs == ["stock", "host", "host+pipe"]
+    assert parse_args(["reach"]).table_gb == 1 and parse_args(["reach", "--table-gb", "2"]).table_gb == 2
+
+
+def test_commands_recorded_in_the_results_still_parse():
+    recorded = set()
+    for path in [*(ROOT / "benchmarks" / "results").glob("*.md"), ROOT / "benchmarks" / "NOTES.md"]:
+        for m in re.finditer(r"`+python -m hmgstore\.bench ([^`]+)`", path.read_text()):
+            recorded.add(" ".join(m.group(1).split()))
+    assert len(recorded) > 15 and any("--batch " in c for c in recorded)
+    for command in recorded:
+        build_parser().parse_args(shlex.split(command))  # exits (fails the test) on an unknown option
+    assert build_parser().parse_args(["gather", "--big-table-gb", "0"]).sweep_gb == []
+
+
+@pytest.mark.parametrize("name, module, attr, extra", [
+    ("gather", hmgstore, "HybridTensor", ["--row-bytes", "64", "--variants", "hmg_host"]),
+    ("sample", sample, "Topology", ["--variants", "hmg_cpu"]),
+    ("hotness", hotness, "presample", ["--cache", "0.1"]),
+    ("reach", reach, "measure", ["--row-bytes", "128", "--pages", "4"]),
+])
+def test_no_progress_reaches_every_progress_bar(name, module, attr, extra, tmp_path, monkeypatch):
+    seen, real = [], getattr(module, attr)
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("progress"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, attr, spy)
+    for flag, bars in (([], True), (["--no-progress"], False)):
+        seen.clear()
+        main([name, "--quick", *flag, *extra, "--out", str(tmp_path)])
+        assert seen and all(p is bars for p in seen), (flag, seen)
 
 
 # ---- gather ----------------------------------------------------------------------------
 def test_gather_benchmark_runs_on_cpu(tmp_path):
     out = tmp_path / "bench"
-    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "gather", "--quick", "--row-bytes", "64", "512",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
+    res = _bench("gather", "--quick", "--row-bytes", "64", "4096", "--table-gib", 1 / 32, "--no-progress",
+                 "--out", out)
     assert "| row B |" in res.stdout
     report = json.loads((out / "gather.json").read_text())
-    assert [s["row_bytes"] for s in report["sizes"]] == [64, 512]
+    assert [s["row_bytes"] for s in report["sizes"]] == [64, 4096]
     assert report["sizes"][0]["variants"]["hmg_host"]["gbps"] > 0
     for name in ("hmg_owned", "hmg_bf16"):  # owned memory and half-width rows, checked against x[idx] first
         assert report["sizes"][1]["variants"][name]["gbps"] > 0
         assert report["sizes"][1]["variants"][name]["setup_seconds"] >= 0
-    assert "Host memory variants" in res.stdout and report["sweep"] == []
+    assert report["sweep"] == []
+    # the table is what --table-gib asks for, and where 8 batches of rows need more, the output says why
+    assert report["sizes"][0]["table_bytes"] == 32 * 2**20 and "| 32 MiB | 64 |" in res.stdout
+    assert report["sizes"][1]["table_bytes"] == 8 * 2000 * 4096 and "| 62.5 MiB | 4096 |" in res.stdout
+    assert "--table-gib 0.03125 is 32 MiB; at 4096 B rows that is fewer than 8 batches of 2,000 ids" in res.stdout
+    if torch.cuda.is_available():
+        assert "Host memory variants" in res.stdout
+    else:
+        _assert_cpu_output(res.stdout)
+        assert "torch.index_select" in res.stdout
     assert (out / "gather.png").stat().st_size > 0 and (out / "gather.md").is_file()
 
 
 def test_hotness_benchmark_compares_orders_on_a_second_epoch(tmp_path):
     out = tmp_path / "hotness"
-    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "hotness", "--quick", "--cache", "0.05", "0.5",
-                          "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = _bench("hotness", "--quick", "--cache", "0.05", "0.5", "--no-progress", "--out", out)
+    if not torch.cuda.is_available():
+        _assert_cpu_output(res.stdout)
     graph = json.loads((out / "hotness.json").read_text())["graphs"][0]
     assert graph["train_nodes"] == 2000 and graph["batches_per_epoch"] == 8
     small, half = graph["hit_ratio"]["0.05"], graph["hit_ratio"]["0.5"]
@@ -56,9 +178,9 @@ def test_hotness_benchmark_compares_orders_on_a_second_epoch(tmp_path):
 def test_remote_benchmark_runs_two_simulated_machines_on_cpu(tmp_path):
     """Rows from the other machine, checked bit for bit inside the benchmark, against all_to_all."""
     out = tmp_path / "remote"
-    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "remote", "--quick", "--device", "cpu",
-                          "--out", str(out)], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    res = _bench("remote", "--quick", "--device", "cpu", "--no-progress", "--out", out, timeout=240)
+    if not torch.cuda.is_available():
+        _assert_cpu_output(res.stdout)
     report = json.loads((out / "remote.json").read_text())
     assert report["machines"] == 2 and [s["row_bytes"] for s in report["sizes"]] == [128, 1024]
     for size in report["sizes"]:
@@ -79,7 +201,7 @@ def test_defaults_parse():
     assert args.row_bytes == [128, 256, 512, 1024, 2048, 4096]
     assert placement.parse_bytes(args.shard_bytes) == 2 * 2**30
     assert placement.parse_bytes(args.copy_bytes) == 2**30
-    assert args.batch == 500_000 and args.gpus is None and args.out == "bench-out/peer"
+    assert args.batch_size == 500_000 and args.gpus is None and args.out == "bench-out/peer"
     assert not args.no_gate and not args.quick and args.reps > 1
 
 
@@ -87,7 +209,7 @@ def test_options_parse():
     args = build_parser().parse_args(["peer", "--row-bytes", "128", "4096", "--shard-bytes", "1GB", "--batch", "1000",
                                       "--reps", "3", "--gpus", "0", "2", "--out", "x/y", "--no-gate",
                                       "--max-batch-mib", "64", "--copy-bytes", "256MiB"])
-    assert args.row_bytes == [128, 4096] and args.shard_bytes == "1GB" and args.batch == 1000
+    assert args.row_bytes == [128, 4096] and args.shard_bytes == "1GB" and args.batch_size == 1000
     assert args.reps == 3 and args.gpus == [0, 2] and args.out == "x/y" and args.no_gate
     assert args.max_batch_mib == 64 and placement.parse_bytes(args.copy_bytes) == 256 * 2**20
 
@@ -327,21 +449,21 @@ def test_quick_run_on_gpus(tmp_path):
 
 
 def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
-    import json
-    import subprocess
-    import sys
-
     for name, extra in (("sample", []), ("train", ["--configs", "host", "host+pipe", "cache"])):
         out = tmp_path / name
-        res = subprocess.run([sys.executable, "-m", "hmgstore.bench", name, "--quick", *extra, "--out", str(out)],
-                             capture_output=True, text=True, timeout=600)
-        assert res.returncode == 0, res.stderr[-3000:]
+        res = _bench(name, "--quick", "--no-progress", *extra, "--out", out, timeout=600)
         report = json.loads((out / f"{name}.json").read_text())
         assert (out / f"{name}.md").is_file()
+        if not torch.cuda.is_available():
+            _assert_cpu_output(res.stdout)
         if name == "sample":
             variants = report["graphs"][0]["variants"]
             assert variants["hmg_cpu"]["batches_per_s"] > 0
+            assert "graphbolt" not in res.stderr + res.stdout  # the DGL stub's INFO line is not the reader's business
         else:
             assert set(report["configs"]) == {"host", "host+pipe", "cache"}
             assert all(c["epoch_s"] > 0 for c in report["configs"].values())
             assert report["configs"]["cache"]["feature_stats"]["rows"] > 0
+            assert "requires_grad" not in res.stderr  # the loss is read as a number without autograd's warning
+            if not torch.cuda.is_available():
+                assert "hits" not in res.stdout  # nothing is served from GPU memory here: no column of zeros

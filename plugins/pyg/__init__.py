@@ -26,16 +26,18 @@ Graphs partitioned over several machines: :mod:`hmgstore.plugins.pyg.cluster`
 :func:`cluster_loader`).
 
 Node attributes only: PyG's remote-backend loaders do not fetch edge
-features. Loader options (workers, ``pin_memory``, ``PrefetchLoader``) are
-discussed in :mod:`hmgstore.plugins.pyg.feature_store`.
+features. Every attribute is checked against its graph's size, so none is
+dropped without a word (:mod:`hmgstore.plugins.pyg.attributes`). Loader
+options (workers, ``pin_memory``, ``PrefetchLoader``) are discussed in
+:mod:`hmgstore.plugins.pyg.feature_store`.
 """
 from __future__ import annotations
 
-import torch
 from torch_geometric.data import Data, HeteroData
 
 from hmgstore import placement
 
+from .attributes import check_edge_attributes, check_features, node_attributes
 from .cluster import (
     ClusterFeatureStore,
     ClusterNeighborSampler,
@@ -55,26 +57,35 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
               progress: bool = True, **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
 
-    Node attributes (every node-level tensor attribute, or the names in
-    ``attrs``) become HybridTensors over the same host memory (CPU tensors
-    only; no host copy); ``edge_index`` (or ``adj_t``) of every edge type
-    becomes CSC. ``device``: where batches' attributes land (None: the
+    Node attributes (every tensor or numpy array with one row per node, or
+    the names in ``attrs``) become HybridTensors over the same host memory
+    (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``) of every
+    edge type becomes CSC. Edge attributes are not stored (PyG's loaders do
+    not fetch them from a feature store; a warning names them);
+    graph-level values (0-d tensors, numbers, ``num_nodes``) and index
+    tensors (``edge_label_index``) are left alone. ``device``: where batches' attributes land (None: the
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
     rows to keep on the GPU, hottest first by ``hotness``: a score tensor
     [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
-    them. Raises TypeError for other inputs, ValueError when there is
-    nothing to store, and whatever HybridTensor raises for unusable sources.
+    them. Raises TypeError for other inputs; ValueError when there is
+    nothing to store, or naming an attribute whose rows match neither its
+    node count nor (edge attributes) its edge count, with both sizes and the
+    fix; KeyError for a name in ``attrs`` that ``Data`` lacks; and whatever
+    HybridTensor raises for unusable sources.
     """
     if isinstance(data, HeteroData):
         graph_store = CSCGraphStore()
         for edge_type in data.edge_types:
             src, _, dst = edge_type
             _put_edges(graph_store, data[edge_type], edge_type, (data[src].num_nodes, data[dst].num_nodes))
+            check_edge_attributes(data[edge_type], num_edges=data[edge_type].num_edges,
+                                  where=f"edge type {edge_type!r}", ref=f"data[{edge_type!r}]")
         sources = {}
         for node_type in data.node_types:
-            found = _node_attrs(data[node_type], attrs, strict=False)
+            found = node_attributes(data[node_type], attrs, num_nodes=data[node_type].num_nodes, num_edges=None,
+                                    where=f"node type {node_type!r}", ref=f"data[{node_type!r}]", strict=False)
             if not found:
                 raise ValueError(
                     f"node type {node_type!r} has no node attributes{'' if attrs is None else f' among {attrs}'}; "
@@ -84,7 +95,8 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     elif isinstance(data, Data):
         graph_store = CSCGraphStore()
         _put_edges(graph_store, data, None, (data.num_nodes, data.num_nodes))
-        sources = {(None, name): value for name, value in _node_attrs(data, attrs, strict=True).items()}
+        found = node_attributes(data, attrs, num_nodes=data.num_nodes, num_edges=data.num_edges, where="the Data")
+        sources = {(None, name): value for name, value in found.items()}
         if not sources:
             raise ValueError("the Data object has no node attributes to store (x, y, ...)")
     else:
@@ -106,18 +118,20 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     ``x=np.load("feat.npy", mmap_mode="r"), y=labels``: each ``[num_nodes,
     ...]`` torch CPU tensor, numpy array or memmap, used in place.
     ``num_nodes`` defaults to the features' row count. ``device``,
-    ``gpu_budget`` and ``hotness`` as in :func:`from_data`.
+    ``gpu_budget`` and ``hotness`` as in :func:`from_data`. Raises ValueError
+    for a topology given twice or not at all, no features, or a feature
+    whose rows are not ``num_nodes`` (naming it, both sizes and the fix).
     """
     given = [(name, v) for name, v in (("coo", edge_index), ("csr", csr), ("csc", csc)) if v is not None]
     if len(given) != 1:
         raise ValueError("pass the topology once: edge_index=..., csr=(rowptr, col) or csc=(row, colptr)")
     if not features:
         raise ValueError("pass node attributes by name, e.g. from_tensors(edge_index=ei, x=x, y=y)")
-    if num_nodes is None:
-        num_nodes = next(iter(features.values())).shape[0]
-    for name, value in features.items():
-        if value.shape[0] != num_nodes:
-            raise ValueError(f"feature {name!r} has {value.shape[0]} rows for a graph of {num_nodes} nodes")
+    counted = num_nodes is not None
+    if not counted:
+        first = next(iter(features.values()))
+        num_nodes = first.shape[0] if getattr(first, "ndim", 0) else 0
+    check_features(features, num_nodes, counted)
     layout, topology = given[0]
     graph_store = CSCGraphStore()
     graph_store.put_edge_index(topology, edge_type=None, layout=layout, size=(num_nodes, num_nodes))
@@ -137,21 +151,6 @@ def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, in
         graph_store.put_edge_index((row, colptr), edge_type=edge_type, layout="csc", size=size)
     else:
         raise ValueError(f"edge type {edge_type!r} has neither edge_index nor adj_t")
-
-
-def _node_attrs(store, names, strict: bool) -> dict:
-    """Node-level tensor attributes of a Data or a HeteroData node store, by name.
-
-    ``strict``: every name in ``names`` must be present (a Data; node types
-    of a HeteroData may each hold only some of them).
-    """
-    if names is not None:
-        missing = [n for n in names if n not in store]
-        if missing and strict:
-            raise KeyError(f"attributes {missing} are not in the Data object (it holds {list(store.keys())})")
-        return {n: store[n] for n in names if n in store}
-    return {key: value for key, value in store.items()
-            if isinstance(value, torch.Tensor) and key not in ("edge_index", "adj_t") and store.is_node_attr(key)}
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:

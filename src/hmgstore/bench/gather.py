@@ -2,7 +2,7 @@
 
 For each row size, one table of at least ``--table-gib`` and at least 8
 batches' worth of rows (one buffer of hashed data viewed at every row size),
-and batches of ``--batch`` distinct uniformly random ids, rotated among a few
+and batches of ``--batch-size`` distinct uniformly random ids, rotated among a few
 id sets. Distinct, because a real mini-batch's node ids are distinct, and
 because repeated ids would be served from L2 and inflate the figures (500k
 draws with replacement from a 2 GiB table of 4 KiB rows repeat 39% of rows);
@@ -37,8 +37,9 @@ rate measured at the start of the same run (the PCIe limit). Variants:
 
 The table-size sweep (``--sweep-gb``, at ``--sweep-row-bytes``; host
 variants only) measures how the host tier's rate falls as the table
-outgrows the GPU's reach over host pages. Without a GPU, only the CPU
-variants run (a smoke test).
+outgrows the GPU's reach over host pages. Without a GPU, only what a CPU
+can show runs, at smaller sizes: hmgstore's host tables read by its CPU
+path (pinned in place, owned, bf16) against ``torch.index_select``.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ import time
 import torch
 
 import hmgstore
+from .. import flags
 from ..memory import owned
 from .report import header, write_report
 from .timing import h2d_limit_gbps, median_seconds
@@ -62,21 +64,25 @@ ALL_VARIANTS = ("hmg_host", "hmg_host_sync", "hmg_owned", "hmg_owned_cuda", "hmg
 SWEEP_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_split", "cpu_pinned")
 
 
-#: Sizes for a machine without a GPU: the GPU sizes need ~20 GB of RAM and minutes there (a smoke test only).
-CPU_DEFAULTS = {"row_bytes": [128, 512, 4096], "batch": 50_000, "table_gib": 0.125}
+#: Sizes for a machine without a GPU (see __main__.parse_args): the GPU sizes need ~20 GB of RAM and minutes there.
+CPU = ["--row-bytes", "128", "512", "4096", "--batch-size", "50000", "--table-gib", "0.125"]
+#: --quick: tiny sizes, to check that the benchmark runs.
+QUICK = ["--table-gib", "0.00390625", "--batch-size", "2000", "--sweep-gb", "--reps", "3", "--slow-reps", "2"]
+#: Tables hold at least this many batches of rows (see the module docstring).
+MIN_BATCHES = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--row-bytes", type=int, nargs="+", default=None,
-                   help=f"row sizes in bytes, multiples of 4 (default: {' '.join(map(str, DEFAULT_ROW_BYTES))}; "
-                        f"without a GPU {' '.join(map(str, CPU_DEFAULTS['row_bytes']))})")
-    p.add_argument("--batch", type=int, default=None,
-                   help=f"ids per batch (default: 500000; without a GPU {CPU_DEFAULTS['batch']})")
-    p.add_argument("--table-gib", type=float, default=None,
-                   help=f"size of the table at every row size, GiB (default: 2; without a GPU "
-                        f"{CPU_DEFAULTS['table_gib']})")
+    p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
+                   help="row sizes in bytes, multiples of 4")
+    flags.add_batch_size(p, 500_000, "distinct random ids")
+    p.add_argument("--table-gib", type=float, default=2.0,
+                   help=f"size of the table at every row size, GiB; a table holds at least {MIN_BATCHES} batches "
+                        "of rows, so big rows and big batches make it larger (the output says so)")
     p.add_argument("--sweep-gb", type=float, nargs="*", default=[2, 8, 40],
                    help="table sizes of the size sweep, GB (none: skip it)")
+    # the sweep's one big table, as commands recorded before the sweep wrote it (0: none)
+    p.add_argument("--big-table-gb", dest="sweep_gb", type=_one_table, help=argparse.SUPPRESS)
     p.add_argument("--sweep-row-bytes", type=int, nargs="+", default=[128, 512], help="row sizes of the size sweep")
     p.add_argument("--variants", nargs="+", default=None, choices=ALL_VARIANTS,
                    help="run only these variants (default: all; the sweep runs the host ones among them)")
@@ -84,8 +90,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads while timing the split gather (default: torch's own setting)")
     p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
     p.add_argument("--slow-reps", type=int, default=5, help="timed repeats of variants that involve the CPU")
-    p.add_argument("--out", default="bench-out/gather", help="folder for gather.json and gather.png")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
+    p.add_argument("--out", default="bench-out/gather", help="folder for gather.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def _one_table(text: str) -> list[float]:
+    gb = float(text)
+    return [gb] if gb > 0 else []
 
 
 def _fill(nbytes: int) -> torch.Tensor:
@@ -97,15 +110,16 @@ def _fill(nbytes: int) -> torch.Tensor:
     return buf
 
 
-def _ids(num_rows: int, batch: int, sets: int, device) -> list[torch.Tensor]:
-    """``sets`` batches of ``batch`` distinct random ids (int64, on ``device``)."""
-    g = torch.Generator(device).manual_seed(1234)
+def _ids(num_rows: int, batch: int, sets: int, device, seed: int = 0) -> list[torch.Tensor]:
+    """``sets`` batches of ``batch`` distinct random ids (int64, on ``device``); ``seed``: ``--seed``."""
+    g = torch.Generator(device).manual_seed(1234 + seed)  # 1234: the ids of the results recorded before --seed
     return [torch.randperm(num_rows, generator=g, device=device)[:batch] for _ in range(sets)]
 
 
-def table_bytes(row_bytes: int, args) -> int:
-    """Bytes of the table for one row size: >= --table-gib and >= 8 batches of rows."""
-    return max(int(args.table_gib * 2**30) // row_bytes, 8 * args.batch) * row_bytes
+def table_bytes(row_bytes: int, table_gib: float, batch: int) -> int:
+    """Bytes of the table for one row size: ``table_gib`` GiB in whole rows, and at least MIN_BATCHES batches of
+    ``batch`` rows."""
+    return max(int(table_gib * 2**30) // row_bytes, MIN_BATCHES * batch) * row_bytes
 
 
 def _check(got: torch.Tensor, table: torch.Tensor, idx: torch.Tensor, name: str) -> None:
@@ -119,11 +133,11 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
     cols = row_bytes // 4
     x = buf[: nbytes // row_bytes * cols].view(-1, cols)
     n = x.shape[0]
-    ids_dev = _ids(n, args.batch, 4, device)
+    ids_dev = _ids(n, args.batch_size, 4, device, args.seed)
     ids_cpu = [i.cpu() for i in ids_dev]
-    useful = args.batch * row_bytes
+    useful = args.batch_size * row_bytes
     cuda = device.type == "cuda"
-    result = {"row_bytes": row_bytes, "table_bytes": n * row_bytes, "num_rows": n, "batch": args.batch,
+    result = {"row_bytes": row_bytes, "table_bytes": n * row_bytes, "num_rows": n, "batch": args.batch_size,
               "ids": "distinct, uniform", "variants": {}}
 
     def timed(name, fn, wall, reps):
@@ -138,7 +152,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         if name not in variants or (not cuda and name in ("hmg_owned_cuda", "hmg_host_sync")):
             continue
         start = time.perf_counter()
-        table = hmgstore.HybridTensor(x, device, progress=False, **kwargs)
+        table = hmgstore.HybridTensor(x, device, progress=not args.no_progress, **kwargs)
         setup = time.perf_counter() - start
         want = x.bfloat16().float() if name == "hmg_bf16" else x
         _check(table[ids_dev[0]], want, ids_dev[0], name)
@@ -151,7 +165,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
     if "hmg_split" in variants and cuda:
         _split_variants(x, ids_cpu, device, args, timed, result)
     if "hmg_gpu" in variants and cuda:
-        table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(n), progress=False)
+        table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(n), progress=not args.no_progress)
         _check(table[ids_dev[0]], x, ids_dev[0], "hmg_gpu")
         timed("hmg_gpu", lambda i: table[ids_dev[i % 4]], False, args.reps)
         table.close()
@@ -163,7 +177,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
     if "pageable" in variants and cuda:
         timed("pageable", lambda i: x[ids_cpu[i % 4]].to(device), True, args.slow_reps)
     if "cpu_pinned" in variants:
-        staging = torch.empty((args.batch, cols), dtype=x.dtype, pin_memory=cuda)
+        staging = torch.empty((args.batch_size, cols), dtype=x.dtype, pin_memory=cuda)
 
         def cpu_pinned(i):
             torch.index_select(x, 0, ids_cpu[i % 4], out=staging)
@@ -182,14 +196,15 @@ def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
     torch.set_num_threads(args.split_threads or threads)
     try:
         start = time.perf_counter()
-        table = hmgstore.HybridTensor(x, device, progress=False, copy=True, split="auto")
+        table = hmgstore.HybridTensor(x, device, progress=not args.no_progress, copy=True, split="auto")
         setup = time.perf_counter() - start
         for name, setting in (("hmg_split", "auto"), ("split_kernel", None), ("split_cpu", 1.0)):
             table.set_split(setting)
             _check(table[ids_cpu[0]], x, ids_cpu[0], name)  # "auto": the first batch measures the model
             timed(name, lambda i: table[ids_cpu[i % 4]], True, args.slow_reps)
             if setting == "auto":  # the measured share, and the batches a busy machine left to the kernel
-                share = table._split_shares.get(batch_class(len(ids_cpu[0])), 0.0)
+                setting = table._split  # None where the table reads no host rows
+                share = setting.shares.get(batch_class(len(ids_cpu[0])), 0.0) if setting is not None else 0.0
                 skipped = table.split_skipped
         result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads(),
                                                split_skipped=skipped)
@@ -201,19 +216,13 @@ def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
 
 
 def run(args) -> dict:
+    """Time every variant at every row size (then the sweep, on a GPU); write and return the report."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    sizes_of = {"row_bytes": DEFAULT_ROW_BYTES, "batch": 500_000, "table_gib": 2.0} if device.type == "cuda" \
-        else CPU_DEFAULTS
-    for name, value in sizes_of.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.quick:
-        args.table_gib, args.batch, args.sweep_gb = 1 / 256, 2_000, []
-        args.reps, args.slow_reps = 3, 2
     report = {
         **header("gather", device),
-        "cpu_threads": torch.get_num_threads(), "sizes": [], "sweep": [],
-        "transparent_huge_pages": owned.transparent_huge_pages(),
+        "cpu_threads": torch.get_num_threads(), "table_gib": args.table_gib, "batch": args.batch_size,
+        "min_batches": MIN_BATCHES,
+        "sizes": [], "sweep": [], "transparent_huge_pages": owned.transparent_huge_pages(),
     }
     if device.type == "cuda":
         from .. import cuda
@@ -223,7 +232,7 @@ def run(args) -> dict:
     chosen = args.variants or ALL_VARIANTS
     if any(rb % 4 for rb in (*args.row_bytes, *args.sweep_row_bytes)):
         raise SystemExit(f"row sizes must be multiples of 4, got {args.row_bytes} and {args.sweep_row_bytes}")
-    sizes = {rb: table_bytes(rb, args) for rb in args.row_bytes}
+    sizes = {rb: table_bytes(rb, args.table_gib, args.batch_size) for rb in args.row_bytes}
     buf = _fill(max(sizes.values()))
     buf_gpu = buf.to(device) if device.type == "cuda" else None
     for row_bytes, nbytes in sizes.items():

@@ -21,7 +21,9 @@ power-law in-degrees (as ``bench sample``) and neighbours drawn by the same
 ranking (``--source-skew``: hubs cite and are cited, as in an undirected
 graph), with a random ``TRAIN`` share of the nodes as training seeds. The papers100M-shaped graph is
 ``111M:1.6B:0.011`` (1.2M training nodes). With a GPU the GPU sampler runs
-with the topology in GPU memory; without one, the CPU sampler (small graphs).
+with the topology in GPU memory; without one, the CPU sampler (a smaller
+default graph). Hit ratios are counted, not timed: a CPU run's are what a
+GPU would see on the same graph and seeds.
 """
 from __future__ import annotations
 
@@ -30,15 +32,19 @@ import logging
 
 import torch
 
+from .. import flags
 from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..placement import order_by_score
-from .report import header, write_report
+from .report import header, no_gpu_line, write_report
 from .sample import _count, power_law_csc
 
 log = logging.getLogger(__name__)
 
 ORDERS = ("presample", "in_degree", "out_degree")
+#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+CPU = ["--graphs", "200K:2M:0.1"]
+QUICK = ["--graphs", "20K:200K:0.1", "--batch-size", "256"]
 
 
 def _graph_spec(text: str) -> tuple[int, int, float]:
@@ -50,38 +56,45 @@ def _graph_spec(text: str) -> tuple[int, int, float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=None, metavar="GRAPH",
+    p.add_argument("--graphs", type=_graph_spec, nargs="+", metavar="GRAPH",
+                   default=[(2_000_000, 20_000_000, 0.1), (111_000_000, 1_600_000_000, 0.011)],
                    help="NODES:EDGES:TRAIN_SHARE graphs with power-law in-degrees (default: 2M:20M:0.1 and the "
-                        "papers100M-shaped 111M:1.6B:0.011; without a GPU 200K:2M:0.1)")
+                        "papers100M-shaped 111M:1.6B:0.011)")
     p.add_argument("--cache", type=float, nargs="+", default=[0.01, 0.05, 0.1, 0.2],
                    help="cache sizes, as shares of the nodes")
-    p.add_argument("--fanout", default="15,10,5", help="neighbours per hop")
-    p.add_argument("--batch", type=int, default=1024, help="seeds per batch")
+    flags.add_fanout(p)
+    flags.add_batch_size(p, 1024)
     p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of the in-degrees")
     p.add_argument("--source-skew", type=float, default=1.0,
                    help="Zipf exponent of how often a node is drawn as a neighbour (out-degrees)")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/hotness", help="folder for hotness.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
 
-def _touches(sampler: NeighborSampler, seeds: torch.Tensor, batch: int, seed: int) -> "presample.Hotness":
+def _touches(sampler: NeighborSampler, seeds: torch.Tensor, batch: int, seed: int,
+             progress: bool) -> "presample.Hotness":
+    """Touch counts of one epoch over ``seeds`` in batches of ``batch``, shuffled by ``seed``."""
     return presample(sampler, seeds, epochs=1, batch_size=batch, generator=torch.Generator().manual_seed(seed),
-                     progress=False)
+                     progress=progress)
 
 
 def measure(num_nodes: int, num_edges: int, train_share: float, args, device) -> dict:
     """Hit ratios of every order at every cache size on one graph."""
-    csc = power_law_csc(num_nodes, num_edges, args.skew, device=device if device.type == "cuda" else None,
-                        source_skew=args.source_skew)
-    g = torch.Generator().manual_seed(3)
+    csc = power_law_csc(num_nodes, num_edges, args.skew, seed=args.seed,
+                        device=device if device.type == "cuda" else None, source_skew=args.source_skew)
+    # 3, 1, 2: the draws of the results recorded before --seed (seed 0)
+    g = torch.Generator().manual_seed(3 + args.seed)
     seeds = torch.randperm(num_nodes, generator=g)[:max(1, int(train_share * num_nodes))]
-    topo = Topology(csc, device, gpu_budget=None if device.type == "cpu" else 2**62, progress=False)
-    sampler = NeighborSampler({None: topo}, {None: num_nodes}, [int(k) for k in args.fanout.split(",")])
-    first = _touches(sampler, seeds, args.batch, seed=1)
-    second = _touches(sampler, seeds, args.batch, seed=2)
+    progress = not args.no_progress
+    topo = Topology(csc, device, gpu_budget=None if device.type == "cpu" else 2**62, progress=progress)
+    sampler = NeighborSampler({None: topo}, {None: num_nodes}, args.fanout)
+    first = _touches(sampler, seeds, args.batch_size, seed=1 + args.seed, progress=progress)
+    second = _touches(sampler, seeds, args.batch_size, seed=2 + args.seed, progress=progress)
     in_degree = csc.colptr.diff()
     out_degree = torch.bincount(csc.row.long(), minlength=num_nodes)
-    fanout = max(int(k) for k in args.fanout.split(","))
+    fanout = max(args.fanout)
     read = in_degree.clamp(max=fanout) if fanout > 0 else in_degree  # neighbour ids read per visit of a list
     # topology: ids read per byte held, so that one hub read 15 ids at a time does not take the whole cache
     orders = {"presample": {"features": order_by_score(first.features[None]),
@@ -113,16 +126,13 @@ def _fitting(order: torch.Tensor, degree: torch.Tensor, edges: float) -> torch.T
 
 
 def run(args) -> dict:
+    """Hit ratios of every order on every graph; write and return the report."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if args.quick:
-        args.graphs, args.batch = [(20_000, 200_000, 0.1)], 256
-    if args.graphs is None:
-        args.graphs = [(2_000_000, 20_000_000, 0.1), (111_000_000, 1_600_000_000, 0.011)] if cuda \
-            else [(200_000, 2_000_000, 0.1)]
     report = {
         **header("hotness", device),
-        "fanout": args.fanout, "batch": args.batch, "skew": args.skew, "source_skew": args.source_skew,
+        "fanout": ",".join(map(str, args.fanout)), "batch": args.batch_size, "skew": args.skew,
+        "source_skew": args.source_skew,
         "cache": args.cache, "graphs": [],
     }
     for nodes, edges, train in args.graphs:
@@ -136,9 +146,13 @@ def run(args) -> dict:
 
 
 def table_text(report: dict) -> str:
+    """The hotness report as a markdown table: hit ratios by order and cache size."""
     lines = [f"device: {report['device']}   fanout {report['fanout']}, batch {report['batch']}   "
              f"hit ratios on a second epoch (features: cache of that share of the nodes / topology: of that share "
-             f"of the edges)   date: {report['date']}", "",
+             f"of the edges)   date: {report['date']}",
+             *no_gpu_line(report, "hit ratios are counted, not timed: a GPU would count the same on this graph; "
+                                  "the CPU sampler ran, on a smaller default graph",
+                          "the default graphs (2M and 111M nodes)"), "",
              "| graph | train nodes | cache | " + " | ".join(ORDERS) + " | presample x in_degree (features) |",
              "|---|---:|---:|" + "---:|" * (len(ORDERS) + 1)]
     for g in report["graphs"]:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import torch
 
 import hmgstore
+from .. import flags
 from ..placement import Placement, parse_bytes
 from .gather import _fill
 from .peer_report import add_ratios, plot, table_text
@@ -71,17 +72,21 @@ ROUND_BYTES = 512 << 20
 MAX_PER_ROUND = 8
 #: Id sets each GPU rotates through, so that consecutive batches read different rows.
 ID_SETS = 4
+#: --quick: tiny sizes (see __main__.parse_args).
+QUICK = ["--shard-bytes", "64MiB", "--batch-size", "20000", "--copy-bytes", "64MiB", "--reps", "3"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
                    help="row sizes in bytes (multiples of 4)")
     p.add_argument("--shard-bytes", default="2GiB", help="table bytes per GPU (shard size), e.g. 2GiB")
-    p.add_argument("--batch", type=int, default=500_000, help="ids per batch (fewer for big rows, see --max-batch-mib)")
+    flags.add_batch_size(p, 500_000, "distinct random ids (fewer for big rows, see --max-batch-mib)")
     p.add_argument("--max-batch-mib", type=int, default=256, help="largest batch, in MiB of rows")
     p.add_argument("--copy-bytes", default="1GiB", help="buffer size of the peer memcpy baseline")
     p.add_argument("--reps", type=int, default=20, help="timed rounds per variant")
     p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to use, e.g. 0 1 (default: all)")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/peer", help="folder for peer.json, peer.md and peer.png")
     p.add_argument("--no-gate", action="store_true",
                    help="queue each GPU's work in turn instead of holding all behind a start gate")
@@ -284,33 +289,34 @@ def measure_variants(runner: Runner, x: torch.Tensor, placement: Placement, view
     return result
 
 
-def run_size(runner: Runner, buf: torch.Tensor, sz: Sizing) -> dict:
-    """Build the sharded table for one row size over the first bytes of ``buf`` (float32, host) and measure it."""
+def run_size(runner: Runner, buf: torch.Tensor, sz: Sizing, seed: int = 0, progress: bool = False) -> dict:
+    """Build the sharded table for one row size over the first bytes of ``buf`` (float32, host) and measure it;
+    ``seed``: ``--seed``, ``progress``: a bar while the table is built."""
     cols = sz.row_bytes // 4
     x = buf[: sz.num_rows * cols].view(sz.num_rows, cols)
     size = {"row_bytes": sz.row_bytes, "rows_per_shard": sz.rows_per_shard, "num_rows": sz.num_rows,
             "table_bytes": sz.num_rows * sz.row_bytes, "batch": sz.batch, "batches_per_round": sz.per_round,
             "ids": "distinct, random"}
     with hmgstore.ShardedTensor(x, runner.devices, gpu_budget=sz.rows_per_shard * sz.row_bytes,
-                                hot_order=torch.arange(sz.num_rows), replicate=0, progress=False) as table:
+                                hot_order=torch.arange(sz.num_rows), replicate=0, progress=progress) as table:
         p = table.placement
         if p.has_host_tier:
             raise RuntimeError(f"the sharded table left rows on the host ({p}); every row must be on a GPU")
         views = [table.on(d) for d in runner.devices]
         # The baseline's shards: the same rows, gathered locally through the table (checked again below).
         shards = [views[j].gather(p.rows_of(f"shard{j}")) for j in range(sz.num_gpus)]
-        size["variants"] = measure_variants(runner, x, p, views, shards, sz, seed=sz.row_bytes)
+        size["variants"] = measure_variants(runner, x, p, views, shards, sz, seed=sz.row_bytes + seed)
         del shards
     return size
 
 
 def run(args) -> dict:
+    """Measure every variant at every row size on 2+ GPUs; write and return the report. Without them, exits
+    saying why (a CPU has nothing to show here)."""
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = select_gpus(args.gpus, available)
     if any(rb <= 0 or rb % 4 for rb in args.row_bytes):
         raise SystemExit(f"--row-bytes must be positive multiples of 4, got {args.row_bytes}")
-    if args.quick:
-        args.shard_bytes, args.batch, args.copy_bytes, args.reps = "64MiB", 20_000, "64MiB", 3
     from .. import cuda
     from ..cuda import peer as cuda_peer
 
@@ -318,7 +324,7 @@ def run(args) -> dict:
     for d in devices:
         cuda.check_device(d)
     shard_bytes, copy_bytes = parse_bytes(args.shard_bytes), parse_bytes(args.copy_bytes)
-    sizes = [sizing(rb, len(gpus), shard_bytes, args.batch, args.max_batch_mib << 20) for rb in args.row_bytes]
+    sizes = [sizing(rb, len(gpus), shard_bytes, args.batch_size, args.max_batch_mib << 20) for rb in args.row_bytes]
     peer_access = [(i, j, cuda_peer.can_access_peer(i, j)) for i in gpus for j in gpus if i != j]
     for i, j, ok in peer_access:
         if ok:
@@ -338,7 +344,7 @@ def run(args) -> dict:
     torch.cuda.empty_cache()
     buf = _fill(max(s.num_rows * s.row_bytes for s in sizes))
     for sz in sizes:
-        report["sizes"].append(run_size(runner, buf, sz))
+        report["sizes"].append(run_size(runner, buf, sz, args.seed, progress=not args.no_progress))
         gc.collect()
         torch.cuda.empty_cache()
     del buf

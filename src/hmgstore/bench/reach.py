@@ -13,22 +13,21 @@ measured: the CPU's own reach.
 from __future__ import annotations
 
 import argparse
-import logging
 
 import torch
 
 from .. import flags
 from ..reach import Reach, measure
-from .report import header, write_report
-
-log = logging.getLogger(__name__)
+from .report import header, no_gpu_line, write_report
 
 PAGES = (64, 256, 1024, 4096, 16384)
+#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+CPU = ["--table-gb", "1"]
+QUICK = ["--table-gb", "0.125", "--pages", "4", "16", "32", "--batch-size", "20000", "--reps", "2"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table-gb", type=float, default=None,
-                   help="host table size in GB (default: 32 on a GPU, 1 on the CPU)")
+    p.add_argument("--table-gb", type=float, default=32, help="host table size in GB")
     p.add_argument("--row-bytes", type=int, nargs="+", default=[128, 512], help="row sizes (multiples of 4)")
     p.add_argument("--pages", type=int, nargs="+", default=list(PAGES), help="pages per batch to sweep")
     flags.add_batch_size(p, 500_000, "ids")
@@ -40,21 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> dict:
+    """Measure the reach of this machine's GPU (or, without one, of its CPU path); write and return the report."""
     gpu = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    if not gpu:
-        log.info("no GPU here: measuring the CPU path alone (index_select, no copy), the CPU's own reach; the "
-                 "kernel's figures need a GPU")
-    gb = args.table_gb if args.table_gb is not None else (32 if gpu else 1)
-    pages, batch, reps = args.pages, args.batch_size, args.reps
-    if args.quick:
-        gb, pages, batch, reps = 0.125, [4, 16, 32], 20_000, 2
-    reach = measure(device, table_bytes=int(gb * 1e9) // 8 * 8, row_bytes=args.row_bytes, pages=pages, batch=batch,
-                    reps=reps, cpu=not args.no_cpu or not gpu, progress=not args.no_progress)
+    reach = measure(device, table_bytes=int(args.table_gb * 1e9) // 8 * 8, row_bytes=args.row_bytes,
+                    pages=args.pages, batch=args.batch_size, reps=args.reps, cpu=not args.no_cpu or not gpu,
+                    progress=not args.no_progress)
     report = header("reach", device)
     report.update(reach.to_dict())
     report["device"] = report["device"] if gpu else "cpu"
-    report["batch"] = batch
+    report["batch"] = args.batch_size
     write_report(report, args.out, ratios=_ratios, text_of=table_text, plot_to=plot)
     return report
 
@@ -69,11 +63,13 @@ def _ratios(report: dict) -> None:
 
 
 def table_text(report: dict) -> str:
+    """The reach report: per row size, rates against pages a batch, then each path's knee and cost per page."""
     reach = Reach.from_dict(report)
     limit = reach.limit_gbps
     lines = [f"device: {report['device']}   table: {report['table_bytes'] / 1e9:.1f} GB   up to {report['batch']} ids "
-             f"a batch   date: {report['date']}   " + (f"H2D memcpy limit: {limit:.1f} GB/s" if limit else
-                                                       "no GPU: the CPU path alone (index_select, no copy)"), ""]
+             f"a batch   date: {report['date']}" + (f"   H2D memcpy limit: {limit:.1f} GB/s" if limit else ""),
+             *no_gpu_line(report, "the CPU path alone, index_select with no copy: the CPU's own reach",
+                          "the kernel's figures and the H2D limit"), ""]
     for rb, curve in sorted(reach.curves.items()):
         paths = [p for p in ("kernel", "cpu") if (curve.kernel_seconds if p == "kernel" else curve.cpu_seconds)]
         unit = "x limit" if limit else "GB/s"

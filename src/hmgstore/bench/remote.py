@@ -1,7 +1,7 @@
 """``python -m hmgstore.bench remote``: rows fetched from other machines, against all_to_all in the same run.
 
 Every rank holds its machine's partition of a table (range book, one
-machine's rows per partition) and gathers batches of ``--batch`` random
+machine's rows per partition) and gathers batches of ``--batch-size`` random
 global ids through :class:`hmgstore.distributed.ClusterTensor`, all ranks at
 once (gathers are collective). Variants, per row size, each rank's rows
 checked bit for bit against the row function before timing:
@@ -37,21 +37,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .report import header, write_report
+from .. import flags
+from .report import header, no_gpu_line, write_report
 
 DEFAULT_ROW_BYTES = [128, 512, 1024, 4096]
+#: --quick: tiny sizes (see __main__.parse_args).
+QUICK = ["--row-bytes", "128", "1024", "--machine-mib", "4", "--batch-size", "5000", "--reps", "3"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES, help="row sizes, multiples of 4")
     p.add_argument("--machine-mib", type=int, default=256, help="partition size per machine at every row size, MiB")
-    p.add_argument("--batch", type=int, default=100_000, help="ids per rank per batch")
+    flags.add_batch_size(p, 100_000, "ids of each rank")
     p.add_argument("--reps", type=int, default=10, help="timed rounds per variant")
     p.add_argument("--machines", type=int, default=2, help="simulated machines when launched without torchrun")
     p.add_argument("--ranks-per-machine", type=int, default=1, help="ranks per simulated machine")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where each rank's table lives (auto: a GPU per rank when there are enough)")
-    p.add_argument("--out", default="bench-out/remote", help="folder for remote.json, .md and .png")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
+    p.add_argument("--out", default="bench-out/remote", help="folder for remote.json and .md")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
 
@@ -62,8 +67,7 @@ def rows_of(ids: torch.Tensor, cols: int) -> torch.Tensor:
 
 
 def run(args) -> dict:
-    if args.quick:
-        args.row_bytes, args.machine_mib, args.batch, args.reps = [128, 1024], 4, 5_000, 3
+    """Launch the simulated machines, or run as one rank under torchrun; rank 0 writes the report."""
     if any(rb <= 0 or rb % 4 for rb in args.row_bytes):
         raise SystemExit(f"--row-bytes must be positive multiples of 4, got {args.row_bytes}")
     if "RANK" in os.environ:
@@ -104,9 +108,10 @@ def _launch(args) -> dict:
 
 def _argv(args) -> list[str]:
     """The options of ``args`` as a command line (for ranks started from Python, not the shell)."""
-    argv = ["--row-bytes", *map(str, args.row_bytes), "--machine-mib", str(args.machine_mib), "--batch",
-            str(args.batch), "--reps", str(args.reps), "--device", args.device, "--out", args.out]
-    return argv + (["--quick"] if args.quick else [])
+    argv = ["--row-bytes", *map(str, args.row_bytes), "--machine-mib", str(args.machine_mib), "--batch-size",
+            str(args.batch_size), "--reps", str(args.reps), "--device", args.device, "--seed", str(args.seed),
+            "--out", args.out]
+    return argv + (["--quick"] if args.quick else []) + (["--no-progress"] if args.no_progress else [])
 
 
 def _device(args) -> torch.device:
@@ -135,7 +140,7 @@ def _rank(args) -> dict:
             raise SystemExit("the remote benchmark needs at least 2 machines (torchrun --nnodes 2, or "
                              "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
         report = {**header("remote", device), "machines": cluster.num_machines,
-                  "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch, "sizes": []}
+                  "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch_size, "sizes": []}
         for row_bytes in args.row_bytes:
             report["sizes"].append(_one_size(args, row_bytes, device, cluster, hmgstore, hd))
         if dist.get_rank() == 0:
@@ -150,23 +155,23 @@ def _rank(args) -> dict:
 
 def _one_size(args, row_bytes: int, device, cluster, hmgstore, hd) -> dict:
     cols = row_bytes // 4
-    per_machine = max((args.machine_mib << 20) // row_bytes, 4 * args.batch)
+    per_machine = max((args.machine_mib << 20) // row_bytes, 4 * args.batch_size)
     num_nodes = per_machine * cluster.num_machines
     book = hd.PartitionBook.range(num_nodes, cluster.num_machines)
     mine = book.nodes_of(cluster.machine)
-    local = hmgstore.HybridTensor(rows_of(mine, cols), device, progress=False)
+    local = hmgstore.HybridTensor(rows_of(mine, cols), device, progress=not args.no_progress)
     table = hd.ClusterTensor(local, book)
-    g = torch.Generator().manual_seed(1000 + dist.get_rank())
+    g = torch.Generator().manual_seed(1000 + dist.get_rank() + args.seed)  # --seed 0: the ids recorded before it
     start = int(mine[0]) if len(mine) else 0
-    others = torch.randint(0, num_nodes - len(mine), (4, args.batch), generator=g)
+    others = torch.randint(0, num_nodes - len(mine), (4, args.batch_size), generator=g)
     remote = [torch.where(o >= start, o + len(mine), o) for o in others]  # skip this machine's range
-    mixed = [torch.randint(0, num_nodes, (args.batch,), generator=g) for _ in range(4)]
+    mixed = [torch.randint(0, num_nodes, (args.batch_size,), generator=g) for _ in range(4)]
     for ids in (remote[0], mixed[0]):
         if not torch.equal(table.gather(ids).cpu().view(torch.int32), rows_of(ids, cols).view(torch.int32)):
             raise AssertionError(f"remote rows differ from the table at {row_bytes} B rows")
     exchange = table._exchange  # the counterpart group the gathers use
     me, peers = exchange.ranks.index(dist.get_rank()), exchange.slots - 1
-    per_peer = args.batch * row_bytes // peers
+    per_peer = args.batch_size * row_bytes // peers
     send = torch.ones(per_peer * peers, dtype=torch.uint8, device=device)
     recv = torch.empty_like(send)
     splits = [0 if slot == me else per_peer for slot in range(exchange.slots)]
@@ -175,9 +180,10 @@ def _one_size(args, row_bytes: int, device, cluster, hmgstore, hd) -> dict:
         dist.all_to_all_single(recv, send, splits, splits, group=exchange.group)
 
     variants = {
-        "remote": (_timed(lambda i: table.gather(remote[i % 4]), args.reps, device, cluster.control), args.batch),
+        "remote": (_timed(lambda i: table.gather(remote[i % 4]), args.reps, device, cluster.control),
+                   args.batch_size),
         "mixed": (_timed(lambda i: table.gather(mixed[i % 4]), args.reps, device, cluster.control),
-                  args.batch * (cluster.num_machines - 1) // cluster.num_machines),
+                  args.batch_size * (cluster.num_machines - 1) // cluster.num_machines),
         "all_to_all": (_timed(a2a, args.reps, device, cluster.control), per_peer * peers // row_bytes),
     }
     table.close()
@@ -212,8 +218,11 @@ def _ratios(report: dict) -> None:
 
 
 def table_text(report: dict) -> str:
+    """The remote report as a markdown table: GB/s per rank and ratios to all_to_all, per row size."""
     lines = [f"device: {report['device']}   machines: {report['machines']} x {report['ranks_per_machine']} ranks   "
-             f"batch: {report['batch']} ids per rank   date: {report['date']}", "",
+             f"batch: {report['batch']} ids per rank   date: {report['date']}",
+             *no_gpu_line(report, "every rank's table in host memory, exchanged over gloo",
+                          "GPU tables and NCCL (one GPU per rank)"), "",
              "| row B | remote rows GB/s per rank (x all_to_all) | mixed ids GB/s (x all_to_all) | all_to_all GB/s |",
              "|---:|---:|---:|---:|"]
     for s in report["sizes"]:

@@ -27,6 +27,27 @@ HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_hos
                  "split_kernel", "split_cpu")
 
 
+def committed_results(name: str, starts=None) -> Path | None:
+    """``benchmarks/results/<name>`` of the hmgstore checkout at hand, or None where there is none.
+
+    Looked for in each folder of ``starts`` and every folder above it. By
+    default: the working directory, then the imported package's folder,
+    which lies inside the checkout for an editable install, so that a
+    notebook finds the committed results from any folder. An installed
+    package carries no results: then None.
+    """
+    import hmgstore
+
+    if starts is None:
+        starts = [Path.cwd(), Path(hmgstore.__file__).resolve().parent]
+    for start in map(Path, starts):
+        for folder in (start, *start.parents):
+            path = folder / "benchmarks" / "results" / name
+            if path.is_file():
+                return path
+    return None
+
+
 def header(benchmark: str, device) -> dict:
     """What every report starts with: the benchmark, its command line, the date, the device and versions."""
     import torch
@@ -38,8 +59,17 @@ def header(benchmark: str, device) -> dict:
         "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "torch": torch.__version__, "hmgstore": hmgstore.__version__,
     }
+
+
+def no_gpu_line(report: dict, shows: str, needs: str) -> list[str]:
+    """The line a report made without a GPU carries, once: what it shows, and what needs a GPU. Empty where
+    there is a GPU."""
+    if report.get("gpus", 0):
+        return []
+    return [f"no GPU: {report['benchmark']} shows only the CPU figures ({shows}); {needs} need a GPU."]
 
 
 def _gbps(size: dict, name: str):
@@ -71,12 +101,14 @@ def _fmt(value, spec=".1f"):
 
 
 def table_text(report: dict) -> str:
-    """The gather report as a markdown table (GB/s and ratios)."""
+    """The gather report as a markdown table (GB/s and ratios); without a GPU, the CPU figures alone."""
+    if report["device"] == "cpu":
+        return _cpu_table_text(report)
     limit = report.get("h2d_limit_gbps")
     lines = [f"device: {report['device']}   H2D memcpy limit: {_fmt(limit)} GB/s (end of run: "
              f"{_fmt(report.get('h2d_limit_gbps_end'))})   batch: "
              f"{report['sizes'][0]['batch'] if report['sizes'] else '-'} distinct random ids   date: {report['date']}",
-             "",
+             *_size_note(report), "",
              "| table | row B | hmg host GB/s (x limit) | x cpu_pinned | x pageable | hmg GPU tier GB/s "
              "| x GPU index_select | pageable GB/s | cpu_pinned GB/s | GPU index_select GB/s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -111,14 +143,62 @@ def table_text(report: dict) -> str:
         for s in split:
             v = s["variants"]
             cells = [_fmt(v.get(n, {}).get("x_h2d_limit"), ".2f") for n in ("hmg_split", "split_kernel", "split_cpu")]
-            lines.append(f"| {s['table_bytes'] / 1e9:.1f} GB | {s['row_bytes']} | {v['hmg_split'].get('share', 0):.2f} "
+            label = _size_label(s["table_bytes"]) if s in report["sizes"] else f"{s['table_bytes'] / 1e9:.0f} GB"
+            lines.append(f"| {label} | {s['row_bytes']} | {v['hmg_split'].get('share', 0):.2f} "
                          f"| {v['hmg_split'].get('threads')} | " + " | ".join(cells)
                          + f" | {_fmt(s.get('split_vs_sum'), '.2f')} | {_fmt(s.get('split_vs_better'), '.2f')} |")
     return "\n".join(lines)
 
 
-def _size_label(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+def _cpu_table_text(report: dict) -> str:
+    """Without a GPU: hmgstore's host tables, read by its CPU path, against ``torch.index_select``."""
+    sizes = report["sizes"]
+    names = [n for n in (*HOST_VARIANTS, "cpu_pinned") if any(n in s["variants"] for s in sizes)]
+    lines = [f"device: cpu   batch: {report['batch']} distinct random ids   date: {report['date']}",
+             *no_gpu_line(report, "hmgstore's host tables read by its CPU path, against torch.index_select",
+                          "the PCIe limit, the GPU tier and the copies to a GPU"),
+             *_size_note(report)[1:], "",
+             "GB/s (x index_select; setup seconds):", "",
+             "| table | row B | " + " | ".join(_CPU_LABELS.get(n, n) for n in names) + " |",
+             "|---|---:|" + "---:|" * len(names)]
+    for s in sizes:
+        base = _gbps(s, "cpu_pinned")
+        cells = []
+        for n in names:
+            v = s["variants"].get(n)
+            if v is None:
+                cells.append("not run")
+                continue
+            notes = [f"{v['gbps'] / base:.2f}x"] if base and n != "cpu_pinned" else []
+            notes += [f"{v['setup_seconds']:.1f} s"] if "setup_seconds" in v else []
+            cells.append(f"{v['gbps']:.1f}" + (f" ({'; '.join(notes)})" if notes else ""))
+        lines.append(f"| {_size_label(s['table_bytes'])} | {s['row_bytes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: Column titles of the CPU table: the CPU baseline copies nothing there.
+_CPU_LABELS = {"hmg_host": "hmg host, pinned in place", "hmg_owned": "hmg owned 2 MiB pages",
+               "hmg_bf16": "hmg bf16 host rows (float32 delivered)", "cpu_pinned": "torch.index_select"}
+
+
+def _size_note(report: dict) -> list[str]:
+    """Where a table is larger than ``--table-gib`` asked (it holds at least ``min_batches`` batches of rows),
+    a line saying so and why; else nothing."""
+    asked, batch, least = report.get("table_gib"), report.get("batch"), report.get("min_batches")
+    if None in (asked, batch, least):
+        return []
+    bigger = [s for s in report["sizes"] if s["table_bytes"] > asked * 2**30]
+    if not bigger:
+        return []
+    rows = " and ".join(f"{s['row_bytes']} B" for s in bigger)
+    return ["", f"tables: --table-gib {asked:g} is {_size_label(asked * 2**30)}; at {rows} rows that is fewer than "
+                f"{least} batches of {batch:,} ids, so those tables hold {least} batches of rows "
+                f"({', '.join(_size_label(s['table_bytes']) for s in bigger)}) and a batch's ids stay scattered "
+                "over the table"]
+
+
+def _size_label(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 1000 * 2**20 else f"{nbytes / 2**20:.3g} MiB"
 
 
 def plot(report: dict, path: Path) -> None:
@@ -128,21 +208,26 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sweep = report.get("sweep", [])
-    fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(18 if sweep else 12, 4.5))
-    ax_host, ax_gpu = axes[0], axes[1]
+    gpu_tier = any(_gbps(s, n) is not None for s in report["sizes"] for n in ("hmg_gpu", "gpu_index_select"))
+    panels = 1 + gpu_tier + bool(sweep)  # no empty panel for what a CPU machine does not measure
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    axes = list(axes[0])
+    ax_host = axes.pop(0)
+    ax_gpu = axes.pop(0) if gpu_tier else None
     sizes = [s["row_bytes"] for s in report["sizes"]]
+    labels = {**_LABELS, **_CPU_LABELS} if report["device"] == "cpu" else _LABELS
     for name in (*HOST_VARIANTS, "cpu_pinned", "pageable"):
         ys = [_gbps(s, name) for s in report["sizes"]]
         if any(y is not None for y in ys):
-            ax_host.plot(sizes, ys, marker="o", label=_LABELS[name])
+            ax_host.plot(sizes, ys, marker="o", label=labels[name])
     if report.get("h2d_limit_gbps"):
         ax_host.axhline(report["h2d_limit_gbps"], color="gray", ls="--", label="pinned H2D memcpy (limit)")
-    for name in ("hmg_gpu", "gpu_index_select"):
+    for name in ("hmg_gpu", "gpu_index_select") if gpu_tier else ():
         ys = [_gbps(s, name) for s in report["sizes"]]
         if any(y is not None for y in ys):
             ax_gpu.plot(sizes, ys, marker="o", label=_LABELS[name])
     if sweep:
-        ax_sweep = axes[2]
+        ax_sweep = axes.pop(0)
         for row_bytes in sorted({s["row_bytes"] for s in sweep}):
             points = [s for s in sweep if s["row_bytes"] == row_bytes]
             for name, style in (("hmg_host", "-"), ("hmg_owned", "--"), ("hmg_bf16", ":"), ("hmg_split", "-"),
@@ -158,6 +243,8 @@ def plot(report: dict, path: Path) -> None:
         ax_sweep.grid(alpha=0.3)
         ax_sweep.legend(fontsize=7)
     for ax, title in ((ax_host, "rows from host memory"), (ax_gpu, "rows from GPU memory")):
+        if ax is None:
+            continue
         ax.set_xscale("log", base=2)
         ax.set_xlabel("row size (bytes)")
         ax.set_ylabel("GB/s of gathered rows")

@@ -1,10 +1,11 @@
 """``python -m hmgstore.bench sample``: neighbour sampling, hmgstore against the CPU samplers.
 
-For each graph, batches of ``--batch`` seeds drawn uniformly from its nodes
+For each graph, batches of ``--batch-size`` seeds drawn uniformly from its nodes
 are sampled with fanout ``--fanout`` (PyG's NeighborLoader semantics:
 without replacement, relabelled, seeds first). Figures are batches/s and
 sampled edges/s, medians over ``--batches`` batches after warm-up, wall
 clock with the device synchronised (a batch's output ready on the device).
+Without a GPU, the CPU samplers alone run (hmgstore's, PyG's, DGL's).
 
 Variants:
 
@@ -36,14 +37,17 @@ import re
 
 import torch
 
-
+from .. import flags
 from ..graph import CSC, NeighborSampler, Topology
-from .report import header, write_report
+from .report import header, no_gpu_line, write_report
 from .timing import median_seconds
 
 log = logging.getLogger(__name__)
 
 VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_cpu", "dgl_cpu")
+#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+CPU = ["--graphs", "synthetic:200K"]
+QUICK = ["--graphs", "20K:200K", "--batch-size", "256", "--batches", "3", "--slow-batches", "2"]
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
 
 
@@ -65,28 +69,31 @@ def _graph_spec(text: str) -> tuple:
             f"a graph is NODES:EDGES (power-law, e.g. 2M:20M) or synthetic:NODES; got {text!r}") from None
 
 
-def build_graph(spec: tuple, skew: float, device) -> CSC:
-    """The CSC topology of a ``--graphs`` entry."""
+def build_graph(spec: tuple, skew: float, device, seed: int = 0) -> CSC:
+    """The CSC topology of a ``--graphs`` entry, generated from ``seed``."""
     if spec[0] == "synthetic":
         from ..data import synthetic
         from ..graph import to_csc
 
-        g = synthetic(num_nodes=spec[1], avg_degree=10, feat_dim=1, seed=0)
+        g = synthetic(num_nodes=spec[1], avg_degree=10, feat_dim=1, seed=seed)
         return to_csc(g.edge_index, "coo", (spec[1], spec[1]))
-    return power_law_csc(spec[1], spec[2], skew, device=device)
+    return power_law_csc(spec[1], spec[2], skew, seed=seed, device=device)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=None, metavar="GRAPH",
+    p.add_argument("--graphs", type=_graph_spec, nargs="+", default=[("synthetic", 2_000_000)], metavar="GRAPH",
                    help="graphs to sample: synthetic:NODES (hmgstore.data.synthetic, 10 edges per node) or "
-                        "NODES:EDGES (power-law in-degrees); default: synthetic:2M, on a CPU machine synthetic:200K")
-    p.add_argument("--fanout", default="15,10,5", help="neighbours per hop (default: 15,10,5)")
-    p.add_argument("--batch", type=int, default=1024, help="seeds per batch (default: 1024)")
+                        "NODES:EDGES (power-law in-degrees) (default: synthetic:2M)")
+    flags.add_fanout(p)
+    flags.add_batch_size(p, 1024)
     p.add_argument("--batches", type=int, default=20, help="timed batches per variant (default: 20)")
     p.add_argument("--slow-batches", type=int, default=5, help="timed batches of the CPU baselines (default: 5)")
     p.add_argument("--cache", type=float, default=0.2, help="hmg_cache: share of the topology's bytes on the GPU")
     p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of the in-degrees (default: 1.0)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                   help="variants to time (default: all; without a GPU only the CPU ones run)")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/sample", help="folder for sample.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
@@ -140,7 +147,7 @@ def _check(csc: CSC, node, row_local, col_local, eid, name: str) -> None:
 
 
 def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None) -> dict:
-    topo = Topology(csc, device, gpu_budget=budget, progress=False)
+    topo = Topology(csc, device, gpu_budget=budget, progress=not args.no_progress)
     sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup)
     try:
         out = sampler.sample({None: seeds[0].to(device)})
@@ -207,24 +214,21 @@ def _time_dgl(csc, fanout, seeds, args) -> dict | None:
 
 
 def run(args) -> dict:
+    """Time every variant on every graph; write and return the report."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if args.quick:
-        args.graphs, args.batches, args.slow_batches, args.batch = [("power-law", 20_000, 200_000)], 3, 2, 256
-    if args.graphs is None:
-        args.graphs = [("synthetic", 2_000_000 if cuda else 200_000)]
-    fanout = [int(k) for k in args.fanout.split(",")]
+    fanout = args.fanout
     report = {
         **header("sample", device),
         "cpu_threads": torch.get_num_threads(),
-        "fanout": fanout, "batch": args.batch, "cache": args.cache, "skew": args.skew, "graphs": [],
+        "fanout": fanout, "batch": args.batch_size, "cache": args.cache, "skew": args.skew, "graphs": [],
     }
     for spec in args.graphs:
         log.info("graph %s: generating", spec)
-        csc = build_graph(spec, args.skew, device if cuda else None)
+        csc = build_graph(spec, args.skew, device if cuda else None, seed=args.seed)
         num_nodes, num_edges = csc.size[1], csc.num_edges
-        g = torch.Generator().manual_seed(7)
-        seeds = [torch.randint(0, num_nodes, (args.batch,), generator=g) for _ in range(8)]
+        g = torch.Generator().manual_seed(7 + args.seed)  # 7: the seeds of the results recorded before --seed
+        seeds = [torch.randint(0, num_nodes, (args.batch_size,), generator=g) for _ in range(8)]
         entry = {"kind": spec[0], "num_nodes": num_nodes, "num_edges": num_edges,
                  "max_degree": int(csc.colptr.diff().max()), "variants": {}}
         ids_bytes = csc.row.element_size() * num_edges
@@ -290,22 +294,30 @@ def _fmt_ratio(mine, theirs) -> str:
 
 
 def table_text(report: dict) -> str:
-    lines = [f"device: {report['device']}   fanout {report['fanout']}, batch {report['batch']}, "
-             f"cache {report['cache']:.0%} of the topology   date: {report['date']}", "",
-             "| graph | variant | batches/s | M sampled edges/s | x DGL CPU | x PyG CPU |",
-             "|---|---|---:|---:|---:|---:|"]
+    """The sample report as a markdown table: batches/s, and ratios to the CPU samplers that ran."""
+    bases = [(b, label) for b, label in (("dgl_cpu", "x DGL CPU"), ("pyg_cpu", "x PyG CPU"))
+             if any(_rate(g, b) for g in report["graphs"])]
+    lines = [f"device: {report['device']}   fanout {report['fanout']}, batch {report['batch']}"
+             + (f", cache {report['cache']:.0%} of the topology" if report.get("gpus", 1) else "")
+             + f"   date: {report['date']}",
+             *no_gpu_line(report, "hmgstore's CPU sampler against PyG's and DGL's",
+                          "the topology on the GPU, zero-copy reads from the host and the GPU cache"), "",
+             "| " + " | ".join(["graph", "variant", "batches/s", "M sampled edges/s", *(label for _, label in bases)])
+             + " |",
+             "|---|---|---:|---:|" + "---:|" * len(bases)]
     for graph in report["graphs"]:
         label = f"{graph['kind']}, {graph['num_nodes'] / 1e6:g}M nodes, {graph['num_edges'] / 1e6:g}M edges"
         for name, v in graph["variants"].items():
             if "batches_per_s" not in v:
-                lines.append(f"| {label} | {name} | {v.get('error', '-')} | | | |")
+                lines.append(f"| {label} | {name} | {v.get('error', '-')} | |" + " |" * len(bases))
                 continue
-            vs = [_fmt_ratio(v["batches_per_s"], _rate(graph, base)) for base in ("dgl_cpu", "pyg_cpu")]
-            lines.append(f"| {label} | {name} | {v['batches_per_s']:.1f} | {v['edges_per_s'] / 1e6:.1f} "
-                         f"| {vs[0]} | {vs[1]} |")
+            vs = [_fmt_ratio(v["batches_per_s"], _rate(graph, base)) for base, _ in bases]
+            lines.append(f"| {label} | {name} | {v['batches_per_s']:.1f} | {v['edges_per_s'] / 1e6:.1f} |"
+                         + "".join(f" {r} |" for r in vs))
         r = graph.get("ratios", {})
         if "host_vs_gpu_topology" in r:
-            lines.append(f"| {label} | zero-copy / all-GPU topology | {r['host_vs_gpu_topology']:.2f} | | | |")
+            lines.append(f"| {label} | zero-copy / all-GPU topology | {r['host_vs_gpu_topology']:.2f} | |"
+                         + " |" * len(bases))
     return "\n".join(lines)
 
 

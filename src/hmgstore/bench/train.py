@@ -1,7 +1,9 @@
 """``python -m hmgstore.bench train``: what an epoch costs, end to end, and where it goes.
 
-GraphSAGE (3 layers, hidden 256, fanout 15,10,5, batch 1024, Adam) is trained
-for ``--batches`` batches in each configuration, after warm-up, on one graph:
+GraphSAGE (one layer per hop of ``--fanout``, 15,10,5 by default; hidden 256;
+``--batch-size`` 1024 seeds; Adam) is trained for ``--batches`` batches in each
+configuration, after warm-up, on one graph, every configuration from the same
+``--seed``:
 
 - ``stock``: PyG as it comes: ``Data`` on the CPU, PyG's CPU sampler
   (torch-sparse), the batch copied to the GPU;
@@ -20,7 +22,11 @@ boundary: sampling (the sampler and the loader's own work), gather (features
 and labels onto the GPU), train. With it, the step's wall time and the time
 the training loop waited for batches. Epoch time is the steady time per batch
 times the batches of an epoch. The hit ratios come from the tables' and
-topologies' per-tier counters (:mod:`hmgstore.stats`).
+topologies' per-tier counters (:mod:`hmgstore.stats`). Without a GPU, the
+configurations a CPU can show run (``stock``, ``host``, ``host+pipe``; the
+cache has no GPU to live in, so ``cache`` runs only when named), on a
+smaller default graph, and the table leaves out the hit ratios (every row
+comes from host memory).
 
 Graphs (``--graph``): ``synthetic:NODES`` (hmgstore.data.synthetic: 10 edges
 per node, learnable labels; ``--feat-dim`` features), ``products`` (an
@@ -45,23 +51,29 @@ import torch.nn.functional as F
 
 import hmgstore
 
+from .. import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
-from .report import header, write_report
+from .report import header, no_gpu_line, write_report
 
 log = logging.getLogger(__name__)
 
 CONFIGS = ("stock", "all_gpu", "all_gpu+pipe", "host", "host+pipe", "cache", "cache+pipe")
+#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+CPU = ["--graph", "synthetic:20K", "--configs", "stock", "host", "host+pipe"]
+QUICK = ["--graph", "synthetic:5K", "--feat-dim", "32", "--batch-size", "256", "--batches", "3", "--stock-batches", "2"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graph", default=None,
-                   help="synthetic:NODES, products, or papers:NODES:EDGES (default: synthetic:2M; CPU: synthetic:20K)")
+    p.add_argument("--graph", default="synthetic:2M", help="synthetic:NODES, products, or papers:NODES:EDGES")
     p.add_argument("--feat-dim", type=int, default=1024, help="synthetic graph: features per node (default: 1024)")
     p.add_argument("--batches", type=int, default=30, help="timed batches per configuration (default: 30)")
     p.add_argument("--stock-batches", type=int, default=6, help="timed batches of the stock configuration (default: 6)")
     p.add_argument("--cache", type=float, default=0.15, help="cache: share of features and topology on the GPU")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS)
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
+                   help="configurations to train (default: all; without a GPU the all_gpu ones are left out)")
+    flags.add_batch_size(p, 1024)
+    flags.add_fanout(p)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=int, default=None,
                    help="pipeline: cap the gather at this many SMs, leaving the rest to training (default: no cap)")
@@ -70,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format (hmgstore.formats; "
                         "the cache's GPU budget then holds that many more rows)")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
@@ -147,26 +161,29 @@ def _loader(config: str, data, train, args, stores, sampler):
 
     kwargs = dict(input_nodes=train, batch_size=args.batch_size, shuffle=True, drop_last=True)
     if config == "stock":
-        return NeighborLoader(data, [15, 10, 5], **kwargs)
+        return NeighborLoader(data, args.fanout, **kwargs)
     source = stores if stores is not None else data
-    return NeighborLoader(source, [15, 10, 5], neighbor_sampler=sampler, **kwargs)
+    return NeighborLoader(source, args.fanout, neighbor_sampler=sampler, **kwargs)
 
 
 def run_config(config: str, data, csc, train, classes, device, args, hot) -> dict:
+    """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios."""
     from ..plugins.pyg import HybridNeighborSampler, from_data
 
+    torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
     base, pipe = config.split("+")[0], config.endswith("+pipe")
+    progress = not args.no_progress
     stores = sampler = None
     topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
     if base == "all_gpu" and csc is not None:  # no edge_index to move: every feature row in the GPU tier
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=2**62,
-                           hotness=torch.zeros(data.num_nodes), progress=False)
-        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), [15, 10, 5], device=device,
-                                        gpu_budget=2**62, progress=False)
+                           hotness=torch.zeros(data.num_nodes), progress=progress)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
+                                        gpu_budget=2**62, progress=progress)
     elif base == "all_gpu":
         data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
-        sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, gpu_budget=2**62,
-                                        progress=False)
+        sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device, gpu_budget=2**62,
+                                        progress=progress)
     elif base in ("host", "cache"):
         budget = None
         feature_hot = None
@@ -176,18 +193,18 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
             feature_hot = hot.features[None]
         build = time.perf_counter()
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           compress=args.compress, progress=False)
+                           compress=args.compress, progress=progress)
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]
             topo_budget = int(args.cache * edges)
-        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), [15, 10, 5], device=device,
-                                        gpu_budget=topo_budget, progress=False,
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
+                                        gpu_budget=topo_budget, progress=progress,
                                         hot_order=None if base == "host" else
                                         hmgstore.placement.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
     loader = _loader(base, data, train, args, stores, sampler)
-    model = SAGE([data.x.shape[1], 256, 256, classes]).to(device)
+    model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
     if not pipe:
@@ -224,7 +241,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     it.close() if hasattr(it, "close") else None
     per_epoch = math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
-              "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": float(loss)}
+              "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item()}
     if base in ("host", "cache"):
         result["build_s"] = build
     result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
@@ -280,13 +297,9 @@ def _graph_source(data, csc=None, stores=None):
 
 
 def run(args) -> dict:
+    """Train every configuration in turn; write and return the report."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    args.batch_size = 1024
-    if args.quick:
-        args.graph, args.feat_dim, args.batches, args.stock_batches, args.batch_size = "synthetic:5K", 32, 3, 2, 256
-    if args.graph is None:
-        args.graph = "synthetic:2M" if cuda else "synthetic:20K"
     configs = [c for c in args.configs if cuda or not c.startswith("all_gpu")]
     try:
         import torch_sparse  # noqa: F401
@@ -294,26 +307,29 @@ def run(args) -> dict:
         configs = [c for c in configs if c != "stock"]
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
+    fanout = ",".join(map(str, args.fanout))
     report = {
         **header("train", device),
         "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
-        "model": "GraphSAGE 3 layers, hidden 256, fanout 15,10,5", "batch": args.batch_size, "cache": args.cache,
-        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse}, "compress": args.compress,
-        "configs": {},
+        "model": f"GraphSAGE {len(args.fanout)} layers, hidden 256, fanout {fanout}", "batch": args.batch_size,
+        "cache": args.cache, "seed": args.seed, "compress": args.compress,
+        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse}, "configs": {},
     }
     hot = None
     if any(c.startswith("cache") for c in configs):
         from ..plugins.pyg import HybridNeighborSampler
 
         log.info("pre-sampling one epoch for the cache")
-        sampler = HybridNeighborSampler(_graph_source(data, csc), [15, 10, 5], device=device, progress=False)
+        torch.manual_seed(args.seed)
+        sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device,
+                                        progress=not args.no_progress)
         start = time.perf_counter()
-        hot = presample(sampler, train, batch_size=args.batch_size, progress=False)
+        hot = presample(sampler, train, batch_size=args.batch_size, progress=not args.no_progress)
         report["presample_s"] = time.perf_counter() - start
         sampler.close()
     for config in configs:
-        log.info("%s: training %s batches", config, args.batches)
+        log.info("%s: training %s batches", config, args.stock_batches if config == "stock" else args.batches)
         report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
         r = report["configs"][config]
         log.info("%-13s %7.2f batches/s  epoch %7.2f s", config, r["batches_per_s"], r["epoch_s"])
@@ -341,28 +357,37 @@ def _hits(stats):
 
 
 def table_text(report: dict) -> str:
+    """The train report as a markdown table; without a GPU, with no hit-ratio columns (every row comes from
+    host memory there)."""
     g = report["graph"]
+    gpu = report.get("gpus", 1) > 0
     lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
-             f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}, "
-             f"cache {report['cache']:.0%}   date: {report['date']}", "",
+             f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}"
+             + (f", cache {report['cache']:.0%}" if gpu else "") + f"   date: {report['date']}",
+             *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
+                                  "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
              f"pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; features "
-             f"stored as {report.get('compress') or 'float32'}", "",
-             "| config | batches/s | epoch s | x stock | per batch (ms) | feature hits | topology hits "
-             "| host pages a batch | build s | peak host GB |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+             f"stored as {report.get('compress') or 'float32'}", ""]
     stock = _epoch(report, "stock")
+    columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "per batch (ms)",
+               *(["feature hits", "topology hits"] if gpu else []), "host pages a batch", "build s", "peak host GB"]
+    lines += ["| " + " | ".join(columns) + " |", "|---|---:|---:|" + ("---:|" if stock else "") + "---|"
+              + "---:|" * (len(columns) - 4 - bool(stock))]
     for name, c in report["configs"].items():
         split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
-        speed = "-" if not stock else f"{stock / c['epoch_s']:.1f}"
+        speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
         pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else "-"
         build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
-        lines.append(f"| {name} | {c['batches_per_s']:.1f} | {c['epoch_s']:.2f} | {speed} | {split} "
-                     f"| {_hits(c.get('feature_stats'))} | {_hits(c.get('topology_stats'))} | {pages} | {build} "
-                     f"| {c.get('peak_host_gb', 0):.1f} |")
+        hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
+        cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, split, *hits, pages, build,
+                 f"{c.get('peak_host_gb', 0):.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     t = report.get("targets", {})
-    if t.get("cache_vs_all_gpu"):
-        lines.append(f"\ncache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (target <= 1.15); "
-                     f"stock / cache: {t['stock_vs_cache'] or float('nan'):.1f}x (target >= 10)")
+    targets = [f"cache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (target <= 1.15)"] \
+        if t.get("cache_vs_all_gpu") else []
+    targets += [f"stock / cache: {t['stock_vs_cache']:.1f}x (target >= 10)"] if t.get("stock_vs_cache") else []
+    if targets:
+        lines.append("\n" + "; ".join(targets))
     return "\n".join(lines)
 
 
