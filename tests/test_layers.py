@@ -18,7 +18,7 @@ PACKAGES = {"hmgstore": ROOT / "src" / "hmgstore", "hmgstore.plugins": ROOT / "p
 LAYERS = [
     ["hmgstore.cuda"],                                           # the only CuPy import
     ["hmgstore.memory", "hmgstore.device", "hmgstore.cpu_load", "hmgstore.stats", "hmgstore.pickling", "hmgstore.formats",
-     "hmgstore.graph.fanout", "hmgstore.timing"],                                   # leaves: host memory, small utilities
+     "hmgstore.graph.fanout", "hmgstore.timing", "hmgstore.progress"],                                   # leaves: host memory, small utilities
     ["hmgstore.index"],                                          # the one range check
     ["hmgstore.placement"],                                      # which row lives where
     ["hmgstore.split"],                                          # the CPU's share of a gather

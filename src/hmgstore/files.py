@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .memory import owned
 from .device import resolve_device

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .split import cache_path as _split_cache_path
 from .timing import h2d_limit_gbps, median_seconds

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from ..files import load, read
 from ..graph.csc import CSC, to_csc

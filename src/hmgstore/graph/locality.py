@@ -31,7 +31,7 @@ import math
 
 import torch
 from torch.utils.data import Sampler
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .csc import CSC
 

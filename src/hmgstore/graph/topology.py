@@ -15,7 +15,7 @@ in that order while they fit in ``gpu_budget`` bytes.
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import placement
 from ..cuda.runtime import synchronize

@@ -38,7 +38,7 @@ import weakref
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 #: Huge page size the allocations are aligned to.
 HUGE_PAGE = 2 << 20
