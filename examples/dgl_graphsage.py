@@ -27,6 +27,7 @@ import tqdm
 
 import hmgstore
 from hmgstore import data as datasets
+from hmgstore import flags
 from hmgstore.plugins.dgl import attach, dgl_supports_cuda  # before dgl: makes DGL 2.1 import on newer torch
 
 import dgl  # noqa: E402
@@ -112,16 +113,15 @@ def main():
     parser.add_argument("--gpu-budget", default=None,
                         help="GPU memory for hot feature rows, e.g. 4GB (CUDA only; default: none, all rows "
                              "read zero-copy from pinned host memory)")
-    parser.add_argument("--fanout", type=lambda text: [int(k) for k in text.split(",")], default=[10, 10, 10],
-                        help="neighbours sampled per layer, from the seeds outwards (default: 10,10,10)")
-    parser.add_argument("--batch-size", type=int, default=1024)
+    flags.add_fanout(parser)  # from the seeds outwards; DGL's NeighborSampler takes the reverse (below)
+    flags.add_batch_size(parser, 1024)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
+    flags.add_seed(parser)
     parser.add_argument("--no-hmgstore", action="store_true", help="stock DGL: read features from g.ndata")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    flags.add_no_progress(parser)
     args = parser.parse_args()
 
     cuda_ok = torch.cuda.is_available() and dgl_supports_cuda()

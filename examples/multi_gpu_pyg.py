@@ -2,8 +2,9 @@
 
 The multi-GPU form of examples/pyg_graphsage.py (same model, same timing):
 each process trains a DistributedDataParallel copy of the model on its own
-slice of the training ids, with PyG's NeighborLoader over hmgstore's stores.
-What hmgstore changes is marked ``<-- hmgstore``:
+slice of the training ids, with PyG's NeighborLoader over hmgstore's stores
+and hmgstore's neighbour sampler on its own GPU, overlapped with training by
+``hmgstore.Pipeline``. What hmgstore changes is marked ``<-- hmgstore``:
 
 - the node's first process builds the graph once and puts its arrays in
   node-shared memory (:func:`hmgstore.distributed.share_on_node`): one host
@@ -12,28 +13,34 @@ What hmgstore changes is marked ``<-- hmgstore``:
   (:func:`hmgstore.distributed.shard`): each GPU holds the hottest rows
   (``--replicate`` bytes of them) and its shard of the next hottest, up to
   ``--gpu-budget`` bytes; a gather reads its own GPU, its peers' over NVLink
-  and the rest from host memory, in one kernel launch.
+  and the rest from host memory, in one kernel launch;
+- each process samples on its own GPU (``HybridNeighborSampler``), the
+  topology replicated in each GPU's memory (``--topology-budget all``, the
+  default; a byte budget keeps the hottest adjacency lists there and reads
+  the rest zero-copy from the node-shared host copy), and
+  ``hmgstore.Pipeline`` samples and gathers the next batches on a side
+  stream while this one trains (``--pipeline off`` to time the phases).
 
     torchrun --standalone --nproc-per-node 4 examples/multi_gpu_pyg.py --gpu-budget 2GB --replicate 256MB
     torchrun --standalone --nproc-per-node 2 examples/multi_gpu_pyg.py --num-nodes 3000   # CPU only: gloo
 
-Without a GPU the same script runs on the CPU with gloo (features gathered
-from the shared host table). Each process samples with PyG's CPU sampler in
-its main thread, which on GPUs takes most of a step (114 ms of 133 on two
-H200s, 2M nodes, fanout 15,10,5); ``--num-workers`` > 0 samples in worker
-processes while the main process still gathers on its GPU
-(``filter_per_worker=False``). Every rank runs the same number of steps (the
-sampler drops the ids that would make slices uneven), as DDP's gradient
-all-reduce needs.
+Without a GPU the same script runs on the CPU with gloo (hmgstore's sampler
+and gathers on the CPU, no compiled extension needed). PyG's own CPU sampler
+took 114 ms of a 133 ms step on two H200s (2M nodes, fanout 15,10,5) when this
+example used it. Every rank runs the same number of steps (the sampler drops
+the ids that would make slices uneven), as DDP's gradient all-reduce needs.
 
-Timing is split per step as in examples/pyg_graphsage.py: sampling, gather
-(features and labels of the sampled nodes, on the device) and train (which
-includes DDP's all-reduce, so it waits for the slowest rank). Rank 0 prints
-each rank's figures and their aggregate; ``--json`` writes them.
+Timing: with the pipeline, the step's training time and the time the loop
+waited for batches; without it (``--pipeline off``, and on the CPU), split
+per step as in examples/pyg_graphsage.py: sampling, gather (features and
+labels of the sampled nodes, on the device) and train (which includes DDP's
+all-reduce, so it waits for the slowest rank). Rank 0 prints each rank's
+figures and their aggregate; ``--json`` writes them.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -52,9 +59,9 @@ from tqdm import tqdm
 
 import hmgstore
 import hmgstore.distributed as hd
-from hmgstore import HybridTensor, placement
+from hmgstore import HybridTensor, flags, placement
 from hmgstore import data as datasets
-from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, to_csc
+from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, HybridNeighborSampler, to_csc
 from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
 
 TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_pyg.py [options]"
@@ -70,17 +77,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the feature table, e.g. 2GB")
     p.add_argument("--replicate", default="256MB",
                    help="part of --gpu-budget holding the hottest rows on every GPU; the rest holds its shard")
+    p.add_argument("--topology-budget", default="all",
+                   help="GPU memory each GPU gives the topology for its sampler, e.g. 1GB; 'all' replicates it "
+                        "whole (default)")
+    p.add_argument("--pipeline", choices=("on", "off"), default=None,
+                   help="hmgstore.Pipeline (default: on with GPUs, off on the CPU)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=1024, help="seed nodes per batch, per process")
-    p.add_argument("--fanout", default="15,10,5", help="neighbours sampled per layer")
+    flags.add_batch_size(p, 1024, "seed nodes, per process,")
+    flags.add_fanout(p)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="stop each epoch, and the test, after this many steps (for timing runs)")
-    p.add_argument("--seed", type=int, default=0)
+    flags.add_max_batches(p)
+    flags.add_seed(p)
     p.add_argument("--json", default=None, help="rank 0 writes the results (aggregate and every rank's) here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    flags.add_no_progress(p)
     args = p.parse_args(argv)
     if args.num_nodes is None:
         args.num_nodes = 1_000_000 if torch.cuda.is_available() else 20_000
@@ -159,8 +169,9 @@ def aggregate(ranks: list[dict]) -> dict:
                        "batches_per_s": batches / seconds,
                        "seeds_on_several_ranks": per_rank[0]["seeds_on_several_ranks"],
                        **{f"{k[:-2]}_ms_per_batch": statistics.mean(1e3 * e[k] / e["batches"] for e in per_rank)
-                          for k in ("sampling_s", "gather_s", "train_s")}})
-    keys = ("batches_per_s", "sampling_ms_per_batch", "gather_ms_per_batch", "train_ms_per_batch")
+                          for k in ("sampling_s", "gather_s", "train_s", "wait_s") if k in per_rank[0]}})
+    keys = ("batches_per_s", *(k for k in ("sampling_ms_per_batch", "gather_ms_per_batch", "train_ms_per_batch",
+                                         "wait_ms_per_batch") if k in epochs[0]))
     return {"epochs": epochs, **{f"steady_{k}": statistics.median(e[k] for e in steady(epochs)) for k in keys}}
 
 
@@ -171,7 +182,7 @@ def main(argv=None) -> dict | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     progress = not args.no_progress and rank == 0
     torch.manual_seed(args.seed)
-    fanout = [int(k) for k in args.fanout.split(",")]
+    fanout = args.fanout
 
     graph = shared_graph(args)
     num_nodes, num_classes = graph["x"].shape[0], int(graph["y"].max()) + 1
@@ -189,9 +200,10 @@ def main(argv=None) -> dict | None:
     # every world-th one: disjoint, equal slices (the few ids left over are dropped).
     train_sampler = DistributedSampler(range(len(graph["train_idx"])), num_replicas=world, rank=rank,
                                        shuffle=True, seed=args.seed, drop_last=True)
-    loader_kwargs = dict(num_neighbors=fanout, batch_size=args.batch_size, num_workers=args.num_workers,
-                         persistent_workers=args.num_workers > 0,
-                         filter_per_worker=False)  # workers (if any) sample; this process gathers on its GPU
+    budget = None if device.type != "cuda" else 2**62 if args.topology_budget == "all" else args.topology_budget
+    neighbor_sampler = HybridNeighborSampler((feature_store, graph_store), fanout, device=device,  # <-- hmgstore
+                                             gpu_budget=budget, progress=progress)
+    loader_kwargs = dict(num_neighbors=fanout, batch_size=args.batch_size, neighbor_sampler=neighbor_sampler)
     train_loader = NeighborLoader((feature_store, graph_store), input_nodes=graph["train_idx"],
                                   sampler=train_sampler, **loader_kwargs)
     test_loader = NeighborLoader((feature_store, graph_store),
@@ -202,37 +214,49 @@ def main(argv=None) -> dict | None:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
     timer.watch_gather(train_loader)
+    pipelined = args.pipeline == "on" or (args.pipeline is None and device.type == "cuda")
 
     def train(epoch: int) -> dict:
         model.train()
         train_sampler.set_epoch(epoch)
         trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
-        before, batches, start = dict(timer.split()), 0, time.perf_counter()
-        total = min(len(train_loader), args.max_steps or len(train_loader))
+        before, batches, start, train_s = dict(timer.split()), 0, time.perf_counter(), 0.0
+        total = min(len(train_loader), args.max_batches or len(train_loader))
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress)
-        loader = iter(train_loader)
+        pipeline = hmgstore.Pipeline(train_loader, depth=2) if pipelined else None  # <-- hmgstore
+        loader = iter(pipeline if pipelined else train_loader)
         while batches < total:
-            with timer("load"):
+            if pipelined:  # sampling and gathering of the next batches overlap this one's training
                 batch = next(loader)
-            with timer("to_device"):
-                batch = batch.to(device, non_blocking=True)
-            with timer("train"):
+                t0 = time.perf_counter()
+            else:
+                with timer("load"):
+                    batch = next(loader)
+                with timer("to_device"):
+                    batch = batch.to(device, non_blocking=True)
+            with timer("train") if not pipelined else contextlib.nullcontext():
                 optimizer.zero_grad()
                 out = model(batch.x, batch.edge_index)[:batch.batch_size]
                 loss = F.cross_entropy(out, batch.y[:batch.batch_size])
                 loss.backward()  # DDP all-reduces the gradients here
                 optimizer.step()
-            trained[batch.input_id] = True  # positions in train_idx of this batch's seeds
+            trained[batch.input_id.to(device)] = True  # positions in train_idx of this batch's seeds
             batches += 1
+            if pipelined:
+                train_s += time.perf_counter() - t0
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
+        if pipelined:
+            loader.close()
         bar.close()
         seconds = time.perf_counter() - start
         after = timer.split()
+        split = {k: after[k] - before[k] for k in after}
+        if pipelined:
+            split = {"train_s": train_s, "wait_s": pipeline.waited}
         return {"epoch": epoch, "seconds": seconds, "batches": batches, "batches_per_s": batches / seconds,
                 "loss": loss.item(), "seeds": int(trained.sum()),
-                "seeds_on_several_ranks": seeds_on_several_ranks(trained),
-                **{k: after[k] - before[k] for k in after}}
+                "seeds_on_several_ranks": seeds_on_several_ranks(trained), **split}
 
     @torch.no_grad()
     def test() -> float:
@@ -240,7 +264,7 @@ def main(argv=None) -> dict | None:
         model.eval()
         counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, total
         for step, batch in enumerate(tqdm(test_loader, desc="test", disable=not progress)):
-            if step == args.max_steps:
+            if step == args.max_batches:
                 break
             batch = batch.to(device, non_blocking=True)
             pred = model.module(batch.x, batch.edge_index)[:batch.batch_size].argmax(dim=-1)
@@ -256,10 +280,11 @@ def main(argv=None) -> dict | None:
             "host": platform.node(), "train_ids": train_sampler.num_samples, "epochs": epochs,
             "steady_batches_per_s": statistics.median(e["batches_per_s"] for e in steady(epochs)),
             "steady_split_s_per_batch": {k: statistics.median(e[k] / e["batches"] for e in steady(epochs))
-                                         for k in ("sampling_s", "gather_s", "train_s")}}
+                                         for k in ("sampling_s", "gather_s", "train_s", "wait_s") if k in epochs[0]}}
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
 
+    neighbor_sampler.close()
     feature_store.close()
     x.close()  # <-- hmgstore: collective; frees this GPU's shard once no peer reads it
     dist.destroy_process_group()
@@ -276,7 +301,7 @@ def main(argv=None) -> dict | None:
                      "hmgstore": hmgstore.__version__},
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
         "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
-        "fanout": fanout, "num_workers": args.num_workers,
+        "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
         "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},
                            "host": p.num_rows - p.resident_rows},
         "dataset": {"name": "synthetic", "num_nodes": num_nodes, "num_edges": graph["row"].numel(),
@@ -291,8 +316,10 @@ def main(argv=None) -> dict | None:
               f"{r['epochs'][-1]['loss']:.3f}; per batch "
               + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items()))
     total = result["aggregate"]
+    where = (f"waited {total['steady_wait_ms_per_batch']:.1f} ms per batch for the pipeline" if pipelined else
+             f"gather {total['steady_gather_ms_per_batch']:.1f} ms per batch")
     print(f"{world} ranks ({result['backend']}): {total['steady_batches_per_s']:.2f} batches/s over all ranks; "
-          f"gather {total['steady_gather_ms_per_batch']:.1f} ms per batch; test accuracy {accuracy:.4f}")
+          f"{where}; test accuracy {accuracy:.4f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -34,7 +34,6 @@ and two machines train alike. Rank 0 prints the test accuracy and with
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -51,35 +50,23 @@ from hmgstore.plugins.pyg import (
     cluster_loader,
 )
 from torch.nn.parallel import DistributedDataParallel
-from torch_geometric.nn import SAGEConv
 
 import hmgstore.distributed as hd
-
-
-class SAGE(torch.nn.Module):
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int):
-        super().__init__()
-        dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in itertools.pairwise(dims))
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = F.dropout(x.relu(), p=0.5, training=self.training)
-        return x
+from hmgstore import flags
+from pyg_graphsage import SAGE  # the single-GPU example's model (this script's folder)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("parts", type=Path, help="folder written by python -m hmgstore.partition (part0 ..., split/)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=512, help="seed nodes per step over all ranks")
-    p.add_argument("--fanout", default="10,5", help="neighbours sampled per layer")
+    flags.add_batch_size(p, 512, "seed nodes over all ranks")
+    flags.add_fanout(p)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
+    flags.add_seed(p)
     p.add_argument("--json", type=Path, default=None, help="rank 0 writes the results here")
+    flags.add_no_progress(p)
     return p.parse_args(argv)
 
 
@@ -102,11 +89,12 @@ def main(argv=None) -> dict | None:
     device = start_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    fanout = [int(k) for k in args.fanout.split(",")]
+    fanout = args.fanout
     start = time.perf_counter()
 
     cluster = hd.this_cluster()  # <-- hmgstore: which machine this rank runs on
-    part = hd.load_partition(args.parts, cluster.machine, device, share=True, progress=False)  # once per machine
+    part = hd.load_partition(args.parts, cluster.machine, device, share=True,  # once per machine
+                             progress=not args.no_progress and rank == 0)
     tables = {name: hd.ClusterTensor(part.features[name], part.book) for name in ("x", "y")}
     store = ClusterFeatureStore(tables)
     sampler = ClusterNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(args.seed + rank))

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 import hmgstore
 from hmgstore import data as datasets
+from hmgstore import flags
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
@@ -88,16 +89,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
                         "read from pinned host memory)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--fanout", default="15,10,5", help="neighbours sampled per layer")
+    flags.add_batch_size(p, 1024)
+    flags.add_fanout(p)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.003)
     p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--max-batches", type=int, default=None,
-                   help="stop each epoch, and the test, after this many batches (for timing runs)")
-    p.add_argument("--seed", type=int, default=0)
+    flags.add_max_batches(p)
+    flags.add_seed(p)
     p.add_argument("--json", default=None, help="write the results (timings per epoch, accuracy) here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    flags.add_no_progress(p)
     return p.parse_args(argv)
 
 
@@ -170,7 +170,7 @@ def main(argv=None) -> dict:
                  f"{args.features} is stock PyG, which reads data.x as it is. Use --features hmgstore")
     graph, dataset_name = load_graph(args)
     data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
-    fanout = [int(k) for k in args.fanout.split(",")]
+    fanout = args.fanout
 
     source = data  # stock PyG: the loader gathers features from the Data object
     loader_kwargs = dict(batch_size=args.batch_size, num_workers=args.num_workers,
@@ -291,7 +291,8 @@ def main(argv=None) -> dict:
           f"{', pipelined' if pipelined else ''}: test accuracy {accuracy:.4f}; "
           f"{result['steady_epoch_s']:.2f} s/epoch, {result['steady_batches_per_s']:.2f} batches/s; per batch "
           + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())
-          + "".join(f"; {name} from GPU memory {ratio:.0%}" for name, ratio in hits.items() if ratio is not None))
+          + "".join(f"; {name} from GPU memory {ratio:.0%}" for name, ratio in hits.items() if ratio is not None)
+          + ("" if device.type == "cuda" or not hits else " (no GPU: every row is read from host memory)"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -51,3 +51,28 @@ def test_named_files_exist():
                  "benchmarks/NOTES.md", "benchmarks/run_gpu.sh", "kernels/gather_job.cuh"):
         assert path in README or path.endswith(".cuh") or path.endswith(".sh"), path
         assert (ROOT / path).exists(), path
+
+
+def test_the_cpu_torchrun_commands_run_as_written(tmp_path):
+    """Every `torchrun --standalone --nproc-per-node 2 examples/...` the README gives for a machine without GPUs
+    runs as written (GPUs hidden), here in CI too."""
+    import os
+    import shlex
+    import signal
+
+    commands = sorted(set(re.findall(r"`(torchrun --standalone --nproc-per-node 2 examples/[^`]+)`", README)))
+    assert commands, "the README names no CPU form of a torchrun example"
+    for command in commands:
+        argv = shlex.split(command)
+        env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+               "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "NCCL_NVLS_ENABLE": "0"}
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *argv[1:]], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{command}: still running after 600 s")
+        assert proc.returncode == 0, f"{command} failed:\n{err[-3000:]}"
+        assert "2 ranks (gloo)" in out, out
+
