@@ -217,14 +217,15 @@ def test_pyg_stores_keep_float_attributes_compressed_and_labels_as_they_are(smal
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
-    from hmgstore.plugins.pyg import from_data
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
     g = small_graph
     stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device="cpu", compress="int8", progress=False)
     assert stores[0].table(None, "x").host_format.name == "int8" and stores[0].table(None, "y").host_format is None
     want = torch_rounding(g.x, "int8")
-    loader = NeighborLoader(stores, [4, 2], input_nodes=g.train_idx[:300], batch_size=100, num_workers=workers,
-                            filter_per_worker=workers > 0)
+    sampler = HybridNeighborSampler(stores, [4, 2], device="cpu", progress=False)
+    loader = NeighborLoader(stores, [4, 2], neighbor_sampler=sampler, input_nodes=g.train_idx[:300], batch_size=100,
+                            num_workers=workers, filter_per_worker=workers > 0)
     for batch in loader:
         assert_same(batch.x, want[batch.n_id])
         assert_same(batch.y, g.y[batch.n_id])
