@@ -123,7 +123,7 @@ def main(argv=None) -> dict | None:
             loss = F.cross_entropy(out, batch.y[:batch.batch_size]) if batch.batch_size else out.sum() * 0
             loss.backward()
             optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
 
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64)
