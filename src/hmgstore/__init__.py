@@ -17,6 +17,7 @@ The package, by layer:
 - ``memory``: host memory, pinned for zero-copy reads, owned (cudaHostAlloc or huge pages) and shared by a node;
 - ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
 - ``pipeline``: sampling and gathering the next batches on a side stream while the model trains;
+  ``producer`` (with ``ring``): the same in a process of its own, outside the training thread's GIL;
 - ``stats``: per-tier counters;
 - ``distributed``: one process per GPU (torchrun) on one node;
 - ``data``: synthetic and OGB graphs; ``bench``: ``python -m hmgstore.bench``.
@@ -26,6 +27,7 @@ Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
 from . import placement, stats
 from .pipeline import Pipeline
+from .producer import Producer
 from .placement import Placement, Tier
 from .sharded import ShardedTensor
 from .device import resolve_device
@@ -34,5 +36,5 @@ from .files import load
 from .index import raise_deferred
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "placement", "stats", "Placement", "Tier",
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer", "placement", "stats", "Placement", "Tier",
            "resolve_device", "__version__"]

@@ -1,0 +1,227 @@
+"""hmgstore.Producer: batches made in another process and handed over through a ring of shared buffers."""
+import collections
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import hmgstore
+from hmgstore import ring
+from hmgstore.producer import RemoteTraceback
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Batches:
+    """A loader stand-in: shuffled batches of tensors of varying sizes (torch's RNG), optionally failing."""
+
+    def __init__(self, n, device, fail_at=None, exit_at=None):
+        self.n, self.device, self.fail_at, self.exit_at = n, device, fail_at, exit_at
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        order = torch.randperm(self.n)
+        for step, i in enumerate(order.tolist()):
+            if step == self.fail_at:
+                raise ValueError(f"batch {step} could not be made")
+            if step == self.exit_at:
+                os._exit(3)
+            size = 1000 + 5000 * (i % 4)  # some batches outgrow the slot made for an earlier one
+            x = torch.randn(size, 8, device=self.device)
+            yield {"x": x, "i": i, "mask": x[:, 0] > 0, "pair": Pair(x[:, 1:3].t(), torch.tensor([i]))}
+
+
+def make_batches(n, device, fail_at=None, exit_at=None):
+    return Batches(n, device, fail_at, exit_at)
+
+
+def make_pyg(device):
+    """hmgstore's PyG stores and sampler behind a stock NeighborLoader, as a user's script builds them."""
+    from torch_geometric.loader import NeighborLoader
+
+    from hmgstore.data import synthetic
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+
+    g = synthetic(num_nodes=3000, avg_degree=6, feat_dim=16, seed=1)
+    from torch_geometric.data import Data
+
+    stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device=device, progress=False)
+    sampler = HybridNeighborSampler(stores, [5, 3], device=device, progress=False)
+    return NeighborLoader(stores, [5, 3], neighbor_sampler=sampler, input_nodes=g.train_idx, batch_size=128,
+                          shuffle=True)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device, (a, b)
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for u, v in zip(a, b):
+            _same(u, v)
+    else:
+        assert a == b
+
+
+def _expected(factory, seed, passes):
+    torch.manual_seed(seed)
+    loader = factory()
+    return [[b for b in loader] for _ in range(passes)]
+
+
+def test_the_ring_round_trips_a_batch_bit_for_bit():
+    x = torch.randn(50, 7)
+    batch = {"x": x.t(), "ids": torch.arange(5), "flags": torch.tensor([True, False]), "empty": torch.empty(0, 3),
+             "half": x[:4].half(), "pair": Pair(torch.ones(3, dtype=torch.int8), 7), "list": [x[0], "name"]}
+    want = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    want["pair"], want["list"] = Pair(batch["pair"].a.clone(), 7), [x[0].clone(), "name"]
+    skeleton, grown = ring.pack(batch, None, torch.device("cpu"))
+    assert grown is not None and grown.is_shared() and grown.numel() >= 50 * 7 * 4
+    _same(ring.unpack(skeleton, grown), want)
+    small = torch.zeros(16, dtype=torch.uint8)
+    _, bigger = ring.pack({"x": x}, small, torch.device("cpu"))
+    assert bigger is not None and bigger.numel() >= x.nbytes
+    _, same = ring.pack({"x": x[:2]}, bigger, torch.device("cpu"))
+    assert same is None  # fits: the slot is kept
+
+
+def test_the_ring_refuses_sparse_tensors_with_the_way_out():
+    with pytest.raises(TypeError, match="dense"):
+        ring.pack({"adj": torch.eye(3).to_sparse()}, None, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_same_batches_in_the_same_order_as_the_loader(device):
+    factory = functools.partial(make_batches, 12, device)
+    want = _expected(factory, 5, 2)
+    with hmgstore.Producer(factory, seed=5, depth=2, device=device if device != "cpu" else None) as batches:
+        assert len(batches) == 12
+        for expected in want:
+            got = []
+            for batch in batches:
+                got.append(ring.swap(batch, lambda t: t.clone()))  # a batch lives until the next one is taken
+            assert len(got) == len(expected)
+            for a, b in zip(got, expected):
+                _same(a, b)
+        assert batches.stats["batches"] == 12 and batches.stats["busy_s"] > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pyg_neighbor_loader_through_the_producer(device):
+    factory = functools.partial(make_pyg, device)
+    want = _expected(factory, 3, 1)[0]
+    with hmgstore.Producer(factory, seed=3, device=device if device != "cpu" else None) as batches:
+        got = [ring.swap(b, lambda t: t.clone()) for b in batches]
+    assert len(got) == len(want) > 3
+    for a, b in zip(got, want):
+        assert a.batch_size == b.batch_size
+        for key in ("x", "y", "n_id", "edge_index"):
+            assert torch.equal(a[key], b[key]), key
+        assert a.x.device.type == device
+
+
+def test_errors_reach_the_loop_with_the_producers_traceback_and_the_producer_goes_on():
+    with hmgstore.Producer(functools.partial(make_batches, 10, "cpu", fail_at=4), seed=0) as batches:
+        for _ in range(2):  # the pass after a failed one fails again, at the same batch
+            seen = 0
+            with pytest.raises(ValueError, match="batch 4 could not be made") as info:
+                for _ in batches:
+                    seen += 1
+            assert seen == 4
+            assert isinstance(info.value.__cause__, RemoteTraceback)
+            assert "in __iter__" in str(info.value.__cause__) and "raise ValueError" in str(info.value.__cause__)
+
+
+def test_a_loader_that_cannot_be_built_fails_at_start():
+    with pytest.raises(TypeError, match="unexpected keyword") as info:
+        hmgstore.Producer(functools.partial(make_batches, 3, "cpu", colour="red")).start()
+    assert "make_batches" in str(info.value.__cause__)
+
+
+def test_a_dead_producer_raises_instead_of_hanging():
+    producer = hmgstore.Producer(functools.partial(make_batches, 10, "cpu", exit_at=3))
+    seen = 0
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"producer process died \(exit code 3\)"):
+        for _ in producer:
+            seen += 1
+    assert seen <= 3 and time.monotonic() - start < 60  # what it had sent but not flushed dies with it
+    producer.close()
+
+
+def test_stopping_early_then_a_whole_pass():
+    factory = functools.partial(make_batches, 30, "cpu")
+    want = _expected(factory, 1, 1)[0]
+    with hmgstore.Producer(factory, seed=1, depth=3) as batches:
+        for i, batch in enumerate(batches):
+            _same(batch, want[i])
+            if i == 4:
+                break
+        # the next pass is whole (how far the stopped pass had drawn from the RNG decides its order)
+        assert sorted(b["i"] for b in batches) == list(range(30))
+        pid = batches.pid
+    _wait_gone(pid)
+
+
+def test_closing_ends_the_process_and_a_dead_trainer_ends_it_too():
+    script = textwrap.dedent(f"""
+        import functools, os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import hmgstore, test_producer
+        if __name__ == "__main__":
+            p = hmgstore.Producer(functools.partial(test_producer.make_batches, 1000, "cpu")).start()
+            it = iter(p)
+            next(it)
+            print(p.pid, flush=True)
+            os._exit(0)  # the trainer dies mid-pass, without closing anything
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    _wait_gone(int(out.stdout.split()[-1]))
+
+
+def test_bad_arguments_say_what_to_pass():
+    with pytest.raises(TypeError, match="picklable"):
+        hmgstore.Producer(lambda: [])
+    with pytest.raises(ValueError, match="depth"):
+        hmgstore.Producer(list, depth=0)
+    with pytest.raises(ValueError, match="sm_percent"):
+        hmgstore.Producer(list, sm_percent=0)
+
+
+def _wait_gone(pid, seconds=15):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        try:  # a child of ours that exited stays a zombie until reaped
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"producer process {pid} still runs {seconds} s after its trainer left")
+
+
+@pytest.mark.gpu
+def test_gpu_teardown_leaves_no_shared_segments():
+    before = set(os.listdir("/dev/shm"))
+    with hmgstore.Producer(functools.partial(make_batches, 6, "cuda"), seed=0) as batches:
+        for batch in batches:
+            assert batch["x"].is_cuda
+    time.sleep(0.5)
+    assert set(os.listdir("/dev/shm")) - before == set()
