@@ -449,7 +449,7 @@ def test_quick_run_on_gpus(tmp_path):
 
 
 def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
-    for name, extra in (("sample", []), ("train", ["--configs", "host", "host+pipe", "cache"])):
+    for name, extra in (("sample", []), ("train", ["--configs", "host", "host+pipe", "cache", "host+proc"])):
         out = tmp_path / name
         res = _bench(name, "--quick", "--no-progress", *extra, "--out", out, timeout=600)
         report = json.loads((out / f"{name}.json").read_text())
@@ -461,8 +461,10 @@ def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
             assert variants["hmg_cpu"]["batches_per_s"] > 0
             assert "graphbolt" not in res.stderr + res.stdout  # the DGL stub's INFO line is not the reader's business
         else:
-            assert set(report["configs"]) == {"host", "host+pipe", "cache"}
+            assert set(report["configs"]) == {"host", "host+pipe", "cache", "host+proc"}
             assert all(c["epoch_s"] > 0 for c in report["configs"].values())
+            assert report["configs"]["host+proc"]["producer_batches_per_s"] > 0  # made in a producer process
+            assert "producer alone" in res.stdout
             assert report["configs"]["cache"]["feature_stats"]["rows"] > 0
             assert "requires_grad" not in res.stderr  # the loss is read as a number without autograd's warning
             if not torch.cuda.is_available():

@@ -16,7 +16,11 @@ configuration, after warm-up, on one graph, every configuration from the same
   (:func:`hmgstore.graph.presample`);
 
 and each of the last three with ``hmgstore.Pipeline`` (``+pipe``): the next
-batches sampled and gathered on a side stream while the model trains.
+batches sampled and gathered on a side stream while the model trains; or,
+when named, with ``hmgstore.Producer`` (``+proc``): the same in a producer
+process outside the training thread's GIL (``--sm-percent`` caps its SMs
+under CUDA MPS). A ``+proc`` row also reports the producer's own batches/s,
+its batches taken with no training beside it.
 Without the pipeline a step is timed in phases, the GPU synchronised at each
 boundary: sampling (the sampler and the loader's own work), gather (features
 and labels onto the GPU), train. With it, the step's wall time and the time
@@ -38,7 +42,7 @@ pattern, not learnable, as only time is measured).
 from __future__ import annotations
 
 import argparse
-import copy
+import functools
 import gc
 import logging
 import math
@@ -55,10 +59,13 @@ from .. import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, no_gpu_line, write_report
+from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader
 
 log = logging.getLogger(__name__)
 
 CONFIGS = ("stock", "all_gpu", "all_gpu+pipe", "host", "host+pipe", "cache", "cache+pipe")
+#: Also offered: each configuration but stock with its batches made in a producer process (hmgstore.Producer).
+PROC = ("all_gpu+proc", "host+proc", "cache+proc")
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
 CPU = ["--graph", "synthetic:20K", "--configs", "stock", "host", "host+pipe"]
 QUICK = ["--graph", "synthetic:5K", "--feat-dim", "32", "--batch-size", "256", "--batches", "3", "--stock-batches", "2"]
@@ -70,13 +77,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, default=30, help="timed batches per configuration (default: 30)")
     p.add_argument("--stock-batches", type=int, default=6, help="timed batches of the stock configuration (default: 6)")
     p.add_argument("--cache", type=float, default=0.15, help="cache: share of features and topology on the GPU")
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS + PROC,
                    help="configurations to train (default: all; without a GPU the all_gpu ones are left out)")
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=int, default=None,
                    help="pipeline: cap the gather at this many SMs, leaving the rest to training (default: no cap)")
+    p.add_argument("--sm-percent", type=int, default=None,
+                   help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
                    help="pipeline: gather this many batches' rows in one launch (hmgstore.fusion; default: 1)")
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
@@ -86,52 +95,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
-
-
-class SAGE(torch.nn.Module):
-    def __init__(self, dims):
-        super().__init__()
-        from torch_geometric.nn import SAGEConv
-
-        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
-
-    def forward(self, x, edge_index):
-        for i, conv in enumerate(self.convs):
-            x = conv(x, edge_index)
-            if i < len(self.convs) - 1:
-                x = F.dropout(x.relu(), p=0.5, training=self.training)
-        return x
-
-
-def build_graph(spec: str, feat_dim: int):
-    """``(Data on the CPU, CSC or None, train ids, classes, description)`` for a ``--graph`` spec; the CSC,
-    for a graph generated straight in CSC form (the Data then has no edge_index)."""
-    from torch_geometric.data import Data
-
-    from ..data import synthetic
-
-    kind, _, rest = spec.partition(":")
-    if kind == "synthetic":
-        from .sample import _count
-
-        g = synthetic(num_nodes=_count(rest), avg_degree=10, feat_dim=feat_dim, seed=0)
-        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, g.train_idx, g.num_classes, spec
-    if kind == "products":
-        g = synthetic(num_nodes=2_449_029, avg_degree=50, feat_dim=100, num_classes=47, seed=0)
-        train = g.train_idx[torch.randperm(len(g.train_idx), generator=torch.Generator().manual_seed(1))][:196_615]
-        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, train.sort().values, g.num_classes, "products-shaped"
-    if kind == "papers":
-        from .sample import _count, power_law_csc
-
-        nodes, edges = (_count(v) for v in rest.split(":"))
-        cuda = torch.cuda.is_available()
-        csc = power_law_csc(nodes, edges, 0.6, device="cuda" if cuda else None)
-        x = torch.empty(nodes, 128, dtype=torch.float32)
-        x.view(torch.int32).view(-1)[:] = 0x3F800000  # 1.0f everywhere: cheap to make, never all zeros
-        y = torch.randint(0, 172, (nodes,))
-        train = torch.randperm(nodes, generator=torch.Generator().manual_seed(1))[:max(1, nodes * 11 // 1000)]
-        return Data(x=x, y=y, num_nodes=nodes), csc, train.sort().values, 172, f"papers-shaped {rest}"
-    raise SystemExit(f"unknown --graph {spec!r}: use synthetic:NODES, products or papers:NODES:EDGES")
 
 
 class PhaseTimer:
@@ -156,61 +119,27 @@ class PhaseTimer:
         setattr(obj, name, timed)
 
 
-def _loader(config: str, data, train, args, stores, sampler):
-    from torch_geometric.loader import NeighborLoader
-
-    kwargs = dict(input_nodes=train, batch_size=args.batch_size, shuffle=True, drop_last=True)
-    if config == "stock":
-        return NeighborLoader(data, args.fanout, **kwargs)
-    source = stores if stores is not None else data
-    return NeighborLoader(source, args.fanout, neighbor_sampler=sampler, **kwargs)
-
-
 def run_config(config: str, data, csc, train, classes, device, args, hot) -> dict:
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios."""
-    from ..plugins.pyg import HybridNeighborSampler, from_data
-
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
-    base, pipe = config.split("+")[0], config.endswith("+pipe")
-    progress = not args.no_progress
-    stores = sampler = None
-    topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
-    if base == "all_gpu" and csc is not None:  # no edge_index to move: every feature row in the GPU tier
-        stores = from_data(_features_only(data, csc), device=device, gpu_budget=2**62,
-                           hotness=torch.zeros(data.num_nodes), progress=progress)
-        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
-                                        gpu_budget=2**62, progress=progress)
-    elif base == "all_gpu":
-        data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
-        sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device, gpu_budget=2**62,
-                                        progress=progress)
-    elif base in ("host", "cache"):
-        budget = None
-        feature_hot = None
-        if base == "cache":
-            feature_bytes = data.x.element_size() * data.x.numel()
-            budget = int(args.cache * feature_bytes)
-            feature_hot = hot.features[None]
-        build = time.perf_counter()
-        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           compress=args.compress, progress=progress)
-        topo_budget = None
-        if base == "cache":
-            edges = topology_bytes or 4 * data.edge_index.shape[1]
-            topo_budget = int(args.cache * edges)
-        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
-                                        gpu_budget=topo_budget, progress=progress,
-                                        hot_order=None if base == "host" else
-                                        hmgstore.placement.order_by_score(hot.topology[None]))
+    base, mode = config.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
+    pipe = mode != ""
+    build = time.perf_counter()
+    if mode == "proc":  # the loader is built again, and iterated, in the producer process
+        loader = stores = sampler = None
+        iterable = hmgstore.Producer(functools.partial(produced_loader, base, args, hot, device), depth=args.depth,
+                                     device=device, seed=args.seed, max_sms=args.max_sms, fuse=args.fuse,
+                                     sm_percent=args.sm_percent).start()
         build = time.perf_counter() - build
-    loader = _loader(base, data, train, args, stores, sampler)
+    else:
+        loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot)
+        iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms,
+                                     fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
     if not pipe:
         timer.wrap(loader, "filter_fn", "gather")
-    iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms,
-                                 fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
     reps = args.stock_batches if base == "stock" else args.batches
     warmup = 3
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -239,11 +168,16 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     sync()
     seconds = (time.perf_counter() - start) / reps
     it.close() if hasattr(it, "close") else None
+    if mode == "proc":
+        producer_rate = _producer_alone(iterable, reps, sync)
+        iterable.close()
     per_epoch = math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item()}
-    if base in ("host", "cache"):
+    if build is not None:
         result["build_s"] = build
+    if mode == "proc":
+        result["producer_batches_per_s"] = producer_rate
     result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
     if pipe:
         result["split_s"] = {"wait": load_s / reps, "train_issue": train_s / reps}
@@ -274,26 +208,18 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     return result
 
 
-def _features_only(data, csc):
-    """The Data, or, for a graph generated as CSC, its node attributes with no edges (the sampler reads
-    the CSC itself)."""
-    from torch_geometric.data import Data
-
-    if csc is None:
-        return data
-    return Data(x=data.x, y=data.y, edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=data.num_nodes)
-
-
-def _graph_source(data, csc=None, stores=None):
-    """What HybridNeighborSampler reads the topology from: the stores, the Data, or a prepared CSC."""
-    if csc is not None:
-        from ..plugins.pyg import CSCGraphStore, HybridFeatureStore
-
-        graph_store = CSCGraphStore()
-        graph_store.put_csc(csc)
-        feature_store = stores[0] if stores is not None else HybridFeatureStore("cpu")
-        return feature_store, graph_store
-    return stores if stores is not None else data
+def _producer_alone(producer, reps: int, sync) -> float:
+    """The producer's own batches/s: its batches taken as fast as it makes them, with no training beside it."""
+    it = iter(producer)
+    next(it)
+    sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        next(it)
+    sync()
+    seconds = time.perf_counter() - start
+    it.close()
+    return reps / seconds
 
 
 def run(args) -> dict:
@@ -342,13 +268,24 @@ def _epoch(report, config):
     return None if c is None else c["epoch_s"]
 
 
+def _best(report, base):
+    return min((v for v in (_epoch(report, f"{base}{mode}") for mode in ("", "+pipe", "+proc")) if v), default=None)
+
+
+def _issue(report, config):
+    c = report["configs"].get(config)
+    return c["split_s"].get("train_issue") if c else None
+
+
 def add_ratios(report: dict) -> None:
-    best_cache = min((v for v in (_epoch(report, "cache"), _epoch(report, "cache+pipe")) if v), default=None)
-    best_gpu = min((v for v in (_epoch(report, "all_gpu"), _epoch(report, "all_gpu+pipe")) if v), default=None)
-    stock = _epoch(report, "stock")
+    best_cache, best_gpu, stock = _best(report, "cache"), _best(report, "all_gpu"), _epoch(report, "stock")
+    issue, issue_gpu = _issue(report, "cache+proc"), _issue(report, "all_gpu+pipe")
+    proc = report["configs"].get("cache+proc", {})
     report["targets"] = {
         "cache_vs_all_gpu": best_cache / best_gpu if best_cache and best_gpu else None,  # target <= 1.15
         "stock_vs_cache": stock / best_cache if stock and best_cache else None,  # target >= 10
+        "proc_issue_vs_all_gpu": issue / issue_gpu if issue and issue_gpu else None,  # target <= 1.1
+        "producer_vs_trainer": proc["producer_batches_per_s"] / proc["batches_per_s"] if proc else None,  # >= 2
     }
 
 
@@ -375,8 +312,11 @@ def table_text(report: dict) -> str:
               + "---:|" * (len(columns) - 4 - bool(stock))]
     for name, c in report["configs"].items():
         split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
+        if c.get("producer_batches_per_s"):
+            split += f"; producer alone {c['producer_batches_per_s']:.1f} batches/s"
         speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
-        pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else "-"
+        pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else \
+            "as +pipe" if name.endswith("+proc") else "-"  # the producer's stores are not the trainer's to count
         build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
         hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
         cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, split, *hits, pages, build,
@@ -386,6 +326,10 @@ def table_text(report: dict) -> str:
     targets = [f"cache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (target <= 1.15)"] \
         if t.get("cache_vs_all_gpu") else []
     targets += [f"stock / cache: {t['stock_vs_cache']:.1f}x (target >= 10)"] if t.get("stock_vs_cache") else []
+    targets += [f"cache+proc issue time / all_gpu+pipe's: {t['proc_issue_vs_all_gpu']:.2f} (target <= 1.1)"] \
+        if t.get("proc_issue_vs_all_gpu") else []
+    targets += [f"producer alone / cache+proc trainer: {t['producer_vs_trainer']:.1f}x (target >= 2)"] \
+        if t.get("producer_vs_trainer") else []
     if targets:
         lines.append("\n" + "; ".join(targets))
     return "\n".join(lines)

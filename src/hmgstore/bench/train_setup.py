@@ -1,0 +1,151 @@
+"""What ``bench train`` trains: its graphs, its GraphSAGE and each configuration's loader.
+
+The loader of a configuration is built by :func:`build_loader`, in the
+training process, or by :func:`produced_loader` in the producer process of
+the ``+proc`` configurations (:class:`hmgstore.Producer`), which builds the
+graph again there from the same ``--graph`` spec (a generated graph is the
+same in both processes).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import hmgstore
+
+
+class SAGE(torch.nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
+
+    def forward(self, x, edge_index):
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = F.dropout(x.relu(), p=0.5, training=self.training)
+        return x
+
+
+def build_graph(spec: str, feat_dim: int):
+    """``(Data on the CPU, CSC or None, train ids, classes, description)`` for a ``--graph`` spec; the CSC,
+    for a graph generated straight in CSC form (the Data then has no edge_index)."""
+    from torch_geometric.data import Data
+
+    from ..data import synthetic
+
+    kind, _, rest = spec.partition(":")
+    if kind == "synthetic":
+        from .sample import _count
+
+        g = synthetic(num_nodes=_count(rest), avg_degree=10, feat_dim=feat_dim, seed=0)
+        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, g.train_idx, g.num_classes, spec
+    if kind == "products":
+        g = synthetic(num_nodes=2_449_029, avg_degree=50, feat_dim=100, num_classes=47, seed=0)
+        train = g.train_idx[torch.randperm(len(g.train_idx), generator=torch.Generator().manual_seed(1))][:196_615]
+        return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, train.sort().values, g.num_classes, "products-shaped"
+    if kind == "papers":
+        from .sample import _count, power_law_csc
+
+        nodes, edges = (_count(v) for v in rest.split(":"))
+        cuda = torch.cuda.is_available()
+        csc = power_law_csc(nodes, edges, 0.6, device="cuda" if cuda else None)
+        x = torch.empty(nodes, 128, dtype=torch.float32)
+        x.view(torch.int32).view(-1)[:] = 0x3F800000  # 1.0f everywhere: cheap to make, never all zeros
+        y = torch.randint(0, 172, (nodes,))
+        train = torch.randperm(nodes, generator=torch.Generator().manual_seed(1))[:max(1, nodes * 11 // 1000)]
+        return Data(x=x, y=y, num_nodes=nodes), csc, train.sort().values, 172, f"papers-shaped {rest}"
+    raise SystemExit(f"unknown --graph {spec!r}: use synthetic:NODES, products or papers:NODES:EDGES")
+
+
+class Built(NamedTuple):
+    """A configuration's loader, what it reads from and how long the stores took to build (None: none built)."""
+
+    loader: object
+    data: object
+    stores: object
+    sampler: object
+    build_s: float | None
+
+
+def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
+    """The loader of configuration ``base`` (stock, all_gpu, host or cache) and what it reads from."""
+    from ..plugins.pyg import HybridNeighborSampler, from_data
+
+    progress = not args.no_progress
+    build = None
+    stores = sampler = None
+    topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
+    if base == "all_gpu" and csc is not None:  # no edge_index to move: every feature row in the GPU tier
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=2**62,
+                           hotness=torch.zeros(data.num_nodes), progress=progress)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
+                                        gpu_budget=2**62, progress=progress)
+    elif base == "all_gpu":
+        data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
+        sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device, gpu_budget=2**62,
+                                        progress=progress)
+    elif base in ("host", "cache"):
+        budget = None
+        feature_hot = None
+        if base == "cache":
+            feature_bytes = data.x.element_size() * data.x.numel()
+            budget = int(args.cache * feature_bytes)
+            feature_hot = hot.features[None]
+        build = time.perf_counter()
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
+                           compress=args.compress, progress=progress)
+        topo_budget = None
+        if base == "cache":
+            edges = topology_bytes or 4 * data.edge_index.shape[1]
+            topo_budget = int(args.cache * edges)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
+                                        gpu_budget=topo_budget, progress=progress,
+                                        hot_order=None if base == "host" else
+                                        hmgstore.placement.order_by_score(hot.topology[None]))
+        build = time.perf_counter() - build
+    return Built(_loader(base, data, train, args, stores, sampler), data, stores, sampler, build)
+
+
+def produced_loader(base: str, args, hot, device):
+    """:func:`build_loader`'s loader, built in a producer process from the ``--graph`` spec."""
+    data, csc, train, _, _ = build_graph(args.graph, args.feat_dim)
+    return build_loader(base, data, csc, train, device, args, hot).loader
+
+
+def _loader(config: str, data, train, args, stores, sampler):
+    from torch_geometric.loader import NeighborLoader
+
+    kwargs = dict(input_nodes=train, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    if config == "stock":
+        return NeighborLoader(data, args.fanout, **kwargs)
+    source = stores if stores is not None else data
+    return NeighborLoader(source, args.fanout, neighbor_sampler=sampler, **kwargs)
+
+
+def _features_only(data, csc):
+    """The Data, or, for a graph generated as CSC, its node attributes with no edges (the sampler reads
+    the CSC itself)."""
+    from torch_geometric.data import Data
+
+    if csc is None:
+        return data
+    return Data(x=data.x, y=data.y, edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=data.num_nodes)
+
+
+def _graph_source(data, csc=None, stores=None):
+    """What HybridNeighborSampler reads the topology from: the stores, the Data, or a prepared CSC."""
+    if csc is not None:
+        from ..plugins.pyg import CSCGraphStore, HybridFeatureStore
+
+        graph_store = CSCGraphStore()
+        graph_store.put_csc(csc)
+        feature_store = stores[0] if stores is not None else HybridFeatureStore("cpu")
+        return feature_store, graph_store
+    return stores if stores is not None else data
