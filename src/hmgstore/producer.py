@@ -22,7 +22,9 @@ buffers (:mod:`hmgstore.ring`), ordered by CUDA events, with no host
 synchronisation between the processes in the steady state.
 
 A batch's tensors are views into its ring slot: they stay valid until the
-next batch is taken (clone what must live longer). ``sm_percent`` caps the
+next batch is taken (clone what must live longer), and never past
+``close()``: drop the last batch before closing, or the producer's exit warns
+that shared CUDA tensors were not released. ``sm_percent`` caps the
 producer's share of the GPU's SMs under CUDA MPS (the producer's
 ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; without an MPS daemon it has no
 effect).
@@ -182,6 +184,7 @@ class Producer:
         for q in (self._commands, self._results):
             q.close()
             q.cancel_join_thread()
+        self._commands = self._results = None  # their semaphores (/dev/shm/sem.mp-*) go with them
 
     def __enter__(self) -> "Producer":
         return self.start()
