@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          producer-tests gpu-share train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          producer-tests ipc-shm gpu-share train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -103,6 +103,7 @@ for stage in "$@"; do
           cat "$OUT/probe_fuse.log" ;;
     producer-tests) timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_producer.py tests/test_pipeline.py \
                       >"$OUT/producer-tests.log" 2>&1; rc=$?; tail -15 "$OUT/producer-tests.log" ;;
+    ipc-shm) timeout 120 python3 benchmarks/probe_ipc_shm.py 2>&1; rc=$? ;;
     gpu-share) rc=0; command -v nvidia-cuda-mps-control || echo "no nvidia-cuda-mps-control on PATH"  # what can bound a share
                python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "green contexts:",
                  hasattr(torch.cuda, "green_contexts"))' ;;
@@ -111,7 +112,7 @@ for stage in "$@"; do
     train-proc-128) timeout 560 python3 -m hmgstore.bench train --feat-dim 128 --configs all_gpu+pipe all_gpu+proc cache+pipe \
                       cache+proc --no-progress --out "$OUT/train-proc-128" 2>"$OUT/train-proc-128.log"; rc=$?
                     tail -14 "$OUT/train-proc-128.log" ;;
-    train-proc-sms) rc=0; for sms in 16 48; do  # the gathers' SM cap, in the thread and in the producer
+    train-proc-sms) rc=0; for sms in ${SMS:-16 48}; do  # the gathers' SM cap, in the thread and in the producer
                       timeout 280 python3 -m hmgstore.bench train --configs cache+pipe cache+proc --max-sms $sms --no-progress \
                         --out "$OUT/train-proc-sms$sms" 2>"$OUT/train-proc-sms$sms.log" || rc=1; tail -6 "$OUT/train-proc-sms$sms.log"
                     done ;;
@@ -119,8 +120,8 @@ for stage in "$@"; do
                     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
                     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
                     if nvidia-cuda-mps-control -d; then
-                      for pct in 100 30; do
-                        timeout 280 python3 -m hmgstore.bench train --configs all_gpu+pipe cache+pipe cache+proc --sm-percent $pct \
+                      for pct in ${MPS_PCTS:-100 30}; do
+                        timeout 280 python3 -m hmgstore.bench train --configs ${MPS_CONFIGS:-all_gpu+pipe cache+pipe cache+proc} --sm-percent $pct \
                           --no-progress --out "$OUT/train-proc-mps$pct" 2>"$OUT/train-proc-mps$pct.log" || rc=1
                         tail -8 "$OUT/train-proc-mps$pct.log"
                       done

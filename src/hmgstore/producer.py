@@ -340,9 +340,10 @@ class _Server:
                 pass
             except BaseException as err:  # noqa: BLE001 - reported to the trainer, at the batch it happened
                 self.results.put(("error", *_error(err)))
-        self.buffers = None
         if self.cuda:
             torch.cuda.synchronize(self.device)
+        self.buffers = self.filled = self.freed = None  # events destroyed, slots freed, before the context ends
+        if self.cuda:
             torch.cuda.ipc_collect()
 
     def epoch(self) -> dict:
