@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          producer-tests ipc-shm gpu-share train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          producer-tests ipc-shm gpu-share train-sms-sweep train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -116,12 +116,18 @@ for stage in "$@"; do
                       timeout 280 python3 -m hmgstore.bench train --configs cache+pipe cache+proc --max-sms $sms --no-progress \
                         --out "$OUT/train-proc-sms$sms" 2>"$OUT/train-proc-sms$sms.log" || rc=1; tail -6 "$OUT/train-proc-sms$sms.log"
                     done ;;
+    train-sms-sweep) rc=0  # the thread pipeline's gather cap against none, on the 1024-d and the 128-d graphs
+                     for spec in "1024 8" "1024 24" "128 16" "128 64"; do set -- $spec
+                       timeout 200 python3 -m hmgstore.bench train --feat-dim $1 --configs all_gpu+pipe cache+pipe --max-sms $2 \
+                         --no-progress --out "$OUT/train-sms-$1-$2" 2>"$OUT/train-sms-$1-$2.log" || rc=1
+                       grep -E "^\| (all_gpu|cache)" "$OUT/train-sms-$1-$2.log"
+                     done ;;
     train-proc-mps) rc=0  # a user-level MPS daemon for this run only (no GPU setting changes); stopped at the end
                     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
                     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
                     if nvidia-cuda-mps-control -d; then
                       for pct in ${MPS_PCTS:-100 30}; do
-                        timeout 280 python3 -m hmgstore.bench train --configs ${MPS_CONFIGS:-all_gpu+pipe cache+pipe cache+proc} --sm-percent $pct \
+                        timeout 280 python3 -m hmgstore.bench train --feat-dim ${FEAT:-1024} --configs ${MPS_CONFIGS:-all_gpu+pipe cache+pipe cache+proc} --sm-percent $pct \
                           --no-progress --out "$OUT/train-proc-mps$pct" 2>"$OUT/train-proc-mps$pct.log" || rc=1
                         tail -8 "$OUT/train-proc-mps$pct.log"
                       done
