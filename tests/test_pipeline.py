@@ -142,3 +142,38 @@ def test_the_training_thread_never_waits_for_the_gpu_in_the_steady_state():
     waited = loop(wait=True)
     assert waited >= 0.45, f"the control loop should take the GPU's 500 ms: {waited:.3f} s"
     assert queued < 0.25, f"the training thread waited for the GPU: 25 steps took {queued:.3f} s"
+
+
+def test_max_sms_is_checked():
+    for bad in (0, -3, 2.5, True, "half"):
+        with pytest.raises(ValueError, match="max_sms"):
+            hmgstore.Pipeline([], max_sms=bad)
+
+
+@pytest.mark.gpu
+def test_the_default_caps_the_stores_gathers_while_iterating_and_restores_them():
+    from hmgstore.pipeline import auto_sms
+    from hmgstore.plugins.pyg import from_data
+    from torch_geometric.data import Data
+
+    x = torch.randn(1000, 16)
+    stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", progress=False)
+    table = stores[0].table(None, "x")
+
+    class Loader:
+        data = stores
+
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            for i in range(3):
+                ids = torch.randint(0, 1000, (100,), device="cuda")
+                yield {"caps": table.max_sms, "rows": table[ids], "ids": ids}
+
+    limit = auto_sms(torch.device("cuda", torch.cuda.current_device()))
+    assert 4 <= limit < torch.cuda.get_device_properties(0).multi_processor_count
+    for batch in hmgstore.Pipeline(Loader()):
+        assert batch["caps"] == limit
+        assert torch.equal(batch["rows"].cpu(), x[batch["ids"].cpu()])
+    assert table.max_sms is None

@@ -12,7 +12,7 @@ import torch
 
 import hmgstore
 from hmgstore import ring
-from hmgstore.producer import RemoteTraceback
+from hmgstore.producer import RemoteTraceback, remove_ipc_files
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 Pair = collections.namedtuple("Pair", "a b")
@@ -239,3 +239,17 @@ def test_teardown_leaves_no_shared_segments_or_warnings(device):
     _wait_gone(int(out.stdout.split()[-1]))
     assert set(os.listdir("/dev/shm")) - before == set()
     assert "Warning" not in out.stderr and "[W" not in out.stderr, out.stderr
+
+
+def test_the_driver_files_of_an_exited_process_are_removed_and_no_others(tmp_path):
+    ours, other = 0x7FFFFFF0, 0x7FFFFFF1  # no pid a Linux machine hands out
+    paths = [f"/dev/shm/cuda.shm.0.{ours:x}.1", f"/dev/shm/cuda.shm.1.{ours:x}.2", f"/dev/shm/cuda.shm.0.{other:x}.1"]
+    try:
+        for path in paths:
+            open(path, "w").close()
+        remove_ipc_files(ours)
+        assert [os.path.exists(p) for p in paths] == [False, False, True]
+    finally:
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)

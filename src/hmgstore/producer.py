@@ -38,6 +38,9 @@ machine without a GPU the ring lives in shared memory and the same API works.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import glob
 import os
 import pickle
 import queue
@@ -53,6 +56,28 @@ from .device import resolve_device
 
 #: Seconds between liveness checks while one process waits for the other.
 POLL = 0.2
+
+
+def remove_ipc_files(pid: int) -> None:
+    """Remove the files the CUDA driver leaves in /dev/shm for a process that shared CUDA IPC handles.
+
+    Measured (benchmarks/probe_ipc_shm.py, H200, driver 580): every process that exports an IPC event or
+    memory handle leaves ``/dev/shm/cuda.shm.<device>.<pid in hex>.<n>`` behind when it exits, torch's own
+    tensor sharing included. Called for the producer once it has exited, and for the trainer at its exit,
+    when no process can open its handles any more."""
+    for path in glob.glob(f"/dev/shm/cuda.shm.*.{pid:x}.*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+_cleanup_registered = False
+
+
+def _at_exit_cleanup() -> None:
+    global _cleanup_registered
+    if not _cleanup_registered:
+        _cleanup_registered = True
+        atexit.register(remove_ipc_files, os.getpid())
 
 
 class RemoteTraceback(Exception):
@@ -96,7 +121,7 @@ class Producer:
     """
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
-                 max_sms: int | None = None, fuse: int = 1, sm_percent: int | None = None):
+                 max_sms: int | str | None = "auto", fuse: int = 1, sm_percent: int | None = None):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
         if sm_percent is not None and not 1 <= sm_percent <= 100:
@@ -141,6 +166,7 @@ class Producer:
             _raise(*rest)
         self._length, handles = rest
         if self.cuda:
+            _at_exit_cleanup()
             self._filled = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in handles]
             self._freed = [torch.cuda.Event(interprocess=True) for _ in handles]
             self._commands.put(("events", [e.ipc_handle() for e in self._freed]))
@@ -158,6 +184,8 @@ class Producer:
             except queue.Empty:
                 if not self.process.is_alive():
                     code = self.process.exitcode
+                    if self.cuda:
+                        remove_ipc_files(self.process.pid)
                     self.process = None
                     raise RuntimeError(f"the hmgstore producer process died (exit code {code}) without a word: "
                                        "killed, out of memory, or a crash in native code; its own output (stderr) "
@@ -181,6 +209,8 @@ class Producer:
         if process.is_alive():
             process.terminate()
             process.join(timeout=5)
+        if self.cuda and not process.is_alive():
+            remove_ipc_files(process.pid)
         for q in (self._commands, self._results):
             q.close()
             q.cancel_join_thread()

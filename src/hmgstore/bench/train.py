@@ -82,8 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
-    p.add_argument("--max-sms", type=int, default=None,
-                   help="pipeline: cap the gather at this many SMs, leaving the rest to training (default: no cap)")
+    p.add_argument("--max-sms", type=_sms, default="auto",
+                   help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
+                        "(the default: hmgstore.pipeline.auto_sms) or 'none'")
     p.add_argument("--sm-percent", type=int, default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
@@ -95,6 +96,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def _sms(text: str):
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of SMs, 'auto' or 'none'; got {text!r}") from None
 
 
 class PhaseTimer:
