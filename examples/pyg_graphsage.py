@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import platform
 import statistics
@@ -81,9 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sampler", choices=("hmgstore", "pyg"), default="hmgstore",
                    help="hmgstore's neighbour sampler (GPU or CPU, no compiled extension), or PyG's own "
                         "(CPU; needs torch-sparse or pyg-lib)")
-    p.add_argument("--pipeline", choices=("on", "off"), default=None,
+    p.add_argument("--pipeline", choices=("on", "off", "producer"), default=None,
                    help="hmgstore.Pipeline: sample and gather the next batches on a side stream while the model "
-                        "trains (default: on when hmgstore's sampler runs on a GPU)")
+                        "trains (default: on when hmgstore's sampler runs on a GPU); producer: hmgstore.Producer, "
+                        "the same in a process of its own (pays under CUDA MPS; see the README)")
     p.add_argument("--topology-budget", default=None,
                    help="hmgstore sampler on a GPU: GPU memory for hot adjacency lists, e.g. 2GB; 'all' keeps the "
                         "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
@@ -157,18 +159,9 @@ class StepTimer:
 
 
 # ---- the script ----------------------------------------------------------------------------
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.features == "gpu" and device.type != "cuda":
-        sys.exit("error: --features gpu holds the table on a GPU, and there is none here (torch sees no CUDA "
-                 "device); use --features hmgstore or --features cpu")
-    host_dtype = HOST_DTYPES[args.host_dtype]
-    if host_dtype is not None and args.features != "hmgstore":
-        sys.exit(f"error: --host-dtype {args.host_dtype} is a choice of hmgstore's feature store; --features "
-                 f"{args.features} is stock PyG, which reads data.x as it is. Use --features hmgstore")
-    graph, dataset_name = load_graph(args)
+def build_loaders(args, device, graph, host_dtype):
+    """``(train loader, test loader, the loaders' keyword arguments)`` as the flags ask; the stores are the
+    loaders' ``data``, the sampler their ``neighbor_sampler``."""
     data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
     fanout = args.fanout
 
@@ -194,14 +187,39 @@ def main(argv=None) -> dict:
     train_loader = NeighborLoader(source, num_neighbors=fanout, input_nodes=graph.train_idx, shuffle=True,
                                   **loader_kwargs)
     test_loader = NeighborLoader(source, num_neighbors=fanout, input_nodes=graph.test_idx, **loader_kwargs)
+    return train_loader, test_loader, loader_kwargs
 
-    model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(fanout)).to(device)
+
+def make_train_loader(args, device):
+    """The training loader, built again in hmgstore.Producer's process (--pipeline producer) from the flags."""
+    graph, _ = load_graph(args)
+    return build_loaders(args, device, graph, HOST_DTYPES[args.host_dtype])[0]
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.features == "gpu" and device.type != "cuda":
+        sys.exit("error: --features gpu holds the table on a GPU, and there is none here (torch sees no CUDA "
+                 "device); use --features hmgstore or --features cpu")
+    host_dtype = HOST_DTYPES[args.host_dtype]
+    if host_dtype is not None and args.features != "hmgstore":
+        sys.exit(f"error: --host-dtype {args.host_dtype} is a choice of hmgstore's feature store; --features "
+                 f"{args.features} is stock PyG, which reads data.x as it is. Use --features hmgstore")
+    graph, dataset_name = load_graph(args)
+    train_loader, test_loader, loader_kwargs = build_loaders(args, device, graph, host_dtype)
+
+    model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
     timer.watch_gather(train_loader)
 
-    pipelined = (args.pipeline == "on" or (args.pipeline is None and args.sampler == "hmgstore"
-                                           and device.type == "cuda" and args.features != "cpu"))
+    producer = None
+    if args.pipeline == "producer":  # <-- hmgstore: the training batches made in a process of their own
+        producer = hmgstore.Producer(functools.partial(make_train_loader, args, device), seed=args.seed).start()
+    pipelined = producer is not None or args.pipeline == "on" or (
+        args.pipeline is None and args.sampler == "hmgstore" and device.type == "cuda" and args.features != "cpu")
 
     def train(epoch: int) -> dict:
         model.train()
@@ -209,7 +227,7 @@ def main(argv=None) -> dict:
         total = min(len(train_loader), args.max_batches or len(train_loader))
         bar = tqdm(total=total, desc=f"epoch {epoch}", disable=args.no_progress)
         if pipelined:  # <-- hmgstore: the next batches are sampled and gathered while this one trains
-            pipeline = hmgstore.Pipeline(train_loader, depth=2)
+            pipeline = producer or hmgstore.Pipeline(train_loader, depth=2)
             loader = iter(pipeline)
         else:
             loader = iter(train_loader)
@@ -259,6 +277,9 @@ def main(argv=None) -> dict:
         return correct / total
 
     epochs = [train(epoch) for epoch in range(1, args.epochs + 1)]
+    if producer is not None:
+        producer.close()
+    source = test_loader.data
     counted = [obj for obj in (source[0] if isinstance(source, tuple) else None,
                                loader_kwargs.get("neighbor_sampler")) if obj is not None]
     for obj in counted:  # hit ratios of the GPU tiers, counted over the test pass

@@ -105,6 +105,18 @@ def test_ogb_files_then_fallback_then_error(pyg_example, tmp_path, capsys):
         pyg_example.main([*PYG_SMALL, "--dataset-root", empty, "--dataset", "ogbn-papers100M"])
 
 
+def test_batches_from_a_producer_process(tmp_path):
+    """--pipeline producer: the training batches made by hmgstore.Producer, run as a user runs the script."""
+    out = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, str(PYG_EXAMPLE), *PYG_SMALL, "--dataset", "synthetic", "--pipeline",
+                           "producer", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["pipeline"] is True and [e["batches"] for e in result["epochs"]] == [3, 3]
+    assert result["test_acc"] > 0.2  # 16 classes: chance is 0.06
+    assert "wait" in done.stdout
+
+
 # ---- examples/dgl_graphsage.py --------------------------------------------------------------
 def dgl_run(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DGL_EXAMPLE), *DGL_SMALL, *args], capture_output=True, text=True,
