@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          producer-tests ipc-shm gpu-share train-sms-sweep train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -122,6 +122,21 @@ for stage in "$@"; do
                          --no-progress --out "$OUT/train-sms-$1-$2" 2>"$OUT/train-sms-$1-$2.log" || rc=1
                        grep -E "^\| (all_gpu|cache)" "$OUT/train-sms-$1-$2.log"
                      done ;;
+    train-final) rc=0  # the defaults (gathers capped at auto_sms), uncapped beside them, then under MPS at 10%
+                 run() { timeout 240 python3 -m hmgstore.bench train --no-progress "$@" 2>"$OUT/last.log" || rc=1
+                         grep -E "^\| (all_gpu|cache)|target" "$OUT/last.log"; }
+                 echo "-- 1024-d"; run --configs all_gpu+pipe cache+pipe cache+proc --out "$OUT/final-1024"
+                 echo "-- 1024-d, uncapped"; run --configs cache+pipe --max-sms none --out "$OUT/final-1024-none"
+                 echo "-- 128-d"; run --feat-dim 128 --configs all_gpu+pipe cache+pipe cache+proc --out "$OUT/final-128"
+                 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                 mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+                 if nvidia-cuda-mps-control -d; then
+                   echo "-- MPS, 1024-d"; run --configs all_gpu+pipe cache+proc --sm-percent 10 --out "$OUT/final-mps-1024"
+                   echo "-- MPS, 128-d"; run --feat-dim 128 --configs all_gpu+pipe cache+proc --sm-percent 10 --out "$OUT/final-mps-128"
+                   echo quit | nvidia-cuda-mps-control
+                 else echo "MPS daemon did not start"; rc=1; fi
+                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+                 find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
     train-proc-mps) rc=0  # a user-level MPS daemon for this run only (no GPU setting changes); stopped at the end
                     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
                     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
