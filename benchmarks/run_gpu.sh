@@ -117,8 +117,8 @@ for stage in "$@"; do
                         --out "$OUT/train-proc-sms$sms" 2>"$OUT/train-proc-sms$sms.log" || rc=1; tail -6 "$OUT/train-proc-sms$sms.log"
                     done ;;
     train-sms-sweep) rc=0  # the thread pipeline's gather cap against none, on the 1024-d and the 128-d graphs
-                     for spec in "1024 8" "1024 24" "128 16" "128 64"; do set -- $spec
-                       timeout 200 python3 -m hmgstore.bench train --feat-dim $1 --configs all_gpu+pipe cache+pipe --max-sms $2 \
+                     for spec in ${SWEEP:-1024:8 1024:24 128:16 128:64}; do set -- ${spec/:/ }
+                       timeout 200 python3 -m hmgstore.bench train --feat-dim $1 --configs ${CONFIGS:-all_gpu+pipe cache+pipe} --max-sms $2 \
                          --no-progress --out "$OUT/train-sms-$1-$2" 2>"$OUT/train-sms-$1-$2.log" || rc=1
                        grep -E "^\| (all_gpu|cache)" "$OUT/train-sms-$1-$2.log"
                      done ;;
