@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -149,6 +149,13 @@ for stage in "$@"; do
                       echo quit | nvidia-cuda-mps-control; cp -r $CUDA_MPS_LOG_DIRECTORY "$OUT/mps-log"
                     else echo "MPS daemon did not start"; rc=1; fi
                     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    nccl-net) mkdir -p /tmp/nccl  # one machine per GPU over NCCL, made to take the network path (no P2P, no shared memory)
+              NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO NCCL_DEBUG_FILE=/tmp/nccl/%h.%p.log timeout 300 \
+                python3 -m pytest -q -rfE -p no:cacheprovider -m multigpu tests/test_cluster.py >"$OUT/nccl-net.log" 2>&1; rc=$?
+              cat /tmp/nccl/*.log | grep -oE "via (NET|P2P|SHM)[^ ]*|Using network [A-Za-z]+" | sort | uniq -c >>"$OUT/nccl-net.log"
+              tail -8 "$OUT/nccl-net.log" ;;
+    compress-100) timeout ${TIMEOUT:-300} python3 benchmarks/probe_compress.py --gb 100 --row-bytes 512 128 --formats int8 --reps 5 \
+                    >"$OUT/probe_compress_100.json" 2>"$OUT/probe_compress_100.log"; rc=$?; tail -30 "$OUT/probe_compress_100.log" ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;
