@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
@@ -156,6 +156,13 @@ for stage in "$@"; do
               tail -8 "$OUT/nccl-net.log" ;;
     compress-100) timeout ${TIMEOUT:-300} python3 benchmarks/probe_compress.py --gb 100 --row-bytes 512 128 --formats int8 --reps 5 \
                     >"$OUT/probe_compress_100.json" 2>"$OUT/probe_compress_100.log"; rc=$?; tail -30 "$OUT/probe_compress_100.log" ;;
+    example-loss) rc=0  # make run's example on a GPU, its loss read every step (as before) and every 25 steps
+                  timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_examples.py >"$OUT/example-tests.log" 2>&1 || rc=1
+                  tail -2 "$OUT/example-tests.log"
+                  for every in 1 25; do
+                    timeout 200 python3 examples/pyg_graphsage.py --dataset synthetic --num-nodes 2000000 --feat-dim 1024 \
+                      --epochs 2 --max-batches 60 --no-progress --loss-every $every --json "$OUT/pyg-loss-every-$every.json" 2>&1 | tail -1 || rc=1
+                  done ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown stage $stage"; rc=2 ;;

@@ -39,13 +39,13 @@ def add_fanout(parser: argparse.ArgumentParser, default: str = DEFAULT_FANOUT) -
 
 def add_batch_size(parser: argparse.ArgumentParser, default: int, what: str = "seed nodes") -> None:
     """``--batch-size`` (``--batch`` is kept as an alias, for commands written before)."""
-    parser.add_argument("--batch-size", "--batch", dest="batch_size", type=_positive, default=default,
+    parser.add_argument("--batch-size", "--batch", dest="batch_size", type=positive, default=default,
                         help=f"{what} per batch (default: {default})")
 
 
 def add_max_batches(parser: argparse.ArgumentParser) -> None:
     """``--max-batches`` (``--max-steps`` kept as an alias): an example's epochs stop after N batches."""
-    parser.add_argument("--max-batches", "--max-steps", dest="max_batches", type=_positive, default=None,
+    parser.add_argument("--max-batches", "--max-steps", dest="max_batches", type=positive, default=None,
                         help="stop each epoch after this many batches (default: the whole epoch)")
 
 
@@ -57,7 +57,8 @@ def add_seed(parser: argparse.ArgumentParser, default: int = 0) -> None:
     parser.add_argument("--seed", type=int, default=default, help=f"torch.manual_seed (default: {default})")
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
+    """An argparse type: a whole number above 0."""
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
