@@ -28,7 +28,7 @@ LAYERS = [
     ["hmgstore.tensor"],                                         # HybridTensor, gather_many
     ["hmgstore.files", "hmgstore.sharded", "hmgstore.reach"],    # tables from files, several GPUs; calibration
     ["hmgstore.graph"],                                          # topology in tiers, sampling
-    ["hmgstore.ring", "hmgstore.pipeline", "hmgstore.producer"],  # batches made ahead, in a thread or a process
+    ["hmgstore.ring", "hmgstore.pipeline", "hmgstore.serve", "hmgstore.producer"],  # batches made ahead, in a thread or a process
     ["hmgstore.distributed"],                                    # several processes and machines
     ["hmgstore.data"],                                           # synthetic and OGB graphs
     ["hmgstore"],                                                # the package's own public names

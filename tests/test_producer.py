@@ -43,6 +43,18 @@ def make_batches(n, device, fail_at=None, exit_at=None):
     return Batches(n, device, fail_at, exit_at)
 
 
+class SparseFirst(Batches):
+    """Each pass's first batch cannot go through the ring (a sparse tensor); the rest can."""
+
+    def __iter__(self):
+        yield {"adj": torch.eye(3).to_sparse()}
+        yield from super().__iter__()
+
+
+def make_sparse_first(n):
+    return SparseFirst(n, "cpu")
+
+
 def make_pyg(device):
     """hmgstore's PyG stores and sampler behind a stock NeighborLoader, as a user's script builds them."""
     from torch_geometric.loader import NeighborLoader
@@ -194,9 +206,11 @@ def test_closing_ends_the_process_and_a_dead_trainer_ends_it_too():
 
 def test_bad_arguments_say_what_to_pass():
     with pytest.raises(TypeError, match="picklable"):
-        hmgstore.Producer(lambda: [])
+        hmgstore.Producer(lambda: []).start()
     with pytest.raises(ValueError, match="depth"):
         hmgstore.Producer(list, depth=0)
+    with pytest.raises(ValueError, match="max_sms"):
+        hmgstore.Producer(list, max_sms=0)
     with pytest.raises(ValueError, match="sm_percent"):
         hmgstore.Producer(list, sm_percent=0)
 
@@ -253,3 +267,42 @@ def test_the_driver_files_of_an_exited_process_are_removed_and_no_others(tmp_pat
         for path in paths:
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_batches_that_cannot_be_packed_keep_no_slot():
+    """More failed passes than the ring has slots: each fails at its batch, none hangs (run apart, with a limit)."""
+    script = textwrap.dedent(f"""
+        import functools, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import hmgstore, test_producer
+        if __name__ == "__main__":
+            with hmgstore.Producer(functools.partial(test_producer.make_sparse_first, 4), depth=1) as p:
+                for _ in range(4):
+                    try:
+                        for batch in p:
+                            raise SystemExit("a batch came before the failing one")
+                    except TypeError as err:
+                        assert "dense" in str(err), err
+                print("ok", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_second_iterator_stops_the_first_and_gets_a_whole_pass():
+    with hmgstore.Producer(functools.partial(make_batches, 10, "cpu"), depth=2) as producer:
+        first = iter(producer)
+        next(first)
+        assert sorted(b["i"] for b in producer) == list(range(10))  # not the rest of the first pass
+        with pytest.raises(StopIteration):
+            next(first)  # stopped
+        assert sorted(b["i"] for b in producer) == list(range(10))
+
+
+def test_ctrl_c_in_the_process_group_leaves_the_producer_to_its_trainer():
+    import signal
+
+    with hmgstore.Producer(functools.partial(make_batches, 6, "cpu")) as producer:
+        os.kill(producer.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole group
+        time.sleep(0.5)
+        assert sorted(b["i"] for b in producer) == list(range(6))

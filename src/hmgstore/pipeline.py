@@ -56,6 +56,12 @@ def _tensors(obj, seen=None):
                 yield from _tensors(value, seen)
 
 
+def check_max_sms(max_sms) -> None:
+    if max_sms != "auto" and max_sms is not None and (not isinstance(max_sms, int) or isinstance(max_sms, bool)
+                                                      or max_sms < 1):
+        raise ValueError(f"max_sms is a number of SMs (at least 1), 'auto' or None; got {max_sms!r}")
+
+
 def auto_sms(device: torch.device) -> int:
     """The pipeline's default cap on its gathers' SMs: one SM in 16 of ``device``'s (at least 4)."""
     return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 16)
@@ -79,7 +85,7 @@ class Pipeline:
             training step needs (bench train, H200, 15% cache of 8.2 GB:
             29.6 batches/s uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.9 at 8,
             against 49.3 all in GPU memory, which the cap does not slow).
-            None: no cap.
+            None: the tables' own caps (none unless set on them).
         fuse: make this many batches at a time and gather their rows
             together, one kernel job per table (:mod:`hmgstore.fusion`): big
             host tables read several times faster per row in launches of
@@ -102,9 +108,7 @@ class Pipeline:
                  fuse: int = 1):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
-        if max_sms != "auto" and max_sms is not None and (not isinstance(max_sms, int) or isinstance(max_sms, bool)
-                                                          or max_sms < 1):
-            raise ValueError(f"max_sms is a number of SMs (at least 1), 'auto' or None; got {max_sms!r}")
+        check_max_sms(max_sms)
         if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
             raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
         self.loader, self.depth, self.max_sms, self.fuse = loader, depth, max_sms, fuse
@@ -140,8 +144,8 @@ class Pipeline:
         caps = [t.max_sms for t in tables]
         if self.fuse == "auto":
             self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
-        for t in tables:
-            t.max_sms = max_sms
+        for t in tables:  # "auto" keeps a table's own cap where it is tighter
+            t.max_sms = min(t.max_sms, max_sms) if self.max_sms == "auto" and t.max_sms else max_sms
 
         def make(batches) -> tuple:
             """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""

@@ -42,20 +42,17 @@ import atexit
 import contextlib
 import glob
 import os
-import pickle
 import queue
 import time
-import traceback
-from collections import deque
 from typing import Callable, Iterator
 
 import torch
 
 from . import ring
 from .device import resolve_device
+from .pipeline import check_max_sms
+from .serve import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
 
-#: Seconds between liveness checks while one process waits for the other.
-POLL = 0.2
 
 
 def remove_ipc_files(pid: int) -> None:
@@ -80,33 +77,6 @@ def _at_exit_cleanup() -> None:
         atexit.register(remove_ipc_files, os.getpid())
 
 
-class RemoteTraceback(Exception):
-    """The producer process's traceback, attached as ``__cause__`` of an exception it raised."""
-
-    def __init__(self, text: str):
-        super().__init__(text)
-        self.text = text
-
-    def __str__(self) -> str:
-        return "\n\nin the hmgstore producer process:\n" + self.text
-
-
-def _error(err: BaseException) -> tuple:
-    """``(pickled exception or None, traceback text)`` for sending ``err`` to the other process."""
-    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    try:
-        blob = pickle.dumps(err)
-        pickle.loads(blob)
-    except Exception:  # noqa: BLE001 - an exception that cannot cross processes becomes a RuntimeError
-        blob = None
-    return blob, text
-
-
-def _raise(blob, text: str):
-    err = pickle.loads(blob) if blob is not None else RuntimeError(text.strip().splitlines()[-1])
-    raise err from RemoteTraceback(text)
-
-
 class Producer:
     """Iterate ``make_loader()``'s batches, made in a producer process and shared through a ring of buffers.
 
@@ -124,13 +94,9 @@ class Producer:
                  max_sms: int | str | None = "auto", fuse: int = 1, sm_percent: int | None = None):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
+        check_max_sms(max_sms)
         if sm_percent is not None and not 1 <= sm_percent <= 100:
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")
-        try:
-            pickle.dumps(make_loader)
-        except Exception as err:
-            raise TypeError(f"make_loader must be picklable to reach the producer process (a module-level "
-                            f"function or functools.partial of one, not a lambda or a closure): {err}") from err
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = resolve_device(device) if device is not None else torch.device("cpu")
@@ -148,28 +114,35 @@ class Producer:
             return self
         ctx = torch.multiprocessing.get_context("spawn")
         self._commands, self._results = ctx.Queue(), ctx.Queue()
+        self._buffers, self._held, self._pass, self._open = [None] * (self.depth + 1), None, 0, None
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.sm_percent)} if self.sm_percent else {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # the spawned process copies the environment at start
         try:
-            self.process = ctx.Process(target=_serve, name="hmgstore-producer", daemon=True, args=(
+            self.process = ctx.Process(target=serve, name="hmgstore-producer", daemon=True, args=(
                 self.make_loader, self.device, self.depth + 1, self.seed, self.max_sms, self.fuse,
                 self._commands, self._results))
             self.process.start()
+        except Exception as err:
+            self.process = None
+            self.close()
+            raise TypeError(f"make_loader could not be sent to the producer process: {err}. It must be picklable: "
+                            "a module-level function, or functools.partial of one (not a lambda or a closure)") \
+                from err
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        self._buffers = [None] * (self.depth + 1)
-        kind, *rest = self._get()
+        kind, _, *rest = self._get()
         if kind == "error":
             self.close()
-            _raise(*rest)
+            raise_error(*rest)
         self._length, handles = rest
         if self.cuda:
             _at_exit_cleanup()
-            self._filled = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in handles]
-            self._freed = [torch.cuda.Event(interprocess=True) for _ in handles]
-            self._commands.put(("events", [e.ipc_handle() for e in self._freed]))
+            with torch.cuda.device(self.device):  # the trainer's events live on the ring's device
+                self._filled = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in handles]
+                self._freed = [torch.cuda.Event(interprocess=True) for _ in handles]
+                self._commands.put(("events", [e.ipc_handle() for e in self._freed]))
         return self
 
     @property
@@ -184,9 +157,7 @@ class Producer:
             except queue.Empty:
                 if not self.process.is_alive():
                     code = self.process.exitcode
-                    if self.cuda:
-                        remove_ipc_files(self.process.pid)
-                    self.process = None
+                    self.close()
                     raise RuntimeError(f"the hmgstore producer process died (exit code {code}) without a word: "
                                        "killed, out of memory, or a crash in native code; its own output (stderr) "
                                        "says more") from None
@@ -194,10 +165,8 @@ class Producer:
     def close(self) -> None:
         """End the producer process and free the ring on both sides (idempotent)."""
         process, self.process = self.process, None
-        self._buffers = self._filled = self._freed = None
-        if process is None:
-            return
-        if process.is_alive():
+        self._buffers = self._filled = self._freed = self._held = None
+        if process is not None and process.is_alive():
             self._commands.put(("close",))
             deadline = time.monotonic() + 10
             while process.is_alive() and time.monotonic() < deadline:
@@ -206,14 +175,15 @@ class Producer:
                 except queue.Empty:
                     pass
             process.join(timeout=1)
-        if process.is_alive():
+        if process is not None and process.is_alive():
             process.terminate()
             process.join(timeout=5)
-        if self.cuda and not process.is_alive():
+        if process is not None and self.cuda and not process.is_alive():
             remove_ipc_files(process.pid)
-        for q in (self._commands, self._results):
-            q.close()
-            q.cancel_join_thread()
+        for q in (getattr(self, "_commands", None), getattr(self, "_results", None)):
+            if q is not None:
+                q.close()
+                q.cancel_join_thread()
         self._commands = self._results = None  # their semaphores (/dev/shm/sem.mp-*) go with them
 
     def __enter__(self) -> "Producer":
@@ -240,174 +210,71 @@ class Producer:
             self._freed[slot].record(torch.cuda.current_stream(self.device))
         self._commands.put(("free", slot))
 
-    def __iter__(self) -> Iterator:
-        self.start()
-        self._commands.put(("epoch",))
-        held, finished, self.waited = None, False, 0.0
-        try:
-            while True:
-                start = time.perf_counter()
-                kind, *rest = self._get()
-                self.waited += time.perf_counter() - start
-                if kind == "error":
-                    finished = True
-                    _raise(*rest)
-                if kind == "done":
-                    finished, self.stats = True, rest[0]
-                    return
-                slot, skeleton, grown = rest
-                if held is not None:
-                    self._free(held)
-                    held = None
-                if grown is not None:
-                    self._buffers[slot] = grown
-                if self.cuda:
-                    torch.cuda.current_stream(self.device).wait_event(self._filled[slot])
-                held = slot
-                yield ring.unpack(skeleton, self._buffers[slot])
-        finally:
-            if held is not None and self.process is not None:
-                self._free(held)
-            if not finished and self.process is not None:
-                self._stop()
+    def _release(self) -> None:
+        """Give the producer back the slot of the batch last handed out: the trainer has moved on (it takes
+        another batch or starts a pass), so the work it queued on that batch is behind the freed event."""
+        if self._held is not None and self.process is not None:
+            self._free(self._held)
+        self._held = None
 
-    def _stop(self) -> None:
-        """Stop the producer's pass (the trainer left it early), freeing the batches already sent."""
-        self._commands.put(("stop",))
+    def _message(self, number: int):
+        """The next message of pass ``number``; batches of earlier passes are given back, their other messages
+        dropped."""
         while True:
-            kind, *rest = self._get()
-            if kind in ("done", "error"):
-                return
+            kind, of, *rest = self._get()
+            if of == number or (kind == "error" and of is None):
+                return kind, rest
             if kind == "batch":
                 slot, _, grown = rest
                 if grown is not None:
                     self._buffers[slot] = grown
                 self._free(slot)
 
+    def __iter__(self) -> Iterator:
+        self.start()
+        if self._open is not None:  # one pass at a time: an earlier iterator left open is stopped first
+            self._open.close()
+        self._release()
+        self._pass += 1
+        number = self._pass
+        self._commands.put(("epoch", number))
+        self._open = iterator = self._iterate(number)
+        return iterator
 
-def _serve(make_loader, device, slots, seed, max_sms, fuse, commands, results) -> None:
-    """The producer process: build the loader, then make passes as the trainer asks."""
-    try:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if seed is not None:
-            torch.manual_seed(seed)
-        loader = make_loader()
-        try:
-            length = len(loader)
-        except TypeError:
-            length = None
-        server = _Server(loader, device, slots, max_sms, fuse, commands, results)
-        results.put(("ready", length, [e.ipc_handle() for e in server.filled]))
-    except BaseException as err:  # noqa: BLE001 - reported to the trainer
-        results.put(("error", *_error(err)))
-        return
-    server.run()
-
-
-class _Stopped(Exception):
-    """The trainer stopped the pass, closed the producer, or died."""
-
-
-class _Server:
-    """The producer's side of the ring."""
-
-    def __init__(self, loader, device, slots, max_sms, fuse, commands, results):
-        self.loader, self.device, self.commands, self.results = loader, device, commands, results
-        self.max_sms, self.fuse = max_sms, fuse
-        self.cuda = device.type == "cuda"
-        self.buffers = [None] * slots
-        self.filled = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if self.cuda else []
-        self.freed = None  # the trainer's events, opened when it sends them
-        self.free = deque(range(slots))
-        self.closed = False
-
-    def command(self, block: bool = True):
-        """The trainer's next command (None if none waits and ``block`` is False); raises _Stopped when the
-        trainer is gone."""
-        from multiprocessing import parent_process
-
-        while True:
-            try:
-                return self.commands.get(timeout=POLL) if block else self.commands.get_nowait()
-            except queue.Empty:
-                parent = parent_process()
-                if parent is not None and not parent.is_alive():
-                    self.results.cancel_join_thread()  # nobody reads what is left: exit without flushing it
-                    self.closed = True
-                    raise _Stopped from None
-                if not block:
-                    return None
-
-    def handle(self, cmd) -> None:
-        kind = cmd[0]
-        if kind == "events":
-            self.freed = [torch.cuda.Event.from_ipc_handle(self.device, h) for h in cmd[1]]
-        elif kind == "free":
-            self.free.append(cmd[1])
-            if self.cuda:  # this process's later writes into the slot wait for the trainer's work on it
-                torch.cuda.current_stream(self.device).wait_event(self.freed[cmd[1]])
-        elif kind == "close":
-            self.closed = True
-            raise _Stopped
-        elif kind == "stop":
-            raise _Stopped
-
-    def run(self) -> None:
-        while not self.closed:
-            try:
-                cmd = self.command()
-                if cmd[0] == "epoch":
-                    try:
-                        stats = self.epoch()
-                    except _Stopped:
-                        stats = None
-                    if not self.closed:
-                        self.results.put(("done", stats))
-                elif cmd[0] != "stop":  # a stop that came after its pass had ended: nothing to stop
-                    self.handle(cmd)
-            except _Stopped:
-                pass
-            except BaseException as err:  # noqa: BLE001 - reported to the trainer, at the batch it happened
-                self.results.put(("error", *_error(err)))
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        self.buffers = self.filled = self.freed = None  # events destroyed, slots freed, before the context ends
-        if self.cuda:
-            torch.cuda.ipc_collect()
-
-    def epoch(self) -> dict:
-        """One pass of the loader through the ring; the pass's counts."""
-        from .pipeline import Pipeline
-
-        busy = waited = 0.0
-        batches = 0
-        source = Pipeline(self.loader, depth=1, device=self.device if self.cuda else None, max_sms=self.max_sms,
-                          fuse=self.fuse)
-        it = iter(source)
+    def _iterate(self, number: int) -> Iterator:
+        finished, self.waited = False, 0.0
         try:
             while True:
                 start = time.perf_counter()
-                while True:  # commands that came meanwhile: frees, or a stop
-                    cmd = self.command(block=not self.free)
-                    if cmd is None:
-                        break
-                    self.handle(cmd)
-                waited += time.perf_counter() - start
-                start = time.perf_counter()
-                batch = next(it, None)
-                if batch is None:
-                    break
-                slot = self.free.popleft()
-                skeleton, grown = ring.pack(batch, self.buffers[slot], self.device)
-                del batch
+                kind, rest = self._message(number)
+                self.waited += time.perf_counter() - start
+                if kind == "error":
+                    finished = True
+                    raise_error(*rest)
+                if kind == "done":
+                    finished, self.stats = True, rest[0]
+                    return
+                slot, skeleton, grown = rest
+                self._release()
                 if grown is not None:
-                    self.buffers[slot] = grown
+                    self._buffers[slot] = grown
                 if self.cuda:
-                    self.filled[slot].record(torch.cuda.current_stream(self.device))
-                self.results.put(("batch", slot, skeleton, grown))
-                busy += time.perf_counter() - start
-                batches += 1
+                    torch.cuda.current_stream(self.device).wait_event(self._filled[slot])
+                self._held = slot
+                yield ring.unpack(skeleton, self._buffers[slot])
         finally:
-            it.close()
-        return {"batches": batches, "busy_s": busy, "waited_s": waited}
+            self._open = None
+            if not finished and self.process is not None:
+                self._stop(number)
+
+    def _stop(self, number: int) -> None:
+        """Stop pass ``number`` (the trainer left it early); the batches already sent are given back."""
+        self._commands.put(("stop",))
+        while True:
+            kind, rest = self._message(number)
+            if kind in ("done", "error"):
+                return
+            slot, _, grown = rest
+            if grown is not None:
+                self._buffers[slot] = grown
+            self._free(slot)
