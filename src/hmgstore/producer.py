@@ -16,8 +16,8 @@ own::
 
 The producer process (``torch.multiprocessing``, spawned) calls
 ``make_loader()`` once, then, for each pass the trainer starts, iterates it
-through :class:`hmgstore.Pipeline` (``depth``, ``max_sms`` and ``fuse`` are
-the pipeline's) and copies each batch into a ring of ``depth + 1`` shared
+through :class:`hmgstore.Pipeline` (``max_sms`` and ``fuse`` are the
+pipeline's; its own depth is 1) and copies each batch into a ring of ``depth + 1`` shared
 buffers (:mod:`hmgstore.ring`), ordered by CUDA events, with no host
 synchronisation between the processes in the steady state.
 
