@@ -4,6 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
+#                                          peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -83,7 +84,7 @@ for stage in "$@"; do
     peer) python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
     multi-pyg) mkdir -p "$OUT/pyg"
            torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
-             --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-steps 30 --no-progress \
+             --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-batches 30 --no-progress \
              --json "$OUT/pyg/multi_gpu_pyg.json" >"$OUT/multi-pyg.log" 2>&1; rc=$?; tail -30 "$OUT/multi-pyg.log" ;;
     reach) timeout 560 python3 -m hmgstore.bench reach --no-progress --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?
            tail -40 "$OUT/reach.log" ;;
@@ -165,6 +166,14 @@ for stage in "$@"; do
                   done ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
+    peer-rows) timeout 560 python3 benchmarks/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
+                 2>"$OUT/peer-rows.log"; rc=$?; grep "ROWS=" "$OUT/peer-rows.log"; tail -3 "$OUT/peer-rows.log" ;;
+    scale) timeout 500 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --num-nodes 2M --epochs 2 \
+             --max-batches 100 --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?; tail -12 "$OUT/scale.log" ;;
+    scale-papers) df -h /dev/shm; free -g | head -2
+             timeout 580 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --graph papers:111M:1.6B \
+               --gpu-budget 60GB --epochs 2 --max-batches 60 --out "$OUT/scale-papers" >"$OUT/scale-papers.log" 2>&1; rc=$?
+             tail -12 "$OUT/scale-papers.log" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }

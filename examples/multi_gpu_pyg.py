@@ -23,6 +23,10 @@ and hmgstore's neighbour sampler on its own GPU, overlapped with training by
 
     torchrun --standalone --nproc-per-node 4 examples/multi_gpu_pyg.py --gpu-budget 2GB --replicate 256MB
     torchrun --standalone --nproc-per-node 2 examples/multi_gpu_pyg.py --num-nodes 3000   # CPU only: gloo
+    torchrun --standalone --nproc-per-node 2 examples/multi_gpu_pyg.py --graph papers:111M:1.6B --gpu-budget 60GB
+
+(``--graph papers:NODES:EDGES``: a papers100M-shaped power-law graph, for timing; ``python -m hmgstore.bench
+scale`` runs this script on 1 and N GPUs and reports the scaling.)
 
 Without a GPU the same script runs on the CPU with gloo (hmgstore's sampler
 and gathers on the CPU, no compiled extension needed). PyG's own CPU sampler
@@ -69,6 +73,11 @@ TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_p
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=f"start it with: {TORCHRUN}")
+    p.add_argument("--graph", default="synthetic", type=graph_spec,
+                   help="synthetic (hmgstore's community graph: --num-nodes, --avg-degree, --feat-dim) or "
+                        "papers:NODES:EDGES, a papers100M-shaped power-law topology (papers:111M:1.6B is "
+                        "ogbn-papers100M's size) with --feat-dim features of a constant pattern and random labels: "
+                        "for timing, its accuracy means nothing")
     p.add_argument("--num-nodes", type=int, default=None,
                    help="synthetic graph: nodes (default: 1,000,000 on GPUs, 20,000 on the CPU, where a step of "
                         "the larger graph takes seconds)")
@@ -95,6 +104,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.num_nodes is None:
         args.num_nodes = 1_000_000 if torch.cuda.is_available() else 20_000
     return args
+
+
+def graph_spec(text: str) -> tuple:
+    """``("synthetic",)`` or ``("papers", nodes, edges)`` for a ``--graph`` value."""
+    if text == "synthetic":
+        return ("synthetic",)
+    kind, *counts = text.split(":")
+    if kind != "papers" or len(counts) != 2:
+        raise argparse.ArgumentTypeError(f"--graph {text!r}: write synthetic, or papers:NODES:EDGES (papers:111M:1.6B)")
+    return ("papers", *(flags.count(c) for c in counts))
 
 
 def start_process_group() -> torch.device:
@@ -130,16 +149,34 @@ def shared_graph(args) -> dict[str, torch.Tensor]:
     def build(name: str):
         def make() -> torch.Tensor:  # runs on the node's first rank only
             if not built:
-                graph = datasets.synthetic(num_nodes=args.num_nodes, avg_degree=args.avg_degree,
-                                           feat_dim=args.feat_dim, seed=args.seed)
-                csc = to_csc(graph.edge_index, "coo", size=(graph.num_nodes, graph.num_nodes))
-                built.update(x=graph.x, y=graph.y, row=csc.row, colptr=csc.colptr, train_idx=graph.train_idx,
-                             test_idx=graph.test_idx)
+                built.update(papers_shaped(args) if args.graph[0] == "papers" else community(args))
             return built.pop(name)
         return make
 
     names = ("x", "y", "row", "colptr", "train_idx", "test_idx")
     return {name: hd.share_on_node(build(name), progress=not args.no_progress) for name in names}  # <-- hmgstore
+
+
+def community(args) -> dict[str, torch.Tensor]:
+    graph = datasets.synthetic(num_nodes=args.num_nodes, avg_degree=args.avg_degree, feat_dim=args.feat_dim,
+                               seed=args.seed)
+    csc = to_csc(graph.edge_index, "coo", size=(graph.num_nodes, graph.num_nodes))
+    return dict(x=graph.x, y=graph.y, row=csc.row, colptr=csc.colptr, train_idx=graph.train_idx,
+                test_idx=graph.test_idx)
+
+
+def papers_shaped(args) -> dict[str, torch.Tensor]:
+    """A papers100M-shaped graph for timing: power-law in-degrees (made on the GPU when there is one), 1.1% of
+    the nodes to train on as in ogbn-papers100M, features of a constant pattern (never all zeros)."""
+    _, nodes, edges = args.graph
+    csc = datasets.power_law_csc(nodes, edges, 0.6, seed=args.seed,
+                                 device="cuda" if torch.cuda.is_available() else None)
+    x = torch.empty(nodes, args.feat_dim)
+    x.view(torch.int32).view(-1)[:] = 0x3F800000  # 1.0f
+    order = torch.randperm(nodes, generator=torch.Generator().manual_seed(args.seed))
+    train, test = max(1, nodes * 11 // 1000), max(1, nodes // 1000)
+    return dict(x=x, y=torch.randint(0, 172, (nodes,)), row=csc.row, colptr=csc.colptr,
+                train_idx=order[:train].sort().values, test_idx=order[train:train + test].sort().values)
 
 
 # ---- reporting: not part of the training script ------------------------------------------
@@ -304,7 +341,8 @@ def main(argv=None) -> dict | None:
         "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
         "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},
                            "host": p.num_rows - p.resident_rows},
-        "dataset": {"name": "synthetic", "num_nodes": num_nodes, "num_edges": graph["row"].numel(),
+        "dataset": {"name": "synthetic" if args.graph[0] == "synthetic" else "papers-shaped",
+                    "num_nodes": num_nodes, "num_edges": graph["row"].numel(),
                     "feat_dim": args.feat_dim, "x_gb": graph["x"].nbytes / 1e9},
         "aggregate": aggregate(ranks),
         "test_acc": accuracy,

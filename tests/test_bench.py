@@ -469,3 +469,42 @@ def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
             assert "requires_grad" not in res.stderr  # the loss is read as a number without autograd's warning
             if not torch.cuda.is_available():
                 assert "hits" not in res.stdout  # nothing is served from GPU memory here: no column of zeros
+
+
+# ---- scale ---------------------------------------------------------------------------------
+def test_scale_benchmark_runs_the_example_on_one_and_two_processes(tmp_path):
+    """The multi-GPU example under torchrun on 1 and 2 processes (gloo without a GPU), and the ratios."""
+    out = tmp_path / "scale"
+    res = _bench("scale", "--quick", "--out", out, timeout=400)
+    if not torch.cuda.is_available():
+        _assert_cpu_output(res.stdout)
+    report = json.loads((out / "scale.json").read_text())
+    one, two = report["runs"]
+    assert (one["gpus"], two["gpus"]) == (1, 2)
+    assert one["x_one_gpu"] == 1.0 and one["efficiency"] == 1.0
+    assert two["x_one_gpu"] == pytest.approx(two["batches_per_s"] / one["batches_per_s"])
+    assert two["efficiency"] == pytest.approx(two["x_one_gpu"] / 2)
+    assert two["per_gpu_batches_per_s"] == pytest.approx(two["batches_per_s"] / 2)
+    assert all(r["batches_per_s"] > 0 and r["train_ms"] > 0 and 0 <= r["test_acc"] <= 1 for r in report["runs"])
+    assert "--nproc-per-node=2" in two["command"] and (out / "gpus2.log").is_file()
+    assert "| GPUs | batches/s | per GPU | x 1 GPU | efficiency |" in (out / "scale.md").read_text()
+
+
+def test_scale_benchmark_says_what_failed(tmp_path):
+    bad = tmp_path / "bad_example.py"
+    bad.write_text("raise SystemExit('this training script is broken on purpose')\n")
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "scale", "--quick", "--gpus", "1", "--example",
+                          str(bad), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "the 1-GPU run failed" in res.stderr and "broken on purpose" in res.stderr
+    missing = subprocess.run([sys.executable, "-m", "hmgstore.bench", "scale", "--example", str(tmp_path / "no.py")],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode != 0 and "not found" in missing.stderr
+
+
+def test_scale_gpu_counts():
+    from hmgstore.bench.scale import gpu_counts
+
+    assert gpu_counts(None, 0) == [1, 2] and gpu_counts(None, 4) == [1, 4] and gpu_counts([2, 4], 4) == [1, 2, 4]
+    with pytest.raises(SystemExit, match="has 2 GPU"):
+        gpu_counts([4], 2)

@@ -151,6 +151,36 @@ def test_pinned_ids_reused_right_after_gather():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+def test_cpu_ids_do_not_wait_for_the_stream(pinned):
+    """CPU ids are staged in pinned memory of the gather's own: a copy from pageable memory would first wait
+    for the stream to drain. Many gathers queued behind a busy stream, each with its ids overwritten at once,
+    must all come back right (a staging block handed out again before its copy ran would mix them up)."""
+    import time
+
+    x = random_table(60_000, (16,), torch.float32, seed=29)
+    table = hmgstore.HybridTensor(x, "cuda", gpu_rows=torch.arange(0, 60_000, 2))
+    warm = torch.randint(0, 60_000, (1000,))
+    table[warm.pin_memory() if pinned else warm]  # compilation, first pinned blocks
+    torch.cuda.synchronize()
+    generator = torch.Generator().manual_seed(30)
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the stream the gathers queue on
+    start = time.perf_counter()
+    wanted, results = [], []
+    for _ in range(20):
+        ids = torch.randint(0, 60_000, (5000,), generator=generator)
+        ids = ids.pin_memory() if pinned else ids
+        wanted.append(x[ids])
+        results.append(table.gather(ids))
+        ids.fill_(7)  # the caller reuses its buffer at once
+    spent = time.perf_counter() - start
+    assert spent < 0.5, f"20 gathers with CPU ids waited {spent:.2f} s for the busy stream"
+    torch.cuda.synchronize()
+    for k, (rows, want) in enumerate(zip(results, wanted)):
+        assert torch.equal(rows.cpu(), want), f"gather {k} returned the wrong rows"
+
+
+@pytest.mark.gpu
 def test_gather_on_a_side_stream_does_not_wait_for_the_default_stream():
     import time
 

@@ -17,6 +17,7 @@ One name and one meaning per flag, defined here once:
 from __future__ import annotations
 
 import argparse
+import re
 
 from .graph.fanout import parse_fanout
 
@@ -63,3 +64,14 @@ def positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
     return value
+
+
+_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
+
+
+def count(text: str) -> int:
+    """An argparse type: a count written plainly or with K, M, B (or G): ``2M``, ``1.6B``, ``20000``."""
+    m = re.fullmatch(r"([0-9.]+)([KMBG]?)", text.strip().upper())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (write 2M, 20M, 1.6B, ...)")
+    return int(float(m.group(1)) * _SUFFIX[m.group(2)])

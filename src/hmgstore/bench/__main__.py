@@ -1,4 +1,4 @@
-"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,remote,reach} [options]``.
+"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,scale,remote,reach} [options]``.
 
 Every benchmark shares the flags of :mod:`hmgstore.flags` (``--batch-size``,
 ``--fanout``, ``--seed``, ``--no-progress``). A benchmark module may hold two
@@ -14,10 +14,10 @@ import logging
 
 import torch
 
-from . import gather, hotness, peer, reach, remote, sample, train
+from . import gather, hotness, peer, reach, remote, sample, scale, train
 
 BENCHMARKS = {"gather": gather, "peer": peer, "sample": sample, "hotness": hotness, "train": train,
-              "remote": remote, "reach": reach}
+              "scale": scale, "remote": remote, "reach": reach}
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -44,6 +44,8 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
         "hotness": "cache hit ratios: pre-sampled hotness against degree order, at 1-20%% of the nodes",
         "train": "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
                  "a pre-sampled cache, each with and without the pipeline",
+        "scale": "GraphSAGE batches/s on 1 and N GPUs (examples/multi_gpu_pyg.py under torchrun): the speed-up "
+                 "and the efficiency per GPU",
         "reach": "gather rates against the distinct 2 MiB host pages a batch touches: the knee and the cost "
                  "per page, kernel and CPU path",
         "remote": "rows fetched from other machines (torch.distributed), against all_to_all; launches "

@@ -37,7 +37,8 @@ from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..placement import order_by_score
 from .report import header, no_gpu_line, write_report
-from .sample import _count, power_law_csc
+from ..data import power_law_csc
+from ..flags import count as _count
 
 log = logging.getLogger(__name__)
 

@@ -33,11 +33,11 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import re
 
 import torch
 
 from .. import flags
+from ..data.power_law import power_law_csc
 from ..graph import CSC, NeighborSampler, Topology
 from .report import header, no_gpu_line, write_report
 from .timing import median_seconds
@@ -48,14 +48,7 @@ VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
 CPU = ["--graphs", "synthetic:200K"]
 QUICK = ["--graphs", "20K:200K", "--batch-size", "256", "--batches", "3", "--slow-batches", "2"]
-_SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
-
-
-def _count(text: str) -> int:
-    m = re.fullmatch(r"([0-9.]+)([KMBG]?)", text.strip().upper())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r} (write 2M, 20M, 1.6B, ...)")
-    return int(float(m.group(1)) * _SUFFIX[m.group(2)])
+_count = flags.count
 
 
 def _graph_spec(text: str) -> tuple:
@@ -96,40 +89,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/sample", help="folder for sample.json, .md and .png")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
-
-
-def power_law_csc(num_nodes: int, num_edges: int, skew: float, seed: int = 0, device=None,
-                  source_skew: float | None = None) -> CSC:
-    """A CSC topology with Zipf(``skew``) in-degrees over permuted node ids.
-
-    Neighbours are uniform, or with ``source_skew`` drawn Zipf(``source_skew``)
-    over the same ranking (hubs cite and are cited: in- and out-degree
-    correlate, as in undirected graphs). Built directly in CSC form (no
-    sort), on ``device`` when given (fast) and returned in host memory:
-    ``row`` int32 when the node count allows.
-    """
-    g = torch.Generator(device or "cpu").manual_seed(seed)
-    weight = (torch.arange(1, num_nodes + 1, dtype=torch.float64, device=device) ** -skew)
-    degree = torch.floor(weight / weight.sum() * num_edges).long()
-    short = num_edges - int(degree.sum())
-    degree[:short] += 1  # the rounding remainder goes to the hottest nodes
-    rank_to_node = torch.randperm(num_nodes, generator=g, device=device)
-    degree = degree[torch.argsort(rank_to_node)]  # node rank_to_node[r] gets the r-th largest in-degree
-    colptr = torch.zeros(num_nodes + 1, dtype=torch.int64, device=device)
-    torch.cumsum(degree, 0, out=colptr[1:])
-    dtype = torch.int32 if num_nodes < 2**31 else torch.int64
-    if source_skew is None:
-        row = torch.randint(0, num_nodes, (num_edges,), generator=g, dtype=dtype, device=device)
-    else:
-        cdf = torch.cumsum(torch.arange(1, num_nodes + 1, dtype=torch.float64, device=device) ** -source_skew, 0)
-        cdf /= cdf[-1].clone()
-        row = torch.empty(num_edges, dtype=dtype, device=device)
-        step = 1 << 26
-        for start in range(0, num_edges, step):  # pieces: the draws' float64 would not fit at once
-            u = torch.rand(min(step, num_edges - start), generator=g, dtype=torch.float64, device=device)
-            ranks = torch.searchsorted(cdf, u).clamp_(max=num_nodes - 1)
-            row[start:start + len(u)] = rank_to_node[ranks].to(dtype)
-    return CSC(row.cpu(), colptr.cpu(), None, (num_nodes, num_nodes))
 
 
 def _check_edges(csc: CSC, src, dst, eid, name: str) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import hmgstore
+from .. import flags
 
 
 class SAGE(torch.nn.Module):
@@ -42,18 +43,16 @@ def build_graph(spec: str, feat_dim: int):
 
     kind, _, rest = spec.partition(":")
     if kind == "synthetic":
-        from .sample import _count
-
-        g = synthetic(num_nodes=_count(rest), avg_degree=10, feat_dim=feat_dim, seed=0)
+        g = synthetic(num_nodes=flags.count(rest), avg_degree=10, feat_dim=feat_dim, seed=0)
         return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, g.train_idx, g.num_classes, spec
     if kind == "products":
         g = synthetic(num_nodes=2_449_029, avg_degree=50, feat_dim=100, num_classes=47, seed=0)
         train = g.train_idx[torch.randperm(len(g.train_idx), generator=torch.Generator().manual_seed(1))][:196_615]
         return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, train.sort().values, g.num_classes, "products-shaped"
     if kind == "papers":
-        from .sample import _count, power_law_csc
+        from ..data import power_law_csc
 
-        nodes, edges = (_count(v) for v in rest.split(":"))
+        nodes, edges = (flags.count(v) for v in rest.split(":"))
         cuda = torch.cuda.is_available()
         csc = power_law_csc(nodes, edges, 0.6, device="cuda" if cuda else None)
         x = torch.empty(nodes, 128, dtype=torch.float32)
