@@ -2,7 +2,7 @@
 # Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
-#                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-proc train-proc-128 train-proc-sms train-proc-mps
+#                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
 #                                          peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
@@ -138,12 +138,24 @@ for stage in "$@"; do
                  else echo "MPS daemon did not start"; rc=1; fi
                  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
                  find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
+    train-int8) rc=0  # the 1024-d graph's cache stored as int8 rows (4x fewer host bytes): thread, producer, MPS
+                run() { timeout 270 python3 -m hmgstore.bench train --no-progress --compress int8 "$@" 2>"$OUT/last.log" || rc=1
+                        grep -E "^\| (all_gpu|cache)|target" "$OUT/last.log"; }
+                echo "-- 1024-d, int8"; run --configs all_gpu+pipe cache+pipe cache+proc --out "$OUT/int8-1024"
+                export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+                if nvidia-cuda-mps-control -d; then
+                  echo "-- MPS, 1024-d, int8"; run --configs all_gpu+pipe cache+proc --sm-percent 10 --out "$OUT/int8-mps-1024"
+                  echo quit | nvidia-cuda-mps-control
+                else echo "MPS daemon did not start"; rc=1; fi
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+                find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
     train-proc-mps) rc=0  # a user-level MPS daemon for this run only (no GPU setting changes); stopped at the end
                     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
                     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
                     if nvidia-cuda-mps-control -d; then
                       for pct in ${MPS_PCTS:-100 30}; do
-                        timeout 280 python3 -m hmgstore.bench train --feat-dim ${FEAT:-1024} --configs ${MPS_CONFIGS:-all_gpu+pipe cache+pipe cache+proc} --sm-percent $pct \
+                        timeout 280 python3 -m hmgstore.bench train --feat-dim ${FEAT:-1024} --configs ${MPS_CONFIGS:-all_gpu+pipe cache+pipe cache+proc} --sm-percent $pct ${EXTRA:-} \
                           --no-progress --out "$OUT/train-proc-mps$pct" 2>"$OUT/train-proc-mps$pct.log" || rc=1
                         tail -8 "$OUT/train-proc-mps$pct.log"
                       done

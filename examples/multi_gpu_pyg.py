@@ -16,8 +16,10 @@ and hmgstore's neighbour sampler on its own GPU, overlapped with training by
   and the rest from host memory, in one kernel launch;
 - each process samples on its own GPU (``HybridNeighborSampler``), the
   topology replicated in each GPU's memory (``--topology-budget all``, the
-  default; a byte budget keeps the hottest adjacency lists there and reads
-  the rest zero-copy from the node-shared host copy), and
+  default; with a byte budget, each GPU holds the hottest adjacency lists
+  (``--topology-replicate``) and its shard of the next hottest, reads its
+  peers' shards over NVLink and the rest zero-copy from the node-shared host
+  copy: :class:`hmgstore.graph.Topology`, ``shard=True``), and
   ``hmgstore.Pipeline`` samples and gathers the next batches on a side
   stream while this one trains (``--pipeline off`` to time the phases).
 
@@ -87,8 +89,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replicate", default="256MB",
                    help="part of --gpu-budget holding the hottest rows on every GPU; the rest holds its shard")
     p.add_argument("--topology-budget", default="all",
-                   help="GPU memory each GPU gives the topology for its sampler, e.g. 1GB; 'all' replicates it "
-                        "whole (default)")
+                   help="GPU memory each GPU gives the topology for its sampler, e.g. 1GB: the adjacency lists that "
+                        "do not fit are sharded over the node's GPUs (read over NVLink) and the rest read from the "
+                        "host; 'all' replicates the whole topology on every GPU (default)")
+    p.add_argument("--topology-replicate", default=None,
+                   help="part of --topology-budget holding the hottest lists on every GPU (default: a quarter)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
                    help="hmgstore.Pipeline (default: on with GPUs, off on the CPU)")
     p.add_argument("--epochs", type=int, default=3)
@@ -237,9 +242,13 @@ def main(argv=None) -> dict | None:
     # every world-th one: disjoint, equal slices (the few ids left over are dropped).
     train_sampler = DistributedSampler(range(len(graph["train_idx"])), num_replicas=world, rank=rank,
                                        shuffle=True, seed=args.seed, drop_last=True)
-    budget = None if device.type != "cuda" else 2**62 if args.topology_budget == "all" else args.topology_budget
+    whole = args.topology_budget == "all"
+    budget = None if device.type != "cuda" else 2**62 if whole else placement.parse_bytes(args.topology_budget)
+    replicate = 0 if whole or budget is None else (placement.parse_bytes(args.topology_replicate)
+                                                   if args.topology_replicate else budget // 4)
     neighbor_sampler = HybridNeighborSampler((feature_store, graph_store), fanout, device=device,  # <-- hmgstore
-                                             gpu_budget=budget, progress=progress)
+                                             gpu_budget=budget, shard_topology=not whole,
+                                             topology_replicate=replicate, progress=progress)
     loader_kwargs = dict(num_neighbors=fanout, batch_size=args.batch_size, neighbor_sampler=neighbor_sampler)
     train_loader = NeighborLoader((feature_store, graph_store), input_nodes=graph["train_idx"],
                                   sampler=train_sampler, **loader_kwargs)
@@ -321,7 +330,8 @@ def main(argv=None) -> dict | None:
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
 
-    neighbor_sampler.close()
+    topology_sharded = any(t.sharded for t in neighbor_sampler.topologies.values())
+    neighbor_sampler.close()  # <-- hmgstore: collective when the topology is sharded
     feature_store.close()
     x.close()  # <-- hmgstore: collective; frees this GPU's shard once no peer reads it
     dist.destroy_process_group()
@@ -339,6 +349,7 @@ def main(argv=None) -> dict | None:
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
         "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
         "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
+        "topology_sharded": topology_sharded,
         "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},
                            "host": p.num_rows - p.resident_rows},
         "dataset": {"name": "synthetic" if args.graph[0] == "synthetic" else "papers-shaped",

@@ -14,6 +14,13 @@
 // neighbour is row[start[v] + p] and the CSC edge id colptr[v] + p. The hop's slot count is
 // ends[last], also read on the device.
 //
+// A *chunked* topology (`tiers` given; start and the two tiers above unused) keeps `row` as a table of
+// chunks of `chunk` ids, placed like a feature table (gather_job.cuh, which the compiler sees in front
+// of this file: the table's map and tiers, e.g. hot chunks on this GPU, other chunks in the shards of
+// the node's other GPUs, read over NVLink, and the rest in pinned host memory). The id at CSC position
+// p is id p % chunk of chunk p / chunk; the last positions, from `tail_start` on (fewer than a chunk),
+// are in `tail`, on this GPU.
+//
 // Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
 // thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
 // hmgstore/graph/hop.py computes the same function with torch (bit-identical). The key
@@ -51,6 +58,21 @@ __device__ __forceinline__ i64 draw(u64 key, i64 i, i64 t, i64 n) {
 
 __device__ __forceinline__ i64 load_id(const void* base, i64 k, bool wide) {
   return wide ? reinterpret_cast<const i64*>(base)[k] : (i64)reinterpret_cast<const int*>(base)[k];
+}
+
+// The neighbour id at CSC position `at` of a chunked topology (see above).
+__device__ __forceinline__ i64 chunked_id(const i64* __restrict__ job, i64 at, i64 chunk, bool wide,
+                                          const void* tail, i64 tail_start) {
+  if (at >= tail_start) return load_id(tail, at - tail_start, wide);
+  const i64 c = at / chunk;
+  const void* map = reinterpret_cast<const void*>(job[J_MAP]);
+  const i64 nid = !map ? c
+                : (job[J_FLAGS] & F_MAP64) ? reinterpret_cast<const i64*>(map)[c] : reinterpret_cast<const int*>(map)[c];
+  const int ntiers = (int)job[J_NTIERS];
+  int t = 0;
+  while (t + 1 < ntiers && nid >= job[J_BOUNDS + t + 1]) ++t;
+  const char* ids = reinterpret_cast<const char*>(job[J_BASE + t]) + (nid - job[J_BOUNDS + t]) * job[J_PITCH + t];
+  return load_id(ids, at - c * chunk, wide);
 }
 
 // The node id of seed i, or -1 past the hop's seeds.
@@ -107,8 +129,9 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
                                            const i64* __restrict__ ends, i64 max_slots, i64* __restrict__ pos,
                                            const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
                                            int replace, const i64* __restrict__ key_ptr, i64 num_dst, i64 num_src,
-                                           int disjoint, i64* __restrict__ nbr, i64* __restrict__ eid,
-                                           i64* __restrict__ seed_local) {
+                                           int disjoint, const i64* __restrict__ tiers, i64 chunk,
+                                           const void* tail, i64 tail_start, i64* __restrict__ nbr,
+                                           i64* __restrict__ eid, i64* __restrict__ seed_local) {
   if (max_seeds == 0) return;
   const u64 key = (u64)*key_ptr;
   const i64 num_slots = ends[max_seeds - 1];
@@ -133,7 +156,8 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
     }
     pos[s] = p;
     const i64 at = (start ? start[v] : first) + p;
-    const i64 u = at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    const i64 u = tiers ? chunked_id(tiers, at, chunk, wide, tail, tail_start)
+                : at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
     nbr[s] = disjoint ? (nodes[at_seed] / num_dst) * num_src + u : u;
     eid[s] = first + p;
     seed_local[s] = at_seed;

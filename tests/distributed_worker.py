@@ -137,6 +137,40 @@ def scenario_shard(report):
     report["ipc_mappings_open"] = len(t._opened)
 
 
+def scenario_topology(report):
+    """A topology sharded over the node's GPUs (hot chunks replicated, each GPU's shard read by the others, the
+    rest zero-copy from the host) draws the CPU sampler's samples bit for bit, with and without replacement."""
+    from hmgstore.graph import NeighborSampler, Topology, to_csc
+
+    g = torch.Generator().manual_seed(11)
+    n, e = 4000, 60_000
+    dst = (torch.rand(e, generator=g) ** 3 * n).long()  # heavy-tailed in-degrees
+    csc = to_csc(torch.stack([torch.randint(0, n, (e,), generator=g), dst]), "coo", (n, n))
+    budget = csc.num_edges * 4 // (2 * dist.get_world_size())  # with a quarter replicated, half the ids stay on
+    # the host whatever the GPU count: chunks on every tier
+    where = device()
+    topo = Topology(csc, where, gpu_budget=budget, shard=True, replicate=budget // 4, progress=False)
+    report["sharded"] = topo.sharded
+    report["tiers"] = list(topo._sharded.placement.names) if topo.sharded else []
+    fanout = [10, 5, -1]
+    seeds = torch.randperm(n, generator=g)[:400]
+    same = []
+    for replace in (False, True):
+        cpu = NeighborSampler({None: Topology(csc, "cpu", progress=False)}, {None: n}, fanout, replace=replace)
+        mine = NeighborSampler({None: topo}, {None: n}, fanout, replace=replace)
+        torch.manual_seed(5 + dist.get_rank())
+        want = cpu.sample({None: seeds})
+        torch.manual_seed(5 + dist.get_rank())
+        got = mine.sample({None: seeds.to(where)})
+        same.append(all(torch.equal(getattr(want, f)[None], getattr(got, f)[None].cpu())
+                        for f in ("node", "row", "col", "edge")))
+    report["same_as_cpu"] = same
+    topo.reset_stats()
+    NeighborSampler({None: topo}, {None: n}, fanout).sample({None: seeds.to(where)})
+    report["hit_ratio"] = topo.stats()["hit_ratio"] if where.type == "cuda" else None
+    topo.close()  # collective: every rank closes
+
+
 def scenario_mismatch(report):
     x = hd.share_on_node(make_on_leader_only(), progress=False)
     order = hot_order() if dist.get_rank() != 1 else torch.arange(N)

@@ -190,6 +190,34 @@ def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
         assert r["gpu_free_lost"] < 16 << 20, f"rank {rank}: {r['gpu_free_lost']} B of GPU memory not given back"
 
 
+@pytest.mark.gpu
+def test_sharded_topology_on_one_gpu(tmp_path, no_leaks):
+    """One rank: chunks in the replica, its own shard and the host tier, read by the sampling kernel."""
+    codes, reports, errs = launch("topology", 1, tmp_path, device="cuda", timeout=240)
+    assert codes == [0], errs
+    r = reports[0]
+    assert r["sharded"] and r["tiers"] == ["replica", "shard0", "host"], r
+    assert r["same_as_cpu"] == [True, True] and 0 < r["hit_ratio"] < 1
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_sharded_topology_on_every_gpu(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch("topology", k, tmp_path, device="cuda", timeout=300)
+    assert codes == [0] * k, errs
+    for rank, r in reports.items():
+        assert r["sharded"] and r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"], (rank, r)
+        assert r["same_as_cpu"] == [True, True], rank
+
+
+def test_sharded_topology_on_cpu_ranks_samples_as_one_process(tmp_path, no_leaks):
+    """On the CPU a topology is never sharded (sampling reads host memory); the option is accepted."""
+    codes, reports, errs = launch("topology", 2, tmp_path)
+    assert codes == [0, 0], errs
+    assert all(not r["sharded"] and r["same_as_cpu"] == [True, True] for r in reports.values())
+
+
 def _gpus_free():
     torch.cuda.synchronize()
     return [torch.cuda.mem_get_info(d)[0] for d in cuda_devices()]

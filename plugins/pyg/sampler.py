@@ -112,6 +112,14 @@ class HybridNeighborSampler(BaseSampler):
             whole topology puts it all on the GPU.
         hot_order: destination node ids, hottest first (a tensor, or a dict per
             edge type); default: by degree.
+        shard_topology: one process per GPU under torch.distributed: the
+            adjacency lists that do not fit in ``gpu_budget`` are sharded over
+            the node's GPUs and read over NVLink, with the rest read from
+            pinned host memory (:class:`hmgstore.graph.Topology`, ``shard``).
+            Collective: every rank of the node builds its sampler alike.
+        topology_replicate: with ``shard_topology``, bytes of each GPU's
+            ``gpu_budget`` (split over edge types as the budget is) holding
+            the hottest lists on every GPU.
         generator: a CPU ``torch.Generator`` for the draws (default: torch's
             global one, so ``torch.manual_seed`` fixes the batches).
         dedup: how sampled nodes are relabelled, ``"hash"`` (GPU) or
@@ -123,7 +131,7 @@ class HybridNeighborSampler(BaseSampler):
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
                  subgraph_type="directional", device=None, gpu_budget=None, hot_order=None,
                  generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
-                 weight_attr=None, progress: bool = True):
+                 weight_attr=None, progress: bool = True, shard_topology: bool = False, topology_replicate=0):
         if time_attr is not None:
             raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
                                       "NeighborSampler for it")
@@ -143,13 +151,14 @@ class HybridNeighborSampler(BaseSampler):
         values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
         per_type = {et: check_fanout(v, f"num_neighbors of {et!r}") for et, v in values.items()} if self.is_hetero \
             else {None: check_fanout(values)}  # before any topology is built
-        budgets = _budgets(gpu_budget, edges)
+        budgets, replicas = _budgets(gpu_budget, edges), _budgets(topology_replicate or None, edges)
         orders = hot_order if isinstance(hot_order, dict) else {et: hot_order for et in edges}
         topologies = {}
         try:
             for et, csc in edges.items():
                 topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et), hot_order=orders.get(et),
-                                          progress=progress)
+                                          progress=progress, shard=shard_topology,
+                                          replicate=replicas.get(et, 0))
         except BaseException:
             for topo in topologies.values():
                 topo.close()

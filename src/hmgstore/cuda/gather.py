@@ -92,8 +92,6 @@ def vector_bytes(row_bytes: int, *addresses: int) -> int:
 def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
     """The job's ``J_WORDS`` description and how many tiles it spans."""
     L = LAYOUT
-    if len(job.tiers) > MAX_TIERS:
-        raise ValueError(f"a table may have at most {MAX_TIERS} tiers, got {len(job.tiers)}")
     formats = {t.stored for t in job.tiers if t.stored is not None}
     if len(formats) > 1:
         raise ValueError(f"the tiers of one table may store rows in one narrower format, not {sorted(formats)}")
@@ -107,30 +105,41 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
     tpr_log2 = min(5, max(0, (loads - 1).bit_length()))  # team: pow2 >= loads, at most a warp
     rows_per_tile = (BLOCK >> tpr_log2) * ROWS
     tiles = -(-len(job.ids) // rows_per_tile)
-    words = [0] * J_WORDS
+    words = tier_words(job.tiers, job.map, job.num_rows, job.row_bytes)
     words[L["J_IDS"]] = job.ids.data_ptr()
     words[L["J_PERM"]] = job.perm.data_ptr() if job.perm is not None else 0
     words[L["J_OUT"]] = job.out.data_ptr()
-    words[L["J_MAP"]] = job.map.data_ptr() if job.map is not None else 0
     words[L["J_N"]] = len(job.ids)
-    words[L["J_NUM_ROWS"]] = job.num_rows
-    words[L["J_ROW_BYTES"]] = job.row_bytes
     words[L["J_TILE_START"]] = tile_start
-    words[L["J_FLAGS"]] = (
+    words[L["J_FLAGS"]] |= (
         (L["F_IDS64"] if job.ids.dtype == torch.int64 else 0)
-        | (L["F_MAP64"] if job.map is not None and job.map.dtype == torch.int64 else 0)
         | (vec.bit_length() - 1) << L["F_VEC_SHIFT"]
         | tpr_log2 << L["F_TPR_SHIFT"]
         | format_flags)
-    words[L["J_NTIERS"]] = len(job.tiers)
-    words[L["J_BOUNDS"]] = job.tiers[0].start
-    for t, tier in enumerate(job.tiers):
+    return words, tiles
+
+
+def tier_words(tiers: Sequence, map: torch.Tensor | None, num_rows: int, row_bytes: int) -> list[int]:
+    """The ``J_WORDS`` of a table's layout alone: its map, row count and size, and its tiers (where each
+    tier's rows are; see gather.cu). A job adds its ids and output; the sampler's read of a chunked
+    topology (kernels/sample.cu) takes these words as they are."""
+    L = LAYOUT
+    if len(tiers) > MAX_TIERS:
+        raise ValueError(f"a table may have at most {MAX_TIERS} tiers, got {len(tiers)}")
+    words = [0] * J_WORDS
+    words[L["J_MAP"]] = map.data_ptr() if map is not None else 0
+    words[L["J_NUM_ROWS"]] = num_rows
+    words[L["J_ROW_BYTES"]] = row_bytes
+    words[L["J_FLAGS"]] = L["F_MAP64"] if map is not None and map.dtype == torch.int64 else 0
+    words[L["J_NTIERS"]] = len(tiers)
+    words[L["J_BOUNDS"]] = tiers[0].start
+    for t, tier in enumerate(tiers):
         words[L["J_BOUNDS"] + t + 1] = tier.end
         words[L["J_BASE"] + t] = tier.base
         words[L["J_PITCH"] + t] = tier.pitch
         if tier.stored is not None:
             words[L["J_NARROW"]] |= 1 << t
-    return words, tiles
+    return words
 
 
 def _format_flags(job: Job, fmt) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import torch
 
 from .runtime import launch
 
-FILES = ("sample.cu",)
+FILES = ("gather_job.cuh", "sample.cu")  # a chunked topology's tiers are laid out as a gather job's
 
 
 def _p(tensor: torch.Tensor | None) -> np.uint64:
@@ -42,4 +42,5 @@ def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, po
             np.int64(max_slots), _p(pos), _p(topology.gpu_row), np.uint64(topology.host_address),
             np.int64(topology.gpu_edges), np.int32(topology.index_bytes == 8), np.int32(replace),
             _p(key), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint),
+            _p(topology.tiers), np.int64(topology.chunk), _p(topology.tail), np.int64(topology.tail_start),
             _p(nbr), _p(eid), _p(seed_local)), nbr.device)

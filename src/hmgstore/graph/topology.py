@@ -11,6 +11,15 @@ torch.
 Which lists are hot: ``hot_order`` (destination ids, hottest first: e.g. from
 pre-sampling), by default the nodes with the most neighbours; lists are taken
 in that order while they fit in ``gpu_budget`` bytes.
+
+Sharded over the node's GPUs (``shard=True``, one process per GPU under
+torch.distributed, every rank building the same topology): when the whole
+``row`` does not fit in ``gpu_budget``, it is cut into chunks of
+:data:`CHUNK_IDS` ids and the chunks are placed like a feature table by
+:func:`hmgstore.distributed.shard`: the hottest ``replicate`` bytes on every
+GPU, each GPU's shard of the next hottest (read by the others over NVLink),
+and the rest read zero-copy from the node's one host copy. A chunk is as hot
+as the hottest list it holds part of.
 """
 from __future__ import annotations
 
@@ -23,6 +32,11 @@ from ..device import resolve_device
 from ..memory.pinned import CHUNK_BYTES, PinnedHost
 from ..stats import TierCounter
 from .csc import CSC
+
+
+#: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
+#: list mostly fall in one or two chunks).
+CHUNK_IDS = 32
 
 
 def narrowest_ids(row: torch.Tensor, num_src: int, progress: bool = False) -> torch.Tensor:
@@ -57,6 +71,12 @@ class Topology:
         narrow: hold neighbour ids as int32 when the source node count allows
             (the default); False keeps int64 ids as given.
         progress: progress bars while converting and pinning large arrays.
+        shard: shard the lists that do not fit over the GPUs of this node
+            (see above; collective over the node's ranks, which must all pass
+            the same ``csc``, budgets and ``hot_order``). Ignored on the CPU
+            and when every list fits in ``gpu_budget``.
+        replicate: with ``shard``, bytes of ``gpu_budget`` that hold the
+            hottest chunks on every GPU (the rest holds this GPU's shard).
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
     host array the host tier reads), ``perm`` (CSC position -> given edge id,
@@ -64,7 +84,7 @@ class Topology:
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
-                 progress: bool = True):
+                 progress: bool = True, shard: bool = False, replicate=0):
         self.device = resolve_device(device)
         self.num_src, self.num_dst = csc.size
         self.num_edges = csc.num_edges
@@ -77,6 +97,13 @@ class Topology:
         self._pinned: PinnedHost | None = None
         self._closed = False
         self._counter: TierCounter | None = None
+        # A sharded topology (see the module docstring): its chunk table, the kernel's description of its tiers
+        # (gather_job.cuh words, on the device), ids per chunk, and the last ids (fewer than a chunk) on the GPU.
+        self._sharded = None
+        self.tiers: torch.Tensor | None = None
+        self.chunk = CHUNK_IDS
+        self.tail: torch.Tensor | None = None
+        self.tail_start = self.num_edges
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
@@ -84,12 +111,12 @@ class Topology:
 
         cuda.check_device(self.device)
         try:
-            self._build(csc.colptr, gpu_budget, hot_order, progress)
+            self._build(csc.colptr, gpu_budget, hot_order, progress, shard, replicate)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool) -> None:
+    def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, shard: bool, replicate) -> None:
         device, item = self.device, self.row.element_size()
         self.colptr = colptr.to(device)
         budget = 0 if gpu_budget is None else placement.parse_bytes(gpu_budget)
@@ -97,13 +124,18 @@ class Topology:
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
             return
+        order = None
+        if budget >= item or shard:
+            order = placement.order_by_score(degree) if hot_order is None else torch.as_tensor(hot_order).reshape(-1)
+            from ..index import check_range
+
+            check_range(order, self.num_dst)
+        if shard:
+            self._build_sharded(colptr, budget, replicate, order, progress)
+            return
         self._pinned = PinnedHost(self.row, device, progress=progress)
         if budget < item:
             return
-        order = placement.order_by_score(degree) if hot_order is None else torch.as_tensor(hot_order).reshape(-1)
-        from ..index import check_range
-
-        check_range(order, self.num_dst)
         fits = int((degree[order].cumsum(0) * item <= budget).sum())
         hot = order[:fits]
         sizes = degree[hot]
@@ -117,6 +149,33 @@ class Topology:
         start[hot] = packed_at
         self.start = start.to(device)
         self.hot_nodes = hot
+
+    def _build_sharded(self, colptr: torch.Tensor, budget: int, replicate, order: torch.Tensor,
+                       progress: bool) -> None:
+        from ..cuda.gather import tier_words
+        from ..distributed import shard
+
+        body = self.num_edges - self.num_edges % CHUNK_IDS
+        if body == 0:  # not one whole chunk: the few ids are simply on this GPU
+            self.gpu_row, self.gpu_edges = self.row.to(self.device), self.num_edges
+            return
+        self.tail_start = body
+        self.tail = self.row[body:].to(self.device)
+        chunks = self.row[:body].view(-1, CHUNK_IDS)
+        self._sharded = shard(chunks, gpu_budget=budget, hot_order=chunk_order(colptr, order.cpu(), len(chunks)),
+                              replicate=replicate, device=self.device, progress=progress)
+        table = self._sharded.table
+        p = self._sharded.placement
+        self.gpu_edges = p.resident_rows * CHUNK_IDS
+        words = tier_words(table._tiers, table._map, table.num_rows, table.row_bytes)
+        self.tiers = torch.tensor(words, dtype=torch.int64).to(self.device)
+        new = torch.arange(len(chunks), device=self.device) if table._map is None else table._map
+        self._chunk_on_gpu = new < p.resident_rows  # resident (GPU-held) new ids come before the host tier's
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the lists that do not fit are sharded over the node's GPUs (see the module docstring)."""
+        return self._sharded is not None
 
     @property
     def host_address(self) -> int:
@@ -152,7 +211,12 @@ class Topology:
         """Add the ids read for ``seeds`` (``counts`` each) to the counters, when counting."""
         if self._counter is None:
             return
-        if self.start is not None:
+        if self._sharded is not None:  # by the chunk of each list's first id (a list may go on in the next one)
+            first = self.colptr[seeds]
+            chunk = (first // CHUNK_IDS).clamp(max=max(0, len(self._chunk_on_gpu) - 1))
+            held = (first >= self.tail_start) | (self._chunk_on_gpu[chunk] if len(self._chunk_on_gpu) else False)
+            on_gpu = (counts * held).sum()
+        elif self.start is not None:
             on_gpu = (counts * (self.start[seeds] < self.gpu_edges)).sum()
         else:
             on_gpu = counts.sum() if self.gpu_edges else torch.zeros((), dtype=torch.int64, device=self.device)
@@ -173,10 +237,34 @@ class Topology:
             synchronize((self.device,))
         if self._pinned is not None:
             self._pinned.release()
-        self._pinned = self.gpu_row = self.start = None
+        if self._sharded is not None:
+            self._sharded.close()  # collective over the node: every rank closes its sampler
+        self._pinned = self.gpu_row = self.start = self._sharded = self.tiers = self.tail = None
 
     def __repr__(self) -> str:
         where = (f"gpu_edges={self.gpu_edges}, host_edges={self.num_edges - self.gpu_edges}"
                  if self.device.type == "cuda" else "host")
+        if self._sharded is not None:
+            where += f", sharded over {self._sharded.placement.num_shards} GPUs"
         return (f"Topology({self.num_src} -> {self.num_dst} nodes, {self.num_edges} edges, "
                 f"int{8 * self.index_bytes} ids, device={self.device}, {where})")
+
+
+def chunk_order(colptr: torch.Tensor, order: torch.Tensor, num_chunks: int) -> torch.Tensor:
+    """Chunks of :data:`CHUNK_IDS` positions of ``row``, hottest first: a chunk ranks as the hottest
+    destination (earliest in ``order``) whose list has an id in it; chunks of no listed destination last.
+
+    ``colptr``: int64 [num_dst + 1] (CPU); ``order``: destination ids, hottest first; ``num_chunks``: the
+    whole chunks of ``row`` (a last, partial one is left out).
+    """
+    num_dst = len(colptr) - 1
+    rank = torch.full((num_dst,), len(order), dtype=torch.int64)
+    rank[order] = torch.arange(len(order))
+    first, end = colptr[:-1] // CHUNK_IDS, (colptr[1:] + CHUNK_IDS - 1) // CHUNK_IDS
+    spans = torch.where(colptr[1:] > colptr[:-1], end - first, 0)  # chunks each list touches
+    nodes = torch.repeat_interleave(torch.arange(num_dst), spans)
+    starts = spans.cumsum(0) - spans
+    chunk = first[nodes] + torch.arange(len(nodes)) - starts[nodes]
+    best = torch.full((num_chunks + 1,), len(order), dtype=torch.int64)  # the last slot takes the partial chunk
+    best.scatter_reduce_(0, chunk.clamp_(max=num_chunks), rank[nodes], "amin")
+    return torch.argsort(best[:num_chunks], stable=True)
