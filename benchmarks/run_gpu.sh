@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -178,6 +178,11 @@ for stage in "$@"; do
                   done ;;
     tests-fixed) python3 -m pytest -q tests/test_dgl_compat.py tests/test_pyg_graph_store.py tests/test_pyg_feature_store.py \
                    tests/test_pyg_loaders.py 2>&1 | tail -5; rc=${PIPESTATUS[0]} ;;
+    topology-tests) timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests/test_distributed.py \
+                      tests/test_graph_sampler.py tests/test_pyg_sampler.py tests/test_table.py >"$OUT/topology-tests.log" 2>&1; rc=$?
+                    grep -E "passed|failed|FAILED|ERROR" "$OUT/topology-tests.log" | tail -20 ;;
+    probe-topology) timeout 500 python3 benchmarks/probe_topology_chunks.py >"$OUT/probe_topology.json" 2>"$OUT/probe_topology.log"
+                    rc=$?; tail -8 "$OUT/probe_topology.log" ;;
     peer-rows) timeout 560 python3 benchmarks/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
                  2>"$OUT/peer-rows.log"; rc=$?; grep "ROWS=" "$OUT/peer-rows.log"; tail -3 "$OUT/peer-rows.log" ;;
     scale) timeout 500 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --num-nodes 2M --epochs 2 \
