@@ -150,6 +150,14 @@ for stage in "$@"; do
                 else echo "MPS daemon did not start"; rc=1; fi
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
                 find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
+    train-graphs) rc=0  # the sampler's CUDA-graph replays in the pipeline thread against eager launches
+                  run() { timeout 200 python3 -m hmgstore.bench train --no-progress "$@" 2>"$OUT/last.log" || rc=1
+                          grep -E "^\| (all_gpu|cache)|target" "$OUT/last.log"; }
+                  for g in on off; do
+                    echo "-- 1024-d, graphs $g"; run --configs all_gpu+pipe cache+pipe --sampler-graphs $g --out "$OUT/graphs-$g-1024"
+                    echo "-- 128-d, graphs $g"; run --feat-dim 128 --configs all_gpu+pipe cache+pipe --sampler-graphs $g --out "$OUT/graphs-$g-128"
+                  done
+                  find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
     train-proc-mps) rc=0  # a user-level MPS daemon for this run only (no GPU setting changes); stopped at the end
                     export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
                     mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY

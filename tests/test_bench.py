@@ -471,6 +471,20 @@ def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
                 assert "hits" not in res.stdout  # nothing is served from GPU memory here: no column of zeros
 
 
+@pytest.mark.parametrize("graphs", ["on", "off"])
+def test_train_sampler_graphs_flag_reaches_the_sampler(graphs):
+    from types import SimpleNamespace
+
+    from hmgstore.bench.train_setup import build_graph, build_loader
+
+    data, csc, train, _, _ = build_graph("synthetic:2000", 8)
+    args = SimpleNamespace(fanout=[5, 3], batch_size=64, no_progress=True, compress=None, cache=0.1,
+                           sampler_graphs=graphs)
+    built = build_loader("host", data, csc, train, torch.device("cpu"), args, None)
+    assert built.sampler.sampler.cuda_graphs is (graphs == "on")
+    assert parse_args(["train", "--sampler-graphs", graphs]).sampler_graphs == graphs
+
+
 # ---- scale ---------------------------------------------------------------------------------
 def test_scale_benchmark_runs_the_example_on_one_and_two_processes(tmp_path):
     """The multi-GPU example under torchrun on 1 and 2 processes (gloo without a GPU), and the ratios."""

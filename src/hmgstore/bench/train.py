@@ -89,6 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
                    help="pipeline: gather this many batches' rows in one launch (hmgstore.fusion; default: 1)")
+    p.add_argument("--sampler-graphs", choices=("on", "off"), default="on",
+                   help="hmgstore's GPU sampler replays each batch's kernels as a CUDA graph (on, the default: "
+                        "captured in the pipeline's warm-up) or launches them one by one from Python (off)")
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format (hmgstore.formats; "
                         "the cache's GPU budget then holds that many more rows)")
@@ -251,7 +254,8 @@ def run(args) -> dict:
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": f"GraphSAGE {len(args.fanout)} layers, hidden 256, fanout {fanout}", "batch": args.batch_size,
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
-        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse}, "configs": {},
+        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
+        "sampler_graphs": args.sampler_graphs, "configs": {},
     }
     hot = None
     if any(c.startswith("cache") for c in configs):
@@ -315,7 +319,8 @@ def table_text(report: dict) -> str:
              *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
                                   "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
              f"pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; features "
-             f"stored as {report.get('compress') or 'float32'}", ""]
+             f"stored as {report.get('compress') or 'float32'}"
+             + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
     stock = _epoch(report, "stock")
     columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "per batch (ms)",
                *(["feature hits", "topology hits"] if gpu else []), "host pages a batch", "build s", "peak host GB"]

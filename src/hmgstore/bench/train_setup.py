@@ -109,6 +109,8 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
                                         hot_order=None if base == "host" else
                                         hmgstore.placement.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
+    if sampler is not None:
+        sampler.sampler.cuda_graphs = getattr(args, "sampler_graphs", "on") == "on"
     return Built(_loader(base, data, train, args, stores, sampler), data, stores, sampler, build)
 
 
