@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/probe_topology_chunks.py [--nodes 10M] [--edges 200M] [--share 0.3] > probe.json
 
-One process, a one-rank gloo group (so that ``Topology(shard=True)`` runs: its only shard is this GPU's).
+One process, a one-rank gloo group (so that ``hmgstore.distributed.sharded_topology`` runs: its only shard is this GPU's).
 GraphSAGE-shaped batches (1024 seeds, fanout 15,10,5) sampled on a power-law graph (int32 ids), by
 variant: every list on the GPU; ``--share`` of the ids' bytes on the GPU as hot lists (the one-GPU
 two-tier layout, lists packed, the rest zero-copy from the host); the same share as hot chunks of 32 ids
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from hmgstore import flags
 from hmgstore.data import power_law_csc
+from hmgstore.distributed import sharded_topology
 from hmgstore.graph import NeighborSampler, Topology
 
 
@@ -65,7 +66,9 @@ def main() -> None:
                 "chunks": dict(gpu_budget=budget, shard=True), "host": dict(gpu_budget=None)}
     found = {"device": torch.cuda.get_device_name(), "nodes": a.nodes, "edges": csc.num_edges, "share": a.share}
     for name, kwargs in variants.items():
-        topo = Topology(csc, "cuda", progress=False, **kwargs)
+        chunked = kwargs.pop("shard", False)
+        topo = (sharded_topology(csc, "cuda", progress=False, **kwargs) if chunked else
+                Topology(csc, "cuda", progress=False, **kwargs))
         sampler = NeighborSampler({None: topo}, {None: a.nodes}, [15, 10, 5])
         torch.manual_seed(1)
         got = sampler.sample({None: seeds[0]})
@@ -77,7 +80,7 @@ def main() -> None:
         hits = topo.stats()["hit_ratio"]
         sampler.topologies[None]._counter = None
         found[name] = {"batches_per_s": round(rate(sampler, seeds), 1), "hit_ratio": round(hits, 3),
-                       "sharded": topo.sharded}
+                       "sharded": topo.chunked}
         log(name, found[name])
         topo.close()
         torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ and hmgstore's neighbour sampler on its own GPU, overlapped with training by
   default; with a byte budget, each GPU holds the hottest adjacency lists
   (``--topology-replicate``) and its shard of the next hottest, reads its
   peers' shards over NVLink and the rest zero-copy from the node-shared host
-  copy: :class:`hmgstore.graph.Topology`, ``shard=True``), and
+  copy: :func:`hmgstore.distributed.sharded_topology`), and
   ``hmgstore.Pipeline`` samples and gathers the next batches on a side
   stream while this one trains (``--pipeline off`` to time the phases).
 
@@ -330,7 +330,7 @@ def main(argv=None) -> dict | None:
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
 
-    topology_sharded = any(t.sharded for t in neighbor_sampler.topologies.values())
+    topology_sharded = any(t.chunked for t in neighbor_sampler.topologies.values())
     neighbor_sampler.close()  # <-- hmgstore: collective when the topology is sharded
     feature_store.close()
     x.close()  # <-- hmgstore: collective; frees this GPU's shard once no peer reads it

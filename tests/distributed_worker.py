@@ -149,9 +149,9 @@ def scenario_topology(report):
     budget = csc.num_edges * 4 // (2 * dist.get_world_size())  # with a quarter replicated, half the ids stay on
     # the host whatever the GPU count: chunks on every tier
     where = device()
-    topo = Topology(csc, where, gpu_budget=budget, shard=True, replicate=budget // 4, progress=False)
-    report["sharded"] = topo.sharded
-    report["tiers"] = list(topo._sharded.placement.names) if topo.sharded else []
+    topo = hd.sharded_topology(csc, where, gpu_budget=budget, replicate=budget // 4, progress=False)
+    report["sharded"] = topo.chunked
+    report["tiers"] = list(topo._placed.placement.names) if topo.chunked else []
     fanout = [10, 5, -1]
     seeds = torch.randperm(n, generator=g)[:400]
     same = []

@@ -32,7 +32,16 @@ def test_python_blocks_run_in_order():
             raise AssertionError(f"README python block {k + 1} fails: {type(err).__name__}: {err}\n{block}") from err
 
 
-@pytest.mark.parametrize("benchmark", ["gather", "sample", "train", "peer"])
+NAMED_BENCHMARKS = sorted(set(re.findall(r"python -m hmgstore\.bench (\w+)", README)))
+
+
+def test_the_readme_names_every_benchmark():
+    from hmgstore.bench.__main__ import BENCHMARKS
+
+    assert set(NAMED_BENCHMARKS) == set(BENCHMARKS), "the README and `python -m hmgstore.bench` list different ones"
+
+
+@pytest.mark.parametrize("benchmark", NAMED_BENCHMARKS)
 def test_named_benchmarks_exist(benchmark):
     assert "hmgstore.bench" in README
     done = subprocess.run([sys.executable, "-m", "hmgstore.bench", benchmark, "--help"], capture_output=True,

@@ -115,7 +115,7 @@ class HybridNeighborSampler(BaseSampler):
         shard_topology: one process per GPU under torch.distributed: the
             adjacency lists that do not fit in ``gpu_budget`` are sharded over
             the node's GPUs and read over NVLink, with the rest read from
-            pinned host memory (:class:`hmgstore.graph.Topology`, ``shard``).
+            pinned host memory (:func:`hmgstore.distributed.sharded_topology`).
             Collective: every rank of the node builds its sampler alike.
         topology_replicate: with ``shard_topology``, bytes of each GPU's
             ``gpu_budget`` (split over edge types as the budget is) holding
@@ -156,9 +156,15 @@ class HybridNeighborSampler(BaseSampler):
         topologies = {}
         try:
             for et, csc in edges.items():
-                topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et), hot_order=orders.get(et),
-                                          progress=progress, shard=shard_topology,
-                                          replicate=replicas.get(et, 0))
+                if shard_topology:
+                    from hmgstore.distributed import sharded_topology
+
+                    topologies[et] = sharded_topology(csc, self.device, gpu_budget=budgets.get(et),
+                                                      hot_order=orders.get(et), replicate=replicas.get(et, 0),
+                                                      progress=progress)
+                else:
+                    topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et),
+                                              hot_order=orders.get(et), progress=progress)
         except BaseException:
             for topo in topologies.values():
                 topo.close()

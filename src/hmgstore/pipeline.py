@@ -63,8 +63,10 @@ def check_max_sms(max_sms) -> None:
 
 
 def auto_sms(device: torch.device) -> int:
-    """The pipeline's default cap on its gathers' SMs: one SM in 16 of ``device``'s (at least 4)."""
-    return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 16)
+    """The pipeline's default cap on its gathers' SMs: one SM in 32 of ``device``'s, at least 4 (4 on an H100
+    or H200: bench train on the H200 was as fast or faster at 4 as at 8 in every case measured,
+    benchmarks/results/producer-h200.md)."""
+    return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 32)
 
 
 class Pipeline:
@@ -79,12 +81,13 @@ class Pipeline:
         max_sms: while iterating, cap the gathers of the loader's hmgstore
             feature store at this many SMs' worth of blocks (see
             :class:`hmgstore.HybridTensor`), leaving the rest to training.
-            ``"auto"`` (the default): :func:`auto_sms`, one SM in 16 (8 on
+            ``"auto"`` (the default): :func:`auto_sms`, one SM in 32 (4 on
             an H100 or H200). A gather that reads host memory over PCIe waits
             on the link, not on its SMs: uncapped, its blocks hold SMs the
             training step needs (bench train, H200, 15% cache of 8.2 GB:
-            29.6 batches/s uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.9 at 8,
-            against 49.3 all in GPU memory, which the cap does not slow).
+            29.6 batches/s uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8,
+            44.5 at 4, against 49.2 all in GPU memory, which the cap does not
+            slow; every feature read from the host: 40.1 at 8, 42.0 at 4).
             None: the tables' own caps (none unless set on them).
         fuse: make this many batches at a time and gather their rows
             together, one kernel job per table (:mod:`hmgstore.fusion`): big

@@ -13,6 +13,8 @@ One node, which holds the whole table:
 - :func:`shard` (:mod:`.shard`) builds, collectively, the node's sharded
   table; each process gets a :class:`~hmgstore.HybridTensor` view reading
   its own rows, its peers' shards over NVLink and the rest from the host.
+- :func:`sharded_topology` (:mod:`.shard`) does the same for a graph's
+  adjacency lists, in chunks, for each rank's GPU sampler.
 - :mod:`.node` finds the processes of this node; :mod:`.watch` watches them
   and raises :class:`PeerLostError` in gathers when one dies with tables
   open.
@@ -43,9 +45,9 @@ from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this
 from .node import SETUP_TIMEOUT, share_on_node, this_node
 from .parts import Partition, load_partition, partition
 from .sampling import DistributedNeighborSampler
-from .shard import DistributedTensor, shard
+from .shard import DistributedTensor, shard, sharded_topology
 from .watch import WATCH_SECONDS, PeerLostError
 
-__all__ = ["share_on_node", "shard", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",
+__all__ = ["share_on_node", "shard", "sharded_topology", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",
            "WATCH_SECONDS", "PartitionBook", "partition", "load_partition", "Partition", "ClusterTensor",
            "gather_many", "this_cluster", "Cluster", "EXCHANGE_TIMEOUT", "DistributedNeighborSampler"]

@@ -247,3 +247,25 @@ def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, read
     opened.append(ptr)
     readable.append(tier.bind(ptr, row_bytes))
     return None
+
+
+def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=0, progress: bool = True):
+    """A :class:`~hmgstore.graph.Topology` whose adjacency lists are sharded over this node's GPUs (collective).
+
+    Every rank of the node calls it with the same ``csc`` (best its arrays
+    from :func:`share_on_node`), budgets and ``hot_order`` (destination ids,
+    hottest first; default: by degree). When the whole topology fits in
+    ``gpu_budget`` bytes it is simply held on each GPU. Otherwise its
+    neighbour ids are cut into chunks of :data:`~hmgstore.graph.topology.CHUNK_IDS`,
+    and the chunks are sharded as :func:`shard` shards a table: the hottest
+    ``replicate`` bytes of them on every GPU, each GPU's shard of the next
+    hottest (read by the others over NVLink), the rest read zero-copy from
+    host memory. ``close()`` on the topology (or its sampler) is collective.
+    """
+    from ..graph import Topology
+
+    def place(chunks, chunk_order, budget, where, bars):
+        return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=replicate, device=where,
+                     progress=bars)
+
+    return Topology(csc, device, gpu_budget=gpu_budget, hot_order=hot_order, progress=progress, place_chunks=place)

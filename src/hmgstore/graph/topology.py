@@ -12,14 +12,13 @@ Which lists are hot: ``hot_order`` (destination ids, hottest first: e.g. from
 pre-sampling), by default the nodes with the most neighbours; lists are taken
 in that order while they fit in ``gpu_budget`` bytes.
 
-Sharded over the node's GPUs (``shard=True``, one process per GPU under
-torch.distributed, every rank building the same topology): when the whole
-``row`` does not fit in ``gpu_budget``, it is cut into chunks of
-:data:`CHUNK_IDS` ids and the chunks are placed like a feature table by
-:func:`hmgstore.distributed.shard`: the hottest ``replicate`` bytes on every
-GPU, each GPU's shard of the next hottest (read by the others over NVLink),
-and the rest read zero-copy from the node's one host copy. A chunk is as hot
-as the hottest list it holds part of.
+Chunked (``place_chunks``): when the whole ``row`` does not fit in
+``gpu_budget``, it is cut into chunks of :data:`CHUNK_IDS` ids, and the
+chunks are placed like a feature table, hottest first; a chunk is as hot as
+the hottest list it holds part of. :func:`hmgstore.distributed.sharded_topology`
+places them over the node's GPUs (one process per GPU): the hottest bytes on
+every GPU, each GPU's shard of the next hottest, read by the others over
+NVLink, and the rest read zero-copy from the node's one host copy.
 """
 from __future__ import annotations
 
@@ -71,12 +70,12 @@ class Topology:
         narrow: hold neighbour ids as int32 when the source node count allows
             (the default); False keeps int64 ids as given.
         progress: progress bars while converting and pinning large arrays.
-        shard: shard the lists that do not fit over the GPUs of this node
-            (see above; collective over the node's ranks, which must all pass
-            the same ``csc``, budgets and ``hot_order``). Ignored on the CPU
-            and when every list fits in ``gpu_budget``.
-        replicate: with ``shard``, bytes of ``gpu_budget`` that hold the
-            hottest chunks on every GPU (the rest holds this GPU's shard).
+        place_chunks: places the chunks when not every list fits (see above):
+            called as ``place_chunks(chunks, hot_order, gpu_budget, device,
+            progress)`` with ``chunks`` the int [num_chunks, CHUNK_IDS] host
+            table and ``hot_order`` its chunk ids hottest first; returns an
+            object with ``table`` (a :class:`~hmgstore.HybridTensor` over
+            ``chunks``), ``placement`` and ``close()``. Not used on the CPU.
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
     host array the host tier reads), ``perm`` (CSC position -> given edge id,
@@ -84,7 +83,7 @@ class Topology:
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
-                 progress: bool = True, shard: bool = False, replicate=0):
+                 progress: bool = True, place_chunks=None):
         self.device = resolve_device(device)
         self.num_src, self.num_dst = csc.size
         self.num_edges = csc.num_edges
@@ -97,9 +96,9 @@ class Topology:
         self._pinned: PinnedHost | None = None
         self._closed = False
         self._counter: TierCounter | None = None
-        # A sharded topology (see the module docstring): its chunk table, the kernel's description of its tiers
+        # A chunked topology (see the module docstring): its placed chunk table, the kernel's description of its tiers
         # (gather_job.cuh words, on the device), ids per chunk, and the last ids (fewer than a chunk) on the GPU.
-        self._sharded = None
+        self._placed = None
         self.tiers: torch.Tensor | None = None
         self.chunk = CHUNK_IDS
         self.tail: torch.Tensor | None = None
@@ -111,12 +110,12 @@ class Topology:
 
         cuda.check_device(self.device)
         try:
-            self._build(csc.colptr, gpu_budget, hot_order, progress, shard, replicate)
+            self._build(csc.colptr, gpu_budget, hot_order, progress, place_chunks)
         except BaseException:
             self.close()
             raise
 
-    def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, shard: bool, replicate) -> None:
+    def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, place_chunks) -> None:
         device, item = self.device, self.row.element_size()
         self.colptr = colptr.to(device)
         budget = 0 if gpu_budget is None else placement.parse_bytes(gpu_budget)
@@ -125,13 +124,13 @@ class Topology:
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
             return
         order = None
-        if budget >= item or shard:
+        if budget >= item or place_chunks is not None:
             order = placement.order_by_score(degree) if hot_order is None else torch.as_tensor(hot_order).reshape(-1)
             from ..index import check_range
 
             check_range(order, self.num_dst)
-        if shard:
-            self._build_sharded(colptr, budget, replicate, order, progress)
+        if place_chunks is not None:
+            self._build_chunked(colptr, budget, order, progress, place_chunks)
             return
         self._pinned = PinnedHost(self.row, device, progress=progress)
         if budget < item:
@@ -150,10 +149,9 @@ class Topology:
         self.start = start.to(device)
         self.hot_nodes = hot
 
-    def _build_sharded(self, colptr: torch.Tensor, budget: int, replicate, order: torch.Tensor,
-                       progress: bool) -> None:
+    def _build_chunked(self, colptr: torch.Tensor, budget: int, order: torch.Tensor, progress: bool,
+                       place_chunks) -> None:
         from ..cuda.gather import tier_words
-        from ..distributed import shard
 
         body = self.num_edges - self.num_edges % CHUNK_IDS
         if body == 0:  # not one whole chunk: the few ids are simply on this GPU
@@ -162,10 +160,10 @@ class Topology:
         self.tail_start = body
         self.tail = self.row[body:].to(self.device)
         chunks = self.row[:body].view(-1, CHUNK_IDS)
-        self._sharded = shard(chunks, gpu_budget=budget, hot_order=chunk_order(colptr, order.cpu(), len(chunks)),
-                              replicate=replicate, device=self.device, progress=progress)
-        table = self._sharded.table
-        p = self._sharded.placement
+        self._placed = place_chunks(chunks, chunk_order(colptr, order.cpu(), len(chunks)), budget, self.device,
+                                     progress)
+        table = self._placed.table
+        p = self._placed.placement
         self.gpu_edges = p.resident_rows * CHUNK_IDS
         words = tier_words(table._tiers, table._map, table.num_rows, table.row_bytes)
         self.tiers = torch.tensor(words, dtype=torch.int64).to(self.device)
@@ -173,9 +171,9 @@ class Topology:
         self._chunk_on_gpu = new < p.resident_rows  # resident (GPU-held) new ids come before the host tier's
 
     @property
-    def sharded(self) -> bool:
-        """Whether the lists that do not fit are sharded over the node's GPUs (see the module docstring)."""
-        return self._sharded is not None
+    def chunked(self) -> bool:
+        """Whether the lists that do not fit are read through placed chunks (see the module docstring)."""
+        return self._placed is not None
 
     @property
     def host_address(self) -> int:
@@ -211,7 +209,7 @@ class Topology:
         """Add the ids read for ``seeds`` (``counts`` each) to the counters, when counting."""
         if self._counter is None:
             return
-        if self._sharded is not None:  # by the chunk of each list's first id (a list may go on in the next one)
+        if self._placed is not None:  # by the chunk of each list's first id (a list may go on in the next one)
             first = self.colptr[seeds]
             chunk = (first // CHUNK_IDS).clamp(max=max(0, len(self._chunk_on_gpu) - 1))
             held = (first >= self.tail_start) | (self._chunk_on_gpu[chunk] if len(self._chunk_on_gpu) else False)
@@ -237,15 +235,15 @@ class Topology:
             synchronize((self.device,))
         if self._pinned is not None:
             self._pinned.release()
-        if self._sharded is not None:
-            self._sharded.close()  # collective over the node: every rank closes its sampler
-        self._pinned = self.gpu_row = self.start = self._sharded = self.tiers = self.tail = None
+        if self._placed is not None:
+            self._placed.close()  # sharded over a node's GPUs: collective, every rank closes its sampler
+        self._pinned = self.gpu_row = self.start = self._placed = self.tiers = self.tail = None
 
     def __repr__(self) -> str:
         where = (f"gpu_edges={self.gpu_edges}, host_edges={self.num_edges - self.gpu_edges}"
                  if self.device.type == "cuda" else "host")
-        if self._sharded is not None:
-            where += f", sharded over {self._sharded.placement.num_shards} GPUs"
+        if self._placed is not None:
+            where += f", chunks in {len(self._placed.placement.names)} tiers"
         return (f"Topology({self.num_src} -> {self.num_dst} nodes, {self.num_edges} edges, "
                 f"int{8 * self.index_bytes} ids, device={self.device}, {where})")
 
