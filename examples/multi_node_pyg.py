@@ -3,7 +3,7 @@
 Each machine holds one part of the graph (its nodes' features, labels and
 in-edges), written beforehand by ``python -m hmgstore.partition``. Every
 rank samples neighbours of any node and gathers any node's rows: the owner
-machine answers (:mod:`hmgstore.distributed.sampling`,
+machine answers, sampling its part on its GPU (:mod:`hmgstore.distributed.sampling`,
 :class:`hmgstore.distributed.ClusterTensor`). Sampling and gathers are
 collective, so every rank draws the same number of batches
 (:func:`hmgstore.plugins.pyg.cluster_loader` pads with empty ones; the loop
@@ -97,7 +97,8 @@ def main(argv=None) -> dict | None:
                              progress=not args.no_progress and rank == 0)
     tables = {name: hd.ClusterTensor(part.features[name], part.book) for name in ("x", "y")}
     store = ClusterFeatureStore(tables)
-    sampler = ClusterNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(args.seed + rank))
+    sampler = ClusterNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(args.seed + rank),
+                                     device=device)  # <-- hmgstore: owners sample their part on this GPU
     split = {name: torch.from_numpy(np.load(args.parts / "split" / f"{name}.npy")) for name in ("train", "test")}
     per_rank = max(1, args.batch_size // world)
     train_loader = cluster_loader(store, sampler, split["train"].tensor_split(world)[rank], per_rank, shuffle=True,
@@ -137,6 +138,7 @@ def main(argv=None) -> dict | None:
 
     for table in tables.values():
         table.close()
+    sampler.close()
     part.close()
     dist.destroy_process_group()
     if rank != 0:

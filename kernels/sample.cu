@@ -23,7 +23,9 @@
 //
 // Randomness is a counter-based hash, so a draw depends only on (key, i, t), never on
 // thread scheduling: the same key gives the same sample on any GPU, and on the CPU, where
-// hmgstore/graph/hop.py computes the same function with torch (bit-identical). The key
+// hmgstore/graph/hop.py computes the same function with torch (bit-identical). `draw_index`, when
+// given, replaces i in the draws: seed i draws as the draw_index[i]-th seed of another sampler's hop
+// (an owner machine sampling a requester's seeds: hmgstore/distributed/sampling.py). The key
 // is read from device memory, so a captured CUDA graph of a batch draws new samples each
 // time it is replayed with new keys.
 //
@@ -100,7 +102,7 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const
                                             i64 max_seeds, const i64* __restrict__ colptr,
                                             const i64* __restrict__ counts, const i64* __restrict__ ends,
                                             i64 num_dst, int disjoint, const i64* __restrict__ key_ptr,
-                                            i64* __restrict__ pos) {
+                                            const i64* __restrict__ draw_index, i64* __restrict__ pos) {
   const u64 key = (u64)*key_ptr;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
@@ -109,9 +111,10 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const
     const i64 c = counts[i];
     if (c >= deg) continue;  // takes every neighbour: hmg_sample_read fills it in
     i64* out = pos + ends[i] - c;
+    const i64 di = draw_index ? draw_index[i] : i;
     for (i64 t = 0; t < c; ++t) {
       const i64 j = deg - c + t;
-      i64 r = draw(key, i, t, j + 1);
+      i64 r = draw(key, di, t, j + 1);
       for (i64 s = 0; s < t; ++s) {
         if (out[s] == r) {
           r = j;
@@ -129,7 +132,8 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
                                            const i64* __restrict__ ends, i64 max_slots, i64* __restrict__ pos,
                                            const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
                                            int replace, const i64* __restrict__ key_ptr, i64 num_dst, i64 num_src,
-                                           int disjoint, const i64* __restrict__ tiers, i64 chunk,
+                                           int disjoint, const i64* __restrict__ draw_index,
+                                           const i64* __restrict__ tiers, i64 chunk,
                                            const void* tail, i64 tail_start, i64* __restrict__ nbr,
                                            i64* __restrict__ eid, i64* __restrict__ seed_local) {
   if (max_seeds == 0) return;
@@ -148,7 +152,7 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
     const i64 first = colptr[v], deg = colptr[v + 1] - first;
     i64 p;
     if (replace) {
-      p = draw(key, i, t, deg);
+      p = draw(key, draw_index ? draw_index[i] : i, t, deg);
     } else if (c >= deg) {
       p = t;
     } else {

@@ -262,7 +262,10 @@ def scenario_sample(report):
     csc = to_csc(g.edge_index, "coo", size=(NODES, NODES))
     part = hd.load_partition(os.path.join(sys.argv[2], "hash"), cluster.machine, "cpu", progress=False)
     fanout = [4, 3]
-    sampler = hd.DistributedNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(rank))
+    owners = os.environ.get("HMGSTORE_OWNER_DEVICE")  # where each machine samples its part (default: the CPU)
+    sampler = hd.DistributedNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(rank),
+                                            device=owners)
+    report["owners_on"] = str(sampler._owned.device) if sampler._owned is not None else "cpu"
     single = NeighborSampler({None: Topology(csc, "cpu", progress=False)}, {None: NODES}, fanout,
                              generator=torch.Generator().manual_seed(rank))
     edges = set(zip(g.edge_index[0].tolist(), g.edge_index[1].tolist()))
@@ -286,7 +289,8 @@ def scenario_sample(report):
             checks["counts"] &= torch.equal(per_seed[lo:hi], degree[node[lo:hi]].clamp(max=k))
     # Uniformity: the in-neighbours of a node of degree ~12, sampled 3 at a time, 400 times (collectively).
     hub = int((degree - 12).abs().argmin())
-    hub_sampler = hd.DistributedNeighborSampler(part, [3], generator=torch.Generator().manual_seed(7 + rank))
+    hub_sampler = hd.DistributedNeighborSampler(part, [3], generator=torch.Generator().manual_seed(7 + rank),
+                                                device=owners)
     hits = torch.zeros(NODES)
     for _ in range(400):
         s = hub_sampler.sample(torch.tensor([hub]))
@@ -306,7 +310,10 @@ def scenario_sample(report):
     a, b = replicated.sample(seeds), again.sample({None: seeds})
     checks["replicated"] = torch.equal(a.node[None], b.node[None]) and torch.equal(a.row[None], b.row[None])
     report["sample"] = checks
-    report["loader"] = _pyg_loader(part, full)
+    sampler.close()
+    hub_sampler.close()
+    replicated.close()
+    report["loader"] = _pyg_loader(part, full) if not owners else None
     part.close()
 
 

@@ -329,3 +329,16 @@ def test_distributed_sampling_and_pyg_loader(parts, tmp_path, no_leaks):
         assert loader["equal"] and loader["seeds"] == loader["want_seeds"], loader
     assert len({r["loader"]["batches"] for r in reports.values()}) == 1
     assert sum(r["loader"]["empty"] for r in reports.values()) > 0  # uneven ranks were padded
+
+
+@pytest.mark.gpu
+def test_distributed_sampling_with_owners_on_the_gpu(parts, tmp_path, no_leaks):
+    """Each machine samples its part with the GPU sampler's kernels for every requester (the exchange over
+    gloo): still draw for draw the single-machine sampler's batches, and uniform."""
+    codes, reports, errs = run_ranks("sample", 4, parts, tmp_path, node_of=two_machines,
+                                     env={"HMGSTORE_OWNER_DEVICE": "cuda"}, timeout=300)
+    assert codes == [0] * 4, errs
+    for rank, r in reports.items():
+        assert r["owners_on"].startswith("cuda"), r
+        assert all(r["sample"].values()), (rank, r["sample"])
+        assert r["uniform_outside"] == 0 and r["uniform_max_rel_dev"] < 0.4 and r["uniform_chi2_per_df"] < 3, r

@@ -348,3 +348,24 @@ def test_presampled_hotness_beats_degree_where_training_is_concentrated():
         presample(object(), train)
     with pytest.raises(AttributeError, match="moved to hmgstore.graph.presample"):
         placement.presample(sampler, train)  # where it used to be: the error says where it went
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_hop_drawn_as_other_seeds_equals_the_owners_sampler(device, replace):
+    """sample_hop(index=...) draws each seed as the index-th seed of a requester's frontier: what a machine
+    sampling its part for another one computes (hmgstore.distributed.sampling.sample_rows), on any device."""
+    from hmgstore.distributed.sampling import sample_rows
+    from hmgstore.graph.hop import sample_hop
+
+    n = 3000
+    csc = to_csc(power_law_graph(n), "coo", (n, n))
+    topo = Topology(csc, device, gpu_budget=None if device == "cpu" else 10**9, progress=False)
+    g = torch.Generator().manual_seed(8)
+    seeds = torch.randint(0, n, (200,), generator=g)
+    index = torch.randperm(5000, generator=g)[:200]  # where the seeds sit in the requester's frontier
+    want_nbr, want_counts = sample_rows(csc.colptr, csc.row.long(), seeds, index, 6, replace, key=12345)
+    nbr, _, counts = sample_hop(topo, seeds.to(device), 6, replace, 12345, index=index.to(device))
+    assert torch.equal(counts.cpu(), want_counts) and torch.equal(nbr.cpu(), want_nbr)
+    plain, _, _ = sample_hop(topo, seeds.to(device), 6, replace, 12345)
+    assert not torch.equal(plain.cpu(), want_nbr)  # the index does change the draws

@@ -125,6 +125,10 @@ class ClusterNeighborSampler(BaseSampler):
     def sample_from_edges(self, index, neg_sampling=None):
         raise NotImplementedError("ClusterNeighborSampler samples around nodes only")
 
+    def close(self) -> None:
+        """Free the topology's GPU memory, if any (see :meth:`DistributedNeighborSampler.close`)."""
+        self.sampler.close()
+
     def __repr__(self) -> str:
         return f"ClusterNeighborSampler({self.sampler!r})"
 

@@ -25,22 +25,24 @@ def counts(nodes, lohi, max_seeds: int, colptr, k: int, replace: bool, num_dst: 
             np.int64(num_dst), np.int32(disjoint), _p(out)), out.device)
 
 
-def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjoint: bool, key, pos) -> None:
+def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjoint: bool, key, pos,
+          index=None) -> None:
     """Positions of the seeds that sample without replacement, into their slots of ``pos``.
 
-    ``key``: a one-element int64 device tensor holding the hop's draw key."""
+    ``key``: a one-element int64 device tensor holding the hop's draw key; ``index``: int64 device tensor,
+    the index each seed draws as (None: its own; see sample.cu)."""
     launch(FILES, "hmg_sample_floyd", max_seeds,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(colptr), _p(counts), _p(ends), np.int64(num_dst),
-            np.int32(disjoint), _p(key), _p(pos)), pos.device)
+            np.int32(disjoint), _p(key), _p(index), _p(pos)), pos.device)
 
 
 def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key,
-         num_dst: int, disjoint: bool, nbr, eid, seed_local) -> None:
+         num_dst: int, disjoint: bool, nbr, eid, seed_local, index=None) -> None:
     """Every slot's neighbour key, edge id and seed's local id, read from the topology's tiers."""
     launch(FILES, "hmg_sample_read", max_slots,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
             np.int64(max_slots), _p(pos), _p(topology.gpu_row), np.uint64(topology.host_address),
             np.int64(topology.gpu_edges), np.int32(topology.index_bytes == 8), np.int32(replace),
-            _p(key), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint),
+            _p(key), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint), _p(index),
             _p(topology.tiers), np.int64(topology.chunk), _p(topology.tail), np.int64(topology.tail_start),
             _p(nbr), _p(eid), _p(seed_local)), nbr.device)

@@ -27,8 +27,10 @@ a global edge id is not known across machines.
 Every rank of the job calls :meth:`DistributedNeighborSampler.sample` the
 same number of times with the same fanouts (each its own seeds, empty
 batches included); a rank that samples while a counterpart gathers gets a
-ValueError. Owners sample on the CPU (the partition's topology is host
-memory); a topology replicated on every machine
+ValueError. Owners sample their part on the CPU, or, with ``device`` a GPU,
+with the GPU sampler's kernels (:func:`hmgstore.graph.sample_hop`, each
+requester's seeds drawn as they sit in its frontier; the exchange and the
+requester's relabelling stay on the CPU, over gloo); a topology replicated on every machine
 (``DistributedNeighborSampler(csc, ...)``) samples locally, on any device,
 with no collective at all.
 """
@@ -42,7 +44,7 @@ import torch.distributed as dist
 from ..graph.csc import CSC
 from ..graph.fanout import check_fanout
 from ..graph.relabel import SortedNodeSet
-from ..graph.hop import _floyd_cpu, draw, slot_counts
+from ..graph.hop import _floyd_cpu, draw, sample_hop, slot_counts
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
 from ..index import normalize_many
@@ -104,13 +106,20 @@ class DistributedNeighborSampler:
         replace: sample with replacement.
         generator: CPU ``torch.Generator`` keying the draws (default torch's
             global one, so ``torch.manual_seed`` fixes the batches).
-        device: replicated topology only: where it is held and sampled.
+        device: where the topology is held and sampled: the replicated one,
+            or, partitioned, this machine's part, which its owner samples for
+            every requester (a GPU: the part's lists held in its memory up to
+            ``gpu_budget`` bytes, all of them by default, the rest read
+            zero-copy from the host). Batches come back on the CPU when
+            partitioned.
+        gpu_budget: partitioned, on a GPU: see ``device``.
     """
 
     def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
-                 device=None):
+                 device=None, gpu_budget=None):
         self.num_neighbors = check_fanout(num_neighbors)
         self.replace, self.generator = replace, generator
+        self._owned = None  # partitioned, on a GPU: the part's topology, which this machine samples for every requester
         if isinstance(topology, CSC):
             self.partitioned = False
             self.num_nodes = topology.size[1]
@@ -124,6 +133,10 @@ class DistributedNeighborSampler:
         self.partitioned, self.device = True, torch.device("cpu")
         self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
         self.num_nodes = self.book.num_nodes
+        if device is not None and torch.device(device).type == "cuda":
+            part = CSC(self.row, self.colptr, None, (self.num_nodes, len(self.colptr) - 1))
+            self._owned = Topology(part, device, gpu_budget=2**62 if gpu_budget is None else gpu_budget,
+                                   progress=False)
         self._cluster = cluster = this_cluster()
         # Every rank checks every other before any exchange group is made, so that all raise alike, naming the
         # ranks, rather than some waiting for the others inside new_group.
@@ -216,7 +229,7 @@ class DistributedNeighborSampler:
         sent = torch.cat([torch.cat([key_of, r, p]) for r, p in zip(local.split(sent_counts), order.split(sent_counts))])
         got = torch.empty(2 * sum(asked) + ex.slots, dtype=torch.int64)
         self._all_to_all(got, sent, [2 * a + 1 for a in asked], [2 * m + 1 for m in sent_counts])
-        answers = [sample_rows(self.colptr, self.row, block[1:a + 1], block[a + 1:], k, self.replace, int(block[0]))
+        answers = [self._answer(block[1:a + 1], block[a + 1:], k, int(block[0]))
                    for block, a in zip(got.split([2 * a + 1 for a in asked]), asked)]
         counts = torch.empty(sum(sent_counts), dtype=torch.int64)
         self._all_to_all(counts, torch.cat([c for _, c in answers]), sent_counts, asked)
@@ -224,6 +237,23 @@ class DistributedNeighborSampler:
         nbr = torch.empty(sum(receive), dtype=torch.int64)
         self._all_to_all(nbr, torch.cat([n for n, _ in answers]), receive, [len(n) for n, _ in answers])
         return in_frontier_order(nbr, counts, order)
+
+    def _answer(self, local: torch.Tensor, position: torch.Tensor, k: int, key: int):
+        """One requester's seeds (rows of this machine's part, and their positions in its frontier) sampled
+        with its key: ``(neighbours, counts)`` on the CPU."""
+        if self._owned is None:
+            return sample_rows(self.colptr, self.row, local, position, k, self.replace, key)
+        where = self._owned.device
+        nbr, _, counts = sample_hop(self._owned, local.to(where), k, self.replace, key, index=position.to(where))
+        return nbr.cpu(), counts.cpu()
+
+    def close(self) -> None:
+        """Free the topology's GPU memory, if any (idempotent)."""
+        if not self.partitioned:
+            self._local.close()
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
 
     def _all_to_all(self, out, inp, out_sizes=None, in_sizes=None) -> None:
         try:
@@ -236,5 +266,6 @@ class DistributedNeighborSampler:
 
     def __repr__(self) -> str:
         where = (f"partitioned, machine {self._cluster.machine} of {self._cluster.num_machines}"
+                 + (f", its part sampled on {self._owned.device}" if self._owned is not None else "")
                  if self.partitioned else f"replicated, {self.device}")
         return f"DistributedNeighborSampler({where}, num_nodes={self.num_nodes}, num_neighbors={self.num_neighbors})"

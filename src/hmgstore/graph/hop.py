@@ -73,19 +73,22 @@ def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch
     return chosen
 
 
-def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int):
+def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int, index=None):
     """Sample one hop: ``(neighbours, edge ids, counts)``.
 
     ``seeds``: int64 [S] destination ids on the topology's device, in range.
     ``key``: the hop's draw key (an int; on a GPU also a one-element int64
-    device tensor). Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
+    device tensor). ``index``: int64 [S] on that device, the index each seed
+    draws as (default: its position in ``seeds``): an owner machine samples a
+    requester's seeds as they sit in the requester's frontier, so that the
+    draws equal the requester's own over the whole graph. Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
     ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
     (neighbours per seed; M is their sum).
     """
     if topology.device.type == "cuda":
         if not isinstance(key, torch.Tensor):
             key = torch.tensor([_signed(key)], device=topology.device)
-        return _sample_hop_cuda(topology, seeds, k, replace, key)
+        return _sample_hop_cuda(topology, seeds, k, replace, key, index)
     key = int(key)
     degree = topology.degree(seeds)
     counts = slot_counts(degree, k, replace)
@@ -94,13 +97,14 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     topology.count(seeds, counts)
     seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
     t = torch.arange(num_slots) - offsets[seg]
+    drawn_as = torch.arange(len(seeds)) if index is None else index
     if replace:
-        pos = draw(key, seg, t, degree[seg])
+        pos = draw(key, drawn_as[seg], t, degree[seg])
     else:
         pos = t  # seeds that take every neighbour
         floyd = (counts < degree).nonzero().view(-1)
         if len(floyd):
-            chosen = _floyd_cpu(key, floyd, counts[floyd], degree[floyd])
+            chosen = _floyd_cpu(key, drawn_as[floyd], counts[floyd], degree[floyd])
             pos = pos.clone()
             pos[(counts < degree)[seg]] = chosen[chosen >= 0]
     first = topology.colptr[seeds][seg]
@@ -109,10 +113,11 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
 
 
 def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_seeds: int, k: int, replace: bool,
-               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None):
+               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None, index=None):
     """Queue one hop's kernels for the seeds ``nodes[lohi[0]:lohi[1]]`` (bounds on the device, at most
     ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
-    ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used."""
+    ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used. ``index``: see
+    :func:`sample_hop`."""
     from ..cuda import sample as kernels
 
     device = nodes.device
@@ -122,13 +127,14 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     slots = max_seeds * k if max_slots is None else max_slots
     pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
     if not replace:
-        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos)
+        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos, index)
     kernels.read(topology, nodes, lohi, max_seeds, counts, ends, slots, pos, replace, key, num_dst, disjoint, nbr, eid,
-                 seed_local)
+                 seed_local, index)
     return nbr, eid, seed_local, counts, ends
 
 
-def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: torch.Tensor):
+def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: torch.Tensor,
+                     index=None):
     """:func:`sample_hop` on a GPU: the hop's size is read back (one synchronisation) to size the output."""
     lohi = torch.tensor([0, len(seeds)], device=seeds.device)
     if k < 0:  # every neighbour: the size is the degrees' sum
@@ -139,7 +145,8 @@ def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: b
         slots = int(counts.sum()) if len(seeds) else 0
     else:
         slots = len(seeds) * k
-    nbr, eid, _, counts, ends = _queue_hop(topology, seeds, lohi, len(seeds), k, replace, key, 1, False, slots)
+    nbr, eid, _, counts, ends = _queue_hop(topology, seeds, lohi, len(seeds), k, replace, key, 1, False, slots,
+                                           index)
     used = int(ends[-1]) if len(seeds) else 0  # the hop's one synchronisation: output sizes
     topology.count(seeds, counts)
     return nbr[:used], eid[:used], counts
