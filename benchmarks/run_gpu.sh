@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -191,6 +191,8 @@ for stage in "$@"; do
                     grep -E "passed|failed|FAILED|ERROR" "$OUT/topology-tests.log" | tail -20 ;;
     probe-topology) timeout 500 python3 benchmarks/probe_topology_chunks.py >"$OUT/probe_topology.json" 2>"$OUT/probe_topology.log"
                     rc=$?; tail -8 "$OUT/probe_topology.log" ;;
+    probe-rows-small) timeout 400 python3 benchmarks/probe_rows_small.py --table-gib 2 >"$OUT/probe_rows_small.json" \
+                        2>"$OUT/probe_rows_small.log"; rc=$?; tail -6 "$OUT/probe_rows_small.log" ;;
     peer-rows) timeout 560 python3 benchmarks/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
                  2>"$OUT/peer-rows.log"; rc=$?; grep "ROWS=" "$OUT/peer-rows.log"; tail -3 "$OUT/peer-rows.log" ;;
     scale) timeout 500 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --num-nodes 2M --epochs 2 \
