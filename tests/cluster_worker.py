@@ -251,6 +251,49 @@ def scenario_kill(report):
     part.close()
 
 
+def _draw_for_draw(sampler, csc, fanout, replace, rank, edges, degree) -> tuple[dict, list[int]]:
+    """Six batches of ``sampler`` (one empty on rank 1) against the single-machine sampler over the whole CSC
+    with the same generator: equal, edges exist, per-hop counts, seeds first. Also returns the
+    ``all_to_all_single`` rounds each batch took."""
+    from hmgstore.graph import NeighborSampler, Topology
+
+    single = NeighborSampler({None: Topology(csc, "cpu", progress=False)}, {None: NODES}, fanout, replace=replace,
+                             generator=torch.Generator().manual_seed(rank))
+    checks = {"equal": True, "edges_exist": True, "counts": True, "seeds_first": True}
+    g_ids = torch.Generator().manual_seed(50 + rank)
+    rounds, all_to_all = [], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        rounds[-1] += 1
+        return all_to_all(*args, **kwargs)
+
+    for step in range(6):
+        n = 0 if (step == 2 and rank == 1) else 40 + 9 * rank  # an empty batch on one rank
+        seeds = torch.randint(0, NODES, (n,), generator=g_ids)
+        rounds.append(0)
+        dist.all_to_all_single = counted
+        try:
+            got = sampler.sample(seeds)
+        finally:
+            dist.all_to_all_single = all_to_all
+        want = single.sample({None: seeds})
+        node, row, col = got.node[None], got.row[None], got.col[None]
+        checks["equal"] &= all(torch.equal(a[None], b[None]) for a, b in
+                               ((got.node, want.node), (got.row, want.row), (got.col, want.col))) and \
+            got.num_sampled_nodes == want.num_sampled_nodes and got.num_sampled_edges == want.num_sampled_edges
+        checks["seeds_first"] &= torch.equal(node[:n], seeds)
+        checks["edges_exist"] &= all((s, d) in edges for s, d in zip(node[row].tolist(), node[col].tolist()))
+        per_seed = torch.bincount(col, minlength=len(node))
+        bounds = [0, *torch.tensor(got.num_sampled_nodes[None]).cumsum(0).tolist()]
+        for hop, k in enumerate(fanout):
+            lo, hi = bounds[hop], bounds[hop + 1]
+            want_counts = degree[node[lo:hi]]
+            if k >= 0:
+                want_counts = torch.where(want_counts > 0, k, 0) if replace else want_counts.clamp(max=k)
+            checks["counts"] &= torch.equal(per_seed[lo:hi], want_counts)
+    return checks, rounds
+
+
 def scenario_sample(report):
     """Partitioned sampling (hash book) equals the single-machine sampler over the whole CSC with the same
     generator, batch for batch; edges exist, counts are min(fanout, degree); replicated mode too; a loose
@@ -266,27 +309,17 @@ def scenario_sample(report):
     sampler = hd.DistributedNeighborSampler(part, fanout, generator=torch.Generator().manual_seed(rank),
                                             device=owners)
     report["owners_on"] = str(sampler._owned.device) if sampler._owned is not None else "cpu"
-    single = NeighborSampler({None: Topology(csc, "cpu", progress=False)}, {None: NODES}, fanout,
-                             generator=torch.Generator().manual_seed(rank))
     edges = set(zip(g.edge_index[0].tolist(), g.edge_index[1].tolist()))
     degree = csc.colptr.diff()
-    checks = {"equal": True, "edges_exist": True, "counts": True, "seeds_first": True}
-    g_ids = torch.Generator().manual_seed(50 + rank)
-    for step in range(6):
-        n = 0 if (step == 2 and rank == 1) else 40 + 9 * rank  # an empty batch on one rank
-        seeds = torch.randint(0, NODES, (n,), generator=g_ids)
-        got, want = sampler.sample(seeds), single.sample({None: seeds})
-        node, row, col = got.node[None], got.row[None], got.col[None]
-        checks["equal"] &= all(torch.equal(a[None], b[None]) for a, b in
-                               ((got.node, want.node), (got.row, want.row), (got.col, want.col))) and \
-            got.num_sampled_nodes == want.num_sampled_nodes and got.num_sampled_edges == want.num_sampled_edges
-        checks["seeds_first"] &= torch.equal(node[:n], seeds)
-        checks["edges_exist"] &= all((s, d) in edges for s, d in zip(node[row].tolist(), node[col].tolist()))
-        per_seed = torch.bincount(col, minlength=len(node))
-        bounds = [0, *torch.tensor(got.num_sampled_nodes[None]).cumsum(0).tolist()]
-        for hop, k in enumerate(fanout):
-            lo, hi = bounds[hop], bounds[hop + 1]
-            checks["counts"] &= torch.equal(per_seed[lo:hi], degree[node[lo:hi]].clamp(max=k))
+    checks, report["rounds"] = _draw_for_draw(sampler, csc, fanout, False, rank, edges, degree)
+    sampler.close()
+    # Every neighbour in one hop (no bound on an answer: counts, then neighbours), and draws with replacement.
+    for fanouts, replace, name in (([-1, 2], False, "all"), ([3, 2], True, "replace")):
+        other = hd.DistributedNeighborSampler(part, fanouts, replace=replace, device=owners,
+                                              generator=torch.Generator().manual_seed(rank))
+        more, report[f"rounds_{name}"] = _draw_for_draw(other, csc, fanouts, replace, rank, edges, degree)
+        checks.update({f"{key}_{name}": value for key, value in more.items()})
+        other.close()
     # Uniformity: the in-neighbours of a node of degree ~12, sampled 3 at a time, 400 times (collectively).
     hub = int((degree - 12).abs().argmin())
     hub_sampler = hd.DistributedNeighborSampler(part, [3], generator=torch.Generator().manual_seed(7 + rank),
@@ -310,7 +343,6 @@ def scenario_sample(report):
     a, b = replicated.sample(seeds), again.sample({None: seeds})
     checks["replicated"] = torch.equal(a.node[None], b.node[None]) and torch.equal(a.row[None], b.row[None])
     report["sample"] = checks
-    sampler.close()
     hub_sampler.close()
     replicated.close()
     report["loader"] = _pyg_loader(part, full) if not owners else None

@@ -3,16 +3,26 @@
 Each machine holds the in-edges of its own nodes (a :class:`Partition`'s
 ``colptr``/``row``, sources as global ids). A hop is collective among
 counterparts (one rank per machine, the one with this rank's local rank;
-the groups of :mod:`.cluster`), like a gather, in four
-``all_to_all_single`` rounds over gloo (topology lives in host memory):
+the groups of :mod:`.cluster`), like a gather, in three
+``all_to_all_single`` rounds over gloo, the exchange fused per hop as a
+gather's is per batch:
 
-1. header, ``int64 [slots, 3]``: the call's signature (hop, fanout), this
-   rank's draw key for the hop, and how many seeds it sends each owner;
-2. seeds: per owner, their rows within its partition, then their positions
-   in this rank's frontier;
-3. the owner samples each requester's seeds from its local CSC with that
-   requester's key and positions, and sends back the count per seed;
-4. then the sampled neighbours (global ids), seed after seed.
+1. header, ``int64 [slots, 2]``: the call's signature (hop, fanout) and how
+   many seeds this rank asks of each owner;
+2. requests: per owner, this rank's draw key for the hop, then the seeds'
+   rows within the owner's partition, then their positions in this rank's
+   frontier;
+3. answers: the owner samples each requester's seeds from its local CSC
+   with that requester's key and positions, and sends back, per seed, its
+   count and ``k`` neighbour slots (global ids; the slots past the count
+   are padding), so that every size is known before the round and the
+   count and the neighbours travel together. Ids are int32 while the
+   graph's ids fit.
+
+A machine's own seeds are never sent: it samples them from its part while
+the answers travel. Only a hop that takes every neighbour (fanout ``-1``),
+whose answer has no bound, sends the counts and the neighbours in two
+rounds (four in all).
 
 Draws are those of :mod:`hmgstore.graph.sampler` (Floyd's algorithm keyed
 by hop key, seed position and slot), so with the same generator a batch is
@@ -91,6 +101,28 @@ def in_frontier_order(values: torch.Tensor, counts: torch.Tensor, order: torch.T
     seg = torch.repeat_interleave(torch.arange(len(c)), c, output_size=len(values))
     t = torch.arange(len(values)) - (c.cumsum(0) - c)[seg]
     return values[s[seg] + t], c
+
+
+_EMPTY = (torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
+
+
+def pack_answer(neighbours: torch.Tensor, counts: torch.Tensor, k: int, wide: bool) -> torch.Tensor:
+    """One requester's answer as ``[S, 1 + k]`` flattened: per seed its count, then its neighbours and -1
+    padding; int32 unless ``wide`` (ids of 2^31 and above). ``neighbours``: seed after seed, ``counts`` [S],
+    each at most ``k``."""
+    out = torch.full((len(counts), k + 1), -1, dtype=torch.int64 if wide else torch.int32)
+    out[:, 0] = counts
+    seg = torch.repeat_interleave(torch.arange(len(counts)), counts, output_size=len(neighbours))
+    t = torch.arange(len(neighbours)) - (counts.cumsum(0) - counts)[seg]
+    out[seg, 1 + t] = neighbours.to(out.dtype)
+    return out.reshape(-1)
+
+
+def unpack_answers(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack_answer`'s answers, one after another, back to ``(neighbours, counts)``, int64."""
+    rows = packed.view(-1, k + 1)
+    counts = rows[:, 0].long()
+    return rows[:, 1:][torch.arange(k)[None, :] < counts[:, None]].long(), counts
 
 
 class DistributedNeighborSampler:
@@ -204,18 +236,19 @@ class DistributedNeighborSampler:
                       {None: torch.cat(cols) if cols else empty}, {None: None}, None, {None: num_nodes_hop},
                       {None: num_edges_hop})
 
-    # ---- one hop: four rounds among counterparts -------------------------------------------------------------
+    # ---- one hop: three rounds among counterparts ------------------------------------------------------------
     def _hop(self, frontier: torch.Tensor, hop: int, k: int, key: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Neighbours and counts of ``frontier``'s seeds, in frontier order (collective)."""
-        ex, book = self._exchange, self.book
+        ex, book, machine = self._exchange, self.book, self._cluster.machine
         owner = book._owner(frontier)
-        order = torch.argsort(ex.slot_table(self.device)[owner], stable=True)
+        slot = ex.slot_table(self.device)[owner].masked_fill(owner == machine, ex.slots)  # own seeds: never sent
+        order = torch.argsort(slot, stable=True)  # other machines' seeds by slot, then this machine's
         local = book._local(frontier, owner)[order]
-        mine = torch.bincount(ex.slot_table(self.device)[owner], minlength=ex.slots)
+        per_slot = torch.bincount(slot, minlength=ex.slots + 1)
         signature = zlib.crc32(repr(("sample", hop, k, self.replace)).encode())
         # [signature, count] per counterpart: the shape of a gather's header, so that a rank sampling while its
         # counterpart gathers (same gloo group) is told so, instead of gloo aborting on a size mismatch.
-        header = torch.stack([torch.full((ex.slots,), signature), mine], 1)
+        header = torch.stack([torch.full((ex.slots,), signature), per_slot[:ex.slots]], 1)
         theirs = torch.empty_like(header)
         self._all_to_all(theirs, header)
         for s, (sig, _) in enumerate(theirs.tolist()):
@@ -224,19 +257,37 @@ class DistributedNeighborSampler:
                 raise ValueError(f"rank {ex.ranks[s]} did not sample hop {hop} (fanout {k}) with rank "
                                  f"{self._cluster.rank}: every rank samples, and gathers, the same number of "
                                  "times with the same fanouts")
-        sent_counts, asked = mine.tolist(), theirs[:, 1].tolist()
+        sent_counts, asked = per_slot[:ex.slots].tolist(), theirs[:, 1].tolist()
+        remote = sum(sent_counts)
         key_of = torch.tensor([key])  # each block: the requester's draw key, its seeds' rows, their positions
-        sent = torch.cat([torch.cat([key_of, r, p]) for r, p in zip(local.split(sent_counts), order.split(sent_counts))])
-        got = torch.empty(2 * sum(asked) + ex.slots, dtype=torch.int64)
-        self._all_to_all(got, sent, [2 * a + 1 for a in asked], [2 * m + 1 for m in sent_counts])
-        answers = [self._answer(block[1:a + 1], block[a + 1:], k, int(block[0]))
-                   for block, a in zip(got.split([2 * a + 1 for a in asked]), asked)]
-        counts = torch.empty(sum(sent_counts), dtype=torch.int64)
-        self._all_to_all(counts, torch.cat([c for _, c in answers]), sent_counts, asked)
-        receive = [int(c.sum()) for c in counts.split(sent_counts)]
-        nbr = torch.empty(sum(receive), dtype=torch.int64)
-        self._all_to_all(nbr, torch.cat([n for n, _ in answers]), receive, [len(n) for n, _ in answers])
-        return in_frontier_order(nbr, counts, order)
+        sent = torch.cat([key_of.new_empty(0), *(torch.cat([key_of, r, p]) for r, p, n in zip(
+            local[:remote].split(sent_counts), order[:remote].split(sent_counts), sent_counts) if n)])
+        got = torch.empty(sum(2 * a + 1 for a in asked if a), dtype=torch.int64)
+        self._all_to_all(got, sent, [2 * a + 1 if a else 0 for a in asked],
+                         [2 * n + 1 if n else 0 for n in sent_counts])
+        answers = [self._answer(block[1:a + 1], block[a + 1:], k, int(block[0])) if a else None
+                   for block, a in zip(got.split([2 * a + 1 if a else 0 for a in asked]), asked)]
+        if k < 0:  # every neighbour: no bound on an answer, so its counts size the neighbours' round
+            counts = torch.empty(remote, dtype=torch.int64)
+            self._all_to_all(counts, torch.cat([c for _, c in filter(None, answers)] or [counts[:0]]), sent_counts,
+                             [a for a in asked])
+            receive = [int(c.sum()) for c in counts.split(sent_counts)]
+            nbr = torch.empty(sum(receive), dtype=torch.int64)
+            work = self._all_to_all(nbr, torch.cat([n for n, _ in filter(None, answers)] or [nbr[:0]]), receive,
+                                    [len(a[0]) if a else 0 for a in answers], wait=False)
+        else:  # each seed's count and k slots: sizes known to both sides, one round
+            wide = self.num_nodes >= 2**31
+            packed = torch.cat([pack_answer(*a, k, wide) for a in answers if a is not None] or
+                               [pack_answer(*_EMPTY, k, wide)])
+            got_answers = packed.new_empty(remote * (k + 1))
+            work = self._all_to_all(got_answers, packed, [n * (k + 1) for n in sent_counts],
+                                    [a * (k + 1) for a in asked], wait=False)
+        own = len(frontier) - remote  # this machine's seeds, sampled while the answers travel
+        own_nbr, own_counts = self._answer(local[remote:], order[remote:], k, key) if own else _EMPTY
+        self._wait(work)
+        if k >= 0:
+            nbr, counts = unpack_answers(got_answers, k)
+        return in_frontier_order(torch.cat([nbr, own_nbr]), torch.cat([counts, own_counts]), order)
 
     def _answer(self, local: torch.Tensor, position: torch.Tensor, k: int, key: int):
         """One requester's seeds (rows of this machine's part, and their positions in its frontier) sampled
@@ -255,14 +306,26 @@ class DistributedNeighborSampler:
             self._owned.close()
             self._owned = None
 
-    def _all_to_all(self, out, inp, out_sizes=None, in_sizes=None) -> None:
+    def _all_to_all(self, out, inp, out_sizes=None, in_sizes=None, *, wait: bool = True):
         try:
-            dist.all_to_all_single(out, inp, out_sizes, in_sizes, group=self._exchange.group)
+            work = dist.all_to_all_single(out, inp, out_sizes, in_sizes, group=self._exchange.group, async_op=True)
         except Exception as err:  # the rounds are out of step for good, as for a gather
-            why = self._cluster.node.lost or (f"a sampling exchange of rank {self._cluster.rank} with ranks "
-                                              f"{self._exchange.ranks} failed ({err}); {self._cluster.gone()}")
-            self._cluster.broken = why
-            raise PeerLostError(f"{why}. The exchanges among machines are out of step: restart the job") from err
+            raise self._lost(err) from err
+        if wait:
+            self._wait(work)
+        return work
+
+    def _wait(self, work) -> None:
+        try:
+            work.wait()
+        except Exception as err:
+            raise self._lost(err) from err
+
+    def _lost(self, err: Exception) -> PeerLostError:
+        why = self._cluster.node.lost or (f"a sampling exchange of rank {self._cluster.rank} with ranks "
+                                          f"{self._exchange.ranks} failed ({err}); {self._cluster.gone()}")
+        self._cluster.broken = why
+        return PeerLostError(f"{why}. The exchanges among machines are out of step: restart the job")
 
     def __repr__(self) -> str:
         where = (f"partitioned, machine {self._cluster.machine} of {self._cluster.num_machines}"
