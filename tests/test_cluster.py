@@ -18,7 +18,7 @@ import torch
 from cluster_worker import NODES, graph
 
 import hmgstore
-from hmgstore.distributed import PartitionBook, load_partition, partition
+from hmgstore.distributed import PartitionBook, load_partition, part_of, partition
 from hmgstore.graph.csc import CSC, to_csc
 from hmgstore.distributed.book import hash_ids
 from hmgstore.distributed.cluster import group_machines
@@ -137,11 +137,12 @@ def test_books_save_load_and_signatures(tmp_path):
 
 
 # ---- parts on disk ----------------------------------------------------------------------------------------
-def check_parts(out_dir: Path, book: PartitionBook, features: dict, edge_index: torch.Tensor) -> None:
-    """Each part's rows are the full table's rows of its nodes; the parts' edges are the graph's."""
+def check_parts(out_dir, book: PartitionBook, features: dict, edge_index: torch.Tensor) -> None:
+    """Each part's rows are the full table's rows of its nodes; the parts' edges are the graph's. ``out_dir``:
+    the parts' folder, or a function of the machine giving its Partition."""
     edges = []
     for m in range(book.num_machines):
-        part = load_partition(out_dir, m, "cpu", progress=False)
+        part = out_dir(m) if callable(out_dir) else load_partition(out_dir, m, "cpu", progress=False)
         assert part.book == book and torch.equal(part.nodes, book.nodes_of(m))
         for name, table in features.items():
             assert torch.equal(part.features[name][:], torch.as_tensor(table)[part.nodes]), (m, name)
@@ -164,6 +165,21 @@ def test_partition_round_trip(tmp_path, which, no_leaks):
     folders = partition(features, g.edge_index, book, tmp_path, progress=False)
     assert [f.name for f in folders] == ["part0", "part1", "part2"]
     check_parts(tmp_path, book, features, g.edge_index)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_part_of_a_graph_in_memory(which, no_leaks):
+    g, features = graph()
+    book = books(NODES, 3)[which]
+    check_parts(lambda m: part_of(features, g.edge_index, book, m, "cpu", progress=False), book, features,
+                g.edge_index)
+    part = part_of({"h": features["x"].bfloat16()}, g.edge_index, book, 0, progress=False)  # no .npy file needed
+    assert torch.equal(part.features["h"][:], features["x"].bfloat16()[part.nodes])
+    part.close()
+    with pytest.raises(ValueError, match="machine 3 is not one of the book's 3"):
+        part_of(features, g.edge_index, book, 3)
+    with pytest.raises(ValueError, match="rows for a book"):
+        part_of(g.x[:10], g.edge_index, book, 0)
 
 
 def test_partition_command_synthetic_and_assignment_file(tmp_path):
@@ -322,6 +338,9 @@ def test_distributed_sampling_and_pyg_loader(parts, tmp_path, no_leaks):
     assert codes == [0] * 4, errs
     for rank, r in reports.items():
         assert all(r["sample"].values()), (rank, r["sample"])
+        # Fused per hop: header, requests, answers (counts and neighbours together); a hop that takes every
+        # neighbour sends its counts before its neighbours.
+        assert r["rounds"] == [6] * 6 and r["rounds_replace"] == [6] * 6 and r["rounds_all"] == [7] * 6, r
         assert r["uniform_outside"] == 0 and 8 <= r["hub_degree"] <= 16
         # 1200 draws over ~12 neighbours: each expected ~100 times (sd ~10); 40% off is 4 sigma
         assert r["uniform_max_rel_dev"] < 0.4 and r["uniform_chi2_per_df"] < 3, r

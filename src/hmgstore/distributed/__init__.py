@@ -25,7 +25,8 @@ Several machines (the job's nodes), each holding its partition of the graph:
   and at which row of its partition (range, hash or a given assignment).
 - :func:`partition` (:mod:`.parts`; command ``python -m
   hmgstore.partition``) writes one part per machine: the book, the part's
-  feature rows, the in-edges of its nodes; :func:`load_partition` reads one.
+  feature rows, the in-edges of its nodes; :func:`load_partition` reads one;
+  :func:`part_of` makes one in memory.
 - :class:`ClusterTensor` (:mod:`.cluster`) gathers any node's rows on every
   rank: this machine's from its local table, the others' through
   ``all_to_all_single`` with one counterpart rank per machine
@@ -43,11 +44,11 @@ checks and watching are the same.
 from .book import PartitionBook
 from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
 from .node import SETUP_TIMEOUT, share_on_node, this_node
-from .parts import Partition, load_partition, partition
+from .parts import Partition, load_partition, part_of, partition
 from .sampling import DistributedNeighborSampler
 from .shard import DistributedTensor, shard, sharded_topology
 from .watch import WATCH_SECONDS, PeerLostError
 
 __all__ = ["share_on_node", "shard", "sharded_topology", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",
-           "WATCH_SECONDS", "PartitionBook", "partition", "load_partition", "Partition", "ClusterTensor",
+           "WATCH_SECONDS", "PartitionBook", "partition", "part_of", "load_partition", "Partition", "ClusterTensor",
            "gather_many", "this_cluster", "Cluster", "EXCHANGE_TIMEOUT", "DistributedNeighborSampler"]

@@ -64,7 +64,7 @@ def part_dir(out_dir, machine: int) -> Path:
     return Path(out_dir) / f"part{machine}"
 
 
-def _features(features, num_nodes: int) -> dict[str, torch.Tensor]:
+def _features(features, num_nodes: int, files: bool = True) -> dict[str, torch.Tensor]:
     if not isinstance(features, dict):
         features = {"x": features}
     out = {}
@@ -75,7 +75,8 @@ def _features(features, num_nodes: int) -> dict[str, torch.Tensor]:
         if table.shape[0] != num_nodes:
             raise ValueError(f"attribute {name!r} has {table.shape[0]} rows for a book of {num_nodes} nodes")
         try:
-            torch.empty(0, dtype=table.dtype).numpy()
+            if files:
+                torch.empty(0, dtype=table.dtype).numpy()
         except TypeError:
             raise ValueError(f"attribute {name!r} is {table.dtype}, which .npy files cannot hold; convert it "
                              "(e.g. to float32) first") from None
@@ -115,11 +116,7 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: b
     """
     n = book.num_nodes
     tables = _features(features, n)
-    csc = edge_index if isinstance(edge_index, CSC) else to_csc(edge_index, "coo", size=(n, n))
-    if tuple(csc.size) != (n, n):
-        raise ValueError(f"the graph has {csc.size[0]} source and {csc.size[1]} destination nodes, the book {n}")
-    if csc.num_edges:
-        check_range(csc.row, n)  # a CSC given as is: its sources are checked here, as COO ids are by to_csc
+    csc = _csc(edge_index, n)
     total = sum(t.nbytes for t in tables.values()) + 8 * (csc.num_edges + n + book.num_machines)
     folders = []
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {book.num_machines} parts", disable=not progress,
@@ -140,6 +137,42 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: b
             (folder / "meta.json").write_text(json.dumps(meta, indent=1))
             folders.append(folder)
     return folders
+
+
+def part_of(features, edge_index, book: PartitionBook, machine: int, device=None, *, progress: bool = True,
+            **placement) -> Partition:
+    """Machine ``machine``'s part of a graph held in memory: what :func:`load_partition` reads back from the
+    files :func:`partition` writes, without the files (tests, benchmarks, notebooks; every rank holds the
+    whole graph first).
+
+    ``features``, ``edge_index``: as for :func:`partition`; ``device``, ``placement``: as for
+    :func:`load_partition` (the part's rows are copied into new tables). Raises as :func:`partition` does.
+    """
+    if not 0 <= machine < book.num_machines:
+        raise ValueError(f"machine {machine} is not one of the book's {book.num_machines}")
+    tables = _features(features, book.num_nodes, files=False)
+    csc = _csc(edge_index, book.num_nodes)
+    nodes = book.nodes_of(machine)
+    colptr, edges = _in_edges(csc, nodes)
+    parts = {}
+    try:
+        for name, table in tables.items():
+            parts[name] = HybridTensor(table[nodes], device, progress=progress, **placement)
+    except BaseException:
+        for table in parts.values():
+            table.close()
+        raise
+    return Partition(machine, book, parts, colptr, csc.row[edges])
+
+
+def _csc(edge_index, n: int) -> CSC:
+    """``edge_index`` (COO ``[2, E]`` or a CSC) as a checked CSC over ``n`` nodes."""
+    csc = edge_index if isinstance(edge_index, CSC) else to_csc(edge_index, "coo", size=(n, n))
+    if tuple(csc.size) != (n, n):
+        raise ValueError(f"the graph has {csc.size[0]} source and {csc.size[1]} destination nodes, the book {n}")
+    if csc.num_edges:
+        check_range(csc.row, n)  # a CSC given as is: its sources are checked here, as COO ids are by to_csc
+    return csc
 
 
 def _in_edges(csc: CSC, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
