@@ -187,6 +187,20 @@ def test_remote_benchmark_runs_two_simulated_machines_on_cpu(tmp_path):
         assert set(size["variants"]) == {"remote", "mixed", "all_to_all"}
         assert all(v["gbps"] > 0 and v["x_all_to_all"] > 0 for v in size["variants"].values())
     assert "all_to_all GB/s" in res.stdout and "remote rows" in (out / "remote.md").read_text()
+    train = report["train"]  # GraphSAGE on the two machines against one holding the whole graph, same run
+    assert train["ranks"] == 2 and train["nodes"] == 4000 and train["batches"] == 3 and train["fanout"] == [5, 3]
+    assert train["one_machine_batches_per_s"] > 0 and train["per_rank_batches_per_s"] > 0
+    assert train["speedup"] == pytest.approx(train["all_ranks_batches_per_s"] / train["one_machine_batches_per_s"])
+    assert train["efficiency"] == pytest.approx(train["speedup"] / 2)
+    assert "| partitioned, 2 ranks |" in res.stdout and "one machine holding everything" in res.stdout
+
+
+def test_remote_benchmark_trains_alone_when_asked(tmp_path):
+    out = tmp_path / "remote"
+    res = _bench("remote", "--quick", "--what", "train", "--device", "cpu", "--no-progress", "--out", out,
+                 timeout=240)
+    report = json.loads((out / "remote.json").read_text())
+    assert report["sizes"] == [] and report["train"]["ranks"] == 2 and "row B" not in res.stdout
 
 
 def test_remote_benchmark_needs_two_machines(tmp_path):

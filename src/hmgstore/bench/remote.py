@@ -13,6 +13,11 @@ checked bit for bit against the row function before timing:
   counterpart groups, with no ids, no gather and no scatter: the limit the
   remote rows are held to.
 
+Then (``--what train``, :mod:`.remote_train`) GraphSAGE trains on a graph
+partitioned over the machines, against one machine holding all of it, in
+the same run: batches/s per rank and in all, the speed-up and the
+efficiency.
+
 A round is timed from a barrier to the slowest rank's end (CUDA: after a
 synchronisation); figures are medians over ``--reps`` rounds. Without
 ``RANK`` in the environment the command launches ``--machines`` x
@@ -38,14 +43,18 @@ import torch
 import torch.distributed as dist
 
 from .. import flags
+from . import remote_train
 from .report import header, no_gpu_line, write_report
 
 DEFAULT_ROW_BYTES = [128, 512, 1024, 4096]
 #: --quick: tiny sizes (see __main__.parse_args).
-QUICK = ["--row-bytes", "128", "1024", "--machine-mib", "4", "--batch-size", "5000", "--reps", "3"]
+QUICK = ["--row-bytes", "128", "1024", "--machine-mib", "4", "--batch-size", "5000", "--reps", "3",
+         *remote_train.QUICK]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--what", nargs="+", choices=("rows", "train"), default=["rows", "train"],
+                   help="rows: remote rows against all_to_all; train: GraphSAGE batches/s against one machine")
     p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES, help="row sizes, multiples of 4")
     p.add_argument("--machine-mib", type=int, default=256, help="partition size per machine at every row size, MiB")
     flags.add_batch_size(p, 100_000, "ids of each rank")
@@ -58,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/remote", help="folder for remote.json and .md")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+    remote_train.add_arguments(p)
 
 
 def rows_of(ids: torch.Tensor, cols: int) -> torch.Tensor:
@@ -108,9 +118,11 @@ def _launch(args) -> dict:
 
 def _argv(args) -> list[str]:
     """The options of ``args`` as a command line (for ranks started from Python, not the shell)."""
-    argv = ["--row-bytes", *map(str, args.row_bytes), "--machine-mib", str(args.machine_mib), "--batch-size",
-            str(args.batch_size), "--reps", str(args.reps), "--device", args.device, "--seed", str(args.seed),
-            "--out", args.out]
+    argv = ["--what", *args.what, "--row-bytes", *map(str, args.row_bytes), "--machine-mib", str(args.machine_mib),
+            "--batch-size", str(args.batch_size), "--reps", str(args.reps), "--device", args.device, "--seed",
+            str(args.seed), "--out", args.out, "--graph", args.graph, "--feat-dim", str(args.feat_dim), "--fanout",
+            ",".join(map(str, args.fanout)), "--train-batch", str(args.train_batch), "--train-batches",
+            str(args.train_batches), "--hidden", str(args.hidden)]
     return argv + (["--quick"] if args.quick else []) + (["--no-progress"] if args.no_progress else [])
 
 
@@ -141,8 +153,10 @@ def _rank(args) -> dict:
                              "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
         report = {**header("remote", device), "machines": cluster.num_machines,
                   "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch_size, "sizes": []}
-        for row_bytes in args.row_bytes:
+        for row_bytes in args.row_bytes if "rows" in args.what else []:
             report["sizes"].append(_one_size(args, row_bytes, device, cluster, hmgstore, hd))
+        if "train" in args.what:
+            report["train"] = remote_train.run(args, device, cluster)
         if dist.get_rank() == 0:
             write_report(report, args.out, ratios=_ratios, text_of=table_text, plot_to=_no_plot)
         else:
@@ -222,13 +236,16 @@ def table_text(report: dict) -> str:
     lines = [f"device: {report['device']}   machines: {report['machines']} x {report['ranks_per_machine']} ranks   "
              f"batch: {report['batch']} ids per rank   date: {report['date']}",
              *no_gpu_line(report, "every rank's table in host memory, exchanged over gloo",
-                          "GPU tables and NCCL (one GPU per rank)"), "",
-             "| row B | remote rows GB/s per rank (x all_to_all) | mixed ids GB/s (x all_to_all) | all_to_all GB/s |",
-             "|---:|---:|---:|---:|"]
+                          "GPU tables and NCCL (one GPU per rank)")]
+    if report["sizes"]:
+        lines += ["", "| row B | remote rows GB/s per rank (x all_to_all) | mixed ids GB/s (x all_to_all) | "
+                      "all_to_all GB/s |", "|---:|---:|---:|---:|"]
     for s in report["sizes"]:
         v = s["variants"]
         lines.append(f"| {s['row_bytes']} | {v['remote']['gbps']:.2f} ({v['remote']['x_all_to_all']:.2f}) | "
                      f"{v['mixed']['gbps']:.2f} ({v['mixed']['x_all_to_all']:.2f}) | {v['all_to_all']['gbps']:.2f} |")
+    if "train" in report:
+        lines += ["", *remote_train.table_lines(report["train"])]
     return "\n".join(lines)
 
 
