@@ -4,7 +4,8 @@ Each machine holds one part of the graph (its nodes' features, labels and
 in-edges), written beforehand by ``python -m hmgstore.partition``. Every
 rank samples neighbours of any node and gathers any node's rows: the owner
 machine answers, sampling its part on its GPU (:mod:`hmgstore.distributed.sampling`,
-:class:`hmgstore.distributed.ClusterTensor`). Sampling and gathers are
+:class:`hmgstore.distributed.ClusterTensor`), and :class:`hmgstore.Pipeline`
+makes the next batches while the model trains. Sampling and gathers are
 collective, so every rank draws the same number of batches
 (:func:`hmgstore.plugins.pyg.cluster_loader` pads with empty ones; the loop
 below still runs forward and backward on them, so that DDP stays in step).
@@ -51,6 +52,7 @@ from hmgstore.plugins.pyg import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+import hmgstore
 import hmgstore.distributed as hd
 from hmgstore import flags
 from pyg_graphsage import SAGE  # the single-GPU example's model (this script's folder)
@@ -116,7 +118,9 @@ def main(argv=None) -> dict | None:
     for epoch in range(args.epochs):
         model.train()
         train_loader.batch_sampler.set_epoch(epoch)
-        for batch in train_loader:
+        # hmgstore: the next batches sampled and gathered (collectively, in a thread of their own, on a side
+        # stream) while this one trains; DDP's all-reduce stays in this thread, on its own group.
+        for batch in hmgstore.Pipeline(train_loader):
             batch = batch.to(device)
             optimizer.zero_grad()
             out = model(batch.x.float(), batch.edge_index)[:batch.batch_size]
