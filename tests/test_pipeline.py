@@ -150,15 +150,52 @@ def test_max_sms_is_checked():
             hmgstore.Pipeline([], max_sms=bad)
 
 
+def test_sm_caps_nest_and_stay_with_their_thread():
+    from hmgstore.cuda import current_cap, sm_cap
+
+    seen = {}
+    with sm_cap(8):
+        assert current_cap() == 8
+        with sm_cap(None):
+            assert current_cap() == 8  # None adds no cap
+        with sm_cap(16):
+            assert current_cap() == 8  # the tightest holds
+        with sm_cap(4):
+            assert current_cap() == 4
+            other = threading.Thread(target=lambda: seen.update(cap=current_cap()))
+            other.start()
+            other.join()
+        assert current_cap() == 8
+    assert current_cap() is None and seen == {"cap": None}
+
+
+def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
+    from hmgstore.cuda import current_cap
+
+    def loader():
+        for i in range(3):
+            yield current_cap()
+
+    assert list(hmgstore.Pipeline(loader(), device=None)) == [None] * 3
+
+
 @pytest.mark.gpu
-def test_the_default_caps_the_stores_gathers_while_iterating_and_restores_them():
+def test_the_default_caps_the_kernels_that_make_batches_not_the_training_thread(monkeypatch):
+    from hmgstore.cuda import current_cap, gather, runtime
     from hmgstore.pipeline import auto_sms
-    from hmgstore.plugins.pyg import from_data
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
     from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
 
     x = torch.randn(1000, 16)
     stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", progress=False)
     table = stores[0].table(None, "x")
+    caps = {"gather": [], "launch": []}
+    grid_size, launch_grid = gather.grid_size, runtime.launch_grid
+    monkeypatch.setattr(gather, "grid_size", lambda i, k, tiles, cap, narrow=False: caps["gather"].append(cap) or
+                        grid_size(i, k, tiles, cap, narrow))
+    monkeypatch.setattr(runtime, "launch_grid", lambda i, work, block=256: caps["launch"].append(current_cap()) or
+                        launch_grid(i, work, block))
 
     class Loader:
         data = stores
@@ -169,11 +206,27 @@ def test_the_default_caps_the_stores_gathers_while_iterating_and_restores_them()
         def __iter__(self):
             for i in range(3):
                 ids = torch.randint(0, 1000, (100,), device="cuda")
-                yield {"caps": table.max_sms, "rows": table[ids], "ids": ids}
+                yield {"cap": current_cap(), "rows": table[ids], "ids": ids}
 
     limit = auto_sms(torch.device("cuda", torch.cuda.current_device()))
     assert 4 <= limit < torch.cuda.get_device_properties(0).multi_processor_count
+    assert runtime.launch_grid(0, 10**9) == torch.cuda.get_device_properties(0).multi_processor_count * \
+        runtime.BLOCKS_PER_SM
     for batch in hmgstore.Pipeline(Loader()):
-        assert batch["caps"] == limit
+        assert batch["cap"] == limit
         assert torch.equal(batch["rows"].cpu(), x[batch["ids"].cpu()])
-    assert table.max_sms is None
+        assert current_cap() is None
+        with runtime.sm_cap(limit):
+            assert runtime.launch_grid(0, 10**9) == limit * runtime.BLOCKS_PER_SM
+    assert caps["gather"] == [limit] * 3 and table.max_sms is None
+    caps["gather"].clear()
+    table[torch.arange(10, device="cuda")]  # the training thread's own gathers: not capped
+    assert caps["gather"] == [None]
+    # The sampler's and the relabelling's kernels, in a NeighborLoader through the pipeline: capped too.
+    sampler = HybridNeighborSampler(stores, [5, 3], device="cuda", progress=False)
+    loader = NeighborLoader(stores, [5, 3], neighbor_sampler=sampler, input_nodes=torch.arange(1000), batch_size=64)
+    caps["launch"].clear()
+    for batch in hmgstore.Pipeline(loader):
+        assert torch.equal(batch.x.cpu(), x[batch.n_id.cpu()])
+    assert caps["launch"] and set(caps["launch"]) == {limit}, caps["launch"]
+    sampler.close()

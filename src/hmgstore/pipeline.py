@@ -28,6 +28,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from .cuda.runtime import sm_cap
 from .device import resolve_device
 from .fusion import fused
 from .reach import batches_to_fuse
@@ -78,17 +79,20 @@ class Pipeline:
         depth: batches prepared ahead (1 or more).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).
-        max_sms: while iterating, cap the gathers of the loader's hmgstore
-            feature store at this many SMs' worth of blocks (see
-            :class:`hmgstore.HybridTensor`), leaving the rest to training.
-            ``"auto"`` (the default): :func:`auto_sms`, one SM in 32 (4 on
-            an H100 or H200). A gather that reads host memory over PCIe waits
-            on the link, not on its SMs: uncapped, its blocks hold SMs the
-            training step needs (bench train, H200, 15% cache of 8.2 GB:
-            29.6 batches/s uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8,
-            44.5 at 4, against 49.2 all in GPU memory, which the cap does not
-            slow; every feature read from the host: 40.1 at 8, 42.0 at 4).
-            None: the tables' own caps (none unless set on them).
+        max_sms: cap every hmgstore kernel that makes a batch (the
+            gathers, the sampler's and the relabelling's) at this many SMs'
+            worth of blocks (:func:`hmgstore.cuda.sm_cap`), leaving the rest
+            to training. Only the batches' making is capped: the training
+            thread's own gathers are not. ``"auto"`` (the default):
+            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200). A kernel
+            that reads host memory over PCIe waits on the link, not on its
+            SMs: uncapped, its blocks hold SMs the training step needs (bench
+            train, H200, 15% cache of 8.2 GB, gathers capped: 29.6 batches/s
+            uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8, 44.5 at 4,
+            against 49.2 all in GPU memory, which the cap does not slow;
+            every feature read from the host: 40.1 at 8, 42.0 at 4). A
+            table's own tighter ``max_sms`` still holds. None: no cap but
+            the tables' own.
         fuse: make this many batches at a time and gather their rows
             together, one kernel job per table (:mod:`hmgstore.fusion`): big
             host tables read several times faster per row in launches of
@@ -126,7 +130,7 @@ class Pipeline:
         return len(self.loader)
 
     def _tables(self) -> list:
-        """The hmgstore tables the loader gathers from (for ``max_sms``)."""
+        """The hmgstore tables the loader gathers from (for ``fuse="auto"``)."""
         data = getattr(self.loader, "data", None)
         stores = data if isinstance(data, (tuple, list)) else [data]
         tables = []
@@ -142,17 +146,13 @@ class Pipeline:
         side = torch.cuda.Stream(self.device) if cuda else None
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        max_sms = auto_sms(self.device) if self.max_sms == "auto" and cuda else self.max_sms
-        tables = self._tables() if max_sms not in (None, "auto") else []
-        caps = [t.max_sms for t in tables]
+        max_sms = (auto_sms(self.device) if self.max_sms == "auto" else self.max_sms) if cuda else None
         if self.fuse == "auto":
             self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
-        for t in tables:  # "auto" keeps a table's own cap where it is tighter
-            t.max_sms = min(t.max_sms, max_sms) if self.max_sms == "auto" and t.max_sms else max_sms
 
         def make(batches) -> tuple:
             """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), sm_cap(max_sms):
                 batch = next(batches, _DONE)
                 event = None
                 if cuda and batch is not _DONE:
@@ -164,7 +164,7 @@ class Pipeline:
             """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
             ends the group after the batches made before it, which are delivered first."""
             items, error = [], None
-            with torch.cuda.stream(side), fused(self.device, self.fuse):
+            with torch.cuda.stream(side), sm_cap(max_sms), fused(self.device, self.fuse):
                 try:
                     for _ in range(self.fuse):
                         batch = next(batches, _DONE)
@@ -238,5 +238,3 @@ class Pipeline:
                 except queue.Empty:
                     pass
             worker.join()
-            for t, cap in zip(tables, caps):
-                t.max_sms = cap

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .runtime import cupy, cupy_stream, kernel_source, module
+from .runtime import cupy, cupy_stream, current_cap, kernel_source, module
 
 #: Threads per block. Chosen by benchmarks/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
 #: 256 matched 512 within noise and beat 128.
@@ -233,6 +233,9 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream, 
     if packed is None:
         return
     kernel = _kernel(device.index, packed.narrow)
+    cap = current_cap()  # the launching thread's (sm_cap), beside the tables'
+    if cap is not None:
+        max_sms = cap if max_sms is None else min(max_sms, cap)
     grid = grid_size(device.index, kernel, packed.tiles, max_sms, packed.narrow)
     with cupy().cuda.Device(device.index):
         kernel((grid,), (BLOCK,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
