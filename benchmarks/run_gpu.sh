@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small cap-scope remote-train; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -150,14 +150,6 @@ for stage in "$@"; do
                 else echo "MPS daemon did not start"; rc=1; fi
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
                 find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
-    cap-scope) rc=0  # the pipeline's SM cap over every kernel that makes a batch, against the gathers only
-               for dim in ${DIMS:-1024 128}; do for cap in batch gathers; do
-                 echo "-- ${dim}-d, cap $cap"
-                 timeout 200 python3 -m hmgstore.bench train --no-progress --feat-dim $dim --configs all_gpu+pipe \
-                   cache+pipe host+pipe --cap $cap --out "$OUT/cap-$cap-$dim" 2>"$OUT/last.log" || rc=1
-                 grep -E "^\| (all_gpu|cache|host)" "$OUT/last.log"
-               done; done
-               find "$OUT" -name 'train.png' -delete; rm -f "$OUT/last.log" ;;
     remote-train) timeout 300 python3 -m hmgstore.bench remote --what train --device cpu --no-progress \
                     --out "$OUT/remote-train" 2>"$OUT/remote-train.log"; rc=$?; tail -8 "$OUT/remote-train.log"
                   rm -f "$OUT/remote-train/remote.png" ;;

@@ -150,17 +150,17 @@ def test_max_sms_is_checked():
             hmgstore.Pipeline([], max_sms=bad)
 
 
-def test_sm_caps_nest_and_stay_with_their_thread():
-    from hmgstore.cuda import current_cap, sm_cap
+def test_gather_caps_nest_and_stay_with_their_thread():
+    from hmgstore.cuda.gather import capped_gathers, current_cap
 
     seen = {}
-    with sm_cap(8):
+    with capped_gathers(8):
         assert current_cap() == 8
-        with sm_cap(None):
+        with capped_gathers(None):
             assert current_cap() == 8  # None adds no cap
-        with sm_cap(16):
+        with capped_gathers(16):
             assert current_cap() == 8  # the tightest holds
-        with sm_cap(4):
+        with capped_gathers(4):
             assert current_cap() == 4
             other = threading.Thread(target=lambda: seen.update(cap=current_cap()))
             other.start()
@@ -170,7 +170,7 @@ def test_sm_caps_nest_and_stay_with_their_thread():
 
 
 def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
-    from hmgstore.cuda import current_cap
+    from hmgstore.cuda.gather import current_cap
 
     def loader():
         for i in range(3):
@@ -180,22 +180,19 @@ def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
 
 
 @pytest.mark.gpu
-def test_the_default_caps_the_kernels_that_make_batches_not_the_training_thread(monkeypatch):
-    from hmgstore.cuda import current_cap, gather, runtime
+def test_the_default_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
+    from hmgstore.cuda import gather
+    from hmgstore.cuda.gather import current_cap
     from hmgstore.pipeline import auto_sms
-    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+    from hmgstore.plugins.pyg import from_data
     from torch_geometric.data import Data
-    from torch_geometric.loader import NeighborLoader
 
     x = torch.randn(1000, 16)
     stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", progress=False)
     table = stores[0].table(None, "x")
-    caps = {"gather": [], "launch": []}
-    grid_size, launch_grid = gather.grid_size, runtime.launch_grid
-    monkeypatch.setattr(gather, "grid_size", lambda i, k, tiles, cap, narrow=False: caps["gather"].append(cap) or
+    caps, grid_size = [], gather.grid_size
+    monkeypatch.setattr(gather, "grid_size", lambda i, k, tiles, cap, narrow=False: caps.append(cap) or
                         grid_size(i, k, tiles, cap, narrow))
-    monkeypatch.setattr(runtime, "launch_grid", lambda i, work, block=256: caps["launch"].append(current_cap()) or
-                        launch_grid(i, work, block))
 
     class Loader:
         data = stores
@@ -210,23 +207,13 @@ def test_the_default_caps_the_kernels_that_make_batches_not_the_training_thread(
 
     limit = auto_sms(torch.device("cuda", torch.cuda.current_device()))
     assert 4 <= limit < torch.cuda.get_device_properties(0).multi_processor_count
-    assert runtime.launch_grid(0, 10**9) == torch.cuda.get_device_properties(0).multi_processor_count * \
-        runtime.BLOCKS_PER_SM
     for batch in hmgstore.Pipeline(Loader()):
-        assert batch["cap"] == limit
+        assert batch["cap"] == limit and current_cap() is None
         assert torch.equal(batch["rows"].cpu(), x[batch["ids"].cpu()])
-        assert current_cap() is None
-        with runtime.sm_cap(limit):
-            assert runtime.launch_grid(0, 10**9) == limit * runtime.BLOCKS_PER_SM
-    assert caps["gather"] == [limit] * 3 and table.max_sms is None
-    caps["gather"].clear()
+    assert caps == [limit] * 3 and table.max_sms is None  # the table itself is left as it was
+    caps.clear()
     table[torch.arange(10, device="cuda")]  # the training thread's own gathers: not capped
-    assert caps["gather"] == [None]
-    # The sampler's and the relabelling's kernels, in a NeighborLoader through the pipeline: capped too.
-    sampler = HybridNeighborSampler(stores, [5, 3], device="cuda", progress=False)
-    loader = NeighborLoader(stores, [5, 3], neighbor_sampler=sampler, input_nodes=torch.arange(1000), batch_size=64)
-    caps["launch"].clear()
-    for batch in hmgstore.Pipeline(loader):
-        assert torch.equal(batch.x.cpu(), x[batch.n_id.cpu()])
-    assert caps["launch"] and set(caps["launch"]) == {limit}, caps["launch"]
-    sampler.close()
+    table.max_sms = 2
+    with gather.capped_gathers(limit):
+        got = table[torch.arange(10, device="cuda")]  # a table's own tighter cap holds
+    assert caps == [None, 2] and torch.equal(got.cpu(), x[:10])

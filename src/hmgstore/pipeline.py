@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from .cuda.runtime import sm_cap
+from .cuda.gather import capped_gathers
 from .device import resolve_device
 from .fusion import fused
 from .reach import batches_to_fuse
@@ -79,20 +79,20 @@ class Pipeline:
         depth: batches prepared ahead (1 or more).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).
-        max_sms: cap every hmgstore kernel that makes a batch (the
-            gathers, the sampler's and the relabelling's) at this many SMs'
-            worth of blocks (:func:`hmgstore.cuda.sm_cap`), leaving the rest
-            to training. Only the batches' making is capped: the training
-            thread's own gathers are not. ``"auto"`` (the default):
-            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200). A kernel
+        max_sms: cap the gathers that make a batch at this many SMs'
+            worth of blocks (:func:`hmgstore.cuda.gather.capped_gathers`),
+            leaving the rest to training. Only the batches' gathers are
+            capped, not the training thread's own. ``"auto"`` (the default):
+            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200). A gather
             that reads host memory over PCIe waits on the link, not on its
             SMs: uncapped, its blocks hold SMs the training step needs (bench
-            train, H200, 15% cache of 8.2 GB, gathers capped: 29.6 batches/s
+            train, H200, 15% cache of 8.2 GB: 29.6 batches/s
             uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8, 44.5 at 4,
             against 49.2 all in GPU memory, which the cap does not slow;
             every feature read from the host: 40.1 at 8, 42.0 at 4). A
             table's own tighter ``max_sms`` still holds. None: no cap but
-            the tables' own.
+            the tables' own. The sampler's kernels are not capped (see
+            ``capped_gathers`` for why).
         fuse: make this many batches at a time and gather their rows
             together, one kernel job per table (:mod:`hmgstore.fusion`): big
             host tables read several times faster per row in launches of
@@ -152,7 +152,7 @@ class Pipeline:
 
         def make(batches) -> tuple:
             """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), sm_cap(max_sms):
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), capped_gathers(max_sms):
                 batch = next(batches, _DONE)
                 event = None
                 if cuda and batch is not _DONE:
@@ -164,7 +164,7 @@ class Pipeline:
             """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
             ends the group after the batches made before it, which are delivered first."""
             items, error = [], None
-            with torch.cuda.stream(side), sm_cap(max_sms), fused(self.device, self.fuse):
+            with torch.cuda.stream(side), capped_gathers(max_sms), fused(self.device, self.fuse):
                 try:
                     for _ in range(self.fuse):
                         batch = next(batches, _DONE)

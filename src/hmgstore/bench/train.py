@@ -58,7 +58,6 @@ import hmgstore
 from .. import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
-from ..pipeline import auto_sms
 from .report import header, no_gpu_line, write_report
 from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader
 
@@ -84,11 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_fanout(p)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=_sms, default="auto",
-                   help="pipeline and producer: cap the kernels that make a batch at this many SMs, leaving the rest "
-                        "to training; 'auto' (the default: hmgstore.pipeline.auto_sms) or 'none'")
-    p.add_argument("--cap", choices=("batch", "gathers"), default="batch",
-                   help="pipeline: what --max-sms caps: every kernel that makes a batch (the default, as the "
-                        "pipeline does), or the stores' gathers only (the tables' own max_sms; sampling uncapped)")
+                   help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
+                        "(the default: hmgstore.pipeline.auto_sms) or 'none'")
     p.add_argument("--sm-percent", type=int, default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
@@ -150,12 +146,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         build = time.perf_counter() - build
     else:
         loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot)
-        max_sms = args.max_sms
-        if args.cap == "gathers" and pipe and stores is not None and device.type == "cuda":  # the tables' own caps
-            for table in stores[0].tables().values():
-                table.max_sms = auto_sms(device) if max_sms == "auto" else max_sms
-            max_sms = None
-        iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
+        iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=args.max_sms,
                                      fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
@@ -263,7 +254,7 @@ def run(args) -> dict:
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": f"GraphSAGE {len(args.fanout)} layers, hidden 256, fanout {fanout}", "batch": args.batch_size,
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
-        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "cap": args.cap, "fuse": args.fuse},
+        "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "configs": {},
     }
     hot = None

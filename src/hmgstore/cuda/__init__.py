@@ -4,13 +4,12 @@ CuPy is imported lazily, the first time a CUDA table is built, so that
 ``import hmgstore`` and the CPU path work on machines without a GPU or CuPy.
 
 - :mod:`.runtime`: CuPy itself, device checks, kernel compilation (NVRTC,
-  once per device and options), CuPy handles on torch streams and a
-  thread's cap on its launches' share of the SMs (``sm_cap``);
+  once per device and options) and CuPy handles on torch streams;
 - :mod:`.host`: page-locking host memory in place (cudaHostRegister);
 - :mod:`.gather`: the gather kernel's job layout and its launch;
 - :mod:`.peer`: other GPUs of the node: peer access, raw device buffers and
   CUDA IPC.
 """
-from .runtime import check_device, cupy, cupy_stream, current_cap, kernel_source, launch, module, sm_cap
+from .runtime import check_device, cupy, cupy_stream, kernel_source, launch, module
 
-__all__ = ["check_device", "cupy", "cupy_stream", "current_cap", "kernel_source", "launch", "module", "sm_cap"]
+__all__ = ["check_device", "cupy", "cupy_stream", "kernel_source", "launch", "module"]

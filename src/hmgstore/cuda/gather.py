@@ -7,6 +7,7 @@ kernel is compiled with the header in front of it, so the two cannot drift.
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 import threading
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .runtime import cupy, cupy_stream, current_cap, kernel_source, module
+from .runtime import cupy, cupy_stream, kernel_source, module
 
 #: Threads per block. Chosen by benchmarks/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
 #: 256 matched 512 within noise and beat 128.
@@ -181,6 +182,29 @@ def _blocks_per_sm(device_index: int, kernel, narrow: bool = False) -> int:
         return _occupancy[key]
 
 
+_cap = threading.local()  # .value: this thread's cap on its gathers' SMs (capped_gathers), or None
+
+
+@contextlib.contextmanager
+def capped_gathers(max_sms: int | None):
+    """Within the block, every gather this thread launches holds at most ``max_sms`` SMs' worth of blocks
+    (as a table's own ``max_sms``, which still applies); None adds no cap. Caps nest (the tightest holds) and
+    stay with the thread: another thread's gathers are not capped. :class:`hmgstore.Pipeline` makes its
+    batches inside one. The sampler's kernels are not capped: capping them too changed nothing on a 15% cache
+    and cost 4-6% with all topology in host memory (bench train, H200, benchmarks/results/cap-scope-h200.md)."""
+    before = getattr(_cap, "value", None)
+    _cap.value = before if max_sms is None else max_sms if before is None else min(before, max_sms)
+    try:
+        yield
+    finally:
+        _cap.value = before
+
+
+def current_cap() -> int | None:
+    """This thread's cap on its gathers' SMs (see :func:`capped_gathers`), or None."""
+    return getattr(_cap, "value", None)
+
+
 def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None, narrow: bool = False) -> int:
     """Blocks to launch: every tile once, at most ``max_sms`` SMs' worth of resident blocks.
 
@@ -233,7 +257,7 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream, 
     if packed is None:
         return
     kernel = _kernel(device.index, packed.narrow)
-    cap = current_cap()  # the launching thread's (sm_cap), beside the tables'
+    cap = current_cap()  # the launching thread's (capped_gathers), beside the tables'
     if cap is not None:
         max_sms = cap if max_sms is None else min(max_sms, cap)
     grid = grid_size(device.index, kernel, packed.tiles, max_sms, packed.narrow)

@@ -1,7 +1,6 @@
 """CuPy, device checks, kernel compilation and stream handles."""
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import threading
 import warnings
@@ -14,7 +13,6 @@ _modules: dict[tuple, object] = {}  # (device index, files, options) -> compiled
 _functions: dict[tuple, object] = {}  # (device index, files, kernel name) -> CuPy function
 _streams: dict[int, object] = {}  # torch stream handle -> CuPy wrapper of it
 _sms: dict[int, int] = {}
-_cap = threading.local()  # .value: this thread's cap on its launches' SMs (sm_cap), or None
 
 
 def cupy():
@@ -92,26 +90,6 @@ def cupy_stream(stream: torch.cuda.Stream):
     return wrapped
 
 
-@contextlib.contextmanager
-def sm_cap(max_sms: int | None):
-    """Within the block, every hmgstore kernel that this thread launches (gathers, sampling, relabelling)
-    holds at most ``max_sms`` SMs' worth of blocks; None adds no cap. Caps nest (the tightest holds) and
-    stay with the thread: another thread's launches are not capped. A table's own ``max_sms`` still applies.
-    :class:`hmgstore.Pipeline` makes its batches inside one, so that work queued beside training leaves the
-    step its SMs (a kernel waiting on PCIe holds its SMs all the while)."""
-    before = getattr(_cap, "value", None)
-    _cap.value = before if max_sms is None else max_sms if before is None else min(before, max_sms)
-    try:
-        yield
-    finally:
-        _cap.value = before
-
-
-def current_cap() -> int | None:
-    """This thread's cap on its launches' SMs (see :func:`sm_cap`), or None."""
-    return getattr(_cap, "value", None)
-
-
 #: Blocks per SM that :func:`launch` gives a grid-stride kernel at most: enough resident warps to hide
 #: memory latency for the one-element-per-thread kernels of sampling and relabelling.
 BLOCKS_PER_SM = 8
@@ -126,16 +104,9 @@ def launch(files: tuple[str, ...], name: str, work: int, args: tuple, device: to
     fn = _functions.get((index, files, name))
     if fn is None:
         fn = _functions[(index, files, name)] = module(index, files).get_function(name)
-    grid = launch_grid(index, work, block)
+    sms = _sms.get(index)
+    if sms is None:
+        sms = _sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    grid = max(1, min(-(-work // block), sms * BLOCKS_PER_SM))
     with cupy().cuda.Device(index):
         fn((grid,), (block,), args, stream=cupy_stream(torch.cuda.current_stream(device)))
-
-
-def launch_grid(device_index: int, work: int, block: int = 256) -> int:
-    """:func:`launch`'s blocks for ``work`` threads: one per thread, at most :data:`BLOCKS_PER_SM` per SM of the
-    device, or of this thread's :func:`sm_cap`."""
-    sms = _sms.get(device_index)
-    if sms is None:
-        sms = _sms[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
-    cap = current_cap()
-    return max(1, min(-(-work // block), (min(sms, cap) if cap else sms) * BLOCKS_PER_SM))

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..cuda.runtime import current_cap
 from ..index import normalize_many
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
@@ -203,10 +202,8 @@ class NeighborSampler:
         later ones replay it with new seeds and keys.
         """
         counting = any(t.counting for t in self.topologies.values())
-        # A graph keeps its launches' grids: one captured under a pipeline's SM cap (cuda.sm_cap) is not
-        # replayed outside it, nor the other way round.
         shape = (tuple(len(k) for k in keys.values()), tuple(map(tuple, self.num_neighbors.values())), self.replace,
-                 self.disjoint, current_cap())
+                 self.disjoint)
         if self.cuda_graphs and not counting:
             captured = self._graphs.get(shape)
             if captured is None and shape in self._graphs and threading.current_thread() is threading.main_thread():
