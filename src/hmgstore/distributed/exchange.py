@@ -215,27 +215,41 @@ class Gather:
                     _copy_rows(_as_bytes(out, rb), positions, block[:, column:column + rb])
                     column += rb
 
-    # ---- the collective itself, and its failures -------------------------------------------------------------
+    # ---- the collective itself -------------------------------------------------------------------------------
     def _all_to_all(self, out, inp, out_sizes=None, in_sizes=None, *, wait: bool = True):
-        try:
-            work = dist.all_to_all_single(out, inp, out_sizes, in_sizes, group=self.exchange.group, async_op=True)
-        except Exception as err:
-            raise self._lost(err) from err
-        if wait:
-            self._wait(work)
-        return work
+        return all_to_all(self.cluster, self.exchange, out, inp, out_sizes, in_sizes, wait=wait)
 
     def _wait(self, work) -> None:
-        try:
-            work.wait()
-        except Exception as err:
-            raise self._lost(err) from err
+        finish(self.cluster, self.exchange, work)
 
-    def _lost(self, err: Exception) -> PeerLostError:
-        if self.cluster.node.lost is not None:  # the node's watch knows who, and has aborted the groups
-            self.cluster.broken = self.cluster.node.lost
-            return PeerLostError(self.cluster.node.lost)
-        why = f"an exchange of rank {self.cluster.rank} with ranks {self.exchange.ranks} failed ({err}); " \
-              f"{self.cluster.gone()}"
-        self.cluster.broken = why
-        return PeerLostError(f"{why}. The exchanges among machines are out of step: restart the job")
+
+def all_to_all(cluster, exchange: Exchange, out, inp, out_sizes=None, in_sizes=None, *, wait: bool = True,
+               what: str = "an exchange"):
+    """One ``all_to_all_single`` round over ``exchange``'s group (gathers' and sampling's): its work handle,
+    already waited for unless ``wait=False``. A failure marks ``cluster`` broken (the rounds are out of step
+    for good) and raises PeerLostError, naming the ranks that are gone."""
+    try:
+        work = dist.all_to_all_single(out, inp, out_sizes, in_sizes, group=exchange.group, async_op=True)
+    except Exception as err:
+        raise lost(cluster, exchange, err, what) from err
+    if wait:
+        finish(cluster, exchange, work, what)
+    return work
+
+
+def finish(cluster, exchange: Exchange, work, what: str = "an exchange") -> None:
+    """Wait for a round of :func:`all_to_all`; raises as it does."""
+    try:
+        work.wait()
+    except Exception as err:
+        raise lost(cluster, exchange, err, what) from err
+
+
+def lost(cluster, exchange: Exchange, err: Exception, what: str) -> PeerLostError:
+    """The PeerLostError for a failed round, ``cluster`` marked broken."""
+    if cluster.node.lost is not None:  # the node's watch knows who, and has aborted the groups
+        cluster.broken = cluster.node.lost
+        return PeerLostError(cluster.node.lost)
+    why = f"{what} of rank {cluster.rank} with ranks {exchange.ranks} failed ({err}); {cluster.gone()}"
+    cluster.broken = why
+    return PeerLostError(f"{why}. The exchanges among machines are out of step: restart the job")
