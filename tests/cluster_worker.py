@@ -313,8 +313,9 @@ def scenario_sample(report):
     degree = csc.colptr.diff()
     checks, report["rounds"] = _draw_for_draw(sampler, csc, fanout, False, rank, edges, degree)
     sampler.close()
-    # Every neighbour in one hop (no bound on an answer: counts, then neighbours), and draws with replacement.
-    for fanouts, replace, name in (([-1, 2], False, "all"), ([3, 2], True, "replace")):
+    # Every neighbour in one hop, or more than PADDED_FANOUT_MAX (counts, then neighbours), and draws with
+    # replacement.
+    for fanouts, replace, name in (([-1, 2], False, "all"), ([3, 2], True, "replace"), ([40, 2], False, "wide")):
         other = hd.DistributedNeighborSampler(part, fanouts, replace=replace, device=owners,
                                               generator=torch.Generator().manual_seed(rank))
         more, report[f"rounds_{name}"] = _draw_for_draw(other, csc, fanouts, replace, rank, edges, degree)

@@ -341,6 +341,7 @@ def test_distributed_sampling_and_pyg_loader(parts, tmp_path, no_leaks):
         # Fused per hop: header, requests, answers (counts and neighbours together); a hop that takes every
         # neighbour sends its counts before its neighbours.
         assert r["rounds"] == [6] * 6 and r["rounds_replace"] == [6] * 6 and r["rounds_all"] == [7] * 6, r
+        assert r["rounds_wide"] == [7] * 6, r  # a fanout of 40: counts before neighbours, not 41 padded slots
         assert r["uniform_outside"] == 0 and 8 <= r["hub_degree"] <= 16
         # 1200 draws over ~12 neighbours: each expected ~100 times (sd ~10); 40% off is 4 sigma
         assert r["uniform_max_rel_dev"] < 0.4 and r["uniform_chi2_per_df"] < 3, r

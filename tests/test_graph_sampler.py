@@ -369,3 +369,6 @@ def test_a_hop_drawn_as_other_seeds_equals_the_owners_sampler(device, replace):
     assert torch.equal(counts.cpu(), want_counts) and torch.equal(nbr.cpu(), want_nbr)
     plain, _, _ = sample_hop(topo, seeds.to(device), 6, replace, 12345)
     assert not torch.equal(plain.cpu(), want_nbr)  # the index does change the draws
+    # A part's row may be int32 (a CSC given as is): the neighbours still come back int64, as every answer is sent.
+    narrow, _ = sample_rows(csc.colptr, csc.row.int(), seeds, index, -1, False, key=12345)
+    assert narrow.dtype == torch.int64

@@ -74,12 +74,12 @@ def _features(features, num_nodes: int, files: bool = True) -> dict[str, torch.T
         table, _ = as_host_tensor(table)
         if table.shape[0] != num_nodes:
             raise ValueError(f"attribute {name!r} has {table.shape[0]} rows for a book of {num_nodes} nodes")
-        try:
-            if files:
+        if files:
+            try:
                 torch.empty(0, dtype=table.dtype).numpy()
-        except TypeError:
-            raise ValueError(f"attribute {name!r} is {table.dtype}, which .npy files cannot hold; convert it "
-                             "(e.g. to float32) first") from None
+            except TypeError:
+                raise ValueError(f"attribute {name!r} is {table.dtype}, which .npy files cannot hold; convert it "
+                                 "(e.g. to float32) first") from None
         out[name] = table
     return out
 
@@ -162,7 +162,7 @@ def part_of(features, edge_index, book: PartitionBook, machine: int, device=None
         for table in parts.values():
             table.close()
         raise
-    return Partition(machine, book, parts, colptr, csc.row[edges])
+    return Partition(machine, book, parts, colptr, csc.row[edges].long())  # int64, as load_partition's
 
 
 def _csc(edge_index, n: int) -> CSC:
