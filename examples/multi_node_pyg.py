@@ -4,7 +4,7 @@ Each machine holds one part of the graph (its nodes' features, labels and
 in-edges), written beforehand by ``python -m hmgstore.partition``. Every
 rank samples neighbours of any node and gathers any node's rows: the owner
 machine answers, sampling its part on its GPU (:mod:`hmgstore.distributed.sampling`,
-:class:`hmgstore.distributed.ClusterTensor`), and :class:`hmgstore.Pipeline`
+:class:`hmgstore.distributed.ClusterTensor`); on CPUs :class:`hmgstore.Pipeline`
 makes the next batches while the model trains. Sampling and gathers are
 collective, so every rank draws the same number of batches
 (:func:`hmgstore.plugins.pyg.cluster_loader` pads with empty ones; the loop
@@ -118,9 +118,12 @@ def main(argv=None) -> dict | None:
     for epoch in range(args.epochs):
         model.train()
         train_loader.batch_sampler.set_epoch(epoch)
-        # hmgstore: the next batches sampled and gathered (collectively, in a thread of their own, on a side
-        # stream) while this one trains; DDP's all-reduce stays in this thread, on its own group.
-        for batch in hmgstore.Pipeline(train_loader):
+        # hmgstore: the next batches sampled and gathered (collectively, in a thread of their own) while this one
+        # trains; DDP's all-reduce stays in this thread, on its own group. Over gloo only: with GPU tables the
+        # gathers' exchange is an NCCL group, and two NCCL groups used from two threads may be issued in another
+        # order on each rank, which NCCL does not allow (it can deadlock), so GPUs iterate the loader itself.
+        batches = hmgstore.Pipeline(train_loader) if device.type == "cpu" else train_loader
+        for batch in batches:
             batch = batch.to(device)
             optimizer.zero_grad()
             out = model(batch.x.float(), batch.edge_index)[:batch.batch_size]
