@@ -273,7 +273,8 @@ class DistributedNeighborSampler:
                          [2 * n + 1 if n else 0 for n in sent_counts])
         answers = [self._answer(block[1:a + 1], block[a + 1:], k, int(block[0])) if a else None
                    for block, a in zip(got.split([2 * a + 1 if a else 0 for a in asked]), asked)]
-        if not 0 <= k <= PADDED_FANOUT_MAX:  # every neighbour, or nearly: counts size the neighbours' round
+        padded = 0 <= k <= PADDED_FANOUT_MAX  # else every neighbour, or nearly: counts size the neighbours' round
+        if not padded:
             counts = torch.empty(remote, dtype=torch.int64)
             self._all_to_all(counts, torch.cat([c for _, c in filter(None, answers)] or [counts[:0]]), sent_counts,
                              asked)
@@ -291,7 +292,7 @@ class DistributedNeighborSampler:
         own = len(frontier) - remote  # this machine's seeds, sampled while the answers travel
         own_nbr, own_counts = self._answer(local[remote:], order[remote:], k, key) if own else _EMPTY
         self._wait(work)
-        if 0 <= k <= PADDED_FANOUT_MAX:
+        if padded:
             nbr, counts = unpack_answers(got_answers, k)
         return in_frontier_order(torch.cat([nbr, own_nbr]), torch.cat([counts, own_counts]), order)
 
