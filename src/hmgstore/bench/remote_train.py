@@ -69,13 +69,13 @@ def run(args, device: torch.device, cluster) -> dict:
         g = graph_of(args.graph, args.feat_dim, args.seed)
         one = _one_machine(args, g, device) if rank == 0 else None
         dist.barrier(group=cluster.control)
-        machines = _machines(args, g, device, cluster)
-        everyone = [None] * world
-        dist.all_gather_object(everyone, {"one": one, "machines": machines}, group=cluster.control)
+        per_rank = _machines(args, g, device, cluster)  # the slowest rank's rate, the same on every rank
+        shared = [one]
+        dist.broadcast_object_list(shared, src=0, group=cluster.control)  # rank 0's one-machine rate
+        one = shared[0]
     finally:
         used = torch.get_num_threads()
         torch.set_num_threads(threads)
-    one, per_rank = everyone[0]["one"], everyone[0]["machines"]  # the slowest rank's rate, the same on every rank
     return {"graph": args.graph, "nodes": g.num_nodes, "edges": int(g.edge_index.shape[1]),
             "feat_dim": args.feat_dim, "fanout": args.fanout, "batch_per_rank": args.train_batch,
             "batches": args.train_batches, "ranks": world, "threads_per_rank": used,
