@@ -19,6 +19,9 @@ def test_cpu_sharded_table_gathers_like_indexing():
         assert "ShardedTensor" in repr(t)
         with pytest.raises(IndexError):
             t[torch.tensor([1000])]
+        with pytest.raises(TypeError, match=r"rows only.*t\[\[3, 1\]\]"):  # torch's element x[3, 1]: refused
+            t[3, 1]
+        assert torch.equal(t[10:3], x[10:3])  # an empty slice is empty, as in torch
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -127,8 +127,69 @@ def test_gather_many_matches_each_gather():
     assert hmgstore.gather_many([]) == []
     with pytest.raises(IndexError):  # a bad index anywhere stops the whole batch
         hmgstore.gather_many([(tx, idx), (ty, torch.tensor([80]))])
-    with pytest.raises(TypeError, match="HybridTensor, index"):
+    with pytest.raises(TypeError, match=r"\(table, ids\) pairs.*Tensor, not a HybridTensor: wrap a plain tensor"):
         hmgstore.gather_many([(x, idx)])
+
+
+def test_two_indices_are_refused_and_say_how_to_index():
+    """``t[3, 1]`` is the element x[3, 1] in torch and numpy; a table indexes rows only, so it refuses."""
+    x = random_table(50, (4,), torch.float32)
+    t = hmgstore.HybridTensor(x, "cpu")
+    for bad in ((3, 1), (slice(None), 1), (torch.tensor([3]), torch.tensor([1])), (Ellipsis, 0)):
+        with pytest.raises(TypeError, match=r"rows only.*t\[\[3, 1\]\].*t\[ids\]\[:, cols\]"):
+            t[bad]
+        with pytest.raises(TypeError, match="rows only"):
+            t[bad] = 0
+    assert same(t[[3, 1]], x[[3, 1]]) and same(t[3][1], x[3, 1])  # the ways the message names
+    assert same(t.gather((3, 1)), x[[3, 1]])  # gather() takes a tuple as a sequence of ids, as documented
+
+
+@pytest.mark.parametrize("key", [slice(10, 3), slice(-1, -5), slice(5, 5), slice(60, 70), slice(40, 10, 2),
+                                 slice(3, 10, -1)])
+def test_empty_slices_give_empty_results_as_in_torch(key):
+    x = random_table(50, (4,), torch.float32)
+    want = x[key] if (key.step or 1) > 0 else x[:0]  # torch refuses negative steps; numpy's answer is empty
+    assert same(hmgstore.HybridTensor(x, "cpu")[key], want) and want.shape == (0, 4)
+
+
+def test_slices_with_steps_match_numpy():
+    x = random_table(50, (2,), torch.int64)
+    t = hmgstore.HybridTensor(x, "cpu")
+    for key in (slice(None, None, 3), slice(-10, None), slice(None, None, -1), slice(40, 5, -7), slice(-3, -60, -1)):
+        assert same(t[key], torch.from_numpy(x.numpy()[key].copy())), key
+
+
+def test_gather_many_says_requests_are_pairs():
+    t = hmgstore.HybridTensor(random_table(20, (2,), torch.float32), "cpu")
+    for bad in ([t], t, [(t,)], [(t, [1], [2])], [[1, 2]]):
+        with pytest.raises(TypeError, match=r"\(table, ids\) pairs.*gather_many\(\[\(t, ids\)\]\)"):
+            hmgstore.gather_many(bad)
+    assert same(hmgstore.gather_many([[t, [1]]])[0], t[[1]])  # a pair given as a list is a pair
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_ids_of_every_integer_dtype_and_layout(dtype):
+    x = random_table(120, (3,), torch.float32)
+    t = hmgstore.HybridTensor(x, "cpu")
+    if dtype == torch.bool:
+        mask = torch.rand(120, generator=torch.Generator().manual_seed(0)) < 0.3
+        assert same(t[mask], x[mask]) and same(t[mask.numpy()], x[mask])
+        return
+    ids = torch.randint(0, 120 if dtype != torch.int8 else 127, (6, 8), generator=torch.Generator().manual_seed(1))
+    ids = ids.clamp(max=119).to(dtype)
+    for view in (ids, ids.t(), ids[:, ::3], ids[::2], ids.flip(0)):  # contiguous, then strided views
+        assert same(t[view], x[view.long()])
+        assert same(t[view.numpy()], x[view.long()])
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([-1], dtype=torch.int8), torch.tensor([120], dtype=torch.uint8),
+                                 torch.tensor([[0, 1], [2, 200]], dtype=torch.int16).t(),
+                                 torch.tensor([1.0]), torch.tensor([1], dtype=torch.float16), np.array([1.5])])
+def test_bad_ids_of_every_dtype_raise_before_reading(bad):
+    t = hmgstore.HybridTensor(random_table(120, (3,), torch.float32), "cpu")
+    with pytest.raises((IndexError, TypeError)) as err:
+        t[bad]
+    assert ("out of range" in str(err.value)) if err.type is IndexError else ("integer" in str(err.value))
 
 
 @settings(max_examples=80, deadline=None)

@@ -75,8 +75,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
         raise TypeError("a bool is not a row index; pass an int, a slice or an integer tensor")
     if isinstance(index, (int, np.integer)):
         return _scalar(index), ()
-    if isinstance(index, slice):
-        ids = torch.arange(*index.indices(num_rows), dtype=torch.int64)
+    if isinstance(index, slice):  # an empty slice (t[10:3], t[-1:-5]) is empty, as in torch
+        rows = range(*index.indices(num_rows))
+        ids = torch.arange(rows.start, rows.stop, rows.step) if len(rows) else torch.empty(0, dtype=torch.int64)
         return ids, (len(ids),)
     if isinstance(index, np.ndarray):
         if index.dtype.kind not in "iub":
@@ -111,6 +112,22 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if _UNSIGNED and index.dtype == _UNSIGNED[-1]:  # uint64: same bits as int64; >= 2^63 looks negative
         return index.view(torch.int64), shape
     raise TypeError(f"index must be an integer tensor (int32 or int64), got {index.dtype}")
+
+
+def rows_only(index):
+    """``index`` unchanged, after refusing a tuple: a table is indexed by rows only, with one index.
+
+    ``t[3, 1]`` reaches ``__getitem__`` as the tuple ``(3, 1)``; torch and
+    numpy read it as the element ``x[3, 1]``, so reading it as rows 3 and 1
+    would silently answer another question. Raises TypeError saying how to
+    index instead.
+    """
+    if isinstance(index, tuple):
+        raise TypeError(
+            f"a table is indexed by rows only, with one index; got {len(index)} indices (a tuple). "
+            "Write t[[3, 1]] for rows 3 and 1, t[3][1] for the element x[3, 1], and t[ids][:, cols] for "
+            "columns of the rows gathered")
+    return index
 
 
 def check_range(ids: torch.Tensor, num_rows: int) -> None:

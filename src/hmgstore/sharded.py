@@ -24,6 +24,7 @@ import torch
 from . import placement as placement_mod
 from .cuda.runtime import synchronize
 from .device import resolve_device
+from .index import rows_only
 from .memory.pinned import PinnedHost, as_host_tensor, row_layout
 from .plan import fill_rows
 from .tensor import HybridTensor
@@ -146,7 +147,10 @@ class ShardedTensor:
             device = next(iter(self.views))
         return self.on(device).gather(index, **kwargs)
 
-    __getitem__ = gather
+    def __getitem__(self, index) -> torch.Tensor:
+        """``table[index]``: :meth:`gather` into the default device; one index only, as for
+        :class:`~hmgstore.HybridTensor` (``t[3, 1]`` raises TypeError)."""
+        return self.gather(rows_only(index))
 
     @property
     def shape(self) -> torch.Size:

@@ -41,7 +41,7 @@ from . import formats, fusion, pickling, plan
 from . import placement as placement_mod
 from . import split as split_mod
 from .device import resolve_device
-from .index import raise_deferred
+from .index import raise_deferred, rows_only
 from .stats import TierCounter
 from .table import Table
 
@@ -226,7 +226,10 @@ class HybridTensor(Table):
         """
         return gather_many([(self, index)], outs=[out], stream=stream, check=check)[0]
 
-    __getitem__ = gather
+    def __getitem__(self, index) -> torch.Tensor:
+        """``table[index]``: :meth:`gather` of rows ``index``. One index only: ``t[3, 1]`` (torch's element
+        ``x[3, 1]``) raises TypeError saying how to index (``t[[3, 1]]`` rows, ``t[3][1]`` an element)."""
+        return self.gather(rows_only(index))
 
     def __setitem__(self, index, value) -> None:
         """Overwrite rows ``index`` with ``value`` (broadcast to ``[len, *row_shape]``), in every tier.
@@ -239,6 +242,7 @@ class HybridTensor(Table):
         """
         from .index import normalize
 
+        rows_only(index)
         if self._read_only:
             raise TypeError("this table's source is read-only memory (e.g. a memmap opened with mode='r'); "
                             "build it with copy=True to write rows")
@@ -313,11 +317,18 @@ def _rebuild(state: dict) -> HybridTensor:
     return table
 
 
+_PAIRS = "gather_many takes a list of (table, ids) pairs, as in hmgstore.gather_many([(t, ids)])"
+
+
 def _check_requests(requests, outs) -> torch.device:
-    for table, _ in requests:
+    for k, request in enumerate(requests):
+        if not isinstance(request, (tuple, list)) or len(request) != 2:
+            what = type(request).__name__ + ("" if not isinstance(request, (tuple, list)) else f" of {len(request)}")
+            raise TypeError(f"{_PAIRS}; request {k} is a {what}")
+        table = request[0]
         if not isinstance(table, HybridTensor):
             raise TypeError(
-                f"gather_many takes (HybridTensor, index) pairs, got {type(table).__name__}; wrap a plain "
+                f"{_PAIRS}; request {k} starts with a {type(table).__name__}, not a HybridTensor: wrap a plain "
                 "tensor once, hmgstore.HybridTensor(x, device), and gather from the table")
     device = requests[0][0].device
     for table, _ in requests:
@@ -345,6 +356,8 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     :func:`hmgstore.fusion.fused` (and without ``outs`` or ``stream``), the
     gather is recorded and its outputs written when the block ends.
     """
+    if isinstance(requests, Table):
+        raise TypeError(f"{_PAIRS}; got a table alone")
     requests = list(requests)
     outs = [None] * len(requests) if outs is None else list(outs)
     if len(outs) != len(requests):
