@@ -2,6 +2,8 @@
 
 Usage: python benchmarks/accuracy.py formats > formats.json     (float32 / bfloat16 / float8 / int8 rows)
        python benchmarks/accuracy.py batches > batches.json     (random batches / locality-aware, windows 4 and 16)
+       python benchmarks/accuracy.py step > step.json           (the plain step / layers trimmed per hop + TF32;
+                                                                 on the GPU when there is one: TF32 is a GPU mode)
 
 Task (as benchmarks/results/half-width-accuracy-cpu.md): GraphSAGE, fanout 15,10,5, hidden 256, batch 1024,
 lr 0.003, 3 epochs, hmgstore's stores and sampler through a stock PyG NeighborLoader, on hmgstore's synthetic
@@ -18,21 +20,22 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
 
-from hmgstore.bench.train import SAGE  # the benchmarks' one GraphSAGE
+from hmgstore.bench.train_setup import SAGE, train_step  # the benchmarks' one GraphSAGE and step
 from hmgstore.data import synthetic
 from hmgstore.graph import to_csc
 from hmgstore.graph import locality as L
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 
-def run(seed: int, compress=None, window=None, communities=None, degree=2) -> dict:
+def run(seed: int, compress=None, window=None, communities=None, degree=2, trim=False, tf32=False) -> dict:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
     g = synthetic(num_nodes=50_000, avg_degree=degree, feat_dim=16, num_classes=16, communities=communities, seed=seed)
-    stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device="cpu", compress=compress, progress=False)
-    sampler = HybridNeighborSampler(stores, [15, 10, 5], progress=False)
+    stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device=device, compress=compress, progress=False)
+    sampler = HybridNeighborSampler(stores, [15, 10, 5], device=device, progress=False)
     torch.manual_seed(seed)
     if window is None:
         loader = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.train_idx,
@@ -45,38 +48,37 @@ def run(seed: int, compress=None, window=None, communities=None, degree=2) -> di
         loader = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.train_idx,
                                 batch_sampler=batches)
     test = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.test_idx, batch_size=2048)
-    model = SAGE([16, 256, 256, 16])
+    model = SAGE([16, 256, 256, 16]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     start = time.perf_counter()
     for _ in range(3):
         model.train()
         for batch in loader:
-            optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)[:batch.batch_size]
-            F.cross_entropy(out, batch.y[:batch.batch_size]).backward()
-            optimizer.step()
+            train_step(model, optimizer, batch, trim)
     model.eval()
     correct = total = 0
     with torch.no_grad():
         for batch in test:
-            pred = model(batch.x, batch.edge_index)[:batch.batch_size].argmax(1)
+            hops = (batch.num_sampled_nodes, batch.num_sampled_edges) if trim else ()
+            pred = model(batch.x, batch.edge_index, *hops)[:batch.batch_size].argmax(1)
             correct += int((pred == batch.y[:batch.batch_size]).sum())
             total += batch.batch_size
-    return {"seed": seed, "compress": compress, "window": window, "test_acc": correct / total,
-            "seconds": time.perf_counter() - start}
+    return {"seed": seed, "compress": compress, "window": window, "trim": trim, "tf32": tf32, "device": device,
+            "test_acc": correct / total, "seconds": time.perf_counter() - start}
 
 
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "formats"
     settings = {"formats": [dict(compress=c) for c in (None, "bfloat16", "float8", "int8")],
-                "batches": [dict(window=w, communities=500, degree=4) for w in (None, 4, 16)]}[what]
+                "batches": [dict(window=w, communities=500, degree=4) for w in (None, 4, 16)],
+                "step": [dict(trim=False, tf32=False), dict(trim=True, tf32=True)]}[what]
     runs = []
     for seed in (0, 1, 2):
         for s in settings:
             r = run(seed, **s)
             runs.append({**s, **r})
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    base = [r for r in runs if r.get("compress") is None and r.get("window") is None]
+    base = [r for r in runs if r.get("compress") is None and r.get("window") is None and not r.get("trim")]
     summary = []
     for s in settings:
         mine = [r for r in runs if all(r.get(k) == v for k, v in s.items())]

@@ -204,6 +204,22 @@ for stage in "$@"; do
              timeout 580 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --graph papers:111M:1.6B \
                --gpu-budget 60GB --epochs 2 --max-batches 60 --out "$OUT/scale-papers" >"$OUT/scale-papers.log" 2>&1; rc=$?
              tail -12 "$OUT/scale-papers.log" ;;
+    step-tests) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_train_step.py \
+                  >"$OUT/step-tests.log" 2>&1; rc=$?; tail -5 "$OUT/step-tests.log" ;;
+    accuracy-step) timeout 400 python3 benchmarks/accuracy.py step >"$OUT/accuracy-step.json" 2>"$OUT/accuracy-step.log"
+                   rc=$?; tail -7 "$OUT/accuracy-step.log" ;;
+    # The strong step (layers trimmed per hop, TF32) with its ceilings (step alone, loader alone), papers-shaped graph,
+    # 20% cache in int8 rows, the pipeline's gathers capped at auto_sms and uncapped. FANOUT and CAPS may be set.
+    strong-papers) f=${FANOUT:-15,10,5}; tag=strong-papers-${f//,/-}
+                   timeout 580 python3 -m hmgstore.bench train --graph papers:111M:1.6B --fanout "$f" \
+                     --configs ${CONFIGS:-all_gpu+pipe cache+pipe} --cache 0.2 --compress int8 --batches ${BATCHES:-30} \
+                     --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
+                   grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
+    strong-2m) tag=strong-2m-${COMPRESS:-int8}
+               timeout 580 python3 -m hmgstore.bench train --configs ${CONFIGS:-all_gpu+pipe cache+pipe} --cache 0.2 \
+                 --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile \
+                 --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
+               grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }

@@ -127,9 +127,20 @@ class HybridFeatureStore(FeatureStore):
         row formats, :mod:`hmgstore.formats`) to float32 sources only
         (labels and other attributes keep their width), and the GPU budget
         counts a compressed row's stored bytes.
+
+        ``layout`` also takes ``"hotness"``: each node type's host tier
+        kept hottest first by ``hotness``, so that a batch's rows missed by
+        the GPU tier (the next hottest) lie in few 2 MiB host pages; and
+        ``"auto"`` (the default): ``"hotness"`` for the tables whose host tier
+        is copied anyway (``copy``, ``host_dtype``, ``compress``) and that
+        keep rows on the GPU, id order for the rest (pinned in place, no
+        copy). Hottest first took a papers100M-shaped batch's int8 misses
+        from 7,623 host pages to a few hundred and the loader from 139-141
+        to 169-185 batches/s on an H100 (issue 29's probe).
         """
         store = cls(device)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
+        layout = options.pop("layout", "auto")
         stored = formats.get(compress)
 
         def narrow(source, fmt):
@@ -149,10 +160,23 @@ class HybridFeatureStore(FeatureStore):
                 row_bytes[group] = row_bytes.get(group, 0) + size
             hotness = placement.check_hotness(hotness, rows)
             gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
+        orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():
+            table_dtype, table_compress = narrow(source, host_dtype), narrow(source, compress)
+            copied = bool(options.get("copy")) or table_dtype is not None or table_compress is not None
+            table_layout = layout
+            if isinstance(layout, str):
+                if layout not in ("auto", "hotness"):
+                    raise ValueError(f"layout is a permutation of the rows, 'hotness', 'auto' or None; got {layout!r}")
+                hot = gpu_rows.get(group) is not None and len(gpu_rows[group]) > 0
+                if layout == "hotness" and hotness is None:
+                    raise ValueError("layout='hotness' needs hotness={node_type: score} and a gpu_budget on a GPU "
+                                     "(it orders the host tier by the same scores that choose the GPU's rows)")
+                use = layout == "hotness" or (hot and copied)
+                table_layout = orders.setdefault(group, placement.order_by_score(hotness[group])) if use else None
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
-                                 progress=progress, host_dtype=narrow(source, host_dtype),
-                                 compress=narrow(source, compress), **options)
+                                 progress=progress, host_dtype=table_dtype, compress=table_compress,
+                                 layout=table_layout, **options)
             store._add((group, attr), table)
         return store
 

@@ -20,18 +20,48 @@ from .. import flags
 
 
 class SAGE(torch.nn.Module):
+    """GraphSAGE, one layer per hop. Given each hop's sampled node and edge counts (``nodes_per_hop``,
+    ``edges_per_hop``: the batch's ``num_sampled_nodes`` / ``num_sampled_edges``), each layer runs only over
+    the nodes and edges that still reach the seeds (``torch_geometric.utils.trim_to_layer``): the last layer
+    over the seeds alone. The seeds' outputs are the same either way (test_bench.py checks it)."""
+
     def __init__(self, dims):
         super().__init__()
         from torch_geometric.nn import SAGEConv
 
         self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, nodes_per_hop=None, edges_per_hop=None):
+        from torch_geometric.utils import trim_to_layer
+
         for i, conv in enumerate(self.convs):
+            if nodes_per_hop is not None:
+                x, edge_index, _ = trim_to_layer(i, nodes_per_hop, edges_per_hop, x, edge_index)
             x = conv(x, edge_index)
             if i < len(self.convs) - 1:
                 x = F.dropout(x.relu(), p=0.5, training=self.training)
         return x
+
+
+def trimmable(batch) -> bool:
+    """Whether ``batch`` carries per-hop counts that :class:`SAGE` can trim by (hmgstore's sampler and
+    pyg-lib give them; PyG's torch-sparse sampler does not)."""
+    nodes, edges = getattr(batch, "num_sampled_nodes", None), getattr(batch, "num_sampled_edges", None)
+    return bool(nodes) and edges is not None and len(edges) > 0
+
+
+def train_step(model, optimizer, batch, trim: bool) -> torch.Tensor:
+    """One optimiser step on ``batch`` (its first ``batch_size`` nodes are the seeds); its loss. ``trim``:
+    layers trimmed per hop where the batch allows it (:func:`trimmable`)."""
+    optimizer.zero_grad()
+    if trim and trimmable(batch):
+        out = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+    else:
+        out = model(batch.x, batch.edge_index)
+    loss = F.cross_entropy(out[:batch.batch_size], batch.y[:batch.batch_size])
+    loss.backward()
+    optimizer.step()
+    return loss
 
 
 def build_graph(spec: str, feat_dim: int):
@@ -98,8 +128,10 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
             budget = int(args.cache * feature_bytes)
             feature_hot = hot.features[None]
         build = time.perf_counter()
+        layout = {"auto": "auto", "hotness": "hotness", "id": None}[getattr(args, "host_layout", "auto")] \
+            if base == "cache" else None
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           compress=args.compress, progress=progress)
+                           compress=args.compress, progress=progress, layout=layout)
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]

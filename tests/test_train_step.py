@@ -1,0 +1,171 @@
+"""``bench train``'s strong step (layers trimmed per hop, TF32), its ceilings, and the hottest-first host layout.
+
+Trimming must not change what the model computes for the seeds: a batch from
+hmgstore's sampler lists its nodes and edges hop by hop, so dropping the last
+hops layer by layer (``trim_to_layer``) leaves the seeds' outputs as they
+were. The report carries, beside each configuration, the step's own rate and
+the loader's own rate, and says whether trimming and TF32 were used.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch_geometric.loader import NeighborLoader
+
+from hmgstore import placement
+from hmgstore.bench.__main__ import parse_args
+from hmgstore.bench.train import _with_caps, add_ratios, table_text
+from hmgstore.bench.train_setup import SAGE, train_step, trimmable
+from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+
+from helpers import assert_same, random_table
+
+
+def _loader(data, fanout, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    sampler = HybridNeighborSampler(data, fanout, device="cpu")
+    return NeighborLoader(data, fanout, neighbor_sampler=sampler, input_nodes=torch.arange(200), batch_size=64,
+                          shuffle=True, **kwargs)
+
+
+def test_trimmed_layers_give_the_seeds_the_same_outputs(data):
+    """Every layer over every node against layers trimmed per hop: the seeds' outputs agree (float64, so only
+    the order of additions differs), on several batches and fanouts; and trimming does drop work."""
+    for fanout in ([5, 3], [4, 3, 2]):
+        torch.manual_seed(0)
+        model = SAGE([data.x.shape[1], 16, 16, 7][:len(fanout) + 1]).double().eval()
+        for i, batch in zip(range(3), _loader(data, fanout)):
+            assert trimmable(batch) and len(batch.num_sampled_nodes) == len(fanout) + 1
+            x = batch.x.double()
+            full = model(x, batch.edge_index)[:batch.batch_size]
+            trimmed = model(x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+            assert trimmed.shape[0] < batch.num_nodes  # the last layer ran over fewer nodes than the batch has
+            torch.testing.assert_close(trimmed[:batch.batch_size], full, rtol=1e-10, atol=1e-10)
+
+
+def test_trimmed_model_learns_as_the_plain_one(data):
+    """Training with the trimmed step follows the plain step's losses (same seeds, same batches)."""
+    losses = {}
+    for trim in (False, True):
+        torch.manual_seed(0)
+        model = SAGE([data.x.shape[1], 32, int(data.y.max()) + 1]).double()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        losses[trim] = []
+        for batch in _loader(data, [5, 3], seed=1):
+            batch.x = batch.x.double()
+            torch.manual_seed(2)  # dropout draws the same mask when the rows it covers are the same
+            losses[trim].append(train_step(model, optimizer, batch, trim).item())
+    assert len(losses[True]) > 2 and losses[True][-1] < losses[True][0]
+    # dropout on the trimmed rows draws a different mask, so the losses differ slightly but must track
+    assert abs(sum(losses[True]) - sum(losses[False])) / sum(losses[False]) < 0.1
+
+
+def test_a_batch_without_hop_counts_trains_untrimmed(data):
+    batch = next(iter(_loader(data, [5, 3])))
+    batch.num_sampled_nodes = batch.num_sampled_edges = None  # what PyG's torch-sparse sampler gives
+    assert not trimmable(batch)
+    model = SAGE([data.x.shape[1], 16, 7])
+    loss = train_step(model, torch.optim.Adam(model.parameters()), batch, trim=True)
+    assert torch.isfinite(loss)
+
+
+def test_train_flags_and_caps():
+    args = parse_args(["train"])
+    assert args.trim and args.tf32 and args.max_sms == ["auto"] and args.host_layout == "auto"
+    args = parse_args(["train", "--no-trim", "--no-tf32", "--max-sms", "auto", "none", "8", "--host-layout", "id"])
+    assert not args.trim and not args.tf32 and args.max_sms == ["auto", None, 8] and args.host_layout == "id"
+    assert _with_caps(["all_gpu", "cache+pipe"], ["auto", None]) == ["all_gpu", "cache+pipe@auto", "cache+pipe@none"]
+    assert _with_caps(["cache+pipe"], ["auto"]) == ["cache+pipe"]
+    with pytest.raises(SystemExit):
+        parse_args(["train", "--max-sms", "many"])
+
+
+def _report(**configs):
+    return {"benchmark": "train", "device": "cpu", "gpus": 1, "date": "d", "graph": {
+        "name": "g", "num_nodes": 10, "feat_dim": 4, "x_gb": 0.0, "train": 5}, "model": "m", "batch": 2, "cache": 0.2,
+        "pipeline": {"depth": 2, "max_sms": ["auto"], "fuse": 1}, "trim": True, "tf32": True, "configs": {
+            name: {"epoch_s": 10 / rate, "batches_per_s": rate, "split_s": {"wait": 0.001}, "trimmed": True,
+                   "alone_batches_per_s": alone} for name, (rate, alone) in configs.items()}}
+
+
+def test_report_ratios_against_the_ceilings():
+    report = _report(**{"all_gpu+pipe": (100.0, {"step": 110.0, "loader_pipe": 200.0, "loader_main": 150.0}),
+                        "cache+pipe@auto": (80.0, {"step": 110.0, "loader_pipe": 120.0}),
+                        "cache+pipe@none": (90.0, {"step": 110.0, "loader_pipe": 180.0})})
+    add_ratios(report)
+    t = report["targets"]
+    assert t["cache_vs_all_gpu"] == pytest.approx(100 / 90)  # the best cache configuration, the uncapped one
+    assert t["loader_vs_step_all_gpu"] == pytest.approx(200 / 110)
+    assert t["loader_vs_step_cache"] == pytest.approx(180 / 110)
+    assert t["cache_epoch_s"] == pytest.approx(10 / 90)
+    text = table_text(report)
+    assert "layers trimmed per hop, TF32" in text and "step alone" in text and "| 180.0 |" in text
+    assert "0.90x the all-GPU speed" in text
+
+
+def test_quick_reports_print_no_ratios():
+    report = _report(**{"all_gpu+pipe": (100.0, {"step": 1.0, "loader_pipe": 2.0}),
+                        "cache+pipe": (10.0, {"step": 1.0, "loader_pipe": 2.0})})
+    report["quick"] = True
+    add_ratios(report)
+    assert report["targets"] == {}
+    text = table_text(report)
+    assert "smoke test" in text and "target" not in text
+
+
+def test_train_benchmark_reports_the_ceilings(tmp_path):
+    out = tmp_path / "train"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "train", "--quick", "--no-progress", "--configs",
+                          "host", "host+pipe", "--max-sms", "auto", "none", "--no-trim", "--profile", "--out", out],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "train.json").read_text())
+    assert set(report["configs"]) == {"host", "host+pipe@auto", "host+pipe@none"}
+    assert report["trim"] is False and "every layer over every node" in res.stdout
+    for name, c in report["configs"].items():
+        alone = c["alone_batches_per_s"]
+        assert alone["step"] > 0 and alone["loader_main"] > 0 and c["trimmed"] is False
+        assert ("loader_pipe" in alone) == ("+pipe" in name)
+    assert (out / "profile-host.txt").read_text().count("function calls") >= 1
+
+
+def test_hotness_layout_orders_the_host_tier_and_gathers_the_same(data):
+    """layout='hotness': the host tier hottest first; gathers still return x[idx] exactly. 'auto' on a CPU
+    (no GPU tier) and None keep id order; a bad layout name is refused."""
+    hot = torch.rand(data.num_nodes, generator=torch.Generator().manual_seed(3))
+    data = data.clone()
+    data.x = random_table(data.num_nodes, (8,), torch.float32, seed=4)
+    stores = {}
+    for layout in ("hotness", "auto", None):
+        fs, _ = from_data(data, device="cpu", gpu_budget="1KB", hotness=hot, layout=layout, progress=False)
+        stores[layout] = fs
+    table = stores["hotness"].table(None, "x")
+    assert torch.equal(table.layout, placement.order_by_score(hot))
+    assert stores["auto"].table(None, "x").layout is None and stores[None].table(None, "x").layout is None
+    idx = torch.randint(0, data.num_nodes, (300,), generator=torch.Generator().manual_seed(5))
+    assert_same(table[idx], data.x[idx])
+    assert_same(stores["hotness"].table(None, "y")[idx], data.y[idx])
+    with pytest.raises(ValueError, match="layout is a permutation"):
+        from_data(data, device="cpu", layout="hottest", progress=False)
+    with pytest.raises(ValueError, match="needs hotness"):
+        from_data(data, device="cpu", layout="hotness", progress=False)
+
+
+@pytest.mark.gpu
+def test_auto_layout_on_a_copied_cached_table_is_hottest_first(data, cuda_device):
+    """On a GPU, a compressed (hence copied) table with GPU rows is laid out hottest first by default, and its
+    gathers return what the same table in id order returns, bit for bit."""
+    data = data.clone()
+    data.x = random_table(data.num_nodes, (64,), torch.float32, seed=6)
+    hot = torch.rand(data.num_nodes, generator=torch.Generator().manual_seed(7))
+    budget = data.num_nodes * 64 // 4  # about a quarter of the int8 rows
+    auto, _ = from_data(data, device=cuda_device, gpu_budget=budget, hotness=hot, compress="int8", progress=False)
+    plain, _ = from_data(data, device=cuda_device, gpu_budget=budget, hotness=hot, compress="int8", layout=None,
+                         progress=False)
+    assert torch.equal(auto.table(None, "x").layout, placement.order_by_score(hot))
+    assert plain.table(None, "x").layout is None and auto.table(None, "y").layout is None  # y is not copied
+    idx = torch.randint(0, data.num_nodes, (5000,), device=cuda_device)
+    assert_same(auto.table(None, "x")[idx], plain.table(None, "x")[idx])
+    assert_same(auto.table(None, "y")[idx].cpu(), data.y[idx.cpu()])
