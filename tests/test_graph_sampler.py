@@ -270,6 +270,19 @@ def test_sampler_checks_its_arguments():
         NeighborSampler({}, {None: 3000}, [2])
 
 
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda",
+                                                                                 marks=pytest.mark.gpu)])
+def test_topology_hot_order_is_checked_on_every_device(device):
+    csc = to_csc(power_law_graph(), "coo", (3000, 3000))
+    with pytest.raises(TypeError, match=r"hot_order is row ids.*order_by_score"):
+        Topology(csc, device, gpu_budget=4000, hot_order=torch.tensor([0.5, 1.7]), progress=False)
+    with pytest.raises(ValueError, match=r"lists row \d+ more than once.*order_by_score"):
+        Topology(csc, device, gpu_budget=4000, hot_order=csc.colptr.diff(), progress=False)  # degrees, not ids
+    with pytest.raises(IndexError, match="hot_order.*index 1000000"):
+        Topology(csc, device, gpu_budget=4000, hot_order=[0, 1, 10**6], progress=False)
+    Topology(csc, device, gpu_budget=4000, hot_order=torch.randperm(3000), progress=False).close()
+
+
 def test_cpu_sampler_cost_is_modest():
     """Not a speed test: a guard that the vectorised CPU path does no per-seed Python work."""
     ei = power_law_graph(20_000, 200_000)

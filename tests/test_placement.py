@@ -113,3 +113,58 @@ def test_sharded_refuses_bad_arguments():
         placement.sharded(5, torch.tensor([7]), 1, 2, 2)
     with pytest.raises(ValueError, match="1 to 8 GPUs"):
         placement.sharded(5, torch.arange(5), 1, 9, 2)
+
+
+CUDA = torch.device("cuda")  # for_table only computes ids; the device names where they would go
+
+
+def test_hot_order_refuses_float_ids_and_says_what_it_wants():
+    for bad in (torch.tensor([0.5, 1.7]), [0.5, 1.7], torch.tensor([1.0, 0.0], dtype=torch.float64)):
+        with pytest.raises(TypeError, match=r"hot_order is row ids, hottest first.*hotness=score"):
+            placement.for_table(50, 16, CUDA, gpu_budget=32, hot_order=bad)
+    with pytest.raises(TypeError, match="hot_order is row ids"):
+        placement.for_table(2, 16, CUDA, gpu_budget=32, hot_order=torch.tensor([True, False]))
+
+
+def test_every_hot_order_id_is_checked_not_only_those_within_the_budget():
+    # 2 rows fit in the budget; ids past them are checked too
+    with pytest.raises(IndexError, match=r"hot_order.*index 1000000 at position 2"):
+        placement.for_table(50, 16, CUDA, gpu_budget=32, hot_order=[0, 1, 10**6])
+    with pytest.raises(IndexError, match="index -1 at position 3"):
+        placement.for_table(50, 16, torch.device("cpu"), gpu_budget=32, hot_order=[0, 1, 2, -1])
+    with pytest.raises(ValueError, match="lists row 1 more than once"):
+        placement.for_table(50, 16, CUDA, gpu_budget=32, hot_order=[0, 1, 2, 1])
+    with pytest.raises(IndexError, match="hot_order"):
+        placement.sharded(5, torch.tensor([0, 1, 9]), 1, 1, 2)
+    with pytest.raises(ValueError, match="more than once"):
+        placement.sharded(5, torch.tensor([0, 1, 2, 1]), 1, 1, 2)
+
+
+def test_scores_given_as_hot_order_are_named_as_such():
+    degrees = torch.tensor([3, 0, 3, 1, 0, 2])  # a score per row, not an order of ids
+    with pytest.raises(ValueError, match=r"hot_order lists row 3 more than once.*ordering of row ids.*"
+                                         r"hotness=score.*order_by_score"):
+        placement.for_table(6, 16, CUDA, gpu_budget=32, hot_order=degrees)
+
+
+def test_hotness_is_a_score_per_row():
+    degrees = torch.tensor([3, 0, 5, 1, 0, 2])
+    p = placement.for_table(6, 16, CUDA, gpu_budget=48, hotness=degrees)
+    assert p.gpu_rows.tolist() == [2, 0, 5]  # the 3 hottest, hottest first
+    scores = torch.tensor([0.1, 0.9, 0.5, 0.2, 0.0, 0.3])
+    assert placement.for_table(6, 16, CUDA, gpu_budget=32, hotness=scores).gpu_rows.tolist() == [1, 2]
+    with pytest.raises(ValueError, match="hotness has 5 entries for 6 rows"):
+        placement.for_table(6, 16, CUDA, gpu_budget=32, hotness=scores[:5])
+    with pytest.raises(ValueError, match="NaN"):
+        placement.for_table(6, 16, CUDA, gpu_budget=32, hotness=torch.tensor([float("nan")] * 6))
+    with pytest.raises(ValueError, match="not both"):
+        placement.for_table(6, 16, CUDA, gpu_budget=32, hotness=scores, hot_order=[0])
+    with pytest.raises(ValueError, match="only used with gpu_budget"):
+        placement.for_table(6, 16, CUDA, hotness=scores)
+
+
+def test_a_budget_alone_keeps_rows_in_id_order():
+    """The one default, on every device: without hot_order or hotness, the first rows that fit."""
+    assert placement.for_table(50, 16, CUDA, gpu_budget=160).gpu_rows.tolist() == list(range(10))
+    assert placement.for_table(50, 16, torch.device("cpu"), gpu_budget=160).names == ("host",)
+    assert placement.for_table(50, 16, CUDA, gpu_budget="1MB").names == ("gpu",)

@@ -93,8 +93,8 @@ def test_unusable_sources_and_arguments():
         hmgstore.HybridTensor(random_table(10, (4, 4), torch.float32).transpose(1, 2), "cpu")
     with pytest.raises(TypeError, match="torch CPU tensor"):
         hmgstore.HybridTensor([[1, 2]], "cpu")
-    with pytest.raises(ValueError, match="hot_order"):
-        hmgstore.HybridTensor(torch.zeros(4, 2), "cpu", gpu_budget="1MB")
+    with pytest.raises(ValueError, match="hot_order is only used with gpu_budget"):
+        hmgstore.HybridTensor(torch.zeros(4, 2), "cpu", hot_order=[0])
     with pytest.raises(ValueError, match="not both"):
         hmgstore.HybridTensor(torch.zeros(4, 2), "cpu", gpu_rows=[1], gpu_budget="1MB", hot_order=[0])
     with pytest.raises(ValueError, match="'cpu' or 'cuda'"):
@@ -129,6 +129,25 @@ def test_gather_many_matches_each_gather():
         hmgstore.gather_many([(tx, idx), (ty, torch.tensor([80]))])
     with pytest.raises(TypeError, match=r"\(table, ids\) pairs.*Tensor, not a HybridTensor: wrap a plain tensor"):
         hmgstore.gather_many([(x, idx)])
+
+
+def test_gpu_budget_without_an_order_and_hotness_on_the_cpu():
+    """A budget alone keeps rows in id order (checked on the CPU as on a GPU); scores go in hotness=."""
+    x = random_table(50, (4,), torch.float32)
+    t = hmgstore.HybridTensor(x, "cpu", gpu_budget="1KB")
+    assert t.num_gpu_rows == 0 and same(t[[0, 49]], x[[0, 49]])
+    t = hmgstore.HybridTensor(x, "cpu", gpu_budget=160, hotness=torch.rand(50))
+    assert same(t[[3, 1]], x[[3, 1]])
+    with pytest.raises(ValueError, match="hotness has 49 entries for 50 rows"):
+        hmgstore.HybridTensor(x, "cpu", gpu_budget=160, hotness=torch.rand(49))
+    with pytest.raises(ValueError, match="lists row .* more than once.*hotness=score"):
+        hmgstore.HybridTensor(x, "cpu", gpu_budget=160, hot_order=torch.randint(0, 5, (50,)))
+    with pytest.raises(TypeError, match="hot_order is row ids"):
+        hmgstore.HybridTensor(x, "cpu", gpu_budget=160, hot_order=torch.tensor([0.5, 1.7]))
+    with pytest.raises(IndexError, match="hot_order"):
+        hmgstore.HybridTensor(x, "cpu", gpu_budget=32, hot_order=[0, 1, 10**6])
+    e = hmgstore.HybridTensor.empty((50, 4), device="cpu", gpu_budget=160, hotness=torch.arange(50))
+    assert e.shape == (50, 4)
 
 
 def test_two_indices_are_refused_and_say_how_to_index():

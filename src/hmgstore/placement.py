@@ -321,6 +321,61 @@ def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     return ids
 
 
+_SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=score, or through "
+                "hmgstore.placement.order_by_score(score) as hot_order")
+
+
+def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCORES_HINT) -> torch.Tensor:
+    """``order`` as 1-D int64 CPU ids after checking every one of them, not only those a budget takes.
+
+    ``order``: row ids hottest first (integer tensor, numpy array or list;
+    it may list only some rows), each in ``[0, num_rows)`` and listed at
+    most once. Raises TypeError for non-integer values (float ids are
+    refused, never truncated), IndexError for an id out of range and
+    ValueError for a repeated id; the messages name ``what`` and say where
+    a score per row goes (``hint``), since scores are what is usually passed
+    by mistake.
+    """
+    from .index import as_tensor, check_range
+
+    if not isinstance(order, torch.Tensor):
+        try:
+            order = torch.as_tensor(order)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+            raise TypeError(f"{what} is row ids, hottest first (integers); could not read it: {err}") from None
+    if order.dtype.is_floating_point or order.dtype.is_complex or order.dtype == torch.bool:
+        raise TypeError(f"{what} is row ids, hottest first (integers), got {order.dtype} values; {hint}")
+    order = as_tensor(order, num_rows)[0].reshape(-1).to("cpu", torch.int64)
+    try:
+        check_range(order, num_rows)
+    except IndexError as err:
+        raise IndexError(f"{what}: {err}") from None
+    seen = torch.zeros(num_rows, dtype=torch.bool)  # one byte a row, O(N), where unique() would sort
+    seen[order] = True
+    if int(seen.sum()) != len(order):
+        counts = torch.bincount(order, minlength=num_rows)
+        first = order[counts[order] > 1][0]
+        raise ValueError(f"{what} lists row {int(first)} more than once ({int(counts[first])} times): it is an "
+                         f"ordering of row ids, hottest first, each at most once; {hint}")
+    return order
+
+
+def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
+    """``score``, one real number per row (higher is hotter), as a 1-D CPU tensor, after checking it.
+
+    Raises ValueError for another length (NaN scores: :func:`order_by_score`),
+    TypeError for complex ones.
+    """
+    score = torch.as_tensor(score).cpu()
+    if score.is_complex():
+        raise TypeError(f"{what} is one real score per row, got {score.dtype}")
+    if score.numel() != num_rows:
+        raise ValueError(f"{what} has {score.numel()} entries for {num_rows} rows; give one score per row "
+                         "(0 for rows never touched)")
+    score = score.reshape(-1)
+    return score.to(torch.uint8) if score.dtype == torch.bool else score
+
+
 def by_ids(num_rows: int, gpu_rows, host_layout: torch.Tensor | None = None) -> Placement:
     """Rows ``gpu_rows`` resident on the GPU (slots in the given order), the rest on the host.
 
@@ -339,26 +394,35 @@ def by_ids(num_rows: int, gpu_rows, host_layout: torch.Tensor | None = None) -> 
 
 
 def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=None, gpu_budget=None,
-              hot_order=None, host_layout: torch.Tensor | None = None) -> Placement:
+              hot_order=None, hotness=None, host_layout: torch.Tensor | None = None) -> Placement:
     """The placement of one table on ``device``, from the arguments :class:`~hmgstore.HybridTensor` takes.
 
-    ``gpu_rows`` (ids), or ``gpu_budget`` (bytes) with ``hot_order`` (ids,
-    hottest first). They are checked on every device, so a script that runs
-    on the CPU fails the same way it would on a GPU; on the CPU every row is
-    then read from the source. ``host_layout``: see :class:`Placement`
-    (checked by the table). Raises ValueError for conflicting or missing
-    arguments and repeated ids, IndexError for ids out of range.
+    ``gpu_rows`` (ids), or ``gpu_budget`` (bytes) filled hottest first by
+    ``hot_order`` (row ids, hottest first: :func:`check_order`) or by
+    ``hotness`` (a score per row, higher is hotter: :func:`order_by_score`),
+    or, with neither, in id order (the first rows that fit: a table knows no
+    hotness of its own; a graph's stores default to in-degree). They are
+    checked on every device, so a script that runs on the CPU fails the same
+    way it would on a GPU; on the CPU every row is then read from the
+    source. ``host_layout``: see :class:`Placement` (checked by the table).
+    Raises ValueError for conflicting arguments and repeated ids, TypeError
+    for float ids, IndexError for ids out of range.
     """
-    if gpu_rows is not None and (gpu_budget is not None or hot_order is not None):
-        raise ValueError("pass either gpu_rows, or gpu_budget with hot_order, not both")
+    if gpu_rows is not None and (gpu_budget is not None or hot_order is not None or hotness is not None):
+        raise ValueError("pass either gpu_rows, or gpu_budget (with hot_order or hotness), not both")
+    if hot_order is not None and hotness is not None:
+        raise ValueError("pass hot_order (row ids, hottest first) or hotness (a score per row), not both")
     if gpu_budget is not None:
-        if hot_order is None:
-            raise ValueError(
-                "gpu_budget needs hot_order, the row ids hottest first (e.g. "
-                "hmgstore.placement.order_by_score(in_degree)); or pass gpu_rows")
-        gpu_rows = by_hotness(hot_order, gpu_budget, row_bytes)  # by_ids checks the rows chosen
-    elif hot_order is not None:
-        raise ValueError("hot_order is only used with gpu_budget; pass gpu_budget too")
+        if hot_order is not None:
+            order = check_order(hot_order, num_rows)
+        elif hotness is not None:
+            order = order_by_score(check_score(hotness, num_rows))
+        else:  # no hotness known: the first rows that fit
+            order = torch.arange(num_rows)
+        gpu_rows = by_hotness(order, gpu_budget, row_bytes)
+    elif hot_order is not None or hotness is not None:
+        what = "hot_order" if hot_order is not None else "hotness"
+        raise ValueError(f"{what} is only used with gpu_budget; pass gpu_budget too")
     placement = host_only(num_rows, host_layout) if gpu_rows is None else by_ids(num_rows, gpu_rows, host_layout)
     return host_only(num_rows, host_layout) if torch.device(device).type == "cpu" else placement
 
@@ -377,11 +441,9 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     Tiers: ``replica, shard0, ..., host``, the replica tier left out when
     empty and the host tier always last (its new ids are ``host.start +
     old_id``). Raises ValueError for missing arguments, when ``replicate``
-    exceeds the budget or the order repeats an id, IndexError for ids out of
-    range.
+    exceeds the budget or the order repeats an id, TypeError for float ids,
+    IndexError for ids out of range.
     """
-    from .index import as_tensor, check_range
-
     if hot_order is None:
         raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
                          "hmgstore.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
@@ -393,14 +455,11 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     if rep_bytes > budget:
         raise ValueError(f"replicate ({rep_bytes} B) must fit in gpu_budget ({budget} B): replicated rows "
                          "take part of each GPU's budget")
-    order, _ = as_tensor(hot_order, num_rows)
-    order = order.reshape(-1).to("cpu", torch.int64)
-    check_range(order, num_rows)
+    order = check_order(hot_order, num_rows, hint="hmgstore.placement.order_by_score(score) turns a score per row "
+                                                   "(a degree, a count) into one")
     per_gpu = budget // row_bytes if row_bytes else 0
     rep = min(rep_bytes // row_bytes if row_bytes else 0, per_gpu, len(order))
     spread = order[rep:rep + (per_gpu - rep) * num_shards]
-    if len(torch.unique(order[:rep + len(spread)])) != rep + len(spread):
-        raise ValueError("hot_order lists a row more than once; pass each id once")
     resident = [("replica", order[:rep])] if rep else []
     resident += [(f"shard{s}", spread[s::num_shards]) for s in range(num_shards)]
     return _stack(num_rows, resident)

@@ -66,10 +66,14 @@ class HybridTensor(Table):
             ``None`` picks the current GPU, or the CPU when there is none.
         gpu_rows: ids of rows to keep resident on the GPU (unique, in range).
         gpu_budget: instead of ``gpu_rows``, bytes of GPU memory for resident
-            rows (int or ``"8GB"``), filled in ``hot_order``.
-        hot_order: row ids hottest first, used with ``gpu_budget``
-            (:func:`hmgstore.placement.order_by_score` turns a score such as
-            in-degree into one).
+            rows (int or ``"8GB"``), filled hottest first by ``hot_order`` or
+            ``hotness``; with neither, in id order (the first rows that fit).
+        hot_order: row ids hottest first, used with ``gpu_budget``: integers,
+            each in range and listed at most once (every id is checked, not
+            only those the budget takes; float ids raise TypeError).
+        hotness: instead of ``hot_order``, a score per row (``[N]``, any real
+            dtype, higher is hotter: in-degree, access counts), ordered with
+            :func:`hmgstore.placement.order_by_score`.
         max_sms: cap the gather at this many SMs' worth of resident blocks, so
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning or copying large tables.
@@ -109,20 +113,21 @@ class HybridTensor(Table):
     asked for without a GPU, ImportError when CuPy is missing.
     """
 
-    def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None,
+    def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None, hotness=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
                  host_dtype=None, compress=None, layout=None, backing: str = "auto", split=None):
         host_format, gpu_format = _formats(host_dtype, compress)
         self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_format=host_format,
                     gpu_format=gpu_format, backing=backing, layout=layout)
-        self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, stats=stats,
-                              split=split)
+        self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, hotness=hotness,
+                              stats=stats, split=split)
 
-    def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, stats=False, split=None) -> None:
+    def _place_and_build(self, gpu_rows=None, gpu_budget=None, hot_order=None, hotness=None, stats=False,
+                         split=None) -> None:
         """Decide the placement (a GPU budget counts stored bytes), build the tiers, then the statistics and split
         settings."""
         self.placement = placement_mod.for_table(self.num_rows, self.gpu_row_bytes, self.device, gpu_rows=gpu_rows,
-                                                 gpu_budget=gpu_budget, hot_order=hot_order,
+                                                 gpu_budget=gpu_budget, hot_order=hot_order, hotness=hotness,
                                                  host_layout=self._layout)
         self._build()
         if stats:
@@ -168,7 +173,7 @@ class HybridTensor(Table):
         Rows start as zeros. Write them with
         ``table[ids] = rows`` (or slices), which also updates the GPU tier's
         copies. ``host_dtype``, ``compress``, ``backing`` and the placement
-        arguments (``gpu_rows``, ``gpu_budget`` with ``hot_order``,
+        arguments (``gpu_rows``, ``gpu_budget`` with ``hot_order`` or ``hotness``,
         ``max_sms``, ``stats``, ``progress``) are as for the constructor.
         """
         from .memory import owned

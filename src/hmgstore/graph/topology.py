@@ -66,7 +66,9 @@ class Topology:
         gpu_budget: bytes of GPU memory for hot adjacency lists (int or
             ``"2GB"``; None or 0: every list read from pinned host memory; a
             budget that holds every list keeps the whole topology on the GPU).
-        hot_order: destination node ids, hottest first (default: by degree).
+        hot_order: destination node ids, hottest first (default: by degree);
+            integers, each in range and listed at most once (TypeError for
+            float ids, IndexError and ValueError otherwise), on every device.
         narrow: hold neighbour ids as int32 when the source node count allows
             (the default); False keeps int64 ids as given.
         progress: progress bars while converting and pinning large arrays.
@@ -103,6 +105,10 @@ class Topology:
         self.chunk = CHUNK_IDS
         self.tail: torch.Tensor | None = None
         self.tail_start = self.num_edges
+        if hot_order is not None:  # checked on every device, so a CPU run fails as a GPU run would
+            hot_order = placement.check_order(hot_order, self.num_dst, hint="it orders destination nodes; "
+                                              "hmgstore.placement.order_by_score(score) turns a score per node "
+                                              "(a degree, a count) into one")
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
@@ -125,10 +131,7 @@ class Topology:
             return
         order = None
         if budget >= item or place_chunks is not None:
-            order = placement.order_by_score(degree) if hot_order is None else torch.as_tensor(hot_order).reshape(-1)
-            from ..index import check_range
-
-            check_range(order, self.num_dst)
+            order = placement.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
         if place_chunks is not None:
             self._build_chunked(colptr, budget, order, progress, place_chunks)
             return
