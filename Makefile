@@ -39,10 +39,25 @@ test: setup
 bench: setup
 	$(PY) -m hmgstore.bench gather
 
-# torch-sparse and torch-scatter from source: their build imports torch, hence no build isolation.
+# torch-sparse and torch-scatter from source: their build imports torch, hence no build isolation. pip's
+# verbose output goes to a log (its compiler lines would fill the screen); every PROGRESS_EVERY seconds a line
+# says how far the build is; pip's own exit status is make's (no pipe into grep to hide a failed build).
+PROGRESS_EVERY ?= 30
+PYG_SAMPLER_LOG ?= $(VENV)/pyg-sampler.log
 pyg-sampler: setup
-	@echo "== building torch-scatter and torch-sparse from source (about 17 minutes on 2 cores)"
-	$(PY) -m pip install -v --no-build-isolation torch_scatter torch_sparse 2>&1 | grep --line-buffered -E "Building|Created|Successfully|error|Error"
+	@echo "== building torch-scatter and torch-sparse from source (about 17 minutes on 2 cores); full log: $(PYG_SAMPLER_LOG)"
+	@log=$(PYG_SAMPLER_LOG); start=$$(date +%s); n=0; \
+	$(PY) -m pip install -v --no-build-isolation torch_scatter torch_sparse >$$log 2>&1 & pid=$$!; \
+	while kill -0 $$pid 2>/dev/null; do \
+	  sleep 1; n=$$((n + 1)); \
+	  if [ $$((n % $(PROGRESS_EVERY))) -eq 0 ]; then \
+	    echo "   $$(( $$(date +%s) - start )) s: $$(grep -Ec -- ' -c [^ ]+[.](cpp|cu)( |$$)' $$log) source files compiled; $$(grep -E 'Building wheel|Created wheel|Successfully' $$log | tail -n 1)"; \
+	  fi; \
+	done; \
+	wait $$pid; status=$$?; \
+	grep -E "Created wheel|Successfully installed|ERROR|error:" $$log | tail -n 20; \
+	if [ $$status -ne 0 ]; then echo "== pip failed (exit status $$status); the full log: $$log"; fi; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) bench-out
