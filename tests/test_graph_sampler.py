@@ -259,6 +259,20 @@ def test_bad_seeds_are_refused_before_sampling(placement):
     assert out.node[None][:2].tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_closed_sampler_refuses_to_sample(placement):
+    sampler, _ = build(power_law_graph(), 3000, placement)
+    sampler.sample({None: torch.tensor([1, 2])})
+    sampler.close()
+    sampler.close()  # idempotent
+    with pytest.raises(RuntimeError, match="sampler was closed.*build a new one"):
+        sampler.sample({None: torch.tensor([1, 2])})
+    other, _ = build(power_law_graph(), 3000, placement)
+    other.topologies[None].close()  # a topology closed on its own: its sampler refuses too
+    with pytest.raises(RuntimeError, match="topology was closed"):
+        other.sample({None: torch.tensor([1, 2])})
+
+
 def test_sampler_checks_its_arguments():
     csc = to_csc(power_law_graph(), "coo", (3000, 3000))
     topo = Topology(csc, "cpu")

@@ -124,6 +124,20 @@ def test_bad_seeds_raise(data, device):
     assert next(iter(loader)).n_id[:2].tolist() == [1, 2]  # still usable
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_closed_sampler_refuses(data, device):
+    """As the README says: after close(), a sampler refuses with an error saying so, whatever the loader."""
+    sampler = HybridNeighborSampler(data, [3], device=device)
+    loader = NeighborLoader(data, [3], neighbor_sampler=sampler, input_nodes=torch.tensor([1, 2]), batch_size=2)
+    next(iter(loader))
+    sampler.close()
+    with pytest.raises(RuntimeError, match="sampler was closed"):
+        next(iter(loader))
+    with pytest.raises(RuntimeError, match="sampler was closed"):
+        next(iter(LinkNeighborLoader(data, [3], neighbor_sampler=sampler, edge_label_index=data.edge_index[:, :4],
+                                     batch_size=2)))
+
+
 def test_unsupported_options_say_so(data):
     with pytest.raises(NotImplementedError, match="temporal"):
         HybridNeighborSampler(data, [3], time_attr="time")

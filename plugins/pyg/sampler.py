@@ -234,7 +234,8 @@ class HybridNeighborSampler(BaseSampler):
         return self.sampler.stats()
 
     def close(self) -> None:
-        """Free the topology's GPU memory and host registration."""
+        """Wait for batches being sampled in other threads, then free the topology's GPU memory and host
+        registration (idempotent). Loaders that sample with it afterwards raise RuntimeError."""
         self.sampler.close()
 
     def __getstate__(self):

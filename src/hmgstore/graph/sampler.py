@@ -113,6 +113,17 @@ class NeighborSampler:
         self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
         self.cuda_graphs = cuda_graphs
         self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
+        self._closed, self._active, self._idle = False, 0, threading.Condition()  # see close()
+
+    def __getstate__(self):  # a CPU sampler sent to a loader's worker: its own lock there
+        state = dict(self.__dict__)
+        del state["_idle"]
+        state["_active"] = 0
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._idle = threading.Condition()
 
     def _expected_nodes(self, seeds: int) -> int:
         """A bound on a batch's nodes per type for sizing hash tables (grown if passed)."""
@@ -133,7 +144,22 @@ class NeighborSampler:
     def sample(self, seeds: dict) -> Sample:
         """Sample the subgraphs around ``seeds``: node type -> node ids (an integer tensor on any
         device, a list, ...; key None when homogeneous). Raises KeyError for unknown node types,
-        TypeError for non-integer ids and IndexError for ids out of range, before sampling."""
+        TypeError for non-integer ids and IndexError for ids out of range, before sampling;
+        RuntimeError once the sampler, or one of its topologies, is closed."""
+        with self._idle:
+            if self._closed:
+                raise RuntimeError("this sampler was closed; build a new one to sample again")
+            self._active += 1
+        try:
+            for topo in self.topologies.values():
+                topo.check()  # a topology closed on its own, not through this sampler
+            return self._sample(seeds)
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _sample(self, seeds: dict) -> Sample:
         unknown = [nt for nt in seeds if nt not in self.num_nodes]
         if unknown:
             raise KeyError(f"no node type {unknown[0]!r}; the graph has {list(self.num_nodes)}")
@@ -319,6 +345,13 @@ class NeighborSampler:
         return merge(t.stats() for t in self.topologies.values())
 
     def close(self) -> None:
+        """Refuse new batches, wait for batches being sampled in other threads, then free the topologies'
+        GPU memory and host registrations and the captured CUDA graphs (idempotent)."""
+        with self._idle:
+            self._closed = True
+            while self._active:
+                self._idle.wait()
+        self._graphs.clear()
         for topo in self.topologies.values():
             topo.close()
 
