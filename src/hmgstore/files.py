@@ -5,9 +5,20 @@ A ``.npy`` file or a raw binary file is read piece by piece with
 2 MiB pages for a CPU one; see :mod:`hmgstore.memory.owned`), so the rows are never held twice; a ``.pt``
 file is opened memory-mapped by torch and copied piece by piece. Either
 way a progress bar shows the bytes read.
+
+Every reader checks the file against what it promises before it reads a
+row, and refuses with a ValueError naming the file, what was expected and
+what was found: a ``.npy`` header must be readable and its shape and dtype
+must account for every byte after it (a header that says more rows ends
+early, one that says fewer leaves bytes over; sizes are summed as Python
+integers, so a huge shape cannot wrap); a raw file read with ``shape[0] ==
+-1`` must hold whole rows after ``offset``; a ``.pt`` must load with torch
+(``weights_only``) and hold a tensor of at least one dimension.
 """
 from __future__ import annotations
 
+import math
+import operator
 import os
 from pathlib import Path
 
@@ -23,13 +34,13 @@ from .tensor import HybridTensor
 READ_CHUNK_BYTES = 64 << 20
 
 
-def _torch_dtype(dtype) -> torch.dtype:
+def _torch_dtype(dtype, name: str = "a file") -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     try:
         return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
     except TypeError:
-        raise ValueError(f"hmgstore tables hold numbers; cannot read a file of dtype {dtype}") from None
+        raise ValueError(f"hmgstore tables hold numbers; cannot read {name} of dtype {dtype}") from None
 
 
 def _host(dtype: torch.dtype, host_dtype: torch.dtype | None, name: str) -> torch.dtype:
@@ -40,14 +51,52 @@ def _host(dtype: torch.dtype, host_dtype: torch.dtype | None, name: str) -> torc
     return host_dtype or dtype
 
 
-def _npy_header(f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
+def _npy_header(path: Path, f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
     """``(shape, fortran_order, dtype)`` of an open .npy file, positioned at its data; None for versions
-    numpy reads only through ``np.load``."""
-    version = np.lib.format.read_magic(f)
-    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-    if version not in readers:
-        return None
-    return readers[version](f)
+    numpy reads only through ``np.load``. Raises ValueError naming ``path`` for a header numpy cannot read."""
+    try:
+        version = np.lib.format.read_magic(f)
+        readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in readers:
+            return None
+        return readers[version](f)
+    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path.name} is not a .npy file numpy can read: its header is damaged ({err})") from err
+
+
+def _np_load(path: Path) -> np.ndarray:
+    """numpy's own memory-mapped reader (other header versions, Fortran order), its errors naming ``path``."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, OverflowError) as err:
+        raise ValueError(f"{path.name} is not a .npy file numpy can read ({err})") from err
+
+
+def _check_layout(path: Path, shape: tuple, np_dtype: np.dtype, source: str) -> None:
+    """Refuse a layout no table has: no dimension, negative sizes, Python objects. ``source`` says who
+    gave the layout ("its header says", "shape=")."""
+    if np_dtype.hasobject:
+        raise ValueError(f"{path.name} holds Python objects (dtype {np_dtype}), which hmgstore never unpickles; "
+                         "save numbers")
+    if len(shape) == 0:
+        raise ValueError(f"{path.name} holds a 0-dim array (a single {np_dtype} value); a table has at least one "
+                         "dimension (rows): save x.reshape(1) or x[None]")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{path.name}: {source} shape {tuple(shape)}, with a negative size")
+
+
+def _check_size(path: Path, start: int, shape: tuple, np_dtype: np.dtype, exact: bool) -> int:
+    """The bytes a ``shape`` table of ``np_dtype`` takes after byte ``start`` of ``path``, checked against the
+    file's length (``exact``: no bytes may be left over). Python integers: a huge shape cannot wrap."""
+    nbytes = math.prod(shape) * np_dtype.itemsize
+    have = os.path.getsize(path) - start
+    if have < nbytes:
+        raise ValueError(f"{path.name} ends {nbytes - have} bytes early: a {tuple(shape)} table of {np_dtype} "
+                         f"needs {nbytes} bytes after byte {start}, the file has {have}")
+    if exact and have > nbytes:
+        raise ValueError(f"{path.name} holds {have} bytes of rows after its header, which says shape "
+                         f"{tuple(shape)} of {np_dtype}: {nbytes} bytes; the file is damaged or its header lies")
+    return nbytes
 
 
 def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
@@ -62,36 +111,85 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
         return _read_torch(path, key, host_dtype, backing, progress)
     if suffix == ".npy" and dtype is None and shape is None:
-        with open(path, "rb") as f:
-            header = _npy_header(f)
-            data_start = f.tell()
-        if header is None or header[1] or header[2].hasobject:  # other versions, Fortran order: numpy's reader
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-            host = _host(_torch_dtype(array.dtype), host_dtype, path.name)
-            return owned.copy_in(owned.empty(array.shape, host, backing, zero=False), array,
-                                 progress, desc=f"reading {path.name}")
-        shape, _, np_dtype = header
-        return _read_raw(path, data_start, tuple(shape), np_dtype, host_dtype, backing, progress)
+        return _read_npy(path, host_dtype, backing, progress)
     if dtype is None or shape is None:
         raise ValueError(f"cannot tell the layout of {path.name}: pass dtype= and shape= (the first size may be "
                          "-1, read from the file's length) for a raw binary file, or use a .npy or .pt file")
     np_dtype = np.dtype(dtype) if not isinstance(dtype, torch.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
-    shape = tuple(int(s) for s in shape)
-    if shape and shape[0] == -1:
-        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np_dtype.itemsize
-        shape = ((os.path.getsize(path) - offset) // max(row_bytes, 1), *shape[1:])
+    shape, offset = _raw_layout(path, shape, np_dtype, offset)
     return _read_raw(path, offset, shape, np_dtype, host_dtype, backing, progress)
 
 
+def _raw_layout(path: Path, shape, np_dtype: np.dtype, offset) -> tuple[tuple[int, ...], int]:
+    """``(shape, offset)`` of a raw file, checked: integers, offset inside the file, ``shape[0] == -1`` made the
+    number of whole rows after ``offset`` (bytes left over are refused: a wrong dtype, shape or offset)."""
+    try:
+        shape, offset = tuple(operator.index(s) for s in shape), operator.index(offset)
+    except TypeError:
+        raise TypeError(f"shape= (a tuple) and offset= take integers; got shape={shape!r}, offset={offset!r} "
+                        f"for {path.name}") from None
+    size = os.path.getsize(path)
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0 for {path.name}: the byte its rows start at; got {offset}")
+    if offset > size:
+        raise ValueError(f"offset={offset} is past the end of {path.name} ({size} bytes)")
+    if shape and shape[0] == -1:
+        row_bytes = math.prod(shape[1:]) * np_dtype.itemsize
+        if row_bytes <= 0 or any(s < 0 for s in shape[1:]):
+            raise ValueError(f"cannot count the rows of {path.name} with shape {shape}: rows of {row_bytes} bytes")
+        rows, left = divmod(size - offset, row_bytes)
+        if left:
+            raise ValueError(f"{path.name} holds {size - offset} bytes after byte {offset}, not a whole number of "
+                             f"{row_bytes}-byte rows ({shape[1:]} of {np_dtype}): {left} bytes left over; check "
+                             "dtype=, shape= and offset=")
+        shape = (rows, *shape[1:])
+    _check_layout(path, shape, np_dtype, "shape=")
+    return shape, offset
+
+
+def npy_layout(path) -> tuple[tuple[int, ...], np.dtype]:
+    """``(shape, dtype)`` of the .npy file at ``path``, from its header, checked as :func:`load` checks it
+    (a header numpy reads, a shape and dtype that account for every byte after it), without reading a row.
+    Raises FileNotFoundError, or ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no file at {path}")
+    shape, _, np_dtype, _, _ = _npy_checked(path)
+    return shape, np_dtype
+
+
+def _npy_checked(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int, np.ndarray | None]:
+    """``(shape, fortran_order, dtype, data start, numpy's memmap or None)`` of a .npy file, its header
+    checked against its length."""
+    with open(path, "rb") as f:
+        header = _npy_header(path, f)
+        start = f.tell()
+    array = None
+    if header is None:  # other header versions: numpy's reader, then the same checks
+        array = _np_load(path)
+        header, start = (array.shape, not array.flags.c_contiguous, array.dtype), array.offset
+    shape, fortran, np_dtype = tuple(header[0]), header[1], header[2]
+    _check_layout(path, shape, np_dtype, "its header says")
+    _check_size(path, start, shape, np_dtype, exact=True)
+    return shape, fortran, np_dtype, start, array
+
+
+def _read_npy(path: Path, host_dtype, backing, progress) -> torch.Tensor:
+    """A .npy file, its header checked against its length before any row is read."""
+    shape, fortran, np_dtype, start, array = _npy_checked(path)
+    if not fortran:
+        return _read_raw(path, start, shape, np_dtype, host_dtype, backing, progress)
+    array = _np_load(path) if array is None else array  # Fortran order: numpy's reader
+    host = _host(_torch_dtype(array.dtype, path.name), host_dtype, path.name)
+    return owned.copy_in(owned.empty(array.shape, host, backing, zero=False), array, progress,
+                         desc=f"reading {path.name}")
+
+
 def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, backing, progress) -> torch.Tensor:
-    dtype = _torch_dtype(np_dtype)
+    dtype = _torch_dtype(np_dtype, path.name)
     if np_dtype.byteorder == ">" or (np_dtype.byteorder == "=" and np.little_endian is False):
         raise ValueError(f"{path.name} holds big-endian numbers; convert it with numpy first")
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
-    have = os.path.getsize(path) - start
-    if have < nbytes:
-        raise ValueError(f"{path.name} ends {nbytes - have} bytes early: a {shape} table of {np_dtype} needs "
-                         f"{nbytes} bytes after byte {start}, the file has {have}")
+    nbytes = _check_size(path, start, shape, np_dtype, exact=False)  # a raw file may hold more than is read
     out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing, zero=False)  # every byte is read in
     direct = out.dtype == dtype
     target = out.view(-1).view(torch.uint8) if direct else None
@@ -119,11 +217,24 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
     return out
 
 
-def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
+def load_torch_file(path: Path, what: str = "a torch file"):
+    """What ``torch.save`` wrote to ``path`` (memory-mapped where the format allows; ``weights_only``), or a
+    ValueError naming the file when torch cannot read it (cut short, damaged, not a torch file)."""
     try:
-        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except RuntimeError:  # files saved without the zipfile format cannot be memory-mapped
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except RuntimeError:  # files saved without the zipfile format cannot be memory-mapped
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except (PermissionError, IsADirectoryError, MemoryError):
+        raise
+    except Exception as err:  # torch's zip reader, the unpickler, EOF: all say the same to a user
+        detail = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        raise ValueError(f"{path.name} cannot be read as {what} (torch.load raised {type(err).__name__}: "
+                         f"{detail}); it is cut short, damaged or not written by torch.save") from err
+
+
+def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
+    obj = load_torch_file(path)
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
         if key is None and len(tensors) == 1:
@@ -135,6 +246,11 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
         raise ValueError(f"{path.name} holds a single tensor; drop key={key!r}")
     if not isinstance(obj, torch.Tensor):
         raise ValueError(f"{path.name} holds a {type(obj).__name__}, not a tensor")
+    if obj.layout != torch.strided:
+        raise ValueError(f"{path.name} holds a {obj.layout} tensor; save x.to_dense()")
+    if obj.dim() == 0:
+        raise ValueError(f"{path.name} holds a 0-dim tensor (a single {obj.dtype} value); a table has at least one "
+                         "dimension (rows): save x.reshape(1) or x[None]")
     return owned.copy_in(owned.empty(obj.shape, _host(obj.dtype, host_dtype, path.name), backing, zero=False), obj,
                          progress,
                          desc=f"reading {path.name}")

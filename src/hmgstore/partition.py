@@ -11,6 +11,11 @@ split goes to ``OUT_DIR/split/{train,val,test}.npy`` as global ids.
 ``--by`` is ``range`` (contiguous id ranges), ``hash`` or a file with one
 machine per node (``.npy``, ``.pt``, or text with one number a line, as
 METIS's ``gpmetis`` writes).
+
+Everything is written into a new folder beside OUT_DIR, then renamed into
+place: OUT_DIR ends with the old parts or the new ones, never a mix. An
+OUT_DIR that holds anything is refused unless ``--overwrite``, which
+replaces it and everything in it.
 """
 from __future__ import annotations
 
@@ -22,20 +27,28 @@ import numpy as np
 import torch
 
 from .distributed.book import PartitionBook
+from .files import load_torch_file
 from .distributed.parts import partition
 
 log = logging.getLogger(__name__)
 
 def read_assignment(path) -> torch.Tensor:
-    """One machine per node from ``path``: ``.npy``, ``.pt`` (a tensor) or text, one integer a line."""
+    """One machine per node from ``path``: ``.npy``, ``.pt`` (a tensor) or text, one integer a line.
+    Raises FileNotFoundError, or ValueError naming the file when it cannot be read or holds no tensor."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no assignment file at {path}")
-    if path.suffix == ".npy":
-        return torch.from_numpy(np.load(path, allow_pickle=False))
     if path.suffix in (".pt", ".pth"):
-        return torch.load(path, map_location="cpu", weights_only=True)
-    return torch.from_numpy(np.loadtxt(path, dtype=np.int64, ndmin=1))
+        obj = load_torch_file(path, "an assignment")
+        if not isinstance(obj, torch.Tensor):
+            raise ValueError(f"{path} holds a {type(obj).__name__}; an assignment file holds one tensor")
+        return obj
+    try:
+        if path.suffix == ".npy":
+            return torch.from_numpy(np.load(path, allow_pickle=False))
+        return torch.from_numpy(np.loadtxt(path, dtype=np.int64, ndmin=1))
+    except (ValueError, EOFError, OSError) as err:
+        raise ValueError(f"{path} is not an assignment file (one integer machine per node): {err}") from err
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,14 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feat-dim", type=int, default=128, help="with --synthetic: features per node (default: 128)")
     p.add_argument("--avg-degree", type=int, default=10, help="with --synthetic: edges per node (default: 10)")
     p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default: 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR and everything in it if it holds "
+                   "anything (default: refuse)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     progress = not args.no_progress
+    if args.out_dir.is_dir() and any(args.out_dir.iterdir()) and not args.overwrite:  # before building the graph
+        parser.error(f"{args.out_dir} is not empty; pass --overwrite to replace it and everything in it")
     if args.ogb is not None:
         from .data.ogb import load_node_dataset
 
@@ -70,11 +88,16 @@ def main(argv=None) -> None:
     if args.by in ("range", "hash"):
         book = getattr(PartitionBook, args.by)(g.num_nodes, args.parts)
     else:
-        book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
-    folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, progress=progress)
-    (args.out_dir / "split").mkdir(exist_ok=True)
-    for name, ids in (("train", g.train_idx), ("val", g.val_idx), ("test", g.test_idx)):
-        np.save(args.out_dir / "split" / f"{name}.npy", ids.numpy())
+        try:
+            book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
+        except (TypeError, ValueError) as err:
+            parser.error(f"--by {args.by}: {err}")
+    split = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
+    try:
+        folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, split=split,
+                            overwrite=args.overwrite, progress=progress)
+    except FileExistsError as err:  # filled while the graph was built
+        parser.error(str(err))
     log.info("%s: %d nodes, %d edges in %d parts of %s nodes under %s", book.kind, g.num_nodes,
                  g.edge_index.shape[1], len(folders), list(book.sizes), args.out_dir)
 

@@ -23,6 +23,8 @@ device on first use there and kept (an assignment book of 100M nodes costs
 """
 from __future__ import annotations
 
+import operator
+import os
 import zlib
 from itertools import pairwise
 from pathlib import Path
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..files import load_torch_file
 from ..index import check_range
 
 KINDS = ("range", "hash", "assignment")
@@ -117,7 +120,7 @@ class PartitionBook:
             raise TypeError(f"an assignment holds integer machine numbers, got dtype {a.dtype}")
         if a.dim() != 1:
             raise ValueError(f"an assignment is 1-D, one machine per node; got shape {tuple(a.shape)}")
-        if num_nodes is not None and a.numel() != num_nodes:
+        if num_nodes is not None and a.numel() != _integer(num_nodes, "num_nodes"):
             raise ValueError(f"the assignment has {a.numel()} entries for a graph of {num_nodes} nodes")
         a = a.cpu().to(torch.int64)
         if num_machines is None:
@@ -146,7 +149,9 @@ class PartitionBook:
         return self._local(flat, self._owner(flat)).view(ids.shape)
 
     def nodes_of(self, machine: int) -> torch.Tensor:
-        """int64 [sizes[machine]] global ids owned by ``machine``, increasing (the partition's row order)."""
+        """int64 [sizes[machine]] global ids owned by ``machine``, increasing (the partition's row order).
+        Raises TypeError for a machine that is not an integer, ValueError for one outside the book."""
+        machine = _integer(machine, "machine")
         if not 0 <= machine < self.num_machines:
             raise ValueError(f"machine {machine} is outside [0, {self.num_machines})")
         starts = self._host["starts"]
@@ -197,30 +202,61 @@ class PartitionBook:
     __hash__ = None  # mutable caches inside; compare with signature()
 
     def save(self, path) -> None:
-        """Write the book to ``path`` (a torch file: what defines it; rows within partitions are recomputed)."""
-        torch.save({"format": _FORMAT, "kind": self.kind, "num_nodes": self.num_nodes,
-                    "num_machines": self.num_machines, "assignment": self._host["assignment"]}, Path(path))
+        """Write the book to ``path`` (a torch file: what defines it; rows within partitions are recomputed).
+
+        Written to a temporary file beside ``path``, flushed to disk, then renamed over it: ``path`` holds
+        the old book or the new one, never part of either, whatever happens during the write.
+        """
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            torch.save({"format": _FORMAT, "kind": self.kind, "num_nodes": self.num_nodes,
+                        "num_machines": self.num_machines, "assignment": self._host["assignment"]}, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path) -> PartitionBook:
-        """The book :meth:`save` wrote to ``path``. Raises FileNotFoundError, ValueError for other files."""
+        """The book :meth:`save` wrote to ``path``. Raises FileNotFoundError; ValueError naming the file for
+        one cut short, damaged, not a book, or whose counts and assignment disagree."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no partition book at {path}")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or state.get("format") != _FORMAT or state.get("kind") not in KINDS:
+        state = load_torch_file(path, "a partition book")
+        if (not isinstance(state, dict) or state.get("format") != _FORMAT or state.get("kind") not in KINDS
+                or "num_nodes" not in state or "num_machines" not in state):
             raise ValueError(f"{path} is not a partition book written by PartitionBook.save (format {_FORMAT})")
-        if state["kind"] == "assignment":
-            return cls.from_assignment(state["assignment"], state["num_machines"], state["num_nodes"])
-        return getattr(cls, state["kind"])(state["num_nodes"], state["num_machines"])
+        if state["kind"] == "assignment" and not isinstance(state.get("assignment"), torch.Tensor):
+            raise ValueError(f"{path} is an assignment book without its assignment tensor (found "
+                             f"{type(state.get('assignment')).__name__})")
+        try:
+            if state["kind"] == "assignment":
+                return cls.from_assignment(state["assignment"], state["num_machines"], state["num_nodes"])
+            return getattr(cls, state["kind"])(state["num_nodes"], state["num_machines"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path} does not hold a valid {state['kind']} book: {err}") from err
 
     def __repr__(self) -> str:
         return (f"PartitionBook({self.kind}, num_nodes={self.num_nodes}, num_machines={self.num_machines}, "
                 f"sizes={list(self.sizes)})")
 
 
+def _integer(value, name: str) -> int:
+    """``value`` as an int; TypeError for anything that is not an integer (10.7 is refused, not truncated)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
 def _check_counts(num_nodes, num_machines) -> tuple[int, int]:
-    num_nodes, num_machines = int(num_nodes), int(num_machines)
+    num_nodes, num_machines = _integer(num_nodes, "num_nodes"), _integer(num_machines, "num_machines")
     if num_nodes < 0:
         raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
     if num_machines < 1:

@@ -13,6 +13,14 @@ in increasing global id order (row ``r`` of the part is node
 Rows are written piece by piece into ``.npy`` files, so a part never has to
 fit in memory twice; :func:`load_partition` reads them with
 :func:`hmgstore.load` into host memory hmgstore owns.
+
+:func:`partition` writes every part into a new folder beside ``out_dir``
+and renames it into place (:mod:`hmgstore.distributed.replace`): ``out_dir``
+holds the old parts or the new ones, never a mix, and a folder that holds
+anything is refused unless ``overwrite=True``. :func:`load_partition` checks
+every file against ``meta.json`` and the book before it trusts it: shapes
+and dtypes from the ``.npy`` headers, ``colptr`` rising from 0 to the
+number of edges, and every source in ``row`` a node of the book.
 """
 from __future__ import annotations
 
@@ -24,12 +32,13 @@ import numpy as np
 import torch
 from ..progress import tqdm
 
-from ..files import load, read
+from ..files import load, npy_layout, read
 from ..graph.csc import CSC, to_csc
 from ..index import check_range
 from ..memory.pinned import as_host_tensor
 from ..tensor import HybridTensor
 from .book import PartitionBook
+from .replace import new_folder
 
 #: Bytes written per step (one progress update).
 WRITE_CHUNK_BYTES = 64 << 20
@@ -101,7 +110,8 @@ def _write_rows(path: Path, source: torch.Tensor, ids: torch.Tensor | None, bar)
     del array
 
 
-def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: bool = True) -> list[Path]:
+def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict | None = None,
+              overwrite: bool = False, progress: bool = True) -> list[Path]:
     """Write one part per machine of ``book`` under ``out_dir`` (layout in the module docstring).
 
     ``features``: ``[num_nodes, ...]`` table (torch CPU tensor or numpy
@@ -110,15 +120,33 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: b
     graph as COO ``[2, E]`` (row 0 source, row 1 destination; tensor or numpy)
     or a :class:`hmgstore.graph.CSC`. Edges are assigned to the part of their
     destination. Shows a progress bar of the bytes written unless
-    ``progress=False``. Returns the parts' folders. Raises ValueError for
-    attributes or graphs whose node count is not the book's, IndexError for
-    edges naming nodes beyond it.
+    ``progress=False``. ``split``: name -> ids, each written to
+    ``out_dir/split/{name}.npy`` with the parts. ``out_dir`` is replaced
+    whole, in one step, once everything is written: it must not exist, be
+    empty, or ``overwrite=True`` (which deletes what it held). Returns the
+    parts' folders. Raises FileExistsError for a folder that holds anything
+    without ``overwrite`` (before writing), ValueError for attributes or
+    graphs whose node count is not the book's, IndexError for edges naming
+    nodes beyond it; whatever fails, ``out_dir`` is left as it was.
     """
     n = book.num_nodes
     tables = _features(features, n)
     csc = _csc(edge_index, n)
+    split = {} if split is None else split
+    if not all(isinstance(name, str) and name.isidentifier() for name in split):
+        raise ValueError(f"split names become file names: use letters, digits and _, got {list(split)}")
+    with new_folder(out_dir, overwrite=overwrite) as new:
+        _write_parts(tables, csc, book, new, progress)
+        if split:
+            (new / "split").mkdir()
+            for name, ids in split.items():
+                np.save(new / "split" / f"{name}.npy", torch.as_tensor(ids).cpu().numpy())
+    return [part_dir(out_dir, m) for m in range(book.num_machines)]
+
+
+def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, progress: bool) -> None:
+    n = book.num_nodes
     total = sum(t.nbytes for t in tables.values()) + 8 * (csc.num_edges + n + book.num_machines)
-    folders = []
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {book.num_machines} parts", disable=not progress,
               leave=False) as bar:
         for m in range(book.num_machines):
@@ -135,8 +163,6 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, progress: b
                     "part_edges": len(edges),
                     "features": {k: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for k, t in tables.items()}}
             (folder / "meta.json").write_text(json.dumps(meta, indent=1))
-            folders.append(folder)
-    return folders
 
 
 def part_of(features, edge_index, book: PartitionBook, machine: int, device=None, *, progress: bool = True,
@@ -195,17 +221,28 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     machine into shared memory (:func:`hmgstore.distributed.share_on_node`)
     that every rank of the machine maps, instead of a copy per rank;
     collective over the machine's ranks. Raises FileNotFoundError for a
-    missing part, ValueError when its files do not match its book.
+    missing part, ValueError naming the file when one does not match its
+    book or ``meta.json`` (a shape, dtype or length; a colptr that does not
+    rise from 0 to the number of edges; a source outside the book), is cut
+    short or damaged.
     """
     folder = part_dir(out_dir, machine)
     if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no part {machine} under {out_dir} (looked for {folder / 'meta.json'}); write the "
                                 "parts with python -m hmgstore.partition")
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = _read_meta(folder / "meta.json")
     book = PartitionBook.load(folder / "book.pt")
-    if meta["machine"] != machine or book.sizes[machine] != meta["part_nodes"]:
-        raise ValueError(f"{folder} does not hold part {machine} of its book ({meta['machine']}, "
-                         f"{meta['part_nodes']} nodes vs {book.sizes[machine]})")
+    said = (meta["machine"], meta["num_machines"], meta["num_nodes"], meta["part_nodes"])
+    if said != (machine, book.num_machines, book.num_nodes, book.sizes[machine] if machine < book.num_machines else -1):
+        raise ValueError(f"{folder / 'meta.json'} does not describe part {machine} of {folder / 'book.pt'}: it says "
+                         f"part {said[0]} of {said[1]} machines, {said[2]} nodes, {said[3]} in the part; the book "
+                         f"has {book.num_machines} machines, {book.num_nodes} nodes"
+                         + (f", {book.sizes[machine]} in part {machine}" if machine < book.num_machines else ""))
+    nodes, edges = meta["part_nodes"], meta["part_edges"]
+    for name, attr in meta["features"].items():
+        _expect(folder / "features" / f"{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
+    _expect(folder / "colptr.npy", (nodes + 1,), "torch.int64")
+    _expect(folder / "row.npy", (edges,), "torch.int64")
     features = {}
     if share:
         from .node import share_on_node
@@ -219,8 +256,56 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                 else load(path, device, progress=progress, **placement)
         colptr, row = ((read_once if share else lambda p: read(p, progress=progress))(folder / name)
                        for name in ("colptr.npy", "row.npy"))
+        _check_topology(folder, colptr, row, book.num_nodes)
     except BaseException:
         for table in features.values():
             table.close()
         raise
     return Partition(machine, book, features, colptr, row)
+
+
+def _read_meta(path: Path) -> dict:
+    """``meta.json``, its keys and their types checked (ValueError naming it)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not the JSON partition() writes: {err}; the part is cut short or damaged") \
+            from err
+    counts = ("machine", "num_machines", "num_nodes", "part_nodes", "part_edges")
+    ok = isinstance(meta, dict) and all(type(meta.get(k)) is int and meta[k] >= 0 for k in counts)
+    ok = ok and isinstance(meta.get("features"), dict) and all(
+        isinstance(a, dict) and isinstance(a.get("dtype"), str) and isinstance(a.get("shape"), list)
+        and all(type(s) is int and s >= 0 for s in a["shape"]) and str(name).isidentifier()
+        for name, a in meta["features"].items())
+    if not ok:
+        raise ValueError(f"{path} does not hold what partition() writes: non-negative integers {', '.join(counts)} "
+                         "and features {name: {shape: [ints], dtype: str}}; the part is damaged")
+    return meta
+
+
+def _expect(path: Path, shape: tuple, dtype: str) -> None:
+    """Refuse a .npy file whose header gives another shape or dtype than the part's book and meta.json."""
+    found_shape, found_dtype = npy_layout(path)
+    found = str(torch.from_numpy(np.empty(0, found_dtype)).dtype) if found_dtype.kind in "biuf" else str(found_dtype)
+    if found_shape != tuple(shape) or found != dtype:
+        raise ValueError(f"{path} should hold shape {tuple(shape)} of {dtype} (from the part's book and meta.json), "
+                         f"found {found_shape} of {found}; the part is damaged or from another partition")
+
+
+def _check_topology(folder: Path, colptr: torch.Tensor, row: torch.Tensor, num_nodes: int) -> None:
+    """colptr rises from 0 to ``len(row)``; every source in ``row`` is a node of the book."""
+    if int(colptr[0]) != 0:
+        raise ValueError(f"{folder / 'colptr.npy'} must start at 0, found {int(colptr[0])}")
+    falls = colptr[1:] < colptr[:-1]
+    if bool(falls.any()):
+        i = int(falls.nonzero()[0, 0])
+        raise ValueError(f"{folder / 'colptr.npy'} decreases at entry {i + 1} ({int(colptr[i])} then "
+                         f"{int(colptr[i + 1])}); offsets into row.npy never decrease")
+    if int(colptr[-1]) != len(row):
+        raise ValueError(f"{folder / 'colptr.npy'} ends at {int(colptr[-1])}, but {folder / 'row.npy'} holds "
+                         f"{len(row)} edges")
+    try:
+        check_range(row, num_nodes)
+    except IndexError as err:
+        raise ValueError(f"{folder / 'row.npy'} names a source outside the book: {err}; the book has {num_nodes} "
+                         "nodes") from None

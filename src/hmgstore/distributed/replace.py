@@ -1,0 +1,102 @@
+"""A folder written whole or not at all: :func:`new_folder`.
+
+Writers of several files (the parts of a partition) write into a fresh
+temporary folder beside the target, then put it in place with one rename.
+A reader of the target sees the old files or the new ones, never a mix,
+and a writer that fails or is killed half-way leaves the old files as they
+were (a killed one leaves its hidden ``.NAME.partial-*`` folder behind).
+
+A target that does not exist, or an empty folder, is replaced by one
+``rename``. A folder that holds anything is refused unless ``overwrite``;
+then the two folders are exchanged in one atomic step where the system
+can (Linux ``renameat2(RENAME_EXCHANGE)``, on ext4, xfs, btrfs, tmpfs), else
+by two renames, between which the target is briefly absent (a reader gets
+FileNotFoundError, never a mix). The old folder is then deleted.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # from <fcntl.h> and <linux/fs.h>
+
+
+@contextmanager
+def new_folder(target, *, overwrite: bool = False) -> Iterator[Path]:
+    """A new empty folder beside ``target`` to write into; when the block ends without an exception it
+    replaces ``target`` whole, else it is deleted and ``target`` is left as it was.
+
+    Raises FileExistsError (before anything is written) when ``target`` is a folder that holds anything
+    and ``overwrite`` is False, NotADirectoryError when it is a file.
+    """
+    target = Path(os.path.abspath(target))
+    target = target.resolve() if target.is_symlink() else target  # replace the folder, keep the link
+    _refuse(target, overwrite)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        yield new
+        _put_in_place(new, target, overwrite)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)  # the new files, or after an exchange the old ones
+        raise
+
+
+def _refuse(target: Path, overwrite: bool) -> None:
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(f"{target} is a file, not a folder to write into")
+    if target.is_dir() and not overwrite:
+        held = sorted(p.name for p in target.iterdir())
+        if held:
+            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+            raise FileExistsError(f"{target} is not empty (it holds {shown}); pass overwrite=True (--overwrite) "
+                                  "to replace it and everything in it, or choose an empty folder")
+
+
+def _put_in_place(new: Path, target: Path, overwrite: bool) -> None:
+    try:
+        os.rename(new, target)  # target absent or an empty folder: one atomic step
+        return
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        _refuse(target, overwrite)  # filled since we looked: refused as it would have been then
+    if _exchange(new, target):
+        shutil.rmtree(new, ignore_errors=True)  # now the old folder
+        return
+    old = new.with_name(new.name + "-old")
+    os.rename(target, old)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    if old.exists():
+        log.warning("could not delete the replaced folder %s; delete it by hand", old)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step; False where the system or file system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28 and later
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    log.debug("renameat2(RENAME_EXCHANGE) failed (%s); replacing %s with two renames", os.strerror(ctypes.get_errno()),
+              b)
+    return False
