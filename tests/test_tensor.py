@@ -150,6 +150,37 @@ def test_gpu_budget_without_an_order_and_hotness_on_the_cpu():
     assert e.shape == (50, 4)
 
 
+def test_odd_index_objects():
+    x = random_table(50, (4,), torch.float32)
+    t = hmgstore.HybridTensor(x, "cpu")
+    assert same(t[range(3, 9, 2)], x[range(3, 9, 2)]) and same(t[range(5, 2)], x[range(5, 2)])  # as torch does
+    with pytest.raises(TypeError, match="sparse tensor is not an index.*to_dense"):
+        t[torch.tensor([1, 2]).to_sparse()]
+    with pytest.raises(TypeError, match="'meta' device hold no values"):
+        t[torch.empty(3, dtype=torch.int64, device="meta")]
+
+
+def test_writes_of_the_wrong_shape_say_so():
+    t = hmgstore.HybridTensor(random_table(50, (4,), torch.float32), "cpu", copy=True)
+    with pytest.raises(ValueError, match=r"value of shape \(3, 4\) does not broadcast to the 2 rows written, "
+                                         r"\(2, 4\)"):
+        t[[1, 2]] = torch.ones(3, 4)
+    t[[1, 2]] = torch.arange(4.0)  # broadcast, as in torch
+    assert same(t[[1, 2]], torch.arange(4.0).expand(2, 4))
+
+
+def test_a_closed_table_refuses_every_read():
+    t = hmgstore.HybridTensor(random_table(50, (4,), torch.float32), "cpu")
+    t.close()
+    for read in (lambda: t[1], lambda: t.dense(), lambda: hmgstore.gather_many([(t, [1])])):
+        with pytest.raises(RuntimeError, match="this table was closed"):
+            read()
+    with pytest.raises(RuntimeError, match="this table was closed"):
+        t[[1]] = 0
+    t.close()  # idempotent
+    assert "closed" in repr(t) and len(t) == 50
+
+
 def test_two_indices_are_refused_and_say_how_to_index():
     """``t[3, 1]`` is the element x[3, 1] in torch and numpy; a table indexes rows only, so it refuses."""
     x = random_table(50, (4,), torch.float32)

@@ -66,7 +66,7 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
 
     Accepts a torch tensor or numpy array of a signed or unsigned integer
     dtype (any shape, any device), a bool mask of length ``num_rows``, a
-    Python/numpy int, a slice, or a list of ints. Returns ``(ids, shape)``:
+    Python/numpy int, a slice, a range, or a list of ints. Returns ``(ids, shape)``:
     ids int64 or int32 (uint64 ids are reinterpreted as int64, so ids of
     2^63 and above look negative and fail the range check). Raises TypeError
     for float, complex or other types, IndexError for ints beyond int64.
@@ -78,6 +78,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if isinstance(index, slice):  # an empty slice (t[10:3], t[-1:-5]) is empty, as in torch
         rows = range(*index.indices(num_rows))
         ids = torch.arange(rows.start, rows.stop, rows.step) if len(rows) else torch.empty(0, dtype=torch.int64)
+        return ids, (len(ids),)
+    if isinstance(index, range):  # ids as written (negative ones fail the range check), as torch reads them
+        ids = torch.arange(index.start, index.stop, index.step) if len(index) else torch.empty(0, dtype=torch.int64)
         return ids, (len(ids),)
     if isinstance(index, np.ndarray):
         if index.dtype.kind not in "iub":
@@ -97,6 +100,11 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
         raise TypeError(
             f"cannot index a table with {type(index).__name__}; "
             "use an integer tensor, numpy array, list, int or slice")
+    elif index.layout != torch.strided:
+        raise TypeError(f"a {index.layout} sparse tensor is not an index; pass dense ids (ids.to_dense(), or "
+                        "ids.indices() for the positions it holds)")
+    elif index.device.type == "meta":
+        raise TypeError("ids on the 'meta' device hold no values; pass ids on the CPU or the table's GPU")
 
     if index.dtype == torch.bool:
         if index.shape != (num_rows,):

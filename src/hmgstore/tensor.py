@@ -204,7 +204,10 @@ class HybridTensor(Table):
         The host tier itself (no copy) when it keeps rows as they read, in id
         order, and is writable; a copy when it keeps a stored format or a
         layout, or is read-only. For PyG's whole-table reads and for checks.
+        Raises RuntimeError for a closed table.
         """
+        if self._closing:
+            raise RuntimeError("this table was closed; build a new HybridTensor")
         host = self._source if self._layout is None else self._source[self.host_positions(torch.arange(self.num_rows))]
         if self._format is not None:
             return self._format.decode(host, self.row_shape)
@@ -243,7 +246,8 @@ class HybridTensor(Table):
         of those rows on the current stream. Gathers in flight that read the
         same rows may see old or new values: synchronise first. Raises
         TypeError for a read-only source or a view of a sharded table,
-        IndexError for ids out of range, RuntimeError for a closed table.
+        IndexError for ids out of range, ValueError for a value that does not
+        broadcast to the rows, RuntimeError for a closed table.
         """
         from .index import normalize
 
@@ -257,7 +261,12 @@ class HybridTensor(Table):
         try:
             self._ready()
             ids = normalize(index, self.num_rows, torch.device("cpu")).ids
-            rows = torch.as_tensor(value).to("cpu", self._dtype).expand(len(ids), *self.row_shape)
+            rows = torch.as_tensor(value).to("cpu", self._dtype)
+            try:
+                rows = rows.expand(len(ids), *self.row_shape)
+            except RuntimeError:
+                raise ValueError(f"a value of shape {tuple(rows.shape)} does not broadcast to the {len(ids)} rows "
+                                 f"written, {(len(ids), *self.row_shape)}") from None
             fmt = self._format
             host_rows = (fmt.encode(rows.contiguous()) if fmt else rows).contiguous()
             at = self.host_positions(ids)
