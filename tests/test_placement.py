@@ -168,3 +168,16 @@ def test_a_budget_alone_keeps_rows_in_id_order():
     assert placement.for_table(50, 16, CUDA, gpu_budget=160).gpu_rows.tolist() == list(range(10))
     assert placement.for_table(50, 16, torch.device("cpu"), gpu_budget=160).names == ("host",)
     assert placement.for_table(50, 16, CUDA, gpu_budget="1MB").names == ("gpu",)
+
+
+def test_odd_orders_scores_and_rows_are_refused_by_name():
+    assert placement.for_table(50, 16, CUDA, gpu_budget=32, hot_order=[]).names == ("host",)  # nothing is hot
+    with pytest.raises(ValueError, match=r"hot_order must be 1-D.*got shape \(2, 2\)"):
+        placement.for_table(50, 16, CUDA, gpu_budget=32, hot_order=torch.tensor([[3, 2], [1, 0]]))
+    with pytest.raises(ValueError, match=r"hotness must be 1-D.*got shape \(5, 10\)"):
+        placement.for_table(50, 16, CUDA, gpu_budget=32, hotness=torch.rand(5, 10))
+    for bad in ("abc", {"paper": torch.rand(50)}):
+        with pytest.raises(TypeError, match="hotness is one real score per row"):
+            placement.for_table(50, 16, CUDA, gpu_budget=32, hotness=bad)
+    with pytest.raises(TypeError, match="gpu_rows.*integer"):
+        placement.for_table(50, 16, CUDA, gpu_rows=torch.tensor([1.0]))

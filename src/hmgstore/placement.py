@@ -313,7 +313,10 @@ def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     """1-D int64 CPU ids, each checked to be in ``[0, num_rows)`` and listed once."""
     from .index import as_tensor, check_range
 
-    ids, _ = as_tensor(ids, num_rows)
+    try:
+        ids, _ = as_tensor(ids, num_rows)
+    except TypeError as err:
+        raise TypeError(f"{what}: {err}") from None
     ids = ids.reshape(-1).to("cpu", torch.int64)
     check_range(ids, num_rows)
     if len(torch.unique(ids)) != len(ids):
@@ -328,7 +331,7 @@ _SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=sc
 def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCORES_HINT) -> torch.Tensor:
     """``order`` as 1-D int64 CPU ids after checking every one of them, not only those a budget takes.
 
-    ``order``: row ids hottest first (integer tensor, numpy array or list;
+    ``order``: 1-D row ids hottest first (integer tensor, numpy array or list;
     it may list only some rows), each in ``[0, num_rows)`` and listed at
     most once. Raises TypeError for non-integer values (float ids are
     refused, never truncated), IndexError for an id out of range and
@@ -340,11 +343,13 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
 
     if not isinstance(order, torch.Tensor):
         try:
-            order = torch.as_tensor(order)
+            order = torch.as_tensor(order) if len(order) else torch.empty(0, dtype=torch.int64)
         except (TypeError, ValueError, RuntimeError, OverflowError) as err:
             raise TypeError(f"{what} is row ids, hottest first (integers); could not read it: {err}") from None
     if order.dtype.is_floating_point or order.dtype.is_complex or order.dtype == torch.bool:
         raise TypeError(f"{what} is row ids, hottest first (integers), got {order.dtype} values; {hint}")
+    if order.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, row ids hottest first; got shape {tuple(order.shape)}")
     order = as_tensor(order, num_rows)[0].reshape(-1).to("cpu", torch.int64)
     try:
         check_range(order, num_rows)
@@ -363,16 +368,21 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
 def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
     """``score``, one real number per row (higher is hotter), as a 1-D CPU tensor, after checking it.
 
-    Raises ValueError for another length (NaN scores: :func:`order_by_score`),
-    TypeError for complex ones.
+    Raises ValueError for another shape (NaN scores: :func:`order_by_score`),
+    TypeError for what is not real numbers.
     """
-    score = torch.as_tensor(score).cpu()
+    try:
+        score = torch.as_tensor(score).cpu()
+    except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+        raise TypeError(f"{what} is one real score per row (a tensor of shape [{num_rows}]); could not read "
+                        f"{type(score).__name__} as one: {err}") from None
     if score.is_complex():
         raise TypeError(f"{what} is one real score per row, got {score.dtype}")
+    if score.dim() != 1:
+        raise ValueError(f"{what} must be 1-D, one score per row; got shape {tuple(score.shape)}")
     if score.numel() != num_rows:
         raise ValueError(f"{what} has {score.numel()} entries for {num_rows} rows; give one score per row "
                          "(0 for rows never touched)")
-    score = score.reshape(-1)
     return score.to(torch.uint8) if score.dtype == torch.bool else score
 
 
