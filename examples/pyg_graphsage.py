@@ -44,6 +44,7 @@ import hmgstore
 from hmgstore import data as datasets
 from hmgstore import flags
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+from hmgstore.plugins.pyg import pyg_sampler_available
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
 HOST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -210,6 +211,9 @@ def main(argv=None) -> dict:
     if host_dtype is not None and args.features != "hmgstore":
         sys.exit(f"error: --host-dtype {args.host_dtype} is a choice of hmgstore's feature store; --features "
                  f"{args.features} is stock PyG, which reads data.x as it is. Use --features hmgstore")
+    if args.sampler == "pyg" and not pyg_sampler_available():  # else an ImportError at the first batch
+        sys.exit("error: --sampler pyg needs PyG's own sampler (pyg-lib or torch-sparse), which is not installed "
+                 "here: run `make pyg-sampler` (about 17 minutes), or use --sampler hmgstore")
     graph, dataset_name = load_graph(args)
     train_loader, test_loader, loader_kwargs = build_loaders(args, device, graph, host_dtype)
 

@@ -25,6 +25,13 @@ Graphs partitioned over several machines: :mod:`hmgstore.plugins.pyg.cluster`
 (:class:`ClusterFeatureStore`, :class:`ClusterNeighborSampler`,
 :func:`cluster_loader`).
 
+Stock ``NeighborLoader``/``LinkNeighborLoader`` calls over these objects are
+checked when the loader is built (:mod:`hmgstore.plugins.pyg.loader_checks`):
+options that differ from a ``HybridNeighborSampler``'s warn; store inputs that
+PyG asserts on (no ``input_nodes``, a plain ``edge_label_index``) read as with
+a ``Data``; without pyg-lib or torch-sparse the stores sample with
+``HybridNeighborSampler`` (a warning says so), not PyG's ImportError.
+
 Node attributes only: PyG's remote-backend loaders do not fetch edge
 features. Every attribute is checked against its graph's size, so none is
 dropped without a word (:mod:`hmgstore.plugins.pyg.attributes`). Loader
@@ -46,11 +53,17 @@ from .cluster import (
 )
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
+from .loader_checks import install as _install_loader_checks
+from .loader_checks import pyg_sampler_available
 from .sampler import HybridNeighborSampler
+
+# PyG's loaders keep no options of a custom sampler and assert on store inputs a Data would read: their
+# constructors are checked while hmgstore's objects are involved (see hmgstore.plugins.pyg.loader_checks).
+_install_loader_checks()
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
            "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",
-           "cluster_loader"]
+           "cluster_loader", "pyg_sampler_available"]
 
 
 def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,

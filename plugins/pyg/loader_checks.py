@@ -1,0 +1,281 @@
+"""Stock PyG loaders built over hmgstore's objects: what PyG does not check, checked when the loader is built.
+
+PyG's ``NeighborLoader`` and ``LinkNeighborLoader`` take hmgstore's store
+pair and :class:`~hmgstore.plugins.pyg.HybridNeighborSampler` unchanged, but
+(PyG 2.8, ``torch_geometric/loader/neighbor_loader.py`` and ``utils.py``):
+
+- given ``neighbor_sampler=``, the loader passes none of ``num_neighbors``,
+  ``replace``, ``disjoint``, ``subgraph_type``, ``time_attr`` or
+  ``weight_attr`` to it, and keeps none of them: the sampler's own values are
+  used, silently;
+- over a ``(FeatureStore, GraphStore)`` pair PyG asserts (a bare
+  ``AssertionError``) where a ``Data`` has a meaning: no ``input_nodes`` (a
+  ``Data``: every node); ``input_nodes=(None, ids)``; an ``edge_label_index``
+  that is None or a plain ``[2, E]`` tensor (a ``Data``: those edges, or all).
+  ``input_nodes=(node_type, None)`` passes ``None`` on as the node type and
+  ends in "Unable to accurately infer the number of nodes ... query None";
+- PyG's own sampler needs pyg-lib or torch-sparse; without them it fails at
+  the first batch: ``ImportError: 'NeighborSampler' requires either 'pyg-lib'
+  or 'torch-sparse'``, after a 30-line traceback.
+
+No call reaches hmgstore's objects while such a loader is built, and by the
+first batch the loader's options are gone, so the one place to look is the
+loader's constructor: :func:`install` (run when :mod:`hmgstore.plugins.pyg`
+is imported) wraps ``NeighborLoader.__init__`` and
+``LinkNeighborLoader.__init__``. The wrapper acts only when the sampler is a
+``HybridNeighborSampler`` or the data an hmgstore store pair (a
+:class:`HybridFeatureStore`, :class:`ClusterFeatureStore` or
+:class:`CSCGraphStore` in it); anything else reaches PyG as given. It:
+
+- warns (``UserWarning``) naming every option given to the loader that
+  differs from its ``HybridNeighborSampler``'s, and which value is used;
+- gives the stores what a ``Data`` means: ``input_nodes=None`` is every node,
+  ``(None, ids)`` is ``ids``, ``(node_type, None)`` is ``node_type``, and on
+  a homogeneous pair ``edge_label_index=tensor`` is ``(None, tensor)`` and
+  None (or ``(None, None)``) is every edge in the order it was put. On
+  heterogeneous stores, where no default is clear, it raises ValueError
+  naming the node or edge types and what to pass;
+- without pyg-lib and torch-sparse, where the loader would build PyG's own
+  sampler, samples with a CPU ``HybridNeighborSampler`` given the loader's
+  options (a warning says so; draws differ from PyG's), or, for what that
+  sampler does not do (``time_attr``, ``weight_attr``,
+  ``subgraph_type="induced"``), raises ImportError naming ``make
+  pyg-sampler``.
+
+What stays PyG's: a custom sampler over a plain ``Data`` gets the option
+check only; PyG's other loaders (``HGTLoader``, ``ClusterLoader``, ...), and
+a ``torch_geometric.sampler.NeighborSampler`` built by hand over the stores,
+are not checked (the latter still raises PyG's ImportError at its first batch
+without pyg-lib or torch-sparse). :func:`uninstall` puts PyG's constructors
+back. The forms PyG itself takes over store pairs, which need no filling in::
+
+    # homogeneous stores: the edge type is None
+    loader = LinkNeighborLoader(stores, [10, 5], edge_label_index=(None, pairs), neg_sampling_ratio=1.0,
+                                batch_size=1024)
+    # heterogeneous stores: an edge type with its pairs, or the type alone for all its edges
+    loader = LinkNeighborLoader(stores, [10, 5], edge_label_index=(("author", "writes", "paper"), pairs),
+                                batch_size=1024)
+    loader = NeighborLoader(stores, [10, 5], input_nodes=("paper", paper_ids), batch_size=1024)
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import warnings
+
+import torch
+import torch_geometric.typing
+from torch_geometric.data import FeatureStore, GraphStore
+from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
+from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+
+log = logging.getLogger(__name__)
+
+__all__ = ["install", "uninstall", "pyg_sampler_available", "PYG_SAMPLER_MISSING"]
+
+#: What to do when PyG's own sampler is missing (shared with the examples and the README).
+PYG_SAMPLER_MISSING = ("PyG's own NeighborSampler needs pyg-lib or torch-sparse, and neither is installed: run "
+                       "`make pyg-sampler` (builds torch-sparse, about 17 minutes on 2 cores), or pass "
+                       "neighbor_sampler=HybridNeighborSampler(stores, num_neighbors) (hmgstore's sampler, no "
+                       "compiled extension)")
+
+
+def pyg_sampler_available() -> bool:
+    """Whether PyG's own ``NeighborSampler`` can sample here (pyg-lib or torch-sparse imported)."""
+    return bool(torch_geometric.typing.WITH_PYG_LIB or torch_geometric.typing.WITH_TORCH_SPARSE)
+
+
+# ---- what the loader was given ------------------------------------------------------------
+def _hmgstore_pair(data) -> bool:
+    from .cluster import ClusterFeatureStore
+    from .feature_store import HybridFeatureStore
+    from .graph_store import CSCGraphStore
+
+    return (isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], FeatureStore)
+            and isinstance(data[1], GraphStore)
+            and (isinstance(data[0], (HybridFeatureStore, ClusterFeatureStore)) or isinstance(data[1], CSCGraphStore)))
+
+
+def _edge_types(graph_store) -> list:
+    return [attr.edge_type for attr in graph_store.get_all_edge_attrs()]
+
+
+def _node_types(feature_store) -> list:
+    return sorted({attr.group_name for attr in feature_store.get_all_tensor_attrs()}, key=str)
+
+
+def _num_nodes(data) -> int:
+    """Node count of a homogeneous pair: its edges' size, else its first attribute's rows."""
+    feature_store, graph_store = data
+    for attr in graph_store.get_all_edge_attrs():
+        if attr.size is not None:
+            return max(attr.size)
+    attrs = feature_store.get_all_tensor_attrs()
+    if not attrs:
+        raise ValueError("the stores hold neither edges nor node attributes; put them before building a loader")
+    return feature_store.get_tensor_size(attrs[0])[0]
+
+
+def _all_edges(graph_store) -> torch.Tensor:
+    """int64 [2, E]: every edge of a homogeneous graph store, in the order it was put."""
+    from .graph_store import CSCGraphStore
+
+    if isinstance(graph_store, CSCGraphStore):
+        row, col = graph_store.edges(None).coo_in_given_order()
+    else:
+        row, col, _ = graph_store.coo()
+    return torch.stack([row.long(), col.long()])
+
+
+# ---- the checks -------------------------------------------------------------------------------
+def _input_nodes(args: dict, data) -> None:
+    """NeighborLoader over a store pair: ``input_nodes`` as a ``Data``/``HeteroData`` would read it."""
+    nodes = args.get("input_nodes")
+    homogeneous = None in _edge_types(data[1]) or _node_types(data[0]) == [None]
+    if nodes is None:
+        if not homogeneous:
+            raise ValueError(
+                "NeighborLoader over heterogeneous stores needs input_nodes: a node type (all its nodes, e.g. "
+                f"input_nodes={_node_types(data[0])[0]!r}) or (node type, ids); the stores hold node types "
+                f"{_node_types(data[0])}")
+        args["input_nodes"] = torch.arange(_num_nodes(data))
+        log.debug("input_nodes=None over a store pair: every node, as with a Data")
+    elif isinstance(nodes, (tuple, list)) and len(nodes) == 2 and not isinstance(nodes[0], int):
+        node_type, ids = nodes
+        if node_type is None and homogeneous:
+            args["input_nodes"] = torch.arange(_num_nodes(data)) if ids is None else ids
+        elif isinstance(node_type, str) and ids is None:
+            args["input_nodes"] = node_type  # what PyG means by (node_type, None); its store path loses the type
+        elif node_type is None:
+            raise ValueError(f"input_nodes=(None, ids) names no node type, and these stores hold several: "
+                             f"{_node_types(data[0])}; pass (node type, ids)")
+
+
+def _edge_label_index(args: dict, data) -> None:
+    """LinkNeighborLoader over a store pair: ``edge_label_index`` as a ``Data``/``HeteroData`` would read it."""
+    edges = args.get("edge_label_index")
+    edge_types = _edge_types(data[1])
+    homogeneous = None in edge_types
+    if homogeneous:
+        if edges is None or (isinstance(edges, (tuple, list)) and len(edges) == 2 and edges[0] is None
+                             and edges[1] is None):
+            args["edge_label_index"] = (None, _all_edges(data[1]))
+        elif isinstance(edges, torch.Tensor):
+            args["edge_label_index"] = (None, edges)
+        return
+    if edges is None or isinstance(edges, torch.Tensor):
+        raise ValueError(
+            "LinkNeighborLoader over heterogeneous stores needs edge_label_index=(edge type, [2, E] tensor), or "
+            f"an edge type alone for all its edges (e.g. edge_label_index={edge_types[0]!r}); the stores hold "
+            f"edge types {edge_types}")
+
+
+_OPTIONS = ("num_neighbors", "replace", "disjoint", "subgraph_type", "time_attr", "weight_attr")
+
+
+def _option_differences(sampler, given: dict) -> list[str]:
+    """``name=loader's value (the sampler's: value)`` for each option given to the loader that the sampler
+    does not share."""
+    out = []
+    for name in _OPTIONS:
+        if name not in given:
+            continue
+        value = given[name]
+        if name == "num_neighbors":
+            key = sampler.edge_types if sampler.is_hetero else None
+            try:
+                differ = NumNeighbors(value)._get_values(key) != sampler.num_neighbors._get_values(key)
+            except (TypeError, ValueError):
+                differ = True
+            mine = sampler.num_neighbors.values
+        elif name in ("time_attr", "weight_attr"):
+            differ, mine = value is not None, None
+        elif name == "subgraph_type":
+            differ, mine = SubgraphType(value) != sampler.subgraph_type, sampler.subgraph_type.value
+        else:
+            mine = getattr(sampler, name)
+            differ = bool(value) != bool(mine)
+        if differ:
+            out.append(f"{name}={value!r} (the sampler's: {mine!r})")
+    return out
+
+
+def _check_sampler_options(loader_name: str, sampler, given: dict) -> None:
+    differences = _option_differences(sampler, given)
+    if differences:
+        warnings.warn(
+            f"{loader_name}: options given to the loader differ from its neighbor_sampler's: "
+            f"{', '.join(differences)}. PyG does not pass loader options to a custom sampler, so the sampler's "
+            "values are used; give them to HybridNeighborSampler(...) instead and drop them from the loader",
+            UserWarning, stacklevel=4)
+
+
+def _sampler_for_missing_pyg(loader_name: str, args: dict):
+    """A CPU HybridNeighborSampler with the loader's options, where PyG's own sampler cannot run."""
+    from .sampler import HybridNeighborSampler
+
+    subgraph_type = SubgraphType(args.get("subgraph_type", "directional"))
+    unsupported = [f"{k}={args[k]!r}" for k in ("time_attr", "weight_attr") if args.get(k) is not None]
+    if subgraph_type == SubgraphType.induced or args.get("directed", True) is False:
+        unsupported.append("subgraph_type='induced'")
+    if unsupported:
+        raise ImportError(f"{loader_name}(stores, ..., {', '.join(unsupported)}): {PYG_SAMPLER_MISSING}. "
+                          "hmgstore's sampler does not do that option, so only PyG's can")
+    warnings.warn(f"{loader_name}: {PYG_SAMPLER_MISSING}. Sampling with HybridNeighborSampler on the CPU, "
+                  "with the loader's num_neighbors, replace, disjoint and subgraph_type (the same distribution, "
+                  "other draws than PyG's)", UserWarning, stacklevel=4)
+    return HybridNeighborSampler(args["data"], args["num_neighbors"], replace=args.get("replace", False),
+                                 disjoint=args.get("disjoint", False), subgraph_type=subgraph_type, device="cpu",
+                                 progress=False)
+
+
+def _check(loader_name: str, args: dict) -> None:
+    """Look at (and where said above, complete) a loader's arguments before PyG's constructor sees them."""
+    from .sampler import HybridNeighborSampler
+
+    given = dict(args)  # what the caller passed, before anything is filled in
+    data, sampler = args.get("data"), args.get("neighbor_sampler")
+    if isinstance(sampler, HybridNeighborSampler):
+        _check_sampler_options(loader_name, sampler, given)
+    if not _hmgstore_pair(data):
+        return
+    if loader_name == "NeighborLoader":
+        _input_nodes(args, data)
+    else:
+        _edge_label_index(args, data)
+    if sampler is None and not pyg_sampler_available():
+        args["neighbor_sampler"] = _sampler_for_missing_pyg(loader_name, args)
+
+
+# ---- installing the check -----------------------------------------------------------------------
+def _wrapped(cls):
+    original = cls.__init__
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:  # PyG's own message for a bad call
+            return original(self, *args, **kwargs)
+        _check(cls.__name__, bound.arguments)
+        return original(*bound.args, **bound.kwargs)
+
+    __init__.__hmgstore_original__ = original
+    return __init__
+
+
+def install() -> None:
+    """Wrap ``NeighborLoader.__init__`` and ``LinkNeighborLoader.__init__`` with the checks above (once)."""
+    for cls in (NeighborLoader, LinkNeighborLoader):
+        if not hasattr(cls.__init__, "__hmgstore_original__"):
+            cls.__init__ = _wrapped(cls)
+
+
+def uninstall() -> None:
+    """Give PyG's loaders their own constructors back."""
+    for cls in (NeighborLoader, LinkNeighborLoader):
+        original = getattr(cls.__init__, "__hmgstore_original__", None)
+        if original is not None:
+            cls.__init__ = original
