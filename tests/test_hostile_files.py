@@ -85,6 +85,9 @@ def test_npy_headers_that_lie(tmp_path):
         "fortran longer": (npy_bytes((11, 4), fortran_order=True, data=data), r"\(11, 4\)"),
         "fortran shorter": (npy_bytes((9, 4), fortran_order=True, data=data), r"\(9, 4\)"),
         "object": (npy_bytes((10,), "|O", data=data), r"object|pickle"),
+        "big-endian": (npy_bytes((10, 4), ">f4", data=data), r"big-endian"),
+        "fortran big-endian": (npy_bytes((10, 4), ">f4", fortran_order=True, data=data), r"big-endian"),
+        "strings": (npy_bytes((10,), "<U4", data=data), r"numbers"),
     }
     for name, (content, message) in cases.items():
         path = tmp_path / f"{name}.npy"
@@ -327,3 +330,33 @@ def test_part_meta_that_lies(parts):
     os.remove(meta_path)
     with pytest.raises(FileNotFoundError):
         load_partition(parts, 0, "cpu", progress=False)
+
+
+def test_a_used_folder_is_replaced_whole_without_an_atomic_exchange(parts, monkeypatch):
+    from hmgstore.distributed import replace
+
+    monkeypatch.setattr(replace, "_exchange", lambda a, b: False)  # a system without renameat2: two renames
+    g, features = small_graph()
+    book = PartitionBook.hash(NODES, 3)
+    partition(features, g.edge_index, book, parts, overwrite=True, progress=False)
+    assert sorted(p.name for p in parts.iterdir()) == ["part0", "part1", "part2"]
+    assert sorted(p.name for p in parts.parent.iterdir()) == ["parts"]
+    part = load_partition(parts, 2, "cpu", progress=False)
+    assert part.book == book and torch.equal(part.features["x"][:], g.x[book.nodes_of(2)])
+    part.close()
+    (parts.parent / "file").write_text("not a folder")
+    with pytest.raises(NotADirectoryError):
+        partition(features, g.edge_index, book, parts.parent / "file", overwrite=True, progress=False)
+
+
+def test_partition_command_names_a_bad_assignment_file(tmp_path, capsys):
+    for name, content in (("a.txt", "0\n1\nabc\n"), ("b.txt", "0\n1\n"), ("c.npy", "garbage")):
+        (tmp_path / name).write_text(content)
+        with pytest.raises(SystemExit):
+            command(tmp_path / f"out-{name}", 2, "--by", str(tmp_path / name))
+        assert name in capsys.readouterr().err, name
+        assert not (tmp_path / f"out-{name}").exists()
+    torch.save({"a": torch.zeros(NODES, dtype=torch.int64)}, tmp_path / "d.pt")
+    with pytest.raises(SystemExit):
+        command(tmp_path / "out-d", 2, "--by", str(tmp_path / "d.pt"))
+    assert "d.pt holds a dict" in capsys.readouterr().err

@@ -78,6 +78,8 @@ def _check_layout(path: Path, shape: tuple, np_dtype: np.dtype, source: str) -> 
     if np_dtype.hasobject:
         raise ValueError(f"{path.name} holds Python objects (dtype {np_dtype}), which hmgstore never unpickles; "
                          "save numbers")
+    if np_dtype.byteorder == ">" or (np_dtype.byteorder == "=" and not np.little_endian):
+        raise ValueError(f"{path.name} holds big-endian numbers ({np_dtype}); convert it with numpy first")
     if len(shape) == 0:
         raise ValueError(f"{path.name} holds a 0-dim array (a single {np_dtype} value); a table has at least one "
                          "dimension (rows): save x.reshape(1) or x[None]")
@@ -186,9 +188,7 @@ def _read_npy(path: Path, host_dtype, backing, progress) -> torch.Tensor:
 
 
 def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, backing, progress) -> torch.Tensor:
-    dtype = _torch_dtype(np_dtype, path.name)
-    if np_dtype.byteorder == ">" or (np_dtype.byteorder == "=" and np.little_endian is False):
-        raise ValueError(f"{path.name} holds big-endian numbers; convert it with numpy first")
+    dtype = _torch_dtype(np_dtype, path.name)  # byte order: checked by _check_layout
     nbytes = _check_size(path, start, shape, np_dtype, exact=False)  # a raw file may hold more than is read
     out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing, zero=False)  # every byte is read in
     direct = out.dtype == dtype
