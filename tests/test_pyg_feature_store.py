@@ -162,3 +162,17 @@ def test_from_data_with_half_width_host_rows(data, host_dtype):
     x = feature_store.get_tensor(group_name=None, attr_name="x", index=ids)
     assert x.dtype == torch.float32 and torch.equal(x, data.x.to(host_dtype).float()[ids])
     assert torch.equal(feature_store.get_tensor(group_name=None, attr_name="y", index=ids), data.y[ids])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_budget_typo_is_refused_on_every_device(data, device):
+    """The store read its budget on CUDA only: gpu_budget="16XB" passed on a CPU machine, where HybridTensor and
+    HybridNeighborSampler refuse it."""
+    with pytest.raises(ValueError, match="cannot read '16XB' as a size"):
+        hpyg.from_data(data, device=device, gpu_budget="16XB", progress=False)
+    with pytest.raises(ValueError, match="cannot read '16XB' as a size"):
+        hpyg.HybridFeatureStore.from_sources({(None, "x"): data.x}, device, gpu_budget="16XB", progress=False)
+    with pytest.raises(ValueError, match="cannot read '16XB' as a size"):
+        hpyg.from_tensors(edge_index=data.edge_index, x=data.x, device=device, gpu_budget="16XB", progress=False)
+    feature_store, _ = hpyg.from_data(data, device=device, gpu_budget="16KB", progress=False)  # a budget that reads
+    assert torch.equal(feature_store.get_tensor(None, "x", index=torch.arange(5)).cpu(), data.x[:5])

@@ -147,6 +147,8 @@ class HybridFeatureStore(FeatureStore):
             return fmt if str(source.dtype) in ("torch.float32", "float32") else None
 
         gpu_rows: dict = {}
+        if gpu_budget is not None:  # read on every device: a typo ("16XB") fails on a CPU machine too
+            gpu_budget = placement.parse_bytes(gpu_budget)
         if gpu_budget is not None and store.device.type == "cuda":
             if hotness is None:
                 raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
