@@ -109,6 +109,12 @@ def test_zero_dim_files_are_refused(tmp_path):
         hmgstore.load(tmp_path / "s.npy", "cpu")
 
 
+def test_sparse_pt_is_refused_with_the_fix(tmp_path):
+    torch.save(torch.eye(3).to_sparse(), tmp_path / "sp.pt")  # was torch's NotImplementedError from as_strided
+    with pytest.raises(ValueError, match=r"sp\.pt holds a torch\.sparse_coo tensor; save x\.to_dense\(\)"):
+        hmgstore.load(tmp_path / "sp.pt", "cpu")
+
+
 def test_truncated_or_garbage_pt_names_the_file(tmp_path):
     torch.save(torch.randn(100, 4), tmp_path / "a.pt")
     cut(tmp_path / "a.pt", 700, tmp_path / "t.pt")
