@@ -4,8 +4,8 @@ An attribute whose rows match neither its node count nor (edge attributes)
 its edge count raises ValueError naming it, both sizes and the fix, in
 ``from_data`` (``Data`` and ``HeteroData``) and ``from_tensors``; what is
 legitimately not per node (graph-level values, ``num_nodes``, the topology,
-index tensors, link supervision) still works, and edge attributes, which
-PyG's loaders do not fetch from a feature store, are named in a warning.
+index tensors, link supervision) still works, and edge attributes are
+stored as edge tables (those left out of ``edge_attrs`` are named in a warning).
 """
 from __future__ import annotations
 
@@ -72,9 +72,13 @@ def test_what_is_not_per_node_still_works_and_edge_attributes_are_named(edge_ind
     stored = sorted(attr.attr_name for attr in feature_store.get_all_tensor_attrs())
     assert stored == ["feat_np", "train_mask", "x", "y"]
     assert torch.equal(feature_store.get_tensor(None, "feat_np", torch.tensor([0, 7])), torch.ones(2, 2))
+    assert sorted(feature_store.edge_tables()) == [(None, "edge_attr"), (None, "edge_weight")]  # edge tables
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    with caplog.at_level(logging.WARNING, logger="hmgstore.plugins.pyg"):
+        feature_store, _ = hpyg.from_data(data, device="cpu", edge_attrs=["edge_attr"])
+    assert list(feature_store.edge_tables()) == [(None, "edge_attr")]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "'edge_attr'" in warned[0] and "'edge_weight'" in warned[0]
-    assert "not stored" in warned[0]
+    assert len(warned) == 1 and "'edge_weight'" in warned[0] and "not stored" in warned[0]
 
 
 def test_hetero_node_and_edge_attributes_are_checked():
@@ -94,6 +98,7 @@ def test_hetero_node_and_edge_attributes_are_checked():
     feature_store, _ = hpyg.from_data(data, device="cpu")
     assert sorted((a.group_name, a.attr_name) for a in feature_store.get_all_tensor_attrs()) == [
         ("author", "x"), ("paper", "x"), ("paper", "y")]
+    assert list(feature_store.edge_tables()) == [(("author", "writes", "paper"), "edge_attr")]
 
 
 def test_from_tensors_names_the_feature_both_sizes_and_the_fix(edge_index):

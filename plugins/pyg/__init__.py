@@ -32,9 +32,13 @@ PyG asserts on (no ``input_nodes``, a plain ``edge_label_index``) read as with
 a ``Data``; without pyg-lib or torch-sparse the stores sample with
 ``HybridNeighborSampler`` (a warning says so), not PyG's ImportError.
 
-Node attributes only: PyG's remote-backend loaders do not fetch edge
-features. Every attribute is checked against its graph's size, so none is
-dropped without a word (:mod:`hmgstore.plugins.pyg.attributes`). Loader
+Edge attributes (``edge_attr``, ...) are stored too, one row per edge in
+edge-id order; PyG's remote-backend loaders do not fetch them, so the
+loader takes :func:`edge_features`' hooks, ``NeighborLoader(stores, ...,
+**edge_features(stores))``, and batches carry ``edge_attr`` as they do from
+a ``Data`` (:mod:`hmgstore.plugins.pyg.edge_features`). Every attribute is
+checked against its graph's size, so none is dropped without a word
+(:mod:`hmgstore.plugins.pyg.attributes`). Loader
 options (workers, ``pin_memory``, ``PrefetchLoader``) are discussed in
 :mod:`hmgstore.plugins.pyg.feature_store`.
 """
@@ -44,13 +48,16 @@ from torch_geometric.data import Data, HeteroData
 
 from hmgstore import placement
 
-from .attributes import check_edge_attributes, check_features, node_attributes
+from .attributes import (check_edge_attributes, check_features, keep_edge_attributes, node_attributes,
+                         per_edge_attributes)
 from .cluster import (
     ClusterFeatureStore,
     ClusterNeighborSampler,
     EqualBatches,
     cluster_loader,
 )
+from .edge_features import EdgeFeatures, edge_features
+from .edge_tables import edge_hotness
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
 from .loader_checks import install as _install_loader_checks
@@ -63,18 +70,23 @@ _install_loader_checks()
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
            "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",
-           "cluster_loader", "pyg_sampler_available"]
+           "edge_features", "EdgeFeatures", "cluster_loader", "pyg_sampler_available"]
 
 
 def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,
-              progress: bool = True, **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
+              progress: bool = True, edge_attrs=None, edge_gpu_budget=None,
+              **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
 
     Node attributes (every tensor or numpy array with one row per node, or
     the names in ``attrs``) become HybridTensors over the same host memory
     (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``) of every
-    edge type becomes CSC. Edge attributes are not stored (PyG's loaders do
-    not fetch them from a feature store; a warning names them);
+    edge type becomes CSC. Edge attributes (one row per edge) become edge
+    tables with the same host-memory ``options``, rows in edge-id order
+    (``batch.e_id``); ``edge_attrs``: the names to store (None: every edge
+    attribute; a warning names those left out); ``edge_gpu_budget``: bytes
+    of GPU memory for edge rows, edges into the hottest nodes first. Batches
+    carry them through :func:`edge_features`' loader hooks;
     graph-level values (0-d tensors, numbers, ``num_nodes``) and index
     tensors (``edge_label_index``) are left alone. ``device``: where batches' attributes land (None: the
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
@@ -88,13 +100,16 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     fix; KeyError for a name in ``attrs`` that ``Data`` lacks; and whatever
     HybridTensor raises for unusable sources.
     """
+    edge_sources = {}
     if isinstance(data, HeteroData):
         graph_store = CSCGraphStore()
         for edge_type in data.edge_types:
             src, _, dst = edge_type
             _put_edges(graph_store, data[edge_type], edge_type, (data[src].num_nodes, data[dst].num_nodes))
-            check_edge_attributes(data[edge_type], num_edges=data[edge_type].num_edges,
-                                  where=f"edge type {edge_type!r}", ref=f"data[{edge_type!r}]")
+            found = check_edge_attributes(data[edge_type], num_edges=data[edge_type].num_edges,
+                                          where=f"edge type {edge_type!r}", ref=f"data[{edge_type!r}]")
+            found = keep_edge_attributes(found, edge_attrs, f"edge type {edge_type!r}")
+            edge_sources.update({(edge_type, name): value for name, value in found.items()})
         sources = {}
         for node_type in data.node_types:
             found = node_attributes(data[node_type], attrs, num_nodes=data[node_type].num_nodes, num_edges=None,
@@ -108,8 +123,11 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     elif isinstance(data, Data):
         graph_store = CSCGraphStore()
         _put_edges(graph_store, data, None, (data.num_nodes, data.num_nodes))
-        found = node_attributes(data, attrs, num_nodes=data.num_nodes, num_edges=data.num_edges, where="the Data")
+        found = node_attributes(data, attrs, num_nodes=data.num_nodes, num_edges=data.num_edges, where="the Data",
+                                edges={})
         sources = {(None, name): value for name, value in found.items()}
+        per_edge = per_edge_attributes(data, num_nodes=data.num_nodes, num_edges=data.num_edges)
+        edge_sources = {(None, n): v for n, v in keep_edge_attributes(per_edge, edge_attrs, "the Data").items()}
         if not sources:
             raise ValueError("the Data object has no node attributes to store (x, y, ...)")
     else:
@@ -117,7 +135,25 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, **options)
+    if edge_sources:
+        _put_edge_attributes(feature_store, graph_store, edge_sources, edge_gpu_budget, hotness, sources,
+                             max_sms=max_sms, progress=progress, **options)
     return feature_store, graph_store
+
+
+def _put_edge_attributes(feature_store, graph_store, edge_sources: dict, budget, hotness, sources: dict,
+                         **options) -> None:
+    """Edge tables into ``feature_store``; hottest edges by the hotness of the node they point to (default
+    in-degree). The store is closed if this fails."""
+    try:
+        scores = None
+        if budget is not None:
+            nodes = _hotness(hotness, graph_store, sources)
+            scores = edge_hotness(graph_store, nodes, {et for et, _ in edge_sources})
+        feature_store.put_edge_tables(edge_sources, gpu_budget=budget, hotness=scores, **options)
+    except BaseException:
+        feature_store.close()
+        raise
 
 
 def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None = None, device=None,

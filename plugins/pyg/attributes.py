@@ -11,9 +11,10 @@ both sizes and the way out:
 - node attributes: tensors or numpy arrays with one row per node: stored;
 - edge attributes (``'edge'`` in the name, or one row per edge, as PyG
   reads them; every tensor of a ``HeteroData`` edge type): one row per
-  edge, not stored (PyG's loaders fetch node attributes only from a feature
-  store), logged once as a warning so that their absence from batches is
-  not a surprise;
+  edge, stored as edge tables (PyG's loaders fetch only node attributes from
+  a feature store; :func:`hmgstore.plugins.pyg.edge_features` puts them on
+  batches); those the caller leaves out are named in a warning, so that
+  their absence from batches is not a surprise;
 - left alone, never stored: the topology (``edge_index``, ``adj_t``,
   ``adj``), index tensors (a name with ``index`` in it, or ``face``: PyG
   concatenates those along their last dimension; they hold node ids, not
@@ -34,7 +35,7 @@ _TOPOLOGY = ("edge_index", "adj_t", "adj")
 
 
 def node_attributes(store, names, *, num_nodes: int, num_edges: int | None, where: str, ref: str = "data",
-                    strict: bool = True) -> dict:
+                    strict: bool = True, edges: dict | None = None) -> dict:
     """The node attributes of a ``Data`` or of one node type's store, by name, each checked.
 
     ``store``: a PyG ``Data``, or ``HeteroData[node_type]`` (then
@@ -46,7 +47,9 @@ def node_attributes(store, names, *, num_nodes: int, num_edges: int | None, wher
     each hold only some). Returns ``{name: tensor or array}``, the caller's
     objects, uncopied. Raises KeyError for a missing name, ValueError for an
     attribute whose rows match neither the node count nor (edge attributes)
-    the edge count; logs a warning naming the edge attributes left out.
+    the edge count. ``edges``: a dict that receives the edge attributes
+    found (``{name: value}``, only when ``names`` is None); without it they
+    are named in a warning, as left out.
     """
     if names is not None:
         missing = [n for n in names if n not in store]
@@ -71,25 +74,47 @@ def node_attributes(store, names, *, num_nodes: int, num_edges: int | None, wher
             raise ValueError(_not_per_edge(name, rows, num_edges, where, ref))
         else:
             raise ValueError(_not_per_node(name, value, num_nodes, where, ref, None, store))
-    _log_left_out(edge_attrs, where)
+    if edges is None:
+        _log_left_out(edge_attrs, where)
+    else:
+        edges.update({name: store[name] for name in edge_attrs})
     return found
 
 
-def check_edge_attributes(store, *, num_edges: int, where: str, ref: str) -> None:
-    """Check the attributes of one ``HeteroData`` edge type: each must have one row per edge.
+def check_edge_attributes(store, *, num_edges: int, where: str, ref: str) -> dict:
+    """The attributes of one ``HeteroData`` edge type, each checked to have one row per edge.
 
-    None is stored (see the module docstring); they are named in a warning.
+    Returns ``{name: tensor or array}``, the caller's objects, uncopied.
     ``where``, ``ref``: as for :func:`node_attributes`. Raises ValueError
     naming an attribute whose rows are not ``num_edges``.
     """
-    edge_attrs = []
+    edge_attrs = {}
     for name, value in store.items():
         if not _rows_of_graph(name, value):
             continue
         if value.shape[0] != num_edges:
             raise ValueError(_not_per_edge(name, value.shape[0], num_edges, where, ref))
-        edge_attrs.append(name)
-    _log_left_out(edge_attrs, where)
+        edge_attrs[name] = value
+    return edge_attrs
+
+
+def per_edge_attributes(store, *, num_nodes: int, num_edges: int) -> dict:
+    """The edge attributes of a homogeneous ``Data``, read as :func:`node_attributes` reads them (one row
+    per edge, and ``'edge'`` in the name or a row count other than the node count). Never raises: attributes
+    of other sizes are :func:`node_attributes`' to judge. Returns ``{name: value}``, uncopied."""
+    found = {}
+    for name, value in store.items():
+        if _rows_of_graph(name, value) and value.shape[0] == num_edges and ("edge" in name or num_edges != num_nodes):
+            found[name] = value
+    return found
+
+
+def keep_edge_attributes(found: dict, names, where: str) -> dict:
+    """``found`` (``{name: value}``) limited to ``names`` (None: all); the others are named in a warning."""
+    if names is None:
+        return found
+    _log_left_out([n for n in found if n not in names], where)
+    return {n: v for n, v in found.items() if n in names}
 
 
 def check_features(features: dict, num_nodes: int, given: bool) -> None:
@@ -154,5 +179,5 @@ def _not_per_edge(name: str, rows: int, num_edges: int, where: str, ref: str) ->
 
 def _log_left_out(edge_attrs: list[str], where: str) -> None:
     if edge_attrs:
-        log.warning("edge attributes %s of %s are not stored: PyG's loaders fetch only node attributes from a "
-                    "feature store, so batches will not carry them", edge_attrs, where)
+        log.warning("edge attributes %s of %s are not stored (left out of edge_attrs), so batches will not "
+                    "carry them", edge_attrs, where)

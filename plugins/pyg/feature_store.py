@@ -44,6 +44,9 @@ from torch_geometric.data import FeatureStore, TensorAttr
 
 from hmgstore import HybridTensor, formats, gather_many, placement, resolve_device, stats
 
+from .edge_tables import EdgeTables, take_queued
+from .ranges import as_range, read_range
+
 log = logging.getLogger(__name__)
 
 Key = tuple  # (group_name: str | None, attr_name: str)
@@ -80,7 +83,7 @@ def _whole(table: HybridTensor) -> torch.Tensor:
     return table.dense()  # the host tier itself unless it keeps a stored format or a layout, or is read-only
 
 
-class HybridFeatureStore(FeatureStore):
+class HybridFeatureStore(EdgeTables, FeatureStore):
     """A ``torch_geometric.data.FeatureStore`` of HybridTensors on one device.
 
     Args:
@@ -102,12 +105,21 @@ class HybridFeatureStore(FeatureStore):
     itself cannot hold a numpy array) and return ``[len(index), *row_shape]``
     tensors of the table's dtype on ``device``. Unknown attributes raise
     KeyError, ids out of range IndexError (before any memory is read).
+    A contiguous run of rows (a slice with step 1, or a CPU tensor of
+    consecutive ids) is read as one slice of the host tier, not row by row
+    (:mod:`hmgstore.plugins.pyg.ranges`): on a CPU store, as for a whole
+    table, the result is then a view of the host memory, not a copy.
+
+    Edge attributes (one table per edge type and name, rows in edge-id
+    order) are held too, for :func:`hmgstore.plugins.pyg.edge_features`:
+    see :class:`~hmgstore.plugins.pyg.edge_tables.EdgeTables`.
     """
 
     def __init__(self, device=None):
         super().__init__()
         self.device = resolve_device(device)
         self._tables: dict[Key, HybridTensor] = {}
+        self._edge_tables: dict[Key, HybridTensor] = {}  # (edge_type, attr_name) -> rows in edge-id order
         self._host: tuple[int, dict[Key, HybridTensor]] | None = None  # (pid, CPU tables) in workers
 
     @classmethod
@@ -200,10 +212,11 @@ class HybridFeatureStore(FeatureStore):
             log.warning("hmgstore: a DataLoader worker is gathering features on the CPU (a worker cannot use "
                         "the GPU of its parent). Pass filter_per_worker=False to the loader so that workers "
                         "only sample and the main process gathers on %s.", self.device)
+            edges = {("edge", *key): t for key, t in self._edge_tables.items()}  # 3-tuples: apart from nodes'
             self._host = (os.getpid(), {key: HybridTensor._of_host(t.source, "cpu", t.dtype, fmt=t.host_format,
                                                                       shape=tuple(t.shape), layout=t.layout,
                                                                       progress=False)
-                                        for key, t in self._tables.items()})  # half-width rows still widen
+                                        for key, t in {**self._tables, **edges}.items()})  # half-width rows widen
         return self._host[1]
 
     def tables(self) -> dict:
@@ -259,6 +272,14 @@ class HybridFeatureStore(FeatureStore):
         if any(whole):
             parts = iter(self._multi_get_tensor([a for a, w in zip(attrs, whole) if not w]))
             return [_whole(self._lookup(tables, a)) if w else next(parts) for a, w in zip(attrs, whole)]
+        ranges = [as_range(attr.index, self._lookup(tables, attr).num_rows) for attr in attrs]
+        if any(r is not None for r in ranges):  # contiguous rows: slices of host memory (ranges.py)
+            read = [None if r is None else read_range(self._lookup(tables, a), *r, copy=in_worker)
+                    for a, r in zip(attrs, ranges)]
+            rest = [a for a, r in zip(attrs, read) if r is None]
+            parts = iter(self._multi_get_tensor(rest) if rest else [])
+            return [next(parts) if r is None else resident(r) for r in read]
+        ride = take_queued(self)  # a batch's edge rows, queued by edge_features: read in the same gather
         requests, outs = [], []
         for attr in attrs:
             table = self._lookup(tables, attr)
@@ -266,7 +287,14 @@ class HybridFeatureStore(FeatureStore):
             requests.append((table, index))
             shared = in_worker and isinstance(index, torch.Tensor) and index.dim() == 1 and index.dtype != torch.bool
             outs.append(_shared_empty((index.numel(), *table.row_shape), table.dtype) if shared else None)
-        return [resident(out) for out in gather_many(requests, outs=outs)]
+        for key, table, ids in (ride.requests if ride is not None else []):
+            table = tables.get(("edge", *key), table)  # a CUDA store's worker: its CPU table
+            requests.append((table, ids))
+            outs.append(_shared_empty((ids.numel(), *table.row_shape), table.dtype) if in_worker else None)
+        rows = [resident(out) for out in gather_many(requests, outs=outs)]
+        if ride is not None:
+            ride.rows = rows[len(attrs):]
+        return rows[:len(attrs)]
 
     def _remove_tensor(self, attr: TensorAttr) -> bool:
         self._host = None
@@ -283,7 +311,7 @@ class HybridFeatureStore(FeatureStore):
     # ---- statistics -------------------------------------------------------------
     def reset_stats(self) -> None:
         """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.stats`)."""
-        for table in self._tables.values():
+        for table in [*self._tables.values(), *self._edge_tables.values()]:
             table.reset_stats()
 
     def stats(self, group_name=..., attr_name=None) -> dict:
@@ -291,12 +319,12 @@ class HybridFeatureStore(FeatureStore):
         table's, with ``group_name`` and ``attr_name``. Raises RuntimeError when not counting."""
         if group_name is not ...:
             return self.table(group_name, attr_name).stats()
-        return stats.merge(t.stats() for t in self._tables.values())
+        return stats.merge(t.stats() for t in [*self._tables.values(), *self._edge_tables.values()])
 
     # ---- lifetime ---------------------------------------------------------------
     def close(self) -> None:
         """Free every table's GPU memory and host registration (the store is unusable after)."""
-        for table in self._tables.values():
+        for table in [*self._tables.values(), *self._edge_tables.values()]:
             table.close()
 
     def __getstate__(self):
@@ -306,4 +334,5 @@ class HybridFeatureStore(FeatureStore):
 
     def __repr__(self) -> str:
         rows = ", ".join(f"{k}: {tuple(t.shape)}" for k, t in self._tables.items())
-        return f"HybridFeatureStore(device={self.device}, {rows})"
+        edges = "".join(f", edge {k}: {tuple(t.shape)}" for k, t in self._edge_tables.items())
+        return f"HybridFeatureStore(device={self.device}, {rows}{edges})"

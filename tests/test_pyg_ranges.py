@@ -1,0 +1,77 @@
+"""Contiguous rows of a PyG store read as one slice of host memory (hmgstore.plugins.pyg.ranges).
+
+``store[group, name, lo:hi]`` and a tensor of consecutive ids give the rows a
+gather gives; on a CPU store the result is a view of the host tier (no
+copy), except for read-only and stored-format sources; random ids, other
+steps and ids out of range still go through the gather and its checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+
+from hmgstore.plugins import pyg as hpyg  # noqa: E402
+from hmgstore.plugins.pyg import ranges  # noqa: E402
+
+N = 3 * ranges.MIN_RUN
+
+
+@pytest.fixture()
+def x():
+    return torch.randn(N, 6, generator=torch.Generator().manual_seed(0))
+
+
+def test_as_range_names_runs_only():
+    assert ranges.as_range(slice(5, 20), N) == (5, 20)
+    assert ranges.as_range(slice(None), N) == (0, N)
+    assert ranges.as_range(slice(-10, None), N) == (N - 10, N)
+    assert ranges.as_range(slice(20, 5), N) == (20, 20)  # empty, as in torch
+    assert ranges.as_range(slice(0, 20, 2), N) is None
+    run = torch.arange(100, 100 + ranges.MIN_RUN)
+    assert ranges.as_range(run, N) == (100, 100 + ranges.MIN_RUN)
+    assert ranges.as_range(run.int(), N) == (100, 100 + ranges.MIN_RUN)
+    assert ranges.as_range(run[:10], N) is None  # short: the gather is cheap
+    holes = run.clone()
+    holes[5], holes[6] = holes[6], holes[5]  # same ends and length, not in order
+    assert ranges.as_range(holes, N) is None
+    assert ranges.as_range(torch.arange(N - 10, N - 10 + ranges.MIN_RUN), N) is None  # past the end: the gather says
+    assert ranges.as_range(run.float(), N) is None
+
+
+def test_cpu_store_reads_a_run_as_a_view_of_host_memory(x):
+    store = hpyg.HybridFeatureStore("cpu")
+    store.put_tensor(x, group_name=None, attr_name="x")
+    got = store.get_tensor(None, "x", slice(10, 5000))
+    assert torch.equal(got, x[10:5000]) and got.data_ptr() == x[10:].data_ptr()
+    run = torch.arange(7, 7 + ranges.MIN_RUN)
+    got = store.get_tensor(None, "x", run)
+    assert torch.equal(got, x[run]) and got.data_ptr() == x[7:].data_ptr()
+    assert torch.equal(store[None, "x", 100:200], x[100:200])
+    rand = torch.randint(0, N, (ranges.MIN_RUN,))
+    both = store.multi_get_tensor([store._tensor_attr_cls(None, "x", rand), store._tensor_attr_cls(None, "x", run)])
+    assert torch.equal(both[0], x[rand]) and torch.equal(both[1], x[run])
+    with pytest.raises(IndexError):
+        store.get_tensor(None, "x", torch.arange(N - 5, N + ranges.MIN_RUN))
+
+
+def test_read_only_and_half_width_sources_are_copied_or_decoded(x, tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, x.numpy())
+    stores = hpyg.from_tensors(edge_index=torch.zeros(2, 0, dtype=torch.int64), num_nodes=N, device="cpu",
+                               x=np.load(path, mmap_mode="r"))
+    got = stores[0].get_tensor(None, "x", slice(0, 300))
+    assert torch.equal(got, x[:300]) and got.is_contiguous()
+    got[0] = 0  # a copy: writing to it is safe
+    half = hpyg.HybridFeatureStore.from_sources({(None, "x"): x}, "cpu", host_dtype=torch.bfloat16)
+    assert torch.equal(half.get_tensor(None, "x", slice(3, 40)), x[3:40].to(torch.bfloat16).float())
+
+
+@pytest.mark.gpu
+def test_cuda_store_reads_a_run_in_one_copy(x, cuda_device):
+    store = hpyg.HybridFeatureStore.from_sources({(None, "x"): x}, cuda_device, gpu_budget="8KB",
+                                                 hotness={None: torch.arange(N)})
+    got = store.get_tensor(None, "x", slice(N - 4000, N))  # the hot rows included: the host tier has them too
+    assert got.is_cuda and torch.equal(got.cpu(), x[N - 4000:])
