@@ -1,5 +1,6 @@
 """The README's commands work as written: its ```python blocks run, in order, in one namespace (on the CPU
-in CI), and the commands it names exist. Blocks the README marks ```py are illustrations (several GPUs)."""
+in CI), and each alone or after the blocks its first line says it continues; the commands it names exist.
+Blocks the README marks ```py are illustrations (several GPUs)."""
 from __future__ import annotations
 
 import re
@@ -30,6 +31,57 @@ def test_python_blocks_run_in_order():
             exec(compile(block, f"README.md python block {k + 1}", "exec"), namespace)
         except Exception as err:
             raise AssertionError(f"README python block {k + 1} fails: {type(err).__name__}: {err}\n{block}") from err
+
+
+def sections_of_blocks() -> list[str]:
+    """The ``## `` heading each ```python block sits under ("the introduction" above the first)."""
+    sections, heading = [], "the introduction"
+    for line in re.findall(r"^## .*$|^```python$", README, flags=re.M):
+        if line.startswith("## "):
+            heading = line[3:]
+        else:
+            sections.append(heading)
+    return sections
+
+
+def continued(k: int) -> list[int]:
+    """The blocks block ``k`` continues, as its first line documents them (``# continues the block(s) of: A
+    (names it takes), B (...)``, a name being a section heading or a heading's start), each with the blocks
+    it continues in turn, in README order; none for a block that runs alone."""
+    block, sections = python_blocks()[k], sections_of_blocks()
+    comments = []
+    for line in block.splitlines():  # the marker may wrap over the block's leading comment lines
+        if not line.startswith("# "):
+            break
+        comments.append(line[2:])
+    match = re.match(r"continues the blocks? of: (.*)", " ".join(comments))
+    if match is None:
+        return []
+    names = [n.strip() for n in re.sub(r"\([^)]*\)", "", match.group(1)).split(",") if n.strip()]
+    found = set()
+    for name in names:
+        hits = [j for j, section in enumerate(sections[:k]) if section.startswith(name)]
+        assert hits, f"README python block {k + 1} continues {name!r}: no block above sits under such a heading"
+        for j in hits:
+            found |= {j, *continued(j)}
+    return sorted(found)
+
+
+@pytest.mark.parametrize("k", range(len(python_blocks())), ids=lambda k: f"block{k + 1}")
+def test_each_block_runs_as_documented(k):
+    """Each ```python block runs alone in a fresh namespace, or after the blocks its first line says it continues
+    (a reader who jumps to the PyG or DGL section copies one block)."""
+    pytest.importorskip("torch_geometric")
+    pytest.importorskip("hmgstore.plugins.dgl")
+    blocks = python_blocks()
+    namespace: dict = {"__name__": "readme"}
+    for j in [*continued(k), k]:
+        try:
+            exec(compile(blocks[j], f"README.md python block {j + 1}", "exec"), namespace)
+        except Exception as err:
+            alone = "" if j != k or continued(k) else " alone (mark the blocks it continues, or make it self-contained)"
+            raise AssertionError(f"README python block {j + 1} fails{alone}: {type(err).__name__}: {err}\n"
+                                 f"{blocks[j]}") from err
 
 
 NAMED_BENCHMARKS = sorted(set(re.findall(r"python -m hmgstore\.bench (\w+)", README)))
