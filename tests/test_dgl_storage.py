@@ -58,7 +58,8 @@ def test_homogeneous_loader_matches_ndata(small_graph, idtype, num_workers):
     ref = g.clone()
     ref.ndata["feat"], ref.ndata["label"] = small_graph.x, small_graph.y
     hdgl.attach(g, {"feat": hmgstore.HybridTensor(small_graph.x, "cpu"), "label": small_graph.y})
-    assert isinstance(g, dgl.DGLGraph) and "feat" not in g.ndata
+    assert isinstance(g, dgl.DGLGraph) and "feat" not in g._node_frames[0]  # no column copied into the graph
+    assert g.ndata["feat"].data_ptr() == small_graph.x.data_ptr()  # g.ndata reads through the table
 
     sampler = dgl.dataloading.NeighborSampler([5, 5], prefetch_node_feats=["feat"], prefetch_labels=["label"])
     loader = dgl.dataloading.DataLoader(g, small_graph.train_idx.to(idtype), sampler, batch_size=300,

@@ -34,7 +34,8 @@ this package before ``dgl``, always (spawned DataLoader workers re-import the
 script and need the same order).
 
 Files: :mod:`.storage` (the ``FeatureStorage`` and the fused fetches),
-:mod:`.graph` (``attach`` and the graph class), :mod:`._compat` (DGL import).
+:mod:`.graph` (``attach`` and the graph class), :mod:`.views` (``g.ndata``
+and ``g.edata`` reading through tables), :mod:`._compat` (DGL import).
 
 Which DGL build does what:
 
@@ -49,7 +50,11 @@ Which DGL build does what:
 
 Limits: DGL's ``gpu_cache`` option cannot serve attached keys (it needs
 ``fetch`` to return a tensor; give the table GPU-resident hot rows instead).
-``attach`` does not add its keys to ``g.ndata``: full-graph code reads the table.
+Edge features: ``attach(g, {...}, edata={"w": table})`` and the sampler's
+``prefetch_edge_feats=["w"]``: blocks' ``edata["w"]`` come from the table by
+their ``dgl.EID``, in the same gather as the node features. Full-graph
+code keeps reading ``g.ndata[key]``/``g.edata[key]``: a key the graph's
+frames lack reads the whole table (:mod:`.views`).
 """
 from ._compat import dgl_supports_cuda, import_dgl
 

@@ -1,8 +1,10 @@
-"""``attach``: serve node features of an existing ``DGLGraph`` from hmgstore tables.
+"""``attach``: serve node (and edge) features of an existing ``DGLGraph`` from hmgstore tables.
 
 :func:`attach` re-classes the graph in place to :class:`HybridDGLGraph`, whose
-``get_node_storage`` returns a :class:`~hmgstore.plugins.dgl.storage.HybridFeatureStorage`
-for the attached keys and DGL's own ``ndata`` column for every other key.
+``get_node_storage``/``get_edge_storage`` return a
+:class:`~hmgstore.plugins.dgl.storage.HybridFeatureStorage` for the attached
+keys and DGL's own ``ndata``/``edata`` column for every other key; its
+``ndata``/``edata`` read attached keys through their tables (:mod:`.views`).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from hmgstore import HybridTensor
 
 from ._compat import import_dgl
 from .storage import HybridFeatureStorage
+from .views import AttachedEdgeDataView, AttachedNodeDataView
 
 dgl = import_dgl()
 
@@ -21,9 +24,35 @@ class HybridDGLGraph(dgl.DGLGraph):
 
     Made by :func:`attach`, which re-classes an existing graph; everything
     else is DGL's. Pickles (with its tables) and works in DataLoader workers.
-    ``attach`` does not put its keys in ``g.ndata``; full-graph code reads
-    them from the table (``table.source`` is the host tensor).
+    ``g.ndata[key]``/``g.edata[key]`` of an attached key that the graph's
+    frames lack read the whole table (:mod:`hmgstore.plugins.dgl.views`).
     """
+
+    @property
+    def ndata(self):
+        """DGL's ``ndata``, reading attached keys through their tables (see :mod:`hmgstore.plugins.dgl.views`)."""
+        if len(self.ntypes) == 1:
+            return AttachedNodeDataView(self, self.ntypes[0], self.get_ntype_id(None), dgl.base.ALL)
+        return AttachedNodeDataView(self, self.ntypes, [self.get_ntype_id(t) for t in self.ntypes], dgl.base.ALL)
+
+    @property
+    def edata(self):
+        """DGL's ``edata``, reading attached keys through their tables (see :mod:`hmgstore.plugins.dgl.views`)."""
+        if len(self.canonical_etypes) == 1:
+            return AttachedEdgeDataView(self, None, dgl.base.ALL)
+        return AttachedEdgeDataView(self, self.canonical_etypes, dgl.base.ALL)
+
+    def get_edge_storage(self, key, etype=None):
+        """Where DGL fetches edge feature ``key`` of ``etype`` from: the attached table, else ``edata``."""
+        attached = self.__dict__.get("_hmgstore_edge_storages")
+        if attached:
+            storage = attached.get((key, self.canonical_etypes[self.get_etype_id(etype)]))
+            if storage is not None:
+                if any(k == key for k, _ in getattr(self, "_gpu_caches", {}).get("edge", {})):
+                    raise ValueError(f"edge feature {key!r} is served by hmgstore, which does not work with DGL's "
+                                     "gpu_cache (it needs fetch() to return a tensor)")
+                return storage
+        return super().get_edge_storage(key, etype)
 
     def get_node_storage(self, key, ntype=None):
         """Where DGL fetches node feature ``key`` of ``ntype`` from: the attached table, else ``ndata``."""
@@ -42,7 +71,9 @@ class HybridDGLGraph(dgl.DGLGraph):
 
     def __repr__(self) -> str:
         attached = sorted(self.__dict__.get("_hmgstore_storages", {}))
-        return f"{super().__repr__()}\n      hmgstore node features (key, ntype)={attached}"
+        edges = sorted(self.__dict__.get("_hmgstore_edge_storages", {}), key=str)
+        return (f"{super().__repr__()}\n      hmgstore node features (key, ntype)={attached}"
+                + (f"\n      hmgstore edge features (key, etype)={edges}" if edges else ""))
 
 
 def _node_type(graph, ntype, key: str) -> str:
@@ -67,8 +98,8 @@ def _as_table(table, device) -> HybridTensor:
         raise TypeError(f"attach takes HybridTensors, torch CPU tensors or numpy arrays: {err}") from None
 
 
-def attach(graph, features: Mapping, *, device=None):
-    """Serve node features of ``graph`` from hmgstore tables, for DGL's DataLoader.
+def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = None, device=None):
+    """Serve node (and edge) features of ``graph`` from hmgstore tables, for DGL's DataLoader.
 
     ``graph``: a ``dgl.DGLGraph`` (not a block or a subclass of DGLGraph); it
     is changed in place into a :class:`HybridDGLGraph` and returned, so
@@ -80,8 +111,17 @@ def attach(graph, features: Mapping, *, device=None):
     partitioned over machines, ``graph`` the whole topology on every rank;
     fetches are then collective: every rank runs the same batches), or a
     torch CPU tensor / numpy array, wrapped in ``HybridTensor(table, device)``.
+    ``edata``: edge features the same way, ``{key: table}`` or ``{key:
+    {etype: table}}`` (``etype`` a name or a canonical ``(src, rel, dst)``),
+    one row per edge in the graph's edge-id order (``g.edata``'s order: the
+    ids DGL's blocks carry as ``dgl.EID``); the sampler's
+    ``prefetch_edge_feats=[key]`` then fetches them in the same gather as
+    the node features.
     ``device``: for wrapped tables only; None means the current GPU if torch
     sees one, else the CPU.
+
+    ``g.ndata[key]``/``g.edata[key]`` keep working: a key the graph's frames
+    lack reads the whole table (:mod:`hmgstore.plugins.dgl.views`).
 
     Attached keys take precedence over ``g.ndata`` columns of the same name;
     other keys keep coming from ``g.ndata``. Calling ``attach`` again adds or
@@ -91,9 +131,14 @@ def attach(graph, features: Mapping, *, device=None):
     """
     if type(graph) not in (dgl.DGLGraph, HybridDGLGraph):
         raise TypeError(f"attach takes a dgl.DGLGraph (not a block or subclass), got {type(graph).__name__}")
-    if not isinstance(features, Mapping) or not features:
-        raise TypeError("features must be a non-empty dict {key: table} or {key: {ntype: table}}")
-    storages = {}
+    if features is None and edata is None or features is not None and not isinstance(features, Mapping):
+        raise TypeError("features must be a dict {key: table} or {key: {ntype: table}} (or pass edata=)")
+    if edata is not None and not isinstance(edata, Mapping):
+        raise TypeError("edata must be a dict {key: table} or {key: {etype: table}}")
+    if not features and not edata:
+        raise TypeError("nothing to attach: features (and edata) are empty")
+    storages, edge_storages = {}, _edge_storages(graph, edata or {}, device)
+    features = features or {}
     for key, value in features.items():
         if not isinstance(key, str):
             raise TypeError(f"feature keys are strings (as in g.ndata), got {key!r}")
@@ -108,4 +153,27 @@ def attach(graph, features: Mapping, *, device=None):
     graph.__class__ = HybridDGLGraph
     # A new dict: copies of the graph (g.local_var(), copy.copy) share the old one.
     graph._hmgstore_storages = {**graph.__dict__.get("_hmgstore_storages", {}), **storages}
+    graph._hmgstore_edge_storages = {**graph.__dict__.get("_hmgstore_edge_storages", {}), **edge_storages}
     return graph
+
+
+def _edge_storages(graph, edata: Mapping, device) -> dict:
+    """``{(key, canonical etype): HybridFeatureStorage}`` of ``attach``'s ``edata``, each table checked."""
+    storages = {}
+    for key, value in edata.items():
+        if not isinstance(key, str):
+            raise TypeError(f"edge feature keys are strings (as in g.edata), got {key!r}")
+        for etype, table in (value.items() if isinstance(value, Mapping) else [(None, value)]):
+            try:
+                canonical = graph.to_canonical_etype(etype) if etype is not None else graph.canonical_etypes[
+                    graph.get_etype_id(None)]
+            except dgl.DGLError:
+                raise ValueError(f"edge type {etype!r} (of edge feature {key!r}) is not one of "
+                                 f"{graph.canonical_etypes}; with several edge types attach "
+                                 f"{{{key!r}: {{etype: table}}}}") from None
+            table = _as_table(table, device)
+            if table.shape[0] != graph.num_edges(canonical):
+                raise ValueError(f"the table for edge feature {key!r} of {canonical} has {table.shape[0]} rows; the "
+                                 f"graph has {graph.num_edges(canonical)} edges of that type")
+            storages[key, canonical] = HybridFeatureStorage(table)
+    return storages

@@ -44,6 +44,35 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         if not isinstance(table, (HybridTensor, _cluster_tensor())):
             raise TypeError(f"HybridFeatureStorage wraps a HybridTensor or a ClusterTensor, got {type(table).__name__}")
         self.table = table
+        self._whole: torch.Tensor | None = None  # a decoded or copied whole table, made once (see whole())
+
+    def whole(self, key: str = "") -> torch.Tensor:
+        """Every row: ``[N, *row_shape]`` of the table's dtype, a CPU tensor, for ``g.ndata[key]``/``g.edata[key]``.
+
+        The host tier itself (no copy) when it keeps rows as they read and
+        is writable; otherwise (a stored format, a layout, read-only memory)
+        a copy made on the first call and kept. Raises KeyError naming
+        ``key`` for a ClusterTensor (its rows live on several machines:
+        gather them with ``table[ids]``) and RuntimeError for a closed table.
+        """
+        if isinstance(self.table, _cluster_tensor()):
+            raise KeyError(f"{key!r} is served by a ClusterTensor, whose rows live on several machines: there is no "
+                           "whole table here; read rows with table[ids]")
+        if self._whole is not None:
+            return self._whole
+        if self.table.closed:
+            raise RuntimeError(f"the table of {key!r} is closed")
+        rows = self.table.dense()
+        source = self.table.source
+        if not (isinstance(source, torch.Tensor) and rows.data_ptr() == source.data_ptr()):
+            self._whole = rows  # a copy: keep it, so that g.ndata[key] in a loop does not decode every time
+        return rows
+
+    def __getstate__(self):
+        return {**self.__dict__, "_whole": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update({"_whole": None, **state})
 
     def __repr__(self) -> str:
         return f"HybridFeatureStorage({self.table})"

@@ -1,0 +1,95 @@
+"""``g.ndata`` and ``g.edata`` of an attached graph: DGL's views, plus the attached tables as whole tensors.
+
+Full-graph code (layer-wise inference, as in DGL's GraphSAGE example:
+``feat = g.ndata["feat"]`` then ``feat[input_nodes]`` per batch) reads
+features from ``g.ndata``. :func:`~hmgstore.plugins.dgl.attach` serves
+mini-batches from tables and does not copy them into the graph's frames, so
+these views answer a key the frames lack with its table's rows, read
+through the table (:meth:`HybridFeatureStorage.whole`): the host tier itself,
+no copy, when it keeps rows as they read, else a decoded copy made once.
+A key the frames hold (``g.ndata["feat"] = x`` before or after ``attach``) is
+DGL's, as always. Only ``g.ndata``/``g.edata`` (all nodes or edges) read
+through; ``g.nodes[ids].data`` and blocks are DGL's alone.
+"""
+from __future__ import annotations
+
+from ._compat import import_dgl
+
+dgl = import_dgl()
+HeteroNodeDataView, HeteroEdgeDataView = dgl.view.HeteroNodeDataView, dgl.view.HeteroEdgeDataView
+
+
+class _ReadsThrough:
+    """The shared half of the two views: missing keys come from the graph's attached storages."""
+
+    __slots__ = ()
+
+    def _types(self) -> list:
+        raise NotImplementedError
+
+    def _attached(self) -> dict:
+        raise NotImplementedError
+
+    def __getitem__(self, key):
+        many = isinstance(self._types_given(), list)
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            if many:
+                raise
+            storage = self._attached().get((key, self._types()[0]))
+            if storage is None:
+                raise
+            return storage.whole(key)
+        if many:
+            for t in self._types():
+                storage = self._attached().get((key, t))
+                if t not in value and storage is not None:
+                    value[t] = storage.whole(key)
+        return value
+
+    def _keys(self) -> list:
+        keys = list(super().keys())
+        types = self._types()
+        return keys + sorted({k for k, t in self._attached() if t in types and k not in keys})
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def keys(self):
+        return self._keys()
+
+
+class AttachedNodeDataView(_ReadsThrough, HeteroNodeDataView):
+    """``g.ndata`` of a :class:`~hmgstore.plugins.dgl.HybridDGLGraph` (see the module docstring)."""
+
+    __slots__ = ()
+
+    def _types_given(self):
+        return self._ntype
+
+    def _types(self) -> list:
+        return self._ntype if isinstance(self._ntype, list) else [self._ntype]
+
+    def _attached(self) -> dict:
+        return self._graph.__dict__.get("_hmgstore_storages", {})
+
+
+class AttachedEdgeDataView(_ReadsThrough, HeteroEdgeDataView):
+    """``g.edata`` of a :class:`~hmgstore.plugins.dgl.HybridDGLGraph` (see the module docstring)."""
+
+    __slots__ = ()
+
+    def _types_given(self):
+        return self._etype
+
+    def _types(self) -> list:
+        if isinstance(self._etype, list):  # g.edata of several edge types: canonical ones
+            return list(self._etype)
+        return [self._graph.canonical_etypes[self._etid]]
+
+    def _attached(self) -> dict:
+        return self._graph.__dict__.get("_hmgstore_edge_storages", {})
