@@ -18,6 +18,7 @@ import torch
 from helpers import assert_same, random_table
 
 import hmgstore
+import hmgstore.data
 from hmgstore.distributed import PartitionBook, load_partition, partition
 from hmgstore.distributed import parts as parts_module
 from hmgstore.partition import main as partition_command

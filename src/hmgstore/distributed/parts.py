@@ -286,7 +286,10 @@ def _read_meta(path: Path) -> dict:
 def _expect(path: Path, shape: tuple, dtype: str) -> None:
     """Refuse a .npy file whose header gives another shape or dtype than the part's book and meta.json."""
     found_shape, found_dtype = npy_layout(path)
-    found = str(torch.from_numpy(np.empty(0, found_dtype)).dtype) if found_dtype.kind in "biuf" else str(found_dtype)
+    try:
+        found = str(torch.from_numpy(np.empty(0, found_dtype)).dtype)  # meta.json names torch dtypes
+    except TypeError:
+        found = str(found_dtype)
     if found_shape != tuple(shape) or found != dtype:
         raise ValueError(f"{path} should hold shape {tuple(shape)} of {dtype} (from the part's book and meta.json), "
                          f"found {found_shape} of {found}; the part is damaged or from another partition")
