@@ -367,3 +367,15 @@ def test_partition_command_names_a_bad_assignment_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         command(tmp_path / "out-d", 2, "--by", str(tmp_path / "d.pt"))
     assert "d.pt holds a dict" in capsys.readouterr().err
+
+
+def test_parts_of_every_dtype_numpy_holds_load_back(tmp_path):
+    g, _ = small_graph()
+    features = {"c": torch.randn(NODES, 2, dtype=torch.complex64), "b": torch.rand(NODES) > 0.5,
+                "h": g.x.half(), "i": torch.arange(NODES, dtype=torch.int16)}
+    book = PartitionBook.range(NODES, 2)
+    partition(features, g.edge_index, book, tmp_path / "p", progress=False)
+    part = load_partition(tmp_path / "p", 1, "cpu", progress=False)
+    for name, table in features.items():
+        assert_same(part.features[name][:], table[book.nodes_of(1)])
+    part.close()
