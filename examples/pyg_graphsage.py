@@ -12,6 +12,14 @@ its topology in GPU and pinned host memory); everything else is stock PyG.
     python examples/pyg_graphsage.py --features cpu --sampler pyg   # stock PyG, data.x on the CPU
     python examples/pyg_graphsage.py --features gpu     # data.x and the topology on the GPU: the ceiling
     python examples/pyg_graphsage.py --host-dtype bfloat16   # x's host rows in 16 bits, read back as float32
+    python examples/pyg_graphsage.py --no-trim --no-tf32   # every hop's full subgraph at every layer; fp32 matmuls
+
+The model trims each batch to what the next layers need
+(``torch_geometric.utils.trim_to_layer`` with the batch's
+``num_sampled_nodes``/``num_sampled_edges``) and lets CUDA matmuls use TF32;
+after training, a layer-wise inference pass over all nodes (as in PyG's own
+GraphSAGE examples: each layer over every node, all neighbours) gives the
+full-graph test accuracy (``--no-inference`` skips it).
 
 Each training step is split into sampling (the sampler, plus loader
 overhead), gather (features and labels of the sampled nodes on the device,
@@ -38,6 +46,7 @@ import torch_geometric
 from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.nn import SAGEConv
+from torch_geometric.utils import trim_to_layer
 from tqdm import tqdm
 
 import hmgstore
@@ -51,17 +60,41 @@ HOST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.flo
 
 
 class SAGE(torch.nn.Module):
-    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int):
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int, num_layers: int,
+                 trim: bool = True):
         super().__init__()
         dims = [in_channels] + [hidden_channels] * (num_layers - 1) + [out_channels]
         self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(dims, dims[1:]))
+        self.trim = trim
 
-    def forward(self, x, edge_index):
+    def forward(self, x, edge_index, num_sampled_nodes=None, num_sampled_edges=None):
+        """Logits of the batch's nodes; with ``trim`` and the per-hop counts, layer ``i`` skips the nodes and edges
+        of the outer hops, which no longer reach the seeds (the seeds' logits are the same)."""
+        trim = self.trim and num_sampled_nodes is not None and num_sampled_edges is not None
         for i, conv in enumerate(self.convs):
+            if trim:
+                x, edge_index, _ = trim_to_layer(i, num_sampled_nodes, num_sampled_edges, x, edge_index)
             x = conv(x, edge_index)
             if i < len(self.convs) - 1:
                 x = F.dropout(x.relu(), p=0.5, training=self.training)
         return x
+
+    @torch.no_grad()
+    def inference(self, x_all, loader, device) -> torch.Tensor:
+        """Layer-wise logits of every node (PyG's GraphSAGE examples): each layer over all nodes, batch by batch,
+        every neighbour (``loader``: one hop, all neighbours, every node once as a seed, in order). Layer 0 reads
+        the batch's features as the loader gathered them (``x_all`` None), later layers the previous layer's
+        output (CPU)."""
+        for i, conv in enumerate(self.convs):
+            outs = []
+            for batch in loader:
+                x = batch.x if x_all is None else x_all[batch.n_id.cpu()]
+                x = conv(x.to(device), batch.edge_index.to(device))
+                if i < len(self.convs) - 1:
+                    x = x.relu()
+                outs.append(x[:batch.batch_size].cpu())
+            x_all = torch.cat(outs)
+        return x_all
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,6 +125,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
                         "read from pinned host memory)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--no-trim", action="store_true",
+                   help="run every layer over the batch's whole subgraph (default: trim_to_layer drops the outer "
+                        "hops each layer no longer needs)")
+    p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls on CUDA (default: TF32 allowed)")
+    p.add_argument("--no-inference", action="store_true",
+                   help="skip the layer-wise inference pass over all nodes after training")
+    p.add_argument("--inference-batch-size", type=flags.positive, default=4096,
+                   help="seeds per batch of the inference pass (default: 4096)")
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
     p.add_argument("--hidden", type=int, default=256)
@@ -163,6 +204,11 @@ class StepTimer:
 
 
 # ---- the script ----------------------------------------------------------------------------
+def sampled_counts(batch) -> tuple:
+    """The batch's per-hop node and edge counts for trim_to_layer, or (None, None) when its sampler gave none."""
+    return getattr(batch, "num_sampled_nodes", None), getattr(batch, "num_sampled_edges", None)
+
+
 def build_loaders(args, device, graph, host_dtype):
     """``(train loader, test loader, the loaders' keyword arguments)`` as the flags ask; the stores are the
     loaders' ``data``, the sampler their ``neighbor_sampler``."""
@@ -194,6 +240,15 @@ def build_loaders(args, device, graph, host_dtype):
     return train_loader, test_loader, loader_kwargs
 
 
+def inference_loader(args, source, graph, loader_kwargs) -> NeighborLoader:
+    """One hop, every neighbour, every node once as a seed, in id order: the layer-wise inference pass's batches."""
+    kwargs = dict(loader_kwargs, batch_size=args.inference_batch_size)
+    sampler = kwargs.pop("neighbor_sampler", None)
+    if sampler is not None:  # the same kind of sampler, on the same device, all neighbours
+        kwargs["neighbor_sampler"] = HybridNeighborSampler(source, [-1], device=sampler.device)  # <-- hmgstore
+    return NeighborLoader(source, num_neighbors=[-1], input_nodes=torch.arange(graph.num_nodes), **kwargs)
+
+
 def make_train_loader(args, device):
     """The training loader, built again in hmgstore.Producer's process (--pipeline producer) from the flags."""
     graph, _ = load_graph(args)
@@ -217,7 +272,8 @@ def main(argv=None) -> dict:
     graph, dataset_name = load_graph(args)
     train_loader, test_loader, loader_kwargs = build_loaders(args, device, graph, host_dtype)
 
-    model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout)).to(device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not args.no_tf32
+    model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout), trim=not args.no_trim).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
     timer.watch_gather(train_loader)
@@ -250,7 +306,7 @@ def main(argv=None) -> dict:
                     batch = batch.to(device, non_blocking=True)
             with timer("train") if not pipelined else contextlib.nullcontext():
                 optimizer.zero_grad()
-                out = model(batch.x, batch.edge_index)[:batch.batch_size]
+                out = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size]
                 loss = F.cross_entropy(out, batch.y[:batch.batch_size])
                 loss.backward()
                 optimizer.step()
@@ -279,7 +335,7 @@ def main(argv=None) -> dict:
             if step == args.max_batches:
                 break
             batch = batch.to(device, non_blocking=True)
-            pred = model(batch.x, batch.edge_index)[:batch.batch_size].argmax(dim=-1)
+            pred = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size].argmax(dim=-1)
             correct += int((pred == batch.y[:batch.batch_size]).sum())
             total += batch.batch_size
         return correct / total
@@ -294,6 +350,13 @@ def main(argv=None) -> dict:
         obj.reset_stats()
     accuracy = test()
     hits = {name: obj.stats()["hit_ratio"] for name, obj in zip(("features", "topology"), counted)}
+    inference = None
+    if not args.no_inference:  # layer-wise, over all nodes: the full-graph accuracy
+        model.eval()
+        start = time.perf_counter()
+        logits = model.inference(None, inference_loader(args, test_loader.data, graph, loader_kwargs), device)
+        inference = {"seconds": time.perf_counter() - start,
+                     "test_acc": float((logits[graph.test_idx].argmax(-1) == graph.y[graph.test_idx]).float().mean())}
 
     steady = epochs[1:] or epochs  # the first epoch pays for warm-up (kernel compilation, page faults)
     result = {
@@ -313,6 +376,7 @@ def main(argv=None) -> dict:
         "steady_split_s_per_batch": {k: statistics.median(e[k] / e["batches"] for e in steady)
                                      for k in ("sampling_s", "gather_s", "train_s", "wait_s") if k in steady[0]},
         "test_acc": accuracy,
+        "trim": not args.no_trim, "tf32": not args.no_tf32, "inference": inference,
     }
     split = {k: v for k, v in result["steady_split_s_per_batch"].items() if v or k in ("train_s", "wait_s")}
     print(f"{dataset_name}, features={args.features}"
@@ -321,7 +385,9 @@ def main(argv=None) -> dict:
           f"{result['steady_epoch_s']:.2f} s/epoch, {result['steady_batches_per_s']:.2f} batches/s; per batch "
           + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())
           + "".join(f"; {name} from GPU memory {ratio:.0%}" for name, ratio in hits.items() if ratio is not None)
-          + ("" if device.type == "cuda" or not hits else " (no GPU: every row is read from host memory)"))
+          + ("" if device.type == "cuda" or not hits else " (no GPU: every row is read from host memory)")
+          + ("" if inference is None else f"; layer-wise inference over all {graph.num_nodes:,} nodes: test "
+             f"accuracy {inference['test_acc']:.4f} in {inference['seconds']:.2f} s"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

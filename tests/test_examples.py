@@ -37,6 +37,9 @@ DGL_SMALL = ["--num-nodes", "3000", "--epochs", "2", "--fanout", "5,5,5", "--hid
 MULTI_EXAMPLE = EXAMPLES / "multi_gpu_pyg.py"
 MULTI_SMALL = ["--num-nodes", "3000", "--feat-dim", "16", "--hidden", "32", "--fanout", "5,5", "--batch-size", "128",
                "--epochs", "2", "--max-batches", "4", "--lr", "0.01", "--no-progress"]
+# Seconds after which a run counts as hung. The runs take 5-20 s alone; on a loaded 2-core machine (another test
+# run beside this one) several times that, so the limit is far above it: only a hang reaches it.
+HANG = 600
 # Sharing, NCCL's NVLink multicast off: a program using it can take a shared host's GPUs out of service.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -109,7 +112,7 @@ def test_batches_from_a_producer_process(tmp_path):
     """--pipeline producer: the training batches made by hmgstore.Producer, run as a user runs the script."""
     out = tmp_path / "result.json"
     done = subprocess.run([sys.executable, str(PYG_EXAMPLE), *PYG_SMALL, "--dataset", "synthetic", "--pipeline",
-                           "producer", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "producer", "--json", str(out)], capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["pipeline"] is True and [e["batches"] for e in result["epochs"]] == [3, 3]
@@ -117,10 +120,58 @@ def test_batches_from_a_producer_process(tmp_path):
     assert "wait" in done.stdout
 
 
+def test_trimmed_model_gives_the_seeds_the_untrimmed_logits(pyg_example, small_graph):
+    """trim_to_layer with the counts hmgstore's sampler returns: the seeds' logits do not change."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
+
+    stores = from_data(Data(x=small_graph.x, y=small_graph.y, edge_index=small_graph.edge_index), device="cpu")
+    loader = NeighborLoader(stores, [5, 5, 5], neighbor_sampler=HybridNeighborSampler(stores, [5, 5, 5]),
+                            input_nodes=small_graph.train_idx, batch_size=128)
+    batch = next(iter(loader))
+    assert len(batch.num_sampled_nodes) == 4 and len(batch.num_sampled_edges) == 3
+    torch.manual_seed(0)
+    model = pyg_example.SAGE(small_graph.x.shape[1], 32, 4, 3).eval()
+    trimmed = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+    model.trim = False
+    full = model(batch.x, batch.edge_index, batch.num_sampled_nodes, batch.num_sampled_edges)
+    assert trimmed.shape[0] < full.shape[0]  # the outer hop's nodes were dropped at the last layer
+    assert torch.allclose(trimmed[:batch.batch_size], full[:batch.batch_size], atol=1e-5)
+
+
+def test_layer_wise_inference_over_all_nodes_is_the_full_graph_forward(pyg_example, tmp_path):
+    out = tmp_path / "result.json"
+    result = pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--inference-batch-size", "512",
+                               "--json", str(out)])
+    inference = json.loads(out.read_text())["inference"]
+    assert inference == result["inference"] and inference["test_acc"] > 0.2 and inference["seconds"] > 0
+    assert result["trim"] and result["tf32"]
+    assert pyg_example.main([*PYG_SMALL, "--dataset", "synthetic", "--no-inference", "--no-trim",
+                             "--no-tf32"])["inference"] is None
+    # the pass itself: every node's logits equal one full-graph forward (all neighbours, mean aggregation)
+    from torch_geometric.data import Data
+
+    from hmgstore import data as datasets
+    from hmgstore.plugins.pyg import from_data
+
+    graph = datasets.synthetic(num_nodes=1500, avg_degree=6, feat_dim=8, num_classes=4, seed=2)
+    args = pyg_example.parse_args([*PYG_SMALL, "--inference-batch-size", "400"])
+    stores = from_data(Data(x=graph.x, y=graph.y, edge_index=graph.edge_index), device="cpu")
+    sampler = pyg_example.HybridNeighborSampler(stores, [5], device="cpu")
+    loader = pyg_example.inference_loader(args, stores, graph, {"neighbor_sampler": sampler})
+    torch.manual_seed(0)
+    model = pyg_example.SAGE(8, 16, 4, 2).eval()
+    with torch.no_grad():
+        assert torch.allclose(model.inference(None, loader, torch.device("cpu")), model(graph.x, graph.edge_index),
+                              atol=1e-5)
+
+
 # ---- examples/dgl_graphsage.py --------------------------------------------------------------
 def dgl_run(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DGL_EXAMPLE), *DGL_SMALL, *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG)
 
 
 def test_example_trains_from_hmgstore():
@@ -130,6 +181,8 @@ def test_example_trains_from_hmgstore():
     accuracy = float(done.stdout.split("test accuracy")[1].split()[0])
     assert accuracy > 1 / 16  # better than chance over 16 classes
     assert "seed nodes/s" in done.stdout
+    inferred = float(done.stdout.split("layer-wise inference over all 3,000 nodes: test accuracy")[1].split()[0])
+    assert inferred > 1 / 16  # the layer-wise pass read g.ndata["feat"] after attach
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, the answer depends on the DGL build")
@@ -187,7 +240,7 @@ def test_two_cpu_processes(tmp_path, no_leaks):
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "torch_sparse.py").write_text("raise ImportError('torch_sparse hidden by the test')\n")
-    done = torchrun(2, [*MULTI_SMALL, "--json", str(out)], timeout=120,
+    done = torchrun(2, [*MULTI_SMALL, "--json", str(out)], timeout=HANG,
                     env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(shim)})  # gloo
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
@@ -201,7 +254,7 @@ def test_two_cpu_processes(tmp_path, no_leaks):
 def test_says_how_to_start_it_without_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     done = subprocess.run([sys.executable, str(MULTI_EXAMPLE), *MULTI_SMALL], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG)
     assert done.returncode != 0
     assert "torchrun --standalone --nproc-per-node" in done.stderr
 
@@ -216,7 +269,7 @@ def test_every_gpu_of_the_node(tmp_path, no_leaks):
     args = ["--num-nodes", "200000", "--feat-dim", "128", "--gpu-budget", "20MB", "--replicate", "5MB",
             "--fanout", "10,5", "--batch-size", "512", "--epochs", "2", "--max-batches", "20", "--lr", "0.01",
             "--no-progress", "--json", str(out)]
-    done = torchrun(world, args, timeout=300)
+    done = torchrun(world, args, timeout=HANG)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["backend"] == "nccl" and result["pipeline"]
