@@ -539,3 +539,51 @@ def test_scale_gpu_counts():
     assert gpu_counts(None, 0) == [1, 2] and gpu_counts(None, 4) == [1, 4] and gpu_counts([2, 4], 4) == [1, 2, 4]
     with pytest.raises(SystemExit, match="has 2 GPU"):
         gpu_counts([4], 2)
+
+
+# ---- --quick: a smoke test, with no ratios printed ------------------------------------------------
+def _scale_report(quick: bool) -> dict:
+    from hmgstore.bench import report as bench_report
+    from hmgstore.bench.scale import _ratios
+
+    runs = [{"gpus": g, "batches_per_s": rate, "train_ms": 5.0, "wait_ms": None, "sampling_ms": 1.0,
+             "gather_ms": 1.0, "test_acc": 0.5, "command": f"torchrun --nproc-per-node={g} ...",
+             "dataset": {"num_nodes": 3000, "num_edges": 30000, "feat_dim": 16, "x_gb": 0.0}}
+            for g, rate in ((1, 2.0), (2, 40.8))]  # a quick run's overheads: "efficiency 10.20"
+    report = {**bench_report.header("scale", torch.device("cpu"), quick=quick), "graph": "synthetic",
+              "batch_size": 128, "gpu_budget": "none", "runs": runs}
+    _ratios(report)
+    return report
+
+
+def test_quick_reports_are_smoke_tests_without_ratios():
+    """``bench scale --quick`` printed an efficiency of 10.20: tiny sizes time overheads, not rates."""
+    from hmgstore.bench import remote, remote_train, scale
+    from hmgstore.bench.report import SMOKE_TEST_LINE
+
+    quick, full = scale.table_text(_scale_report(True)), scale.table_text(_scale_report(False))
+    assert "10.20" in full and SMOKE_TEST_LINE not in full
+    assert "10.20" not in quick and "20.40" not in quick and quick.count(SMOKE_TEST_LINE) == 1
+    row = next(line for line in quick.splitlines() if line.startswith("| 2 |"))
+    assert row.split("|")[4:6] == [" n/a ", " n/a "]  # x 1 GPU, efficiency
+    train = {"graph": "synthetic", "nodes": 4000, "edges": 40000, "feat_dim": 16, "fanout": [5, 3],
+             "batch_per_rank": 64, "batches": 3, "threads_per_rank": 1, "one_machine_batches_per_s": 10.0,
+             "per_rank_batches_per_s": 30.0, "all_ranks_batches_per_s": 60.0, "speedup": 6.0, "efficiency": 3.0,
+             "ranks": 2}
+    report = {**_scale_report(True), "benchmark": "remote", "machines": 2, "ranks_per_machine": 1, "batch": 64,
+              "sizes": [{"row_bytes": 128, "variants": {n: {"gbps": g, "x_all_to_all": g / 0.1} for n, g in
+                                                        (("remote", 0.5), ("mixed", 0.7), ("all_to_all", 0.1))}}],
+              "train": train}
+    text = remote.table_text(report)
+    assert "5.00" not in text and "6.00" not in text and "3.00" not in text and text.count("n/a") == 6 + 1  # six cells, and the smoke-test line
+    assert "6.00" in "\n".join(remote_train.table_lines(train))  # a full run's report keeps its ratios
+
+
+def test_quick_runs_say_they_are_smoke_tests(tmp_path):
+    out = tmp_path / "bench"
+    res = _bench("gather", "--quick", "--row-bytes", "64", "--table-gib", 1 / 64, "--no-progress", "--out", out)
+    report = json.loads((out / "gather.json").read_text())
+    assert report["smoke_test"] is True
+    assert res.stdout.count("smoke test (--quick)") == 1 and "n/a" in res.stdout
+    assert not re.search(r"\d\.\d\dx", res.stdout)  # no "(0.52x; ...)" against index_select
+    assert json.loads(json.dumps(parse_args(["gather"]).quick)) is False

@@ -219,7 +219,7 @@ def run(args) -> dict:
     """Time every variant at every row size (then the sweep, on a GPU); write and return the report."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     report = {
-        **header("gather", device),
+        **header("gather", device, quick=getattr(args, "quick", False)),
         "cpu_threads": torch.get_num_threads(), "table_gib": args.table_gib, "batch": args.batch_size,
         "min_batches": MIN_BATCHES,
         "sizes": [], "sweep": [], "transparent_huge_pages": owned.transparent_huge_pages(),

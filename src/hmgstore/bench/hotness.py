@@ -36,7 +36,7 @@ from .. import flags
 from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..placement import order_by_score
-from .report import header, no_gpu_line, write_report
+from .report import header, no_gpu_line, smoke_test_lines, write_report
 from ..data import power_law_csc
 from ..flags import count as _count
 
@@ -131,7 +131,7 @@ def run(args) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     report = {
-        **header("hotness", device),
+        **header("hotness", device, quick=getattr(args, "quick", False)),
         "fanout": ",".join(map(str, args.fanout)), "batch": args.batch_size, "skew": args.skew,
         "source_skew": args.source_skew,
         "cache": args.cache, "graphs": [],
@@ -153,7 +153,7 @@ def table_text(report: dict) -> str:
              f"of the edges)   date: {report['date']}",
              *no_gpu_line(report, "hit ratios are counted, not timed: a GPU would count the same on this graph; "
                                   "the CPU sampler ran, on a smaller default graph",
-                          "the default graphs (2M and 111M nodes)"), "",
+                          "the default graphs (2M and 111M nodes)"), *smoke_test_lines(report), "",
              "| graph | train nodes | cache | " + " | ".join(ORDERS) + " | presample x in_degree (features) |",
              "|---|---:|---:|" + "---:|" * (len(ORDERS) + 1)]
     for g in report["graphs"]:

@@ -338,7 +338,7 @@ def run(args) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cuda.cupy().__version__,
         "driver": cuda.cupy().cuda.runtime.driverGetVersion(), "hmgstore": hmgstore.__version__,
         "peer_access": peer_access, "shard_bytes": shard_bytes, "warmup": WARMUP, "reps": args.reps,
-        "peer_memcpy": {"bytes": copy_bytes}, "sizes": [],
+        "peer_memcpy": {"bytes": copy_bytes}, "sizes": [], "smoke_test": bool(getattr(args, "quick", False)),
     }
     report["peer_memcpy"]["start"] = peer_memcpy(runner, copy_bytes)
     torch.cuda.empty_cache()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .report import ratio_text, smoke_test_lines
+
 _LABELS = {
     "hmg_remote": "hmgstore, every row on a peer",
     "hmg_mixed": "hmgstore, uniform ids (1/k local)",
@@ -85,6 +87,7 @@ def table_text(report: dict) -> str:
              f"peer memcpy (GPU i <- GPU i+1, all at once, {_size(memcpy.get('bytes'))} each): "
              f"{_mean_min(start)} GB/s per GPU, mean (min); end of run: {_mean_min(end)}"]
     missing = [f"{i}->{j}" for i, j, ok in report.get("peer_access", []) if not ok]
+    lines += smoke_test_lines(report)
     if missing:
         lines.append(f"NO PEER ACCESS for {', '.join(missing)}: those rows were read from host memory")
     lines += ["",
@@ -98,10 +101,11 @@ def table_text(report: dict) -> str:
         ids_us = None if ids is None else max(ids["seconds"]) / s["batches_per_round"] * 1e6
         lines.append(
             f"| {s['row_bytes']} | {s['batch']} | {_mean_min(v.get('hmg_remote'))} "
-            f"| {_fmt(s.get('remote_x_memcpy'), '.2f')} | {_fmt(s.get('remote_x_index_select_copy'), '.2f')} "
-            f"| {_fmt(s.get('remote_x_alone'), '.2f')} "
-            f"| {_fmt(s.get('remote_less_ids_gbps'))} ({_fmt(s.get('remote_less_ids_x_memcpy'), '.2f')}) "
-            f"| {_mean_min(v.get('hmg_remote_gpu_ids'))} | {_fmt(s.get('remote_gpu_ids_x_memcpy'), '.2f')} "
+            f"| {ratio_text(report, s.get('remote_x_memcpy'))} "
+            f"| {ratio_text(report, s.get('remote_x_index_select_copy'))} "
+            f"| {ratio_text(report, s.get('remote_x_alone'))} "
+            f"| {_fmt(s.get('remote_less_ids_gbps'))} ({ratio_text(report, s.get('remote_less_ids_x_memcpy'))}) "
+            f"| {_mean_min(v.get('hmg_remote_gpu_ids'))} | {ratio_text(report, s.get('remote_gpu_ids_x_memcpy'))} "
             f"| {_mean_min(v.get('hmg_mixed'))} "
             f"| {_fmt(_mean(s, 'hmg_alone'))} | {_mean_min(v.get('index_select_copy'))} | {_fmt(ids_us, '.0f')} |")
     lines += ["",

@@ -18,7 +18,7 @@ import torch
 
 from .. import flags
 from ..reach import Reach, measure
-from .report import header, no_gpu_line, write_report
+from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 
 PAGES = (64, 256, 1024, 4096, 16384)
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
@@ -45,7 +45,7 @@ def run(args) -> dict:
     reach = measure(device, table_bytes=int(args.table_gb * 1e9) // 8 * 8, row_bytes=args.row_bytes,
                     pages=args.pages, batch=args.batch_size, reps=args.reps, cpu=not args.no_cpu or not gpu,
                     progress=not args.no_progress)
-    report = header("reach", device)
+    report = header("reach", device, quick=getattr(args, "quick", False))
     report.update(reach.to_dict())
     report["device"] = report["device"] if gpu else "cpu"
     report["batch"] = args.batch_size
@@ -69,7 +69,7 @@ def table_text(report: dict) -> str:
     lines = [f"device: {report['device']}   table: {report['table_bytes'] / 1e9:.1f} GB   up to {report['batch']} ids "
              f"a batch   date: {report['date']}" + (f"   H2D memcpy limit: {limit:.1f} GB/s" if limit else ""),
              *no_gpu_line(report, "the CPU path alone, index_select with no copy: the CPU's own reach",
-                          "the kernel's figures and the H2D limit"), ""]
+                          "the kernel's figures and the H2D limit"), *smoke_test_lines(report), ""]
     for rb, curve in sorted(reach.curves.items()):
         paths = [p for p in ("kernel", "cpu") if (curve.kernel_seconds if p == "kernel" else curve.cpu_seconds)]
         unit = "x limit" if limit else "GB/s"
@@ -77,7 +77,7 @@ def table_text(report: dict) -> str:
                   "|---:|---:|" + "---:|" * len(paths)]
         rates = {p: curve.gbps(p) for p in paths}
         for i, (k, n) in enumerate(zip(curve.pages, curve.rows)):
-            cells = [f"{rates[p][i] / limit:.2f}" if limit else f"{rates[p][i]:.1f}" for p in paths]
+            cells = [ratio_text(report, rates[p][i] / limit) if limit else f"{rates[p][i]:.1f}" for p in paths]
             lines.append(f"| {k} | {n} | " + " | ".join(cells) + " |")
         lines += [""] + [f"- {p}: knee at {curve.knee(p)} pages (rate >= 0.8x its best), then "
                          f"{curve.us_per_page(p):.2f} us a page" for p in paths] + [""]

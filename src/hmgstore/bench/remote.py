@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from .. import flags
 from . import remote_train
-from .report import header, no_gpu_line, write_report
+from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 
 DEFAULT_ROW_BYTES = [128, 512, 1024, 4096]
 #: --quick: tiny sizes (see __main__.parse_args).
@@ -151,7 +151,7 @@ def _rank(args) -> dict:
         if cluster.num_machines < 2:
             raise SystemExit("the remote benchmark needs at least 2 machines (torchrun --nnodes 2, or "
                              "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
-        report = {**header("remote", device), "machines": cluster.num_machines,
+        report = {**header("remote", device, quick=getattr(args, "quick", False)), "machines": cluster.num_machines,
                   "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch_size, "sizes": []}
         for row_bytes in args.row_bytes if "rows" in args.what else []:
             report["sizes"].append(_one_size(args, row_bytes, device, cluster, hmgstore, hd))
@@ -236,16 +236,18 @@ def table_text(report: dict) -> str:
     lines = [f"device: {report['device']}   machines: {report['machines']} x {report['ranks_per_machine']} ranks   "
              f"batch: {report['batch']} ids per rank   date: {report['date']}",
              *no_gpu_line(report, "every rank's table in host memory, exchanged over gloo",
-                          "GPU tables and NCCL (one GPU per rank)")]
+                          "GPU tables and NCCL (one GPU per rank)"), *smoke_test_lines(report)]
     if report["sizes"]:
         lines += ["", "| row B | remote rows GB/s per rank (x all_to_all) | mixed ids GB/s (x all_to_all) | "
                       "all_to_all GB/s |", "|---:|---:|---:|---:|"]
     for s in report["sizes"]:
         v = s["variants"]
-        lines.append(f"| {s['row_bytes']} | {v['remote']['gbps']:.2f} ({v['remote']['x_all_to_all']:.2f}) | "
-                     f"{v['mixed']['gbps']:.2f} ({v['mixed']['x_all_to_all']:.2f}) | {v['all_to_all']['gbps']:.2f} |")
+        lines.append(f"| {s['row_bytes']} | {v['remote']['gbps']:.2f} "
+                     f"({ratio_text(report, v['remote']['x_all_to_all'])}) | {v['mixed']['gbps']:.2f} "
+                     f"({ratio_text(report, v['mixed']['x_all_to_all'])}) | "
+                     f"{v['all_to_all']['gbps']:.2f} |")
     if "train" in report:
-        lines += ["", *remote_train.table_lines(report["train"])]
+        lines += ["", *remote_train.table_lines(report["train"], report)]
     return "\n".join(lines)
 
 

@@ -172,8 +172,11 @@ def _timed(model, loader, batches: int, device, control) -> float:
     return batches / float(seconds)
 
 
-def table_lines(train: dict) -> list[str]:
-    """The training half of the report, as markdown lines."""
+def table_lines(train: dict, report: dict | None = None) -> list[str]:
+    """The training half of ``report``, as markdown lines (its ratios n/a in a ``--quick`` report)."""
+    from .report import ratio_text
+
+    report = report or {}
     fanout = ",".join(map(str, train["fanout"]))
     return [f"GraphSAGE on {train['graph']} ({train['nodes']:,} nodes, {train['edges']:,} edges, "
             f"{train['feat_dim']}-d), fanout {fanout}, {train['batch_per_rank']} seeds a batch per rank, "
@@ -181,6 +184,7 @@ def table_lines(train: dict) -> list[str]:
             "| run | batches/s per rank | batches/s in all | speed-up (x one machine) | efficiency |",
             "|---|---:|---:|---:|---:|",
             f"| one machine holding everything (1 rank) | {train['one_machine_batches_per_s']:.1f} | "
-            f"{train['one_machine_batches_per_s']:.1f} | 1.00 | 1.00 |",
+            f"{train['one_machine_batches_per_s']:.1f} | {ratio_text(report, 1.0)} | {ratio_text(report, 1.0)} |",
             f"| partitioned, {train['ranks']} ranks | {train['per_rank_batches_per_s']:.1f} | "
-            f"{train['all_ranks_batches_per_s']:.1f} | {train['speedup']:.2f} | {train['efficiency']:.2f} |"]
+            f"{train['all_ranks_batches_per_s']:.1f} | {ratio_text(report, train['speedup'])} | "
+            f"{ratio_text(report, train['efficiency'])} |"]

@@ -48,8 +48,15 @@ def committed_results(name: str, starts=None) -> Path | None:
     return None
 
 
-def header(benchmark: str, device) -> dict:
-    """What every report starts with: the benchmark, its command line, the date, the device and versions."""
+#: The line a --quick report carries: its sizes check that every variant runs, they measure nothing.
+SMOKE_TEST_LINE = ("smoke test (--quick): tiny sizes check that every variant runs and gives the right rows; at "
+                   "these sizes a time is mostly fixed overhead, so no ratios are printed (n/a). Run without "
+                   "--quick to measure.")
+
+
+def header(benchmark: str, device, quick: bool = False) -> dict:
+    """What every report starts with: the benchmark, its command line, the date, the device and versions;
+    ``quick``: a ``--quick`` run, marked ``smoke_test`` (see :func:`ratio_text`)."""
     import torch
 
     import hmgstore
@@ -60,8 +67,27 @@ def header(benchmark: str, device) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "torch": torch.__version__, "hmgstore": hmgstore.__version__,
+        "torch": torch.__version__, "hmgstore": hmgstore.__version__, "smoke_test": bool(quick),
     }
+
+
+def smoke_test(report: dict) -> bool:
+    """Whether ``report`` comes from a ``--quick`` run (its figures time overheads, not rates)."""
+    return bool(report.get("smoke_test"))
+
+
+def smoke_test_lines(report: dict) -> list[str]:
+    """The smoke-test line, once, for a ``--quick`` report; nothing otherwise."""
+    return [SMOKE_TEST_LINE] if smoke_test(report) else []
+
+
+def ratio_text(report: dict, value, spec: str = ".2f", suffix: str = "") -> str:
+    """A ratio as a table prints it: ``"n/a"`` in a ``--quick`` report (tiny sizes: ratios of overheads, such as
+    an efficiency of 10.2, mean nothing), ``"-"`` where it was not measured, else ``value`` in ``spec``.
+    Every benchmark's table prints its ratios through this, ``bench train``'s too."""
+    if smoke_test(report):
+        return "n/a"
+    return "-" if value is None else format(value, spec) + suffix
 
 
 def no_gpu_line(report: dict, shows: str, needs: str) -> list[str]:
@@ -108,7 +134,7 @@ def table_text(report: dict) -> str:
     lines = [f"device: {report['device']}   H2D memcpy limit: {_fmt(limit)} GB/s (end of run: "
              f"{_fmt(report.get('h2d_limit_gbps_end'))})   batch: "
              f"{report['sizes'][0]['batch'] if report['sizes'] else '-'} distinct random ids   date: {report['date']}",
-             *_size_note(report), "",
+             *smoke_test_lines(report), *_size_note(report), "",
              "| table | row B | hmg host GB/s (x limit) | x cpu_pinned | x pageable | hmg GPU tier GB/s "
              "| x GPU index_select | pageable GB/s | cpu_pinned GB/s | GPU index_select GB/s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -116,9 +142,9 @@ def table_text(report: dict) -> str:
         host = s["variants"].get("hmg_host", {})
         lines.append(
             f"| {_size_label(s['table_bytes'])} | {s['row_bytes']} | {_fmt(host.get('gbps'))} "
-            f"({_fmt(host.get('x_h2d_limit'), '.2f')}) "
-            f"| {_fmt(s['host_vs_cpu_pinned'], '.2f')} | {_fmt(s['host_vs_pageable'], '.1f')} "
-            f"| {_fmt(_gbps(s, 'hmg_gpu'))} | {_fmt(s['gpu_vs_index_select'], '.2f')} "
+            f"({ratio_text(report, host.get('x_h2d_limit'))}) "
+            f"| {ratio_text(report, s['host_vs_cpu_pinned'])} | {ratio_text(report, s['host_vs_pageable'], '.1f')} "
+            f"| {_fmt(_gbps(s, 'hmg_gpu'))} | {ratio_text(report, s['gpu_vs_index_select'])} "
             f"| {_fmt(_gbps(s, 'pageable'))} | {_fmt(_gbps(s, 'cpu_pinned'))} | {_fmt(_gbps(s, 'gpu_index_select'))} |")
     for title, sizes in (("Host memory variants (GB/s, x limit; setup seconds)", report["sizes"]),
                          ("Table-size sweep (GB/s, x limit; setup seconds)", report.get("sweep", []))):
@@ -132,7 +158,8 @@ def table_text(report: dict) -> str:
             for n in names:
                 v = s["variants"].get(n)
                 setup = f"; {v['setup_seconds']:.1f} s" if v and "setup_seconds" in v else ""
-                cells.append("-" if v is None else f"{v['gbps']:.1f} ({_fmt(v.get('x_h2d_limit'), '.2f')}{setup})")
+                ratio = ratio_text(report, None if v is None else v.get("x_h2d_limit"))
+                cells.append("-" if v is None else f"{v['gbps']:.1f} ({ratio}{setup})")
             label = _size_label(s["table_bytes"]) if s in report["sizes"] else f"{s['table_bytes'] / 1e9:.0f} GB"
             lines.append(f"| {label} | {s['row_bytes']} | " + " | ".join(cells) + " |")
     split = [s for s in report["sizes"] + report.get("sweep", []) if "hmg_split" in s["variants"]]
@@ -142,11 +169,13 @@ def table_text(report: dict) -> str:
                   "| x better one |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in split:
             v = s["variants"]
-            cells = [_fmt(v.get(n, {}).get("x_h2d_limit"), ".2f") for n in ("hmg_split", "split_kernel", "split_cpu")]
+            cells = [ratio_text(report, v.get(n, {}).get("x_h2d_limit")) for n in ("hmg_split", "split_kernel",
+                                                                                    "split_cpu")]
             label = _size_label(s["table_bytes"]) if s in report["sizes"] else f"{s['table_bytes'] / 1e9:.0f} GB"
             lines.append(f"| {label} | {s['row_bytes']} | {v['hmg_split'].get('share', 0):.2f} "
                          f"| {v['hmg_split'].get('threads')} | " + " | ".join(cells)
-                         + f" | {_fmt(s.get('split_vs_sum'), '.2f')} | {_fmt(s.get('split_vs_better'), '.2f')} |")
+                         + f" | {ratio_text(report, s.get('split_vs_sum'))} "
+                         + f"| {ratio_text(report, s.get('split_vs_better'))} |")
     return "\n".join(lines)
 
 
@@ -157,7 +186,7 @@ def _cpu_table_text(report: dict) -> str:
     lines = [f"device: cpu   batch: {report['batch']} distinct random ids   date: {report['date']}",
              *no_gpu_line(report, "hmgstore's host tables read by its CPU path, against torch.index_select",
                           "the PCIe limit, the GPU tier and the copies to a GPU"),
-             *_size_note(report)[1:], "",
+             *smoke_test_lines(report), *_size_note(report)[1:], "",
              "GB/s (x index_select; setup seconds):", "",
              "| table | row B | " + " | ".join(_CPU_LABELS.get(n, n) for n in names) + " |",
              "|---|---:|" + "---:|" * len(names)]
@@ -169,7 +198,7 @@ def _cpu_table_text(report: dict) -> str:
             if v is None:
                 cells.append("not run")
                 continue
-            notes = [f"{v['gbps'] / base:.2f}x"] if base and n != "cpu_pinned" else []
+            notes = [ratio_text(report, v['gbps'] / base, suffix="x")] if base and n != "cpu_pinned" else []
             notes += [f"{v['setup_seconds']:.1f} s"] if "setup_seconds" in v else []
             cells.append(f"{v['gbps']:.1f}" + (f" ({'; '.join(notes)})" if notes else ""))
         lines.append(f"| {_size_label(s['table_bytes'])} | {s['row_bytes']} | " + " | ".join(cells) + " |")

@@ -39,7 +39,7 @@ import torch
 from .. import flags
 from ..data.power_law import power_law_csc
 from ..graph import CSC, NeighborSampler, Topology
-from .report import header, no_gpu_line, write_report
+from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 from .timing import median_seconds
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ def run(args) -> dict:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     fanout = args.fanout
     report = {
-        **header("sample", device),
+        **header("sample", device, quick=getattr(args, "quick", False)),
         "cpu_threads": torch.get_num_threads(),
         "fanout": fanout, "batch": args.batch_size, "cache": args.cache, "skew": args.skew, "graphs": [],
     }
@@ -248,8 +248,8 @@ def add_ratios(report: dict) -> None:
         graph["ratios"] = ratios
 
 
-def _fmt_ratio(mine, theirs) -> str:
-    return "-" if not mine or not theirs else f"{mine / theirs:.1f}"
+def _fmt_ratio(report: dict, mine, theirs) -> str:
+    return "-" if not mine or not theirs else ratio_text(report, mine / theirs, ".1f")
 
 
 def table_text(report: dict) -> str:
@@ -260,7 +260,8 @@ def table_text(report: dict) -> str:
              + (f", cache {report['cache']:.0%} of the topology" if report.get("gpus", 1) else "")
              + f"   date: {report['date']}",
              *no_gpu_line(report, "hmgstore's CPU sampler against PyG's and DGL's",
-                          "the topology on the GPU, zero-copy reads from the host and the GPU cache"), "",
+                          "the topology on the GPU, zero-copy reads from the host and the GPU cache"),
+             *smoke_test_lines(report), "",
              "| " + " | ".join(["graph", "variant", "batches/s", "M sampled edges/s", *(label for _, label in bases)])
              + " |",
              "|---|---|---:|---:|" + "---:|" * len(bases)]
@@ -270,12 +271,13 @@ def table_text(report: dict) -> str:
             if "batches_per_s" not in v:
                 lines.append(f"| {label} | {name} | {v.get('error', '-')} | |" + " |" * len(bases))
                 continue
-            vs = [_fmt_ratio(v["batches_per_s"], _rate(graph, base)) for base, _ in bases]
+            vs = [_fmt_ratio(report, v["batches_per_s"], _rate(graph, base)) for base, _ in bases]
             lines.append(f"| {label} | {name} | {v['batches_per_s']:.1f} | {v['edges_per_s'] / 1e6:.1f} |"
                          + "".join(f" {r} |" for r in vs))
         r = graph.get("ratios", {})
         if "host_vs_gpu_topology" in r:
-            lines.append(f"| {label} | zero-copy / all-GPU topology | {r['host_vs_gpu_topology']:.2f} | |"
+            lines.append(f"| {label} | zero-copy / all-GPU topology "
+                         f"| {ratio_text(report, r['host_vs_gpu_topology'])} | |"
                          + " |" * len(bases))
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .. import flags
-from .report import header, no_gpu_line, write_report
+from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "multi_gpu_pyg.py"
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
@@ -79,7 +79,8 @@ def run(args) -> dict:
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {**header("scale", torch.device("cuda" if available else "cpu")), "graph": args.graph,
+    report = {**header("scale", torch.device("cuda" if available else "cpu"), quick=getattr(args, "quick", False)),
+              "graph": args.graph,
               "num_nodes": args.num_nodes if args.graph == "synthetic" else None, "feat_dim": args.feat_dim,
               "batch_size": args.batch_size, "fanout": args.fanout, "gpu_budget": args.gpu_budget,
               "replicate": args.replicate, "example": str(example), "runs": []}
@@ -165,13 +166,14 @@ def table_text(report: dict) -> str:
              f"{first['num_edges']:,} edges, {first['feat_dim']} features, {first['x_gb']:.1f} GB)   batch: "
              f"{report['batch_size']} per GPU   features: {report['gpu_budget']} per GPU   date: {report['date']}",
              *no_gpu_line(report, "CPU processes over gloo, hmgstore's sampler on the CPU",
-                          "GPU sampling, NVLink shards and the pipeline"), "",
+                          "GPU sampling, NVLink shards and the pipeline"), *smoke_test_lines(report), "",
              "| GPUs | batches/s | per GPU | x 1 GPU | efficiency | train ms a step | data ms a step | data | test acc |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in report["runs"]:
         data_ms, what = _data_ms(r)
         lines.append(f"| {r['gpus']} | {r['batches_per_s']:.1f} | {r['per_gpu_batches_per_s']:.1f} | "
-                     f"{r['x_one_gpu']:.2f} | {r['efficiency']:.2f} | {r['train_ms']:.1f} | {data_ms:.1f} | {what} | "
+                     f"{ratio_text(report, r['x_one_gpu'])} | {ratio_text(report, r['efficiency'])} | "
+                     f"{r['train_ms']:.1f} | {data_ms:.1f} | {what} | "
                      f"{r['test_acc']:.4f} |")
     lines += ["", "Commands:", *(f"- `{r['command']}`" for r in report["runs"])]
     return "\n".join(lines)
