@@ -20,6 +20,7 @@ LAYERS = [
     ["hmgstore.memory", "hmgstore.device", "hmgstore.cpu_load", "hmgstore.stats", "hmgstore.pickling", "hmgstore.formats",
      "hmgstore.graph.fanout", "hmgstore.timing", "hmgstore.progress"],                                   # leaves: host memory, small utilities
     ["hmgstore.index"],                                          # the one range check
+    ["hmgstore.hotness"],                                        # budgets, hot orders and scores, checked
     ["hmgstore.placement"],                                      # which row lives where
     ["hmgstore.split"],                                          # the CPU's share of a gather
     ["hmgstore.plan"],                                           # the gather plan and launch

@@ -12,137 +12,20 @@ boundaries.
 Policies: :func:`for_table` (rows by id, or the hottest rows under a GPU
 budget), :func:`sharded` (hot rows replicated and dealt over several GPUs)
 and :func:`hot_rows_under_budget` (several tables, e.g. node types, sharing
-one budget). Adapters pass hotness and budgets through to these. This module
-only computes ids; it does not touch tables' data.
+one budget). Adapters pass hotness and budgets through to these. Budgets,
+hot orders and scores are read and checked in :mod:`hmgstore.hotness`,
+whose functions are public here too (``hmgstore.placement.order_by_score``).
+This module only computes ids; it does not touch tables' data.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from dataclasses import dataclass
 
 import torch
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(size) -> int:
-    """Read a byte count: an int, or a string such as ``"8GB"``, ``"512 MiB"``, ``"1.5e9"``.
-
-    Raises ValueError for negative or non-finite sizes and strings it cannot read.
-    """
-    if isinstance(size, bool):
-        raise ValueError(f"not a byte count: {size!r}")
-    if isinstance(size, (int, float)):
-        value = size
-    else:
-        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(size))
-        unit = m.group(2).upper() if m else None
-        if not m or unit not in _UNITS:
-            raise ValueError(
-                f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB' or '512MiB'")
-        try:
-            value = float(m.group(1)) * _UNITS[unit]
-        except ValueError:
-            raise ValueError(f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB'") from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"a size must be finite, got {size!r}")
-    value = int(value)
-    if value < 0:
-        raise ValueError(f"a size cannot be negative: {size!r}")
-    return value
-
-
-def order_by_score(score: torch.Tensor) -> torch.Tensor:
-    """Row ids sorted hottest first, from a per-row score (e.g. in-degree).
-
-    ``score``: 1-D tensor of shape [N], any real dtype, CPU. Returns int64 [N].
-    Ties keep ascending id order (stable), so the result is deterministic.
-    Raises ValueError for other shapes and for NaN scores.
-    """
-    score = torch.as_tensor(score)
-    if score.dim() != 1:
-        raise ValueError(f"a hotness score must be 1-D, one value per row; got shape {tuple(score.shape)}")
-    if score.is_floating_point():
-        nan = torch.isnan(score).nonzero()
-        if len(nan):
-            raise ValueError(f"the hotness score of row {int(nan[0, 0])} is NaN; give every row a number "
-                             "(0 for rows never touched)")
-    return torch.sort(score.cpu(), descending=True, stable=True).indices
-
-
-def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
-    """The rows that fit in ``budget`` bytes of GPU memory, hottest first.
-
-    ``order``: 1-D integer tensor of row ids, hottest first (it may list only
-    some rows). ``budget``: bytes (int or string, see :func:`parse_bytes`).
-    Returns int64 ids, a prefix of ``order``.
-    """
-    order = torch.as_tensor(order)
-    if row_bytes <= 0:
-        return order.reshape(-1)[:0].to(torch.int64)
-    count = parse_bytes(budget) // row_bytes
-    return order.reshape(-1)[:count].to(torch.int64)
-
-
-def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
-    """Per group (e.g. node type), the ids of the hottest rows that together fit in ``budget`` bytes.
-
-    ``hotness``: group -> 1-D score tensor [rows of the group] (higher is
-    hotter, any real dtype). ``row_bytes``: group -> bytes a row of that group
-    costs on the GPU (all its attributes together). ``budget``: int or string
-    such as ``"8GB"``. Rows of all groups compete on one scale; ties keep
-    group then id order. Returns group -> int64 ids, hottest first. Raises
-    ValueError when a group of ``row_bytes`` has no score.
-    """
-    groups = list(row_bytes)
-    missing = [g for g in groups if g not in hotness]
-    if missing:
-        raise ValueError(f"no hotness for {missing}; pass one score per row of every node type "
-                         "(e.g. hotness={node_type: in_degree})")
-    hotness = {g: torch.as_tensor(hotness[g]).reshape(-1) for g in groups}
-    if len(groups) == 1:  # one group: the same answer without a per-row cost tensor (16 B a row)
-        (g,) = groups
-        return {g: by_hotness(order_by_score(hotness[g]), budget, row_bytes[g])}
-    scores = torch.cat([hotness[g].to(torch.float64) for g in groups])
-    cost = torch.cat([torch.full((hotness[g].numel(),), row_bytes[g], dtype=torch.int64) for g in groups])
-    order = order_by_score(scores)
-    count = int((cost[order].cumsum(0) <= parse_bytes(budget)).sum())
-    chosen, rows, start = order[:count], {}, 0
-    for g in groups:
-        end = start + hotness[g].numel()
-        rows[g] = chosen[(chosen >= start) & (chosen < end)] - start
-        start = end
-    return rows
-
-
-def check_hotness(hotness: dict, num_rows: dict) -> dict:
-    """``hotness`` as tensors, after checking each group's score has one entry per row.
-
-    ``num_rows``: group -> rows of that group. Raises ValueError naming the
-    group that is missing or has the wrong length.
-    """
-    checked = {}
-    for group, count in num_rows.items():
-        if group not in hotness:
-            raise ValueError(f"no hotness for node type {group!r}; pass one score per node of every type")
-        score = torch.as_tensor(hotness[group])
-        if score.numel() != count:
-            raise ValueError(f"hotness of node type {group!r} has {score.numel()} entries for {count} nodes")
-        checked[group] = score
-    return checked
-
-
-def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) -> dict:
-    """Group -> score: ``hotness`` when given, else in-degree (zeros for groups no edge points to).
-
-    ``in_degree``: group -> int64 [rows]; ``num_rows``: group -> rows of the group.
-    """
-    if hotness is not None:
-        return {g: torch.as_tensor(v) for g, v in hotness.items()}
-    return {g: in_degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in num_rows.items()}
+from .hotness import (by_hotness, check_hotness, check_order, check_score, hot_rows_under_budget,  # noqa: F401
+                      hotness_or_in_degree, order_by_score, parse_bytes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -322,68 +205,6 @@ def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     if len(torch.unique(ids)) != len(ids):
         raise ValueError(f"{what} lists a row more than once; pass each id once")
     return ids
-
-
-_SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=score, or through "
-                "hmgstore.placement.order_by_score(score) as hot_order")
-
-
-def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCORES_HINT) -> torch.Tensor:
-    """``order`` as 1-D int64 CPU ids after checking every one of them, not only those a budget takes.
-
-    ``order``: 1-D row ids hottest first (integer tensor, numpy array or list;
-    it may list only some rows), each in ``[0, num_rows)`` and listed at
-    most once. Raises TypeError for non-integer values (float ids are
-    refused, never truncated), IndexError for an id out of range and
-    ValueError for a repeated id; the messages name ``what`` and say where
-    a score per row goes (``hint``), since scores are what is usually passed
-    by mistake.
-    """
-    from .index import as_tensor, check_range
-
-    if not isinstance(order, torch.Tensor):
-        try:
-            order = torch.as_tensor(order) if len(order) else torch.empty(0, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-            raise TypeError(f"{what} is row ids, hottest first (integers); could not read it: {err}") from None
-    if order.dtype.is_floating_point or order.dtype.is_complex or order.dtype == torch.bool:
-        raise TypeError(f"{what} is row ids, hottest first (integers), got {order.dtype} values; {hint}")
-    if order.dim() != 1:
-        raise ValueError(f"{what} must be 1-D, row ids hottest first; got shape {tuple(order.shape)}")
-    order = as_tensor(order, num_rows)[0].reshape(-1).to("cpu", torch.int64)
-    try:
-        check_range(order, num_rows)
-    except IndexError as err:
-        raise IndexError(f"{what}: {err}") from None
-    seen = torch.zeros(num_rows, dtype=torch.bool)  # one byte a row, O(N), where unique() would sort
-    seen[order] = True
-    if int(seen.sum()) != len(order):
-        counts = torch.bincount(order, minlength=num_rows)
-        first = order[counts[order] > 1][0]
-        raise ValueError(f"{what} lists row {int(first)} more than once ({int(counts[first])} times): it is an "
-                         f"ordering of row ids, hottest first, each at most once; {hint}")
-    return order
-
-
-def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
-    """``score``, one real number per row (higher is hotter), as a 1-D CPU tensor, after checking it.
-
-    Raises ValueError for another shape (NaN scores: :func:`order_by_score`),
-    TypeError for what is not real numbers.
-    """
-    try:
-        score = torch.as_tensor(score).cpu()
-    except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-        raise TypeError(f"{what} is one real score per row (a tensor of shape [{num_rows}]); could not read "
-                        f"{type(score).__name__} as one: {err}") from None
-    if score.is_complex():
-        raise TypeError(f"{what} is one real score per row, got {score.dtype}")
-    if score.dim() != 1:
-        raise ValueError(f"{what} must be 1-D, one score per row; got shape {tuple(score.shape)}")
-    if score.numel() != num_rows:
-        raise ValueError(f"{what} has {score.numel()} entries for {num_rows} rows; give one score per row "
-                         "(0 for rows never touched)")
-    return score.to(torch.uint8) if score.dtype == torch.bool else score
 
 
 def by_ids(num_rows: int, gpu_rows, host_layout: torch.Tensor | None = None) -> Placement:
