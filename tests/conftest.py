@@ -51,10 +51,14 @@ def _leftover_segments() -> set[str]:
 
 @pytest.fixture
 def no_leaks():
-    """Fails the test when it leaves node-shared memory segments behind."""
+    """Fails the test when it leaves node-shared memory segments behind (segments that other programs on the
+    machine, such as another test run, make and remove meanwhile are theirs, not the test's)."""
+    from helpers import shm_left_behind
+
     before = _leftover_segments()
     yield
-    assert _leftover_segments() == before, "shared-memory segments were left behind"
+    left = shm_left_behind(before, memory.segment_dir(), memory.SEGMENT_PREFIX, pid_in_name=True)
+    assert not left, f"shared-memory segments were left behind: {sorted(left)}"
 
 
 # ---- PyG graphs over small_graph (the builders are in helpers.py) ----------------------

@@ -5,6 +5,10 @@ torch_geometric when called, so that tests without PyG can import this too.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -156,3 +160,91 @@ def assert_batches_match(store_loader, data_loader, data, seed: int = 0) -> int:
         assert torch.equal(a.e_id, b.e_id)
         assert torch.equal(a.x.cpu(), data.x[a.n_id]) and torch.equal(a.y.cpu(), data.y[a.n_id])
     return len(ours)
+
+
+# ---- what a test left in /dev/shm, on a machine that other processes share --------------------
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _in_this_tree(pid: int) -> bool:
+    """Whether ``pid`` is this process or one of its descendants (False once it is gone)."""
+    me = os.getpid()
+    try:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = _parent(pid)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def shm_held_by_others(directory: str = "/dev/shm") -> set[int]:
+    """Inodes of files in ``directory`` that a live process outside this process's tree maps or holds open:
+    another program's (another test run's queues, say), not anything this test left behind. By inode, not
+    name: a semaphore is mapped under the temporary name it was made with, then linked to its own. Processes
+    whose /proc entries cannot be read hold nothing here, so the answer errs toward blaming the test."""
+    dev = os.stat(directory).st_dev
+    device = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    held = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or _in_this_tree(int(entry)):
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) >= 5 and fields[3] == device:
+                        held.add(int(fields[4]))
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{entry}/fd/{fd}")
+                    if st.st_dev == dev:
+                        held.add(st.st_ino)
+        except OSError:
+            continue
+    return held
+
+
+def _made_by_another_program(name: str, prefix: str) -> bool:
+    """Whether a name that carries its maker's pid after ``prefix`` (hmgstore's segments do) was made by a live
+    process outside this process's tree."""
+    pid = name[len(prefix):].split("-")[0]
+    if not prefix or not pid.isdigit() or _in_this_tree(int(pid)):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def shm_left_behind(before: set[str], directory: str = "/dev/shm", prefix: str = "",
+                    pid_in_name: bool = False) -> set[str]:
+    """Names under ``directory`` (starting with ``prefix``) that are new since ``before`` and that no other
+    live program holds (nor made, with ``pid_in_name``: names ``{prefix}{pid}-...``): what this test's
+    processes left behind, on a machine where other programs create and remove their own files meanwhile. A
+    name must stay so for a second: one another program is about to remove, or has just made and not yet
+    mapped, is not ours."""
+    def candidates() -> set[str]:
+        new = {n for n in os.listdir(directory) if n.startswith(prefix)} - set(before)
+        if pid_in_name:
+            new = {n for n in new if not _made_by_another_program(n, prefix)}
+        if not new:
+            return new
+        held, left = shm_held_by_others(directory), set()
+        for name in new:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: not left behind
+                if os.stat(os.path.join(directory, name)).st_ino not in held:
+                    left.add(name)
+        return left
+
+    left = candidates()
+    if left:
+        time.sleep(1)
+        left &= candidates()
+    return left

@@ -32,11 +32,16 @@ PYG_EXAMPLE = EXAMPLES / "pyg_graphsage.py"
 PYG_SMALL = ["--num-nodes", "2000", "--feat-dim", "16", "--hidden", "32", "--fanout", "5,5", "--batch-size", "256",
              "--epochs", "2", "--max-batches", "3", "--no-progress", "--device", "cpu"]
 DGL_EXAMPLE = EXAMPLES / "dgl_graphsage.py"
+# --lr 0.01: at the example's default rate, 2 epochs end at 0.07-0.09 test accuracy, from run to run (DGL's
+# sampling is not reproducible), so close to chance (0.0625) that a check could not tell training from none.
 DGL_SMALL = ["--num-nodes", "3000", "--epochs", "2", "--fanout", "5,5,5", "--hidden", "32", "--batch-size",
-             "512", "--no-progress"]
+             "512", "--lr", "0.01", "--no-progress"]
 MULTI_EXAMPLE = EXAMPLES / "multi_gpu_pyg.py"
 MULTI_SMALL = ["--num-nodes", "3000", "--feat-dim", "16", "--hidden", "32", "--fanout", "5,5", "--batch-size", "128",
                "--epochs", "2", "--max-batches", "4", "--lr", "0.01", "--no-progress"]
+# Seconds after which a run counts as hung. The runs take 5-20 s alone; on a loaded 2-core machine (another test
+# run beside this one) several times that, so the limit is far above it: only a hang reaches it.
+HANG = 600
 # Sharing, NCCL's NVLink multicast off: a program using it can take a shared host's GPUs out of service.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -109,7 +114,7 @@ def test_batches_from_a_producer_process(tmp_path):
     """--pipeline producer: the training batches made by hmgstore.Producer, run as a user runs the script."""
     out = tmp_path / "result.json"
     done = subprocess.run([sys.executable, str(PYG_EXAMPLE), *PYG_SMALL, "--dataset", "synthetic", "--pipeline",
-                           "producer", "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "producer", "--json", str(out)], capture_output=True, text=True, timeout=HANG)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["pipeline"] is True and [e["batches"] for e in result["epochs"]] == [3, 3]
@@ -168,7 +173,7 @@ def test_layer_wise_inference_over_all_nodes_is_the_full_graph_forward(pyg_examp
 # ---- examples/dgl_graphsage.py --------------------------------------------------------------
 def dgl_run(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(DGL_EXAMPLE), *DGL_SMALL, *args], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG)
 
 
 def test_example_trains_from_hmgstore():
@@ -176,7 +181,7 @@ def test_example_trains_from_hmgstore():
     assert done.returncode == 0, done.stderr
     assert "features from hmgstore" in done.stdout
     accuracy = float(done.stdout.split("test accuracy")[1].split()[0])
-    assert accuracy > 1 / 16  # better than chance over 16 classes
+    assert accuracy > 0.2  # 16 classes: chance is 0.06 (0.32-0.42 in 6 runs)
     assert "seed nodes/s" in done.stdout
     inferred = float(done.stdout.split("layer-wise inference over all 3,000 nodes: test accuracy")[1].split()[0])
     assert inferred > 1 / 16  # the layer-wise pass read g.ndata["feat"] after attach
@@ -237,7 +242,7 @@ def test_two_cpu_processes(tmp_path, no_leaks):
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "torch_sparse.py").write_text("raise ImportError('torch_sparse hidden by the test')\n")
-    done = torchrun(2, [*MULTI_SMALL, "--json", str(out)], timeout=120,
+    done = torchrun(2, [*MULTI_SMALL, "--json", str(out)], timeout=HANG,
                     env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(shim)})  # gloo
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
@@ -251,7 +256,7 @@ def test_two_cpu_processes(tmp_path, no_leaks):
 def test_says_how_to_start_it_without_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     done = subprocess.run([sys.executable, str(MULTI_EXAMPLE), *MULTI_SMALL], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=HANG)
     assert done.returncode != 0
     assert "torchrun --standalone --nproc-per-node" in done.stderr
 
@@ -266,7 +271,7 @@ def test_every_gpu_of_the_node(tmp_path, no_leaks):
     args = ["--num-nodes", "200000", "--feat-dim", "128", "--gpu-budget", "20MB", "--replicate", "5MB",
             "--fanout", "10,5", "--batch-size", "512", "--epochs", "2", "--max-batches", "20", "--lr", "0.01",
             "--no-progress", "--json", str(out)]
-    done = torchrun(world, args, timeout=300)
+    done = torchrun(world, args, timeout=HANG)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert result["backend"] == "nccl" and result["pipeline"]
