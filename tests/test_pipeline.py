@@ -217,3 +217,29 @@ def test_the_default_caps_the_batches_gathers_not_the_training_threads(monkeypat
     with gather.capped_gathers(limit):
         got = table[torch.arange(10, device="cuda")]  # a table's own tighter cap holds
     assert caps == [None, 2] and torch.equal(got.cpu(), x[:10])
+
+
+def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped():
+    """max_sms='auto' caps only where a table reads host memory: tables whole on the GPU gather uncapped."""
+    from types import SimpleNamespace
+
+    def store(*host):
+        tables = {i: SimpleNamespace(placement=SimpleNamespace(has_host_tier=h)) for i, h in enumerate(host)}
+        return SimpleNamespace(tables=lambda: tables)
+
+    on_gpu = hmgstore.Pipeline(SimpleNamespace(data=(store(False, False), None)), device=None)
+    assert on_gpu._auto_sms() is None
+
+
+@pytest.mark.gpu
+def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
+    from hmgstore.pipeline import auto_sms
+    from hmgstore.plugins.pyg import from_data
+    from torch_geometric.data import Data
+
+    data = Data(x=torch.randn(1000, 16), edge_index=torch.randint(0, 1000, (2, 4000)))
+    whole, _ = from_data(data, device="cuda", gpu_budget=2**40, progress=False)
+    host, _ = from_data(data, device="cuda", progress=False)
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert hmgstore.Pipeline(type("L", (), {"data": (whole, None)})(), device=device)._auto_sms() is None
+    assert hmgstore.Pipeline(type("L", (), {"data": (host, None)})(), device=device)._auto_sms() == auto_sms(device)

@@ -83,7 +83,12 @@ class Pipeline:
             worth of blocks (:func:`hmgstore.cuda.gather.capped_gathers`),
             leaving the rest to training. Only the batches' gathers are
             capped, not the training thread's own. ``"auto"`` (the default):
-            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200). A gather
+            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200), where a
+            table the loader gathers from reads host memory; no cap where
+            every table is whole on the GPU (such gathers are short, and the
+            cap only slowed them: papers100M-shaped graph, strong step, H100,
+            119.7 batches/s uncapped against 104.7 at 4 SMs,
+            benchmarks/results/strong-step-h100.md). A gather
             that reads host memory over PCIe waits on the link, not on its
             SMs: uncapped, its blocks hold SMs the training step needs (bench
             train, H200, 15% cache of 8.2 GB: 29.6 batches/s
@@ -139,6 +144,14 @@ class Pipeline:
                 tables += list(store.tables().values())
         return tables
 
+    def _auto_sms(self) -> int | None:
+        """``max_sms="auto"``: :func:`auto_sms` where a table of the loader reads host memory (or the tables
+        cannot be told: not a PyG loader over hmgstore's stores), else no cap."""
+        tables = self._tables()
+        if tables and not any(t.placement.has_host_tier for t in tables):
+            return None
+        return auto_sms(self.device)
+
     def __iter__(self) -> Iterator:
         import time
 
@@ -146,7 +159,7 @@ class Pipeline:
         side = torch.cuda.Stream(self.device) if cuda else None
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        max_sms = (auto_sms(self.device) if self.max_sms == "auto" else self.max_sms) if cuda else None
+        max_sms = (self._auto_sms() if self.max_sms == "auto" else self.max_sms) if cuda else None
         if self.fuse == "auto":
             self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
 

@@ -56,27 +56,24 @@ pattern, not learnable, as only time is measured).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import functools
 import gc
-import io
-import itertools
 import logging
-import pstats
 import math
 import resource
 import time
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 
 import hmgstore
 
 from .. import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
-from .report import header, no_gpu_line, write_report
+from .report import header, write_report
+from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
+from .train_alone import _forever, _gpu_profile, _producer_alone, _profile_path, _rate, _step_alone
 from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader, train_step, trimmable
 
 log = logging.getLogger(__name__)
@@ -186,7 +183,10 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         alone["loader_main"] = _rate(loader, reps, sync, profile=_profile_path(args, config))
         if pipe:
             alone["loader_pipe"] = _rate(iterable, reps, sync)
-        alone["step"], trimmed = _step_alone(loader, data, classes, device, args, reps, sync)
+        alone["step"], trimmed, step_issue = _step_alone(loader, data, classes, device, args, reps, sync,
+                                                         _profile_path(args, config, "step"))
+        if pipe and device.type == "cuda" and args.profile:
+            _gpu_profile(lambda it=_forever(loader): next(it), _profile_path(args, config, "loader-gpu"))
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
@@ -225,6 +225,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
               "trimmed": trimmed, "max_sms": max_sms if pipe else None,
+              "step_issue_s": step_issue if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
         result["build_s"] = build
@@ -243,9 +244,11 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         counting, pages = _forever(loader), []
         for _ in range(5):
             batch = next(counting)
-            if stores is not None:  # distinct 2 MiB pages of the features' host tier that the batch's rows lie in
+            if stores is not None:  # distinct 2 MiB pages of the features' host tier that the batch's misses lie in
                 table = stores[0].table(None, "x")
-                pages.append(pages_touched(batch.n_id.cpu(), table.source[:1].nbytes, table.layout))
+                ids = batch.n_id.cpu()
+                ids = ids[~torch.isin(ids, table.placement.gpu_rows)]  # rows the GPU tier holds are not read there
+                pages.append(pages_touched(ids, table.source[:1].nbytes, table.layout))
         counting.close()
         if stores is not None:
             result["feature_stats"] = stores[0].stats()
@@ -259,86 +262,6 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         torch.cuda.empty_cache()
     gc.collect()
     return result
-
-
-def _forever(iterable):
-    """``iterable``'s batches, pass after pass (a small graph's epoch may be shorter than the timed batches)."""
-    while True:
-        yielded = False
-        for item in iterable:
-            yielded = True
-            yield item
-        if not yielded:
-            raise RuntimeError("the loader yields no batch: use more training nodes or a smaller --batch-size")
-
-
-def _rate(iterable, reps: int, sync, profile=None) -> float:
-    """Batches/s of ``iterable`` taken as fast as it makes them, after two warm-up batches (kernel
-    compilation, the sampler's CUDA-graph capture); ``profile``: a path for a cProfile of the timed part."""
-    it = _forever(iterable)
-    for _ in range(2):
-        next(it)
-    sync()
-    profiler = cProfile.Profile() if profile else None
-    start = time.perf_counter()
-    if profiler:
-        profiler.enable()
-    for _ in range(reps):
-        next(it)  # each batch dropped at once
-    sync()
-    seconds = time.perf_counter() - start
-    if profiler:
-        profiler.disable()
-        text = io.StringIO()
-        stats = pstats.Stats(profiler, stream=text)
-        text.write(f"{reps} batches, {seconds:.3f} s\n")
-        stats.sort_stats("tottime").print_stats(30)
-        stats.sort_stats("cumulative").print_stats(40)
-        profile.write_text(text.getvalue())
-    it.close()
-    return reps / seconds
-
-
-def _profile_path(args, config: str):
-    if not getattr(args, "profile", False):
-        return None
-    from pathlib import Path
-
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    return Path(args.out) / f"profile-{config.replace('+', '-').replace('@', '-')}.txt"
-
-
-def _step_alone(loader, data, classes, device, args, reps: int, sync) -> tuple[float, bool]:
-    """The training step's own batches/s, over up to 8 batches made beforehand (its ceiling), and whether
-    its layers were trimmed."""
-    batches = [b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
-    model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    for batch in batches[:2]:
-        train_step(model, optimizer, batch, args.trim)
-    sync()
-    start = time.perf_counter()
-    for i in range(reps):
-        train_step(model, optimizer, batches[i % len(batches)], args.trim)
-    sync()
-    rate = reps / (time.perf_counter() - start)
-    trimmed = args.trim and trimmable(batches[0])
-    del batches
-    return rate, trimmed
-
-
-def _producer_alone(producer, reps: int, sync) -> float:
-    """The producer's own batches/s: its batches taken as fast as it makes them, with no training beside it."""
-    it = iter(producer)
-    next(it)
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        next(it)  # each batch dropped at once
-    sync()
-    seconds = time.perf_counter() - start
-    it.close()
-    return reps / seconds
 
 
 def run(args) -> dict:
@@ -355,14 +278,14 @@ def run(args) -> dict:
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
-        **header("train", device),
+        **header("train", device, quick=bool(getattr(args, "quick", False))),
         "graph": {"name": name, "num_nodes": data.num_nodes, "train": len(train), "feat_dim": data.x.shape[1],
                   "x_gb": data.x.numel() * data.x.element_size() / 1e9},
         "model": f"GraphSAGE {len(args.fanout)} layers, hidden 256, fanout {fanout}", "batch": args.batch_size,
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
-        "host_layout": args.host_layout, "quick": bool(getattr(args, "quick", False)), "configs": {},
+        "host_layout": args.host_layout, "configs": {},
     }
     hot = None
     if any(c.startswith("cache") for c in configs):
@@ -402,137 +325,3 @@ def _with_caps(configs: list, caps: list) -> list:
         else:
             out.append(config)
     return out
-
-
-def _base(config: str) -> str:
-    return config.partition("@")[0].partition("+")[0]
-
-
-def _epoch(report, config):
-    c = report["configs"].get(config)
-    return None if c is None else c["epoch_s"]
-
-
-def _best_config(report, base):
-    """The fastest configuration of ``base`` (any mode, any cap), or None."""
-    named = [(c["epoch_s"], n) for n, c in report["configs"].items() if _base(n) == base]
-    return min(named)[1] if named else None
-
-
-def _best(report, base):
-    best = _best_config(report, base)
-    return None if best is None else _epoch(report, best)
-
-
-def _issue(report, config):
-    c = report["configs"].get(config)
-    return c["split_s"].get("train_issue") if c else None
-
-
-def _loader_vs_step(report, base):
-    """The best pipelined loader alone of ``base`` over its step alone (the step's ceiling)."""
-    rates = [(c["alone_batches_per_s"].get("loader_pipe"), c["alone_batches_per_s"].get("step"))
-             for n, c in report["configs"].items() if _base(n) == base]
-    rates = [(loader, step) for loader, step in rates if loader and step]
-    return max(loader / step for loader, step in rates) if rates else None
-
-
-def add_ratios(report: dict) -> None:
-    if report.get("quick"):  # tiny sizes: a smoke test, whose ratios mean nothing
-        report["targets"] = {}
-        return
-    best_cache, best_gpu, stock = _best(report, "cache"), _best(report, "all_gpu"), _epoch(report, "stock")
-    issue, issue_gpu = _issue(report, "cache+proc"), _issue(report, "all_gpu+pipe")
-    proc = report["configs"].get("cache+proc", {})
-    report["targets"] = {
-        "cache_vs_all_gpu": best_cache / best_gpu if best_cache and best_gpu else None,  # epoch time, <= 1.11
-        "stock_vs_cache": stock / best_cache if stock and best_cache else None,  # target >= 10
-        "proc_issue_vs_all_gpu": issue / issue_gpu if issue and issue_gpu else None,  # target <= 1.1
-        "producer_vs_trainer": proc["producer_batches_per_s"] / proc["batches_per_s"] if proc else None,  # >= 2
-        "loader_vs_step_all_gpu": _loader_vs_step(report, "all_gpu"),  # target >= 2
-        "loader_vs_step_cache": _loader_vs_step(report, "cache"),  # target >= 1.5
-        "cache_epoch_s": best_cache,
-    }
-
-
-def _hits(stats):
-    return "-" if not stats or stats.get("hit_ratio") is None else f"{stats['hit_ratio']:.2f}"
-
-
-def _alone(c: dict) -> list[str]:
-    a = c.get("alone_batches_per_s", {})
-    fmt = (lambda v: "-" if v is None else f"{v:.1f}")
-    return [fmt(a.get("step")), fmt(a.get("loader_main")), fmt(a.get("loader_pipe") or a.get("producer"))]
-
-
-def table_text(report: dict) -> str:
-    """The train report as a markdown table; without a GPU, with no hit-ratio columns (every row comes from
-    host memory there)."""
-    g = report["graph"]
-    gpu = report.get("gpus", 1) > 0
-    step = ("layers trimmed per hop" if report.get("trim", False) else "every layer over every node") + \
-        (", TF32" if report.get("tf32") else ", float32")
-    lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
-             f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}"
-             + (f", cache {report['cache']:.0%}" if gpu else "") + f"   date: {report['date']}",
-             *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
-                                  "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
-             *(["--quick: a smoke test at tiny sizes; its rates and ratios mean nothing", ""]
-               if report.get("quick") else []),
-             f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
-             f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
-             f"{report.get('host_layout', 'auto')} order"
-             + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
-    stock = _epoch(report, "stock")
-    columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "step alone", "loader alone, main",
-               "loader alone, pipe", "per batch (ms)", *(["feature hits", "topology hits"] if gpu else []),
-               "host pages a batch", "build s", "peak host GB"]
-    lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
-    for name, c in report["configs"].items():
-        split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
-        if c.get("trimmed") is False and report.get("trim", False):
-            split += "; untrimmed (no per-hop counts)"
-        speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
-        pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else \
-            "as +pipe" if "+proc" in name else "-"  # the producer's stores are not the trainer's to count
-        build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
-        hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
-        cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, *_alone(c), split, *hits, pages,
-                 build, f"{c.get('peak_host_gb', 0):.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    t = report.get("targets", {})
-    targets = []
-    if t.get("cache_vs_all_gpu"):
-        targets.append(f"cache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (the cache at "
-                       f"{1 / t['cache_vs_all_gpu']:.2f}x the all-GPU speed; target >= 0.9x)")
-    if t.get("loader_vs_step_all_gpu"):
-        targets.append(f"all-GPU loader alone / step alone: {t['loader_vs_step_all_gpu']:.2f}x (target >= 2)")
-    if t.get("loader_vs_step_cache"):
-        targets.append(f"cache loader alone / step alone: {t['loader_vs_step_cache']:.2f}x (target >= 1.5)")
-    targets += [f"stock / cache: {t['stock_vs_cache']:.1f}x (target >= 10)"] if t.get("stock_vs_cache") else []
-    targets += [f"cache+proc issue time / all_gpu+pipe's: {t['proc_issue_vs_all_gpu']:.2f} (target <= 1.1)"] \
-        if t.get("proc_issue_vs_all_gpu") else []
-    targets += [f"producer alone / cache+proc trainer: {t['producer_vs_trainer']:.1f}x (target >= 2)"] \
-        if t.get("producer_vs_trainer") else []
-    if targets:
-        lines.append("\n" + "; ".join(targets))
-    return "\n".join(lines)
-
-
-def plot(report: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["configs"])
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.bar(names, [report["configs"][n]["epoch_s"] for n in names], color="tab:blue")
-    ax.set_yscale("log")
-    ax.set_ylabel("epoch time, s (log)")
-    ax.set_title(f"GraphSAGE epoch, {report['graph']['name']}, {report['device']}")
-    ax.tick_params(axis="x", rotation=30)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,0 +1,122 @@
+"""``bench train``'s ceilings, measured beside each configuration: the loader with no training (in the main
+thread, through the pipeline, in the producer) and the step on batches made beforehand; and the profiles
+``--profile`` writes (cProfile of the loader, the GPU's kernels of a batch and of a step)."""
+from __future__ import annotations
+
+import cProfile
+import io
+import itertools
+import pstats
+import time
+
+import torch
+
+from .train_setup import SAGE, train_step, trimmable
+
+
+def _forever(iterable):
+    """``iterable``'s batches, pass after pass (a small graph's epoch may be shorter than the timed batches)."""
+    while True:
+        yielded = False
+        for item in iterable:
+            yielded = True
+            yield item
+        if not yielded:
+            raise RuntimeError("the loader yields no batch: use more training nodes or a smaller --batch-size")
+
+
+def _rate(iterable, reps: int, sync, profile=None) -> float:
+    """Batches/s of ``iterable`` taken as fast as it makes them, after two warm-up batches (kernel
+    compilation, the sampler's CUDA-graph capture); ``profile``: a path for a cProfile of the timed part."""
+    it = _forever(iterable)
+    for _ in range(2):
+        next(it)
+    sync()
+    profiler = cProfile.Profile() if profile else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    for _ in range(reps):
+        next(it)  # each batch dropped at once
+    sync()
+    seconds = time.perf_counter() - start
+    if profiler:
+        profiler.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        text.write(f"{reps} batches, {seconds:.3f} s\n")
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(40)
+        profile.write_text(text.getvalue())
+    it.close()
+    return reps / seconds
+
+
+def _profile_path(args, config: str, what: str = "loader"):
+    if not getattr(args, "profile", False):
+        return None
+    from pathlib import Path
+
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return Path(args.out) / f"profile-{what}-{config.replace('+', '-').replace('@', '-')}.txt"
+
+
+def _gpu_profile(fn, path, reps: int = 10) -> None:
+    """The GPU kernels (and CPU ops) of ``reps`` calls of ``fn``, by device time, into ``path``: where a
+    batch's or a step's GPU time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    busy = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            table = events.table(sort_by=key, row_limit=30)
+            break
+        except (AttributeError, KeyError, ValueError):
+            table = ""
+    path.write_text(f"{reps} calls; device busy {busy / reps / 1e3:.3f} ms a call (kernels and copies, summed)\n"
+                    + table)
+
+
+def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=None) -> tuple[float, bool, float]:
+    """The training step's own batches/s, over up to 8 batches made beforehand (its ceiling), whether its
+    layers were trimmed, and the seconds a step took to issue (its Python and launches: where this is
+    close to the step's time, the step is bound by the CPU, not the GPU)."""
+    batches = [b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
+    model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+    for batch in batches[:2]:
+        train_step(model, optimizer, batch, args.trim)
+    sync()
+    start = time.perf_counter()
+    for i in range(reps):
+        train_step(model, optimizer, batches[i % len(batches)], args.trim)
+    issued = time.perf_counter() - start
+    sync()
+    rate = reps / (time.perf_counter() - start)
+    trimmed = args.trim and trimmable(batches[0])
+    if profile is not None and device.type == "cuda":
+        steps = itertools.cycle(batches)
+        _gpu_profile(lambda: train_step(model, optimizer, next(steps), args.trim), profile)
+    del batches
+    return rate, trimmed, issued / reps
+
+
+def _producer_alone(producer, reps: int, sync) -> float:
+    """The producer's own batches/s: its batches taken as fast as it makes them, with no training beside it."""
+    it = iter(producer)
+    next(it)
+    sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        next(it)  # each batch dropped at once
+    sync()
+    seconds = time.perf_counter() - start
+    it.close()
+    return reps / seconds

@@ -1,0 +1,142 @@
+"""``bench train``'s report: the targets as ratios of the same run, the markdown table and the plot."""
+from __future__ import annotations
+
+from .report import no_gpu_line, smoke_test, smoke_test_lines
+
+
+def _base(config: str) -> str:
+    return config.partition("@")[0].partition("+")[0]
+
+
+def _epoch(report, config):
+    c = report["configs"].get(config)
+    return None if c is None else c["epoch_s"]
+
+
+def _best_config(report, base):
+    """The fastest configuration of ``base`` (any mode, any cap), or None."""
+    named = [(c["epoch_s"], n) for n, c in report["configs"].items() if _base(n) == base]
+    return min(named)[1] if named else None
+
+
+def _best(report, base):
+    best = _best_config(report, base)
+    return None if best is None else _epoch(report, best)
+
+
+def _issue(report, config):
+    c = report["configs"].get(config)
+    return c["split_s"].get("train_issue") if c else None
+
+
+def _loader_vs_step(report, base):
+    """The best pipelined loader alone of ``base`` over its step alone (the step's ceiling)."""
+    rates = [(c["alone_batches_per_s"].get("loader_pipe"), c["alone_batches_per_s"].get("step"))
+             for n, c in report["configs"].items() if _base(n) == base]
+    rates = [(loader, step) for loader, step in rates if loader and step]
+    return max(loader / step for loader, step in rates) if rates else None
+
+
+def add_ratios(report: dict) -> None:
+    if smoke_test(report):  # tiny sizes: a smoke test, whose ratios mean nothing
+        report["targets"] = {}
+        return
+    best_cache, best_gpu, stock = _best(report, "cache"), _best(report, "all_gpu"), _epoch(report, "stock")
+    issue, issue_gpu = _issue(report, "cache+proc"), _issue(report, "all_gpu+pipe")
+    proc = report["configs"].get("cache+proc", {})
+    report["targets"] = {
+        "cache_vs_all_gpu": best_cache / best_gpu if best_cache and best_gpu else None,  # epoch time, <= 1.11
+        "stock_vs_cache": stock / best_cache if stock and best_cache else None,  # target >= 10
+        "proc_issue_vs_all_gpu": issue / issue_gpu if issue and issue_gpu else None,  # target <= 1.1
+        "producer_vs_trainer": proc["producer_batches_per_s"] / proc["batches_per_s"] if proc else None,  # >= 2
+        "loader_vs_step_all_gpu": _loader_vs_step(report, "all_gpu"),  # target >= 2
+        "loader_vs_step_cache": _loader_vs_step(report, "cache"),  # target >= 1.5
+        "cache_epoch_s": best_cache,
+    }
+
+
+def _hits(stats):
+    return "-" if not stats or stats.get("hit_ratio") is None else f"{stats['hit_ratio']:.2f}"
+
+
+def _alone(c: dict) -> list[str]:
+    """Step alone; loader alone in the main thread; loader alone as the configuration runs it (through its
+    pipeline or producer, else the main thread's)."""
+    a = c.get("alone_batches_per_s", {})
+    fmt = (lambda v: "-" if v is None else f"{v:.1f}")
+    return [fmt(a.get("step")), fmt(a.get("loader_main")),
+            fmt(a.get("loader_pipe") or a.get("producer") or a.get("loader_main"))]
+
+
+def table_text(report: dict) -> str:
+    """The train report as a markdown table; without a GPU, with no hit-ratio columns (every row comes from
+    host memory there)."""
+    g = report["graph"]
+    gpu = report.get("gpus", 1) > 0
+    step = ("layers trimmed per hop" if report.get("trim", False) else "every layer over every node") + \
+        (", TF32" if report.get("tf32") else ", float32")
+    lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
+             f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}"
+             + (f", cache {report['cache']:.0%}" if gpu else "") + f"   date: {report['date']}",
+             *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
+                                  "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
+             *smoke_test_lines(report), "",
+             f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
+             f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
+             f"{report.get('host_layout', 'auto')} order"
+             + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
+    stock = _epoch(report, "stock")
+    columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "step alone",
+               "loader alone, main thread", "loader alone, as run", "per batch (ms)", *(["feature hits", "topology hits"] if gpu else []),
+               "host pages a batch", "build s", "peak host GB"]
+    lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    for name, c in report["configs"].items():
+        split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
+        if c.get("step_issue_s"):
+            split += f"; step alone issued in {1e3 * c['step_issue_s']:.1f}"
+        if c.get("trimmed") is False and report.get("trim", False):
+            split += "; untrimmed (no per-hop counts)"
+        speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
+        pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else \
+            "as +pipe" if "+proc" in name else "-"  # the producer's stores are not the trainer's to count
+        build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
+        hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
+        cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, *_alone(c), split, *hits, pages,
+                 build, f"{c.get('peak_host_gb', 0):.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    t = report.get("targets", {})
+    targets = []
+    if t.get("cache_vs_all_gpu"):
+        targets.append(f"cache epoch / all-GPU epoch: {t['cache_vs_all_gpu']:.2f} (the cache at "
+                       f"{1 / t['cache_vs_all_gpu']:.2f}x the all-GPU speed; target >= 0.9x)")
+    if t.get("loader_vs_step_all_gpu"):
+        targets.append(f"all-GPU loader alone / step alone: {t['loader_vs_step_all_gpu']:.2f}x (target >= 2)")
+    if t.get("loader_vs_step_cache"):
+        targets.append(f"cache loader alone / step alone: {t['loader_vs_step_cache']:.2f}x (target >= 1.5)")
+    targets += [f"stock / cache: {t['stock_vs_cache']:.1f}x (target >= 10)"] if t.get("stock_vs_cache") else []
+    targets += [f"cache+proc issue time / all_gpu+pipe's: {t['proc_issue_vs_all_gpu']:.2f} (target <= 1.1)"] \
+        if t.get("proc_issue_vs_all_gpu") else []
+    targets += [f"producer alone / cache+proc trainer: {t['producer_vs_trainer']:.1f}x (target >= 2)"] \
+        if t.get("producer_vs_trainer") else []
+    if targets:
+        lines.append("\n" + "; ".join(targets))
+    return "\n".join(lines)
+
+
+def plot(report: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["configs"])
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.bar(names, [report["configs"][n]["epoch_s"] for n in names], color="tab:blue")
+    ax.set_yscale("log")
+    ax.set_ylabel("epoch time, s (log)")
+    ax.set_title(f"GraphSAGE epoch, {report['graph']['name']}, {report['device']}")
+    ax.tick_params(axis="x", rotation=30)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
