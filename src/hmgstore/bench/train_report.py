@@ -63,7 +63,8 @@ def _alone(c: dict) -> list[str]:
     """Step alone; loader alone in the main thread; loader alone as the configuration runs it (through its
     pipeline or producer, else the main thread's)."""
     a = c.get("alone_batches_per_s", {})
-    fmt = (lambda v: "-" if v is None else f"{v:.1f}")
+    missing = "(in producer)" if "producer" in a else "-"  # its loader is the producer's, not the trainer's
+    fmt = (lambda v: missing if v is None else f"{v:.1f}")
     return [fmt(a.get("step")), fmt(a.get("loader_main")),
             fmt(a.get("loader_pipe") or a.get("producer") or a.get("loader_main"))]
 
