@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run hmgstore's GPU checks and benchmarks on a lent GPU machine (no registry there).
+# Run hmgstore's GPU checks and benchmarks on a GPU machine (a cloud VM) (no registry there).
 #   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps

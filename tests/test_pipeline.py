@@ -180,7 +180,7 @@ def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
 
 
 @pytest.mark.gpu
-def test_the_default_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
+def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     from hmgstore.cuda import gather
     from hmgstore.cuda.gather import current_cap
     from hmgstore.pipeline import auto_sms
@@ -207,7 +207,10 @@ def test_the_default_caps_the_batches_gathers_not_the_training_threads(monkeypat
 
     limit = auto_sms(torch.device("cuda", torch.cuda.current_device()))
     assert 4 <= limit < torch.cuda.get_device_properties(0).multi_processor_count
-    for batch in hmgstore.Pipeline(Loader()):
+    for batch in hmgstore.Pipeline(Loader()):  # the default: no cap
+        assert batch["cap"] is None
+    caps.clear()
+    for batch in hmgstore.Pipeline(Loader(), max_sms="auto"):
         assert batch["cap"] == limit and current_cap() is None
         assert torch.equal(batch["rows"].cpu(), x[batch["ids"].cpu()])
     assert caps == [limit] * 3 and table.max_sms is None  # the table itself is left as it was

@@ -73,7 +73,7 @@ def test_a_batch_without_hop_counts_trains_untrimmed(data):
 
 def test_train_flags_and_caps():
     args = parse_args(["train"])
-    assert args.trim and args.tf32 and args.max_sms == ["auto"] and args.host_layout == "auto"
+    assert args.trim and args.tf32 and args.max_sms == [None] and args.host_layout == "auto"
     args = parse_args(["train", "--no-trim", "--no-tf32", "--max-sms", "auto", "none", "8", "--host-layout", "id"])
     assert not args.trim and not args.tf32 and args.max_sms == ["auto", None, 8] and args.host_layout == "id"
     assert _with_caps(["all_gpu", "cache+pipe"], ["auto", None]) == ["all_gpu", "cache+pipe@auto", "cache+pipe@none"]

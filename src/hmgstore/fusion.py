@@ -1,10 +1,10 @@
 """Fused gathers: the gathers of several batches recorded, then run as one kernel job per table.
 
-Why. On the lent machines a zero-copy gather pays a fixed, serialised cost
+Why. On the cloud VMs measured a zero-copy gather pays a fixed, serialised cost
 for every distinct 2 MiB host page it touches (:mod:`hmgstore.reach`), and a
 mini-batch of a big table touches nearly every page of it whatever its
 order. The cost is paid per launch: the same pages read by one launch of
-more rows cost no more. Measured on the lent H100 (40 GB table of 512 B rows,
+more rows cost no more. Measured on an H100 (PCIe Gen5) in a cloud VM (40 GB table of 512 B rows,
 random distinct ids, every page touched; ``benchmarks/probe_compress.py
 --rows-sweep``): 250k ids a launch read at 0.31x the PCIe limit, 1M at 0.54x,
 2M at 0.69x; in int8 rows (:mod:`hmgstore.formats`) 0.53x, 1.76x and 2.05x

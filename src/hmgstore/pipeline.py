@@ -82,21 +82,26 @@ class Pipeline:
         max_sms: cap the gathers that make a batch at this many SMs'
             worth of blocks (:func:`hmgstore.cuda.gather.capped_gathers`),
             leaving the rest to training. Only the batches' gathers are
-            capped, not the training thread's own. ``"auto"`` (the default):
-            :func:`auto_sms`, one SM in 32 (4 on an H100 or H200), where a
-            table the loader gathers from reads host memory; no cap where
-            every table is whole on the GPU (such gathers are short, and the
-            cap only slowed them: papers100M-shaped graph, strong step, H100,
-            119.7 batches/s uncapped against 104.7 at 4 SMs,
-            benchmarks/results/strong-step-h100.md). A gather
+            capped, not the training thread's own. None (the default): no
+            cap but the tables' own. Beside a fast training step (layers
+            trimmed per hop, TF32) the cap only slowed the epoch, on an H100
+            (benchmarks/results/strong-step-h100.md): papers100M-shaped
+            graph, 119.7 batches/s uncapped against 104.7 at 4 SMs all in GPU
+            memory, 82.1 against 80.4 with a 20% int8 cache; 2M nodes x
+            1024-d, 123.3 against 105.9 all-GPU and 100.8 against 64.6 with a
+            20% int8 cache. ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
+            an H100 or H200), where a table the loader gathers from reads
+            host memory (no cap where every table is whole on the GPU): the
+            better choice beside a slow step when most rows cross PCIe, as
+            measured before with every layer over every node in float32. A gather
             that reads host memory over PCIe waits on the link, not on its
             SMs: uncapped, its blocks hold SMs the training step needs (bench
             train, H200, 15% cache of 8.2 GB: 29.6 batches/s
             uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8, 44.5 at 4,
             against 49.2 all in GPU memory, which the cap does not slow;
             every feature read from the host: 40.1 at 8, 42.0 at 4). A
-            table's own tighter ``max_sms`` still holds. None: no cap but
-            the tables' own. The sampler's kernels are not capped (see
+            table's own tighter ``max_sms`` still holds. The sampler's
+            kernels are not capped (see
             ``capped_gathers`` for why).
         fuse: make this many batches at a time and gather their rows
             together, one kernel job per table (:mod:`hmgstore.fusion`): big
@@ -116,7 +121,7 @@ class Pipeline:
 
     warm = 2
 
-    def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = "auto",
+    def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
                  fuse: int = 1):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")

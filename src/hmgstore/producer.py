@@ -91,7 +91,7 @@ class Producer:
     """
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
-                 max_sms: int | str | None = "auto", fuse: int = 1, sm_percent: int | None = None):
+                 max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
         check_max_sms(max_sms)

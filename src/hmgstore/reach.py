@@ -1,6 +1,6 @@
 """The GPU's reach into host memory: how a gather's rate falls with the distinct 2 MiB pages a batch touches.
 
-Why. On the lent machines (virtual machines with pass-through GPUs, as most
+Why. On the cloud VMs measured (virtual machines with pass-through GPUs, as most
 cloud hosts are), zero-copy reads hold about 0.9x of the PCIe limit while a
 batch's rows lie in a few hundred 2 MiB pages; past that every further page
 costs a fixed, serialised time, whatever the row order inside the batch and

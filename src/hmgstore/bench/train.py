@@ -97,10 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
-    p.add_argument("--max-sms", type=_sms, nargs="+", default=["auto"],
+    p.add_argument("--max-sms", type=_sms, nargs="+", default=[None],
                    help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
-                        "(the default: hmgstore.pipeline.auto_sms) or 'none'; several values run each pipelined "
-                        "configuration once per cap")
+                        "(hmgstore.pipeline.auto_sms where a table reads host memory) or 'none' (the default, as "
+                        "hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
     p.add_argument("--no-trim", dest="trim", action="store_false",
                    help="run every layer over every sampled node (default: layers trimmed per hop, trim_to_layer)")
     p.add_argument("--no-tf32", dest="tf32", action="store_false",

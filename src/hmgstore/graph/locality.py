@@ -1,6 +1,6 @@
 """Locality: host rows laid out so that rows used together share pages, and batches that use few pages.
 
-Why. On the lent machines (virtual machines with pass-through GPUs, as most
+Why. On the cloud VMs measured (virtual machines with pass-through GPUs, as most
 cloud hosts are) a zero-copy gather keeps about 0.9x of the PCIe limit only
 while a batch's rows lie in a few hundred distinct 2 MiB host pages; each
 further page costs about half a microsecond, serialised
