@@ -13,10 +13,15 @@ through; ``g.nodes[ids].data`` and blocks are DGL's alone.
 """
 from __future__ import annotations
 
+import importlib
+
 from ._compat import import_dgl
 
-dgl = import_dgl()
-HeteroNodeDataView, HeteroEdgeDataView = dgl.view.HeteroNodeDataView, dgl.view.HeteroEdgeDataView
+import_dgl()
+# Imported by name, not read as dgl.view: after a failed plain `import dgl`, the package that import_dgl recovers
+# lacks its submodule attributes (test_dgl_compat.py::test_plugin_recovers_after_a_failed_import_dgl).
+_view = importlib.import_module("dgl.view")
+HeteroNodeDataView, HeteroEdgeDataView = _view.HeteroNodeDataView, _view.HeteroEdgeDataView
 
 
 class _ReadsThrough:
