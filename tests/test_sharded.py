@@ -24,8 +24,27 @@ def test_cpu_sharded_table_gathers_like_indexing():
         assert torch.equal(t[10:3], x[10:3])  # an empty slice is empty, as in torch
 
 
+def test_sharded_table_takes_gpu_budget_alone_or_hotness_as_a_hybrid_tensor_does():
+    """gpu_budget alone fills the GPUs in id order; hotness= is a score per row (higher is hotter)."""
+    from hmgstore import placement
+
+    x = random_table(100, (4,), torch.float32)  # 16-byte rows
+    alone = hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=160).placement
+    assert torch.equal(alone.rows_of("shard0"), torch.arange(10))
+    in_id_order = placement.sharded(100, torch.arange(100), 16, 1, 160)
+    assert (alone.names, alone.bounds) == (in_id_order.names, in_id_order.bounds)
+    score = torch.rand(100)
+    scored = hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=160, hotness=score).placement
+    assert torch.equal(scored.rows_of("shard0"), torch.argsort(score, descending=True, stable=True)[:10])
+    with pytest.raises(ValueError, match="not both"):
+        hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=160, hot_order=torch.arange(100), hotness=score)
+    with pytest.raises(ValueError, match="one score per row"):
+        hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=160, hotness=torch.rand(7))
+    with pytest.raises(ValueError, match="gpu_budget"):
+        hmgstore.ShardedTensor(x, ["cpu"], hotness=score)
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    ({"gpu_budget": 100}, "hot_order"),
     ({"hot_order": torch.arange(10)}, "gpu_budget"),
     ({"gpu_budget": 10, "hot_order": torch.arange(10), "replicate": 20}, "must fit"),
 ])

@@ -44,6 +44,17 @@ def allocate_tier(placement: placement_mod.Placement, tier: str, source: torch.T
             f"({free / 1e9:.2f} GB free); lower gpu_budget") from None
 
 
+def _hot_order(num_rows: int, hot_order, hotness):
+    """Row ids hottest first, as :class:`~hmgstore.HybridTensor` reads its arguments: ``hot_order`` as given
+    (checked by the placement), ``hotness`` scores ordered hottest first, or, with neither, id order. Raises
+    ValueError for both, and what :func:`~hmgstore.placement.check_score` raises for bad scores."""
+    if hot_order is not None and hotness is not None:
+        raise ValueError("pass hot_order (row ids, hottest first) or hotness (a score per row), not both")
+    if hotness is not None:
+        return placement_mod.order_by_score(placement_mod.check_score(hotness, num_rows))
+    return torch.arange(num_rows) if hot_order is None else hot_order
+
+
 class ShardedTensor:
     """A table of ``N`` rows over the memory of several GPUs of this process and the host.
 
@@ -52,8 +63,14 @@ class ShardedTensor:
             tensor, numpy array, memmap); pinned in place, never copied.
         devices: the GPUs, e.g. ``["cuda:0", "cuda:1"]`` (2 to 8 of them; one
             works too). All ``"cpu"`` gives CPU views with the same API.
-        gpu_budget: bytes each GPU gives the table (int or ``"20GB"``).
+        gpu_budget: bytes each GPU gives the table (int or ``"20GB"``), filled
+            hottest first by ``hot_order`` or ``hotness``; with neither, in
+            id order (the first rows that fit), as for
+            :class:`~hmgstore.HybridTensor`.
         hot_order: row ids hottest first; rows not listed stay on the host.
+        hotness: instead of ``hot_order``, a score per row (``[N]``, any real
+            dtype, higher is hotter), ordered with
+            :func:`hmgstore.placement.order_by_score`.
         replicate: bytes of each GPU's budget holding the hottest rows on
             every GPU (no peer read for them); the rest of the budget holds
             that GPU's shard.
@@ -63,7 +80,7 @@ class ShardedTensor:
     the current GPU. Use it as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, source, devices, *, gpu_budget=None, hot_order=None, replicate=0,
+    def __init__(self, source, devices, *, gpu_budget=None, hot_order=None, hotness=None, replicate=0,
                  max_sms: int | None = None, progress: bool = True):
         self._source, read_only = as_host_tensor(source)
         self.devices = [resolve_device(d) for d in devices]
@@ -74,7 +91,8 @@ class ShardedTensor:
         kinds = {d.type for d in self.devices}
         if len(kinds) > 1:
             raise ValueError("shard over GPUs or over the CPU, not both")
-        self.placement = placement_mod.sharded(self._source.shape[0], hot_order, row_layout(self._source)[0],
+        order = _hot_order(self._source.shape[0], hot_order, hotness)
+        self.placement = placement_mod.sharded(self._source.shape[0], order, row_layout(self._source)[0],
                                                len(self.devices), gpu_budget, replicate)
         self._closed = False
         self._pinned: PinnedHost | None = None
