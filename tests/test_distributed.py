@@ -279,3 +279,19 @@ def test_distributed_host_memory_is_held_once(tmp_path, no_leaks, request):
         private = r["held"]["RssAnon"] - r["before"]["RssAnon"]
         assert private < table / 4, f"rank {r['rank']} holds {private / 1e9:.2f} GB of private memory"
     print(json.dumps({"rss": reports}, indent=1))
+
+
+def test_distributed_tables_index_rows_only_as_a_hybrid_tensor_does():
+    """``t[3, 1]`` is the element x[3, 1] in torch: refused with how to index, as HybridTensor refuses it."""
+    import hmgstore
+    from hmgstore.distributed import ClusterTensor, DistributedTensor
+
+    x = torch.arange(40, dtype=torch.float32).view(10, 4)
+    view = hmgstore.HybridTensor(x, "cpu")
+    table = DistributedTensor(None, x, view.placement, view)  # a one-rank table's parts, no process group
+    cluster = object.__new__(ClusterTensor)  # refused before any exchange: no job needed to see it
+    for t in (table, cluster):
+        with pytest.raises(TypeError, match=r"rows only.*t\[\[3, 1\]\]"):
+            t[3, 1]
+    assert torch.equal(table[[3, 1]], x[[3, 1]]) and torch.equal(table[3][1], x[3, 1])
+    assert torch.equal(table.gather((3, 1)), x[[3, 1]])  # gather() takes a tuple as ids, as HybridTensor's does

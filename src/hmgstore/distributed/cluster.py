@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..index import rows_only
 from ..memory.shared import process_alive
 from ..tensor import HybridTensor
 from .book import PartitionBook
@@ -233,7 +234,10 @@ class ClusterTensor:
         """Rows of global node ids ``ids``; :func:`gather_many` for one table (collective)."""
         return gather_many([(self, ids)])[0]
 
-    __getitem__ = gather
+    def __getitem__(self, ids) -> torch.Tensor:
+        """``table[ids]``: :meth:`gather` (collective); one index only, as for :class:`~hmgstore.HybridTensor`
+        (``t[3, 1]`` raises TypeError saying how to index, on this rank, before any exchange)."""
+        return self.gather(rows_only(ids))
 
     def close(self) -> None:
         """Stop gathering from this table (not collective, idempotent; the local table stays open)."""

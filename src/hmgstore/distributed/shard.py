@@ -22,6 +22,7 @@ from .. import placement as placement_mod
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..sharded import allocate_tier
 from ..device import resolve_device
+from ..index import rows_only
 from ..plan import fill_rows
 from ..tensor import HybridTensor
 from .node import Node, this_node
@@ -66,7 +67,10 @@ class DistributedTensor:
     def gather(self, index, **kwargs) -> torch.Tensor:
         return self.table.gather(index, **kwargs)
 
-    __getitem__ = gather
+    def __getitem__(self, index) -> torch.Tensor:
+        """``table[index]``: rows ``index``; one index only, as for :class:`~hmgstore.HybridTensor`
+        (``t[3, 1]`` raises TypeError saying how to index)."""
+        return self.table.gather(rows_only(index))
 
     def check(self) -> None:
         """Raise :class:`PeerLostError` if a process sharing this table has died."""
