@@ -316,13 +316,18 @@ def test_the_driver_files_of_an_exited_process_are_removed_and_no_others(tmp_pat
 
 
 def test_batches_that_cannot_be_packed_keep_no_slot():
-    """More failed passes than the ring has slots: each fails at its batch, none hangs (run apart, with a limit)."""
+    """More failed passes than the ring has slots: each fails at its batch, none hangs (run apart, with a limit).
+
+    The ring is on the CPU, where the sparse tensor is: only tensors on the ring's device are packed into a
+    slot, so on a GPU machine a ring on the default device (the GPU) would pickle the CPU tensor into the
+    batch's skeleton, as documented, and the batch would come through."""
     script = textwrap.dedent(f"""
         import functools, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import hmgstore, test_producer
         if __name__ == "__main__":
-            with hmgstore.Producer(functools.partial(test_producer.make_sparse_first, 4), depth=1) as p:
+            with hmgstore.Producer(functools.partial(test_producer.make_sparse_first, 4), depth=1,
+                                   device="cpu") as p:
                 for _ in range(4):
                     try:
                         for batch in p:
@@ -333,6 +338,17 @@ def test_batches_that_cannot_be_packed_keep_no_slot():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_only_tensors_on_the_rings_device_are_packed_others_travel_pickled():
+    """Why the test above names device="cpu": into a ring on a GPU a sparse CPU tensor is pickled, not refused
+    (checked here without a GPU: a slot big enough is given, so nothing is allocated on the device)."""
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(TypeError, match="dense"):
+        ring.pack({"adj": sparse}, torch.empty(1 << 10, dtype=torch.uint8), torch.device("cpu"))
+    skeleton, grown = ring.pack({"adj": sparse}, torch.empty(1 << 10, dtype=torch.uint8), torch.device("cuda", 0))
+    assert grown is None and torch.equal(ring.unpack(skeleton, None)["adj"].to_dense(), torch.eye(3))
+    assert hmgstore.Producer(functools.partial(make_sparse_first, 4), device="cpu").device == torch.device("cpu")
 
 
 def test_a_second_iterator_stops_the_first_and_gets_a_whole_pass():

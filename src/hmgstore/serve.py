@@ -153,8 +153,9 @@ class _Server:
 
         busy = waited = 0.0
         batches = 0
-        source = Pipeline(self.loader, depth=1, device=self.device if self.cuda else None, max_sms=self.max_sms,
-                          fuse=self.fuse)  # depth 1 here: the ring's slots are the depth the trainer sees
+        # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring
+        # on a machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process.
+        source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse)
         it = iter(source)
         try:
             while True:
