@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -220,6 +220,10 @@ for stage in "$@"; do
                  --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile \
                  --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
                grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
+    # Issue 31's soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
+    # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
+    soak) timeout 590 python3 benchmarks/soak.py --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
+          grep -E "^\||^#|Exact" "$OUT/soak.log" | tail -40 ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }
