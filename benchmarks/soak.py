@@ -24,9 +24,12 @@ glibc's allocator: with its defaults, a batch's tensors (tens of MB) come from h
 freed (the mmap threshold rises to the biggest block freed), and RSS after an epoch swings with what happened
 to be freed last: measured on the CPU (20k nodes, pipeline), 402-458 MiB from epoch to epoch after the trim,
 while the heap in use stayed at 149 MiB to the MiB. So both processes run with a fixed mmap threshold,
-``--malloc-mmap-threshold`` (1 MiB: ``mallopt`` here, ``MALLOC_MMAP_THRESHOLD_`` for the producer): bigger
-blocks are mapped and unmapped on their own, and RSS counts what is held (the same run: 402-403 MiB). The
-producer trims its heap when a pass starts and ends (:class:`Trimmed`). 0 keeps glibc's defaults.
+``--malloc-mmap-threshold`` (``mallopt`` here, ``MALLOC_MMAP_THRESHOLD_`` for the producer): bigger blocks
+are mapped and unmapped on their own, and RSS counts what is held (the same run at 1 MiB: 402-403 MiB). The
+default, 128 KiB, is glibc's own starting threshold, kept from moving: at 1 MiB the 50k-node CPU soak still
+rose 1-3% at four of its first nine epochs (heap in use flat), at 128 KiB it did not
+(benchmarks/results/soak-cpu.md). The producer trims its heap when a pass starts and ends
+(:class:`Trimmed`). 0 keeps glibc's defaults.
 
 Pass: every judged series of each phase stays within ``--tolerance`` (1%) of its value after the phase's first
 epoch (counts, below 100, must not change at all), and every check is exact. The report (JSON and a markdown
@@ -97,9 +100,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--topology-fraction", type=float, default=0.25,
                    help="share of the topology's bytes in GPU memory (GPU only)")
     p.add_argument("--tolerance", type=float, default=0.01, help="allowed drift after the first epoch (0.01: 1%%)")
-    p.add_argument("--malloc-mmap-threshold", type=int, default=1 << 20,
-                   help="glibc's mmap threshold in both processes, bytes (default: 1 MiB; 0: glibc's own, which "
-                        "moves; see the docstring)")
+    p.add_argument("--malloc-mmap-threshold", type=int, default=128 << 10,
+                   help="glibc's mmap threshold in both processes, bytes, fixed (default: 128 KiB; 0: glibc's "
+                        "own, which moves; see the docstring)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write PREFIX.json and PREFIX.md")

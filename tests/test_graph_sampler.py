@@ -303,12 +303,12 @@ def test_cpu_sampler_cost_is_modest():
     sampler, _ = build(ei, 20_000, ("cpu", None), num_neighbors=[15, 10, 5])
     calls = []
     import hmgstore.graph.hop as mod
-    original = mod.draw
-    mod.draw = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+    original = mod._draw_mixed  # every draw's last step (draw() and Floyd's loop)
+    mod._draw_mixed = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
     try:
         sampler.sample({None: torch.randperm(20_000)[:1024]})
     finally:
-        mod.draw = original
+        mod._draw_mixed = original
     assert 0 < len(calls) <= 15 + 10 + 5  # one vectorised draw per Floyd step of each hop
 
 

@@ -37,14 +37,17 @@ def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
     table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, 4000, 2) if device == "cuda" else None)
     idx = torch.randint(0, 4000, (1000,))
     inside, release, results = threading.Event(), threading.Event(), []
-    real = plan_module.prepare_many
+    real = {name: getattr(plan_module, name) for name in ("prepare_many", "check_range")}  # GPU path, CPU path
 
-    def held(*args, **kwargs):  # the gather stops after its closed-check, before it reads anything
-        inside.set()
-        assert release.wait(10)
-        return real(*args, **kwargs)
+    def holding(name):
+        def held(*args, **kwargs):  # the gather stops after its closed-check, before it reads anything
+            inside.set()
+            assert release.wait(10)
+            return real[name](*args, **kwargs)
+        return held
 
-    monkeypatch.setattr(plan_module, "prepare_many", held)
+    for name in real:
+        monkeypatch.setattr(plan_module, name, holding(name))
     gather = threading.Thread(target=lambda: results.append(table[idx].cpu()))
     gather.start()
     assert inside.wait(10)
@@ -57,7 +60,8 @@ def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
     closer.join(10)
     assert not closer.is_alive() and table.closed
     assert torch.equal(results[0], x[idx])  # the gather in flight finished on live memory
-    monkeypatch.setattr(plan_module, "prepare_many", real)
+    for name, function in real.items():
+        monkeypatch.setattr(plan_module, name, function)
     with pytest.raises(RuntimeError, match="closed"):
         table[idx]
     if device == "cuda":

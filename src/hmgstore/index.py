@@ -147,7 +147,11 @@ def check_range(ids: torch.Tensor, num_rows: int) -> None:
     """
     if ids.numel() == 0:
         return
-    lo, hi = (int(v) for v in torch.stack(list(torch.aminmax(ids))).tolist())
+    if ids.device.type == "cpu":  # numpy: one thread, no second parallel region beside the gather's own
+        values = ids.numpy()
+        lo, hi = int(values.min()), int(values.max())
+    else:
+        lo, hi = (int(v) for v in torch.stack(list(torch.aminmax(ids))).tolist())
     if lo >= 0 and hi < num_rows:
         return
     _raise_first_bad(ids, num_rows)

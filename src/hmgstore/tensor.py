@@ -41,7 +41,7 @@ from . import formats, fusion, pickling, plan
 from . import placement as placement_mod
 from . import split as split_mod
 from .device import resolve_device
-from .index import raise_deferred, rows_only
+from .index import CHECKS, raise_deferred, rows_only
 from .stats import TierCounter
 from .table import Table
 
@@ -232,6 +232,15 @@ class HybridTensor(Table):
         read), TypeError for non-integer indices, ValueError for a bad
         ``out``, RuntimeError for a closed table.
         """
+        if (self.device.type == "cpu" and type(index) is torch.Tensor and index.device.type == "cpu"
+                and index.dtype in (torch.int64, torch.int32) and index.dim() and index.layout == torch.strided
+                and check in CHECKS):  # the common CPU case, without gather_many's per-batch set-up
+            self._enter()
+            try:
+                self._ready()
+                return plan.gather_cpu(self, index, out)
+            finally:
+                self._exit()
         return gather_many([(self, index)], outs=[out], stream=stream, check=check)[0]
 
     def __getitem__(self, index) -> torch.Tensor:

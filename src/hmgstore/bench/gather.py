@@ -39,7 +39,13 @@ The table-size sweep (``--sweep-gb``, at ``--sweep-row-bytes``; host
 variants only) measures how the host tier's rate falls as the table
 outgrows the GPU's reach over host pages. Without a GPU, only what a CPU
 can show runs, at smaller sizes: hmgstore's host tables read by its CPU
-path (pinned in place, owned, bf16) against ``torch.index_select``.
+path (pinned in place, owned, bf16) against ``torch.index_select`` into a
+new tensor (``cpu_index_select``: what ``x[idx]`` and ``table[idx]`` both
+return), and ``hmg_host_out`` (``table.gather(idx, out=buffer)``) against
+``cpu_pinned`` (``index_select`` into one reused buffer). The two pairs
+differ by the new tensor's page faults: on a 2-core VM with 4 KiB pages,
+a fresh 200 MB output costs 3-4x the gather itself at 4 KiB rows
+(benchmarks/results/cpu-path-cpu.md).
 """
 from __future__ import annotations
 
@@ -60,7 +66,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ROW_BYTES = [64, 128, 256, 512, 1024, 2048, 4096]
 ALL_VARIANTS = ("hmg_host", "hmg_host_sync", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_split", "hmg_gpu",
-                "gpu_index_select", "pageable", "cpu_pinned")
+                "gpu_index_select", "pageable", "cpu_pinned", "hmg_host_out", "cpu_index_select")
 SWEEP_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_split", "cpu_pinned")
 
 
@@ -162,6 +168,13 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         table.close()
         del table
         gc.collect()
+    if "hmg_host_out" in variants and not cuda:  # into one reused buffer, as cpu_pinned's index_select
+        table = hmgstore.HybridTensor(x, device, progress=not args.no_progress)
+        reused = torch.empty((args.batch_size, cols), dtype=x.dtype)
+        _check(table.gather(ids_cpu[0], out=reused), x, ids_cpu[0], "hmg_host_out")
+        timed("hmg_host_out", lambda i: table.gather(ids_cpu[i % 4], out=reused), True, args.slow_reps)
+        table.close()
+        del table
     if "hmg_split" in variants and cuda:
         _split_variants(x, ids_cpu, device, args, timed, result)
     if "hmg_gpu" in variants and cuda:
@@ -184,6 +197,8 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
             return staging.to(device, non_blocking=True) if cuda else staging
 
         timed("cpu_pinned", cpu_pinned, True, args.slow_reps)
+    if "cpu_index_select" in variants and not cuda:  # a new tensor per batch, as x[idx] and table[idx] return
+        timed("cpu_index_select", lambda i: torch.index_select(x, 0, ids_cpu[i % 4]), True, args.slow_reps)
     gc.collect()
     return result
 

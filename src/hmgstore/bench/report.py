@@ -22,6 +22,8 @@ _LABELS = {
     "gpu_index_select": "index_select in GPU memory",
     "pageable": 'x[idx].to("cuda")',
     "cpu_pinned": "CPU index_select + pinned copy",
+    "hmg_host_out": "hmgstore, host tier, out= one reused buffer",
+    "cpu_index_select": "CPU index_select into a new tensor",
 }
 HOST_VARIANTS = ("hmg_host", "hmg_owned", "hmg_owned_cuda", "hmg_bf16", "hmg_host_sync", "hmg_split",
                  "split_kernel", "split_cpu")
@@ -182,32 +184,44 @@ def table_text(report: dict) -> str:
 def _cpu_table_text(report: dict) -> str:
     """Without a GPU: hmgstore's host tables, read by its CPU path, against ``torch.index_select``."""
     sizes = report["sizes"]
-    names = [n for n in (*HOST_VARIANTS, "cpu_pinned") if any(n in s["variants"] for s in sizes)]
+    names = [n for n in (*HOST_VARIANTS, "hmg_host_out", "cpu_index_select", "cpu_pinned")
+             if any(n in s["variants"] for s in sizes)]
     lines = [f"device: cpu   batch: {report['batch']} distinct random ids   date: {report['date']}",
              *no_gpu_line(report, "hmgstore's host tables read by its CPU path, against torch.index_select",
                           "the PCIe limit, the GPU tier and the copies to a GPU"),
              *smoke_test_lines(report), *_size_note(report)[1:], "",
-             "GB/s (x index_select; setup seconds):", "",
+             ("GB/s (x index_select of the same kind: into a new tensor, or with out= into one reused buffer "
+              "for hmg out=; setup seconds):"), "",
              "| table | row B | " + " | ".join(_CPU_LABELS.get(n, n) for n in names) + " |",
              "|---|---:|" + "---:|" * len(names)]
     for s in sizes:
-        base = _gbps(s, "cpu_pinned")
         cells = []
         for n in names:
             v = s["variants"].get(n)
             if v is None:
                 cells.append("not run")
                 continue
-            notes = [ratio_text(report, v['gbps'] / base, suffix="x")] if base and n != "cpu_pinned" else []
+            base = _cpu_baseline(s, n)
+            notes = [ratio_text(report, v['gbps'] / base, suffix="x")] if base and n.startswith("hmg") else []
             notes += [f"{v['setup_seconds']:.1f} s"] if "setup_seconds" in v else []
             cells.append(f"{v['gbps']:.1f}" + (f" ({'; '.join(notes)})" if notes else ""))
         lines.append(f"| {_size_label(s['table_bytes'])} | {s['row_bytes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _cpu_baseline(size: dict, name: str):
+    """GB/s of the index_select an hmg variant of the CPU table is held to: into one reused buffer for
+    ``hmg_host_out``, else into a new tensor (``cpu_pinned`` in reports from before ``cpu_index_select``)."""
+    if name == "hmg_host_out":
+        return _gbps(size, "cpu_pinned")
+    return _gbps(size, "cpu_index_select") or _gbps(size, "cpu_pinned")
+
+
 #: Column titles of the CPU table: the CPU baseline copies nothing there.
 _CPU_LABELS = {"hmg_host": "hmg host, pinned in place", "hmg_owned": "hmg owned 2 MiB pages",
-               "hmg_bf16": "hmg bf16 host rows (float32 delivered)", "cpu_pinned": "torch.index_select"}
+               "hmg_bf16": "hmg bf16 host rows (float32 delivered)", "hmg_host_out": "hmg host, out= reused buffer",
+               "cpu_index_select": "torch.index_select, new tensor",
+               "cpu_pinned": "torch.index_select, out= reused buffer"}
 
 
 def _size_note(report: dict) -> list[str]:
@@ -245,7 +259,7 @@ def plot(report: dict, path: Path) -> None:
     ax_gpu = axes.pop(0) if gpu_tier else None
     sizes = [s["row_bytes"] for s in report["sizes"]]
     labels = {**_LABELS, **_CPU_LABELS} if report["device"] == "cpu" else _LABELS
-    for name in (*HOST_VARIANTS, "cpu_pinned", "pageable"):
+    for name in (*HOST_VARIANTS, "hmg_host_out", "cpu_index_select", "cpu_pinned", "pageable"):
         ys = [_gbps(s, name) for s in report["sizes"]]
         if any(y is not None for y in ys):
             ax_host.plot(sizes, ys, marker="o", label=labels[name])

@@ -8,8 +8,15 @@ Both kinds give the same ids; the sampler picks one (``dedup``):
 - :class:`HashNodeSet` keeps a hash table on the GPU (``kernels/relabel.cu``):
   insert, mark first positions, scan, assign, look up; one host read per call
   for the number of new keys.
+- :class:`DenseNodeSet` (the CPU's ``"sort"`` where keys are node ids, not
+  disjoint, and the node type is not huge): a map of every node of the type
+  to its local id, looked up and written with gathers and scatters, no sort.
+  It took the CPU sampler's relabelling from ~60% of its time to a few
+  percent (synthetic 200K nodes, fanout 15,10,5, batch 1024; 2-core VM).
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -144,6 +151,81 @@ class HashNodeSet:
         return local
 
 
-def node_set(keys: torch.Tensor, dedup: str, capacity: int):
-    """A node set of the kind ``dedup`` names (``"sort"`` or ``"hash"``) over the seeds' ``keys``."""
-    return HashNodeSet(keys, capacity) if dedup == "hash" else SortedNodeSet(keys)
+_ABSENT = 2**31 - 1  # a DenseMaps entry of a node not in the batch (local ids are int32)
+#: Node types of more nodes than this relabel by sorting on the CPU: a dense map costs 4 bytes per node and
+#: sampling thread (256 MiB here).
+DENSE_MAX_NODES = 1 << 26
+
+
+class DenseMaps:
+    """Spare maps of one node type for :class:`DenseNodeSet`: int32 ``[num_nodes]``, every entry ``_ABSENT``.
+
+    One map per batch in flight (threads sampling at once take their own);
+    a map goes back clean, or not at all. Sent to another process empty.
+    """
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes, self._free, self._lock = num_nodes, [], threading.Lock()
+
+    def take(self) -> torch.Tensor:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return torch.full((self.num_nodes,), _ABSENT, dtype=torch.int32)
+
+    def give(self, table: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(table)
+
+    def __getstate__(self):
+        return {"num_nodes": self.num_nodes}
+
+    def __setstate__(self, state):
+        self.__init__(state["num_nodes"])
+
+
+class DenseNodeSet:
+    """:class:`SortedNodeSet`'s numbering from a dense map ``node id -> local id`` (CPU, keys are node ids).
+
+    ``keys``: the seeds' int64 node ids, taken as they are (repeats
+    included: a repeated seed's id maps to its first position). ``maps``: the
+    node type's :class:`DenseMaps`. Call :meth:`release` when the batch is
+    done, and only then (an error in between drops the map instead).
+    """
+
+    def __init__(self, keys: torch.Tensor, maps: DenseMaps):
+        self.parts, self.count, self._maps = [keys], len(keys), maps
+        self._map = maps.take()
+        self._map.scatter_reduce_(0, keys, torch.arange(len(keys), dtype=torch.int32), "amin")
+
+    keys = SortedNodeSet.keys
+
+    def add(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Local ids (int64) of ``candidates``; keys not seen before are appended, in first-seen order."""
+        local = self._map.index_select(0, candidates)  # index_select, not [ ]: ~10x faster on a CPU
+        fresh = (local == _ABSENT).nonzero().view(-1)
+        if len(fresh):
+            new = candidates.index_select(0, fresh)
+            order = torch.arange(len(new), dtype=torch.int32)
+            self._map.scatter_reduce_(0, new, order, "amin")  # each new key: its first position among them
+            firsts = new.masked_select(self._map.index_select(0, new) == order)  # one per key, first-seen order
+            self._map.index_copy_(0, firsts, torch.arange(self.count, self.count + len(firsts), dtype=torch.int32))
+            local.index_copy_(0, fresh, self._map.index_select(0, new))
+            self.parts.append(firsts)
+            self.count += len(firsts)
+        return local.long()
+
+    def release(self) -> None:
+        """Clear this batch's entries and hand the map back for the next batch."""
+        if self._map is not None:
+            self._map.index_fill_(0, self.keys, _ABSENT)
+            self._maps.give(self._map)
+            self._map = None
+
+
+def node_set(keys: torch.Tensor, dedup: str, capacity: int, dense: DenseMaps | None = None):
+    """A node set of the kind ``dedup`` names (``"sort"`` or ``"hash"``) over the seeds' ``keys``; a CPU
+    ``"sort"`` set given ``dense`` maps is a :class:`DenseNodeSet` (the same ids)."""
+    if dedup == "hash":
+        return HashNodeSet(keys, capacity)
+    return DenseNodeSet(keys, dense) if dense is not None else SortedNodeSet(keys)

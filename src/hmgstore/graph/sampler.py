@@ -33,7 +33,7 @@ import torch
 from ..index import normalize_many
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
-from .relabel import node_set
+from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, node_set
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,8 @@ class NeighborSampler:
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
             raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
         self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
+        dense = self.device.type == "cpu" and not disjoint  # CPU relabelling without sorts (see .relabel)
+        self._dense = {nt: DenseMaps(n) for nt, n in self.num_nodes.items() if dense and n <= DENSE_MAX_NODES}
         self.cuda_graphs = cuda_graphs
         self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
         self._closed, self._active, self._idle = False, 0, threading.Condition()  # see close()
@@ -187,7 +189,8 @@ class NeighborSampler:
         """Hop after hop, reading each hop's sizes back (any device, any relabelling)."""
         if self.device.type == "cuda":
             draws = draws.to(self.device)
-        sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k))) for nt, k in keys.items()}
+        sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k)), self._dense.get(nt))
+                for nt, k in keys.items()}
         frontier = {nt: (0, len(k)) for nt, k in keys.items()}
         num_nodes_hop = {nt: [len(k)] for nt, k in keys.items()}
         parts = {et: ([], [], []) for et in self.topologies}  # rows, cols, edges per hop
@@ -218,7 +221,11 @@ class NeighborSampler:
             for nt, s in sets.items():
                 frontier[nt] = (before[nt], s.count)
                 num_nodes_hop[nt].append(s.count - before[nt])
-        return self._output({nt: s.keys for nt, s in sets.items()}, parts, num_nodes_hop, num_edges_hop)
+        nodes = {nt: s.keys for nt, s in sets.items()}
+        for s in sets.values():
+            if isinstance(s, DenseNodeSet):
+                s.release()  # on success only: a map an error left half-written is dropped
+        return self._output(nodes, parts, num_nodes_hop, num_edges_hop)
 
     def _sample_queued(self, keys: dict, draws: torch.Tensor) -> Sample:
         """Every hop queued on the GPU with its sizes kept on the device; one read-back at the end.
