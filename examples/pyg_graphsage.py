@@ -109,7 +109,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--features", choices=("hmgstore", "cpu", "gpu"), default="hmgstore",
                    help="hmgstore stores, or stock PyG with data.x on the CPU / on the GPU")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--gpu-budget", default=None, help="hmgstore: GPU memory for hot rows, e.g. 8GB (default: none)")
+    p.add_argument("--gpu-budget", default="auto",
+                   help="hmgstore: GPU memory for hot rows, e.g. 8GB; 'auto' (default): the lesser of the whole "
+                        "table and half the GPU's free memory (none on a CPU); 'none': every row in host memory")
     p.add_argument("--host-dtype", choices=tuple(HOST_DTYPES), default="float32",
                    help="hmgstore: keep x's host rows in this width; bfloat16/float16 halve the host bytes and "
                         "every row then reads as x.to(host_dtype).float() (default: float32, as given)")
@@ -122,8 +124,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the same in a process of its own (pays under CUDA MPS; see the README)")
     p.add_argument("--topology-budget", default=None,
                    help="hmgstore sampler on a GPU: GPU memory for hot adjacency lists, e.g. 2GB; 'all' keeps the "
-                        "whole topology on the GPU (default: all of it on the GPU when --features gpu, else none: "
-                        "read from pinned host memory)")
+                        "whole topology on the GPU; 'none' reads it all from pinned host memory (default: all of it "
+                        "on the GPU when --features gpu, else 'auto': the lesser of the whole topology and half the "
+                        "GPU memory free after the features)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--no-trim", action="store_true",
                    help="run every layer over the batch's whole subgraph (default: trim_to_layer drops the outer "
@@ -219,14 +222,15 @@ def build_loaders(args, device, graph, host_dtype):
     loader_kwargs = dict(batch_size=args.batch_size, num_workers=args.num_workers,
                          persistent_workers=args.num_workers > 0)
     if args.features == "hmgstore":
-        source = from_data(data, device=device, gpu_budget=args.gpu_budget, host_dtype=host_dtype)  # <-- hmgstore
+        budget = None if str(args.gpu_budget).lower() == "none" else args.gpu_budget
+        source = from_data(data, device=device, gpu_budget=budget, host_dtype=host_dtype)  # <-- hmgstore
         loader_kwargs["filter_per_worker"] = False  # workers (if any) sample; the main process gathers on the GPU
     elif args.features == "gpu":
         data = data.to(device)  # baseline: the whole table on the GPU
         source = data
     if args.sampler == "hmgstore":
-        budget = args.topology_budget or ("all" if args.features == "gpu" else None)
-        budget = 2**62 if budget == "all" else budget
+        budget = args.topology_budget or ("all" if args.features == "gpu" else "auto")
+        budget = {"all": 2**62, "none": None}.get(str(budget).lower(), budget)
         on = device if args.features != "cpu" else torch.device("cpu")
         sampler = HybridNeighborSampler(source, fanout, device=on, gpu_budget=budget)  # <-- hmgstore
         loader_kwargs["neighbor_sampler"] = sampler
@@ -238,6 +242,33 @@ def build_loaders(args, device, graph, host_dtype):
                                   **loader_kwargs)
     test_loader = NeighborLoader(source, num_neighbors=fanout, input_nodes=graph.test_idx, **loader_kwargs)
     return train_loader, test_loader, loader_kwargs
+
+
+def graph_gpu_memory(loader, sampler) -> dict:
+    """``{"features" / "topology": (bytes on the GPU, bytes in all)}`` of what hmgstore holds, as built."""
+    held = {}
+    if isinstance(loader.data, tuple):  # hmgstore's (feature_store, graph_store)
+        tables = loader.data[0].tables().values()
+        held["features"] = (sum(t.num_gpu_rows * t.gpu_row_bytes for t in tables),
+                            sum(t.num_rows * t.gpu_row_bytes for t in tables))
+    if sampler is not None:
+        topologies = sampler.sampler.topologies.values()
+        held["topology"] = (sum(t.gpu_edges * t.row.element_size() for t in topologies),
+                            sum(t.num_edges * t.row.element_size() for t in topologies))
+    return held
+
+
+def gpu_memory_line(held: dict, args, device) -> str:
+    """One line saying how much of the graph the budgets put in GPU memory, and by which rule."""
+    if device.type != "cuda":
+        whole = " and ".join(f"{name} {size / 1e6:.1f} MB" for name, (_, size) in held.items())
+        return f"graph in GPU memory: none (no GPU here: {whole} read from host memory)"
+    parts = ", ".join(f"{name} {on / 1e6:.1f} of {whole / 1e6:.1f} MB" for name, (on, whole) in held.items())
+    rules = [f"--gpu-budget {args.gpu_budget}" if "features" in held else "",
+             f"--topology-budget {args.topology_budget or ('all' if args.features == 'gpu' else 'auto')}"
+             if "topology" in held else ""]
+    return (f"graph in GPU memory: {parts} ({'; '.join(r for r in rules if r)}; 'auto' is the lesser of the "
+            "whole and half the GPU memory free when each is built)")
 
 
 def inference_loader(args, source, graph, loader_kwargs) -> NeighborLoader:
@@ -271,6 +302,9 @@ def main(argv=None) -> dict:
                  "here: run `make pyg-sampler` (about 17 minutes), or use --sampler hmgstore")
     graph, dataset_name = load_graph(args)
     train_loader, test_loader, loader_kwargs = build_loaders(args, device, graph, host_dtype)
+    gpu_memory = graph_gpu_memory(train_loader, loader_kwargs.get("neighbor_sampler"))
+    if gpu_memory:
+        print(gpu_memory_line(gpu_memory, args, device))
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not args.no_tf32
     model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout), trim=not args.no_trim).to(device)
@@ -367,7 +401,7 @@ def main(argv=None) -> dict:
                      "hmgstore": hmgstore.__version__},
         "features": args.features, "host_dtype": args.host_dtype, "gpu_budget": args.gpu_budget,
         "num_workers": loader_kwargs["num_workers"], "pipeline": pipelined, "gpu_hit_ratio": hits,
-        "sampler": args.sampler, "topology_budget": args.topology_budget,
+        "sampler": args.sampler, "topology_budget": args.topology_budget, "graph_gpu_memory": gpu_memory,
         "dataset": {"name": dataset_name, "num_nodes": graph.num_nodes, "num_edges": graph.edge_index.shape[1],
                     "feat_dim": graph.x.shape[1], "x_gb": graph.x.nelement() * graph.x.element_size() / 1e9},
         "epochs": epochs,

@@ -47,6 +47,7 @@ from __future__ import annotations
 from torch_geometric.data import Data, HeteroData
 
 from hmgstore import placement
+from hmgstore.device import resolve_device
 
 from .attributes import (check_edge_attributes, check_features, keep_edge_attributes, node_attributes,
                          per_edge_attributes)
@@ -73,7 +74,7 @@ __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "
            "edge_features", "EdgeFeatures", "cluster_loader", "pyg_sampler_available"]
 
 
-def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, max_sms: int | None = None,
+def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None, max_sms: int | None = None,
               progress: bool = True, edge_attrs=None, edge_gpu_budget=None,
               **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
@@ -92,6 +93,10 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
     rows to keep on the GPU, hottest first by ``hotness``: a score tensor
     [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
+    The default, ``"auto"``, keeps the lesser of every node table and half
+    the GPU's free memory at build time
+    (:func:`hmgstore.hotness.resolve_budget`; no GPU tier on a CPU); None
+    keeps every row in host memory.
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
     them. Raises TypeError for other inputs; ValueError when there is
@@ -132,7 +137,7 @@ def from_data(data, device=None, *, gpu_budget=None, hotness=None, attrs=None, m
             raise ValueError("the Data object has no node attributes to store (x, y, ...)")
     else:
         raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
-    hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
+    hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, **options)
     if edge_sources:
@@ -157,7 +162,7 @@ def _put_edge_attributes(feature_store, graph_store, edge_sources: dict, budget,
 
 
 def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None = None, device=None,
-                 gpu_budget=None, hotness=None, max_sms: int | None = None, progress: bool = True,
+                 gpu_budget="auto", hotness=None, max_sms: int | None = None, progress: bool = True,
                  **features) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` of a homogeneous graph from host arrays, without a ``Data``.
 
@@ -185,7 +190,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     graph_store = CSCGraphStore()
     graph_store.put_edge_index(topology, edge_type=None, layout=layout, size=(num_nodes, num_nodes))
     sources = {(None, name): value for name, value in features.items()}
-    hotness = _hotness(hotness, graph_store, sources) if gpu_budget is not None else None
+    hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress)
     return feature_store, graph_store
@@ -200,6 +205,15 @@ def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, in
         graph_store.put_edge_index((row, colptr), edge_type=edge_type, layout="csc", size=size)
     else:
         raise ValueError(f"edge type {edge_type!r} has neither edge_index nor adj_t")
+
+
+def _ranks_rows(gpu_budget, hotness, device) -> bool:
+    """Whether a store needs its nodes' hotness: a budget given (a typo raises here, on every device), except
+    the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: in-degree unused)."""
+    budget = placement.parse_budget(gpu_budget)
+    if budget is None:
+        return False
+    return hotness is not None or budget != "auto" or resolve_device(device).type == "cuda"
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:

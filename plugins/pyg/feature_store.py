@@ -129,7 +129,9 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
         Each source is ``[num_nodes_of_type, *row_shape]`` (torch CPU tensor,
         numpy array or memmap; used in place, never copied on the host).
-        ``gpu_budget`` (bytes or ``"8GB"``; CUDA only) keeps the hottest rows
+        ``gpu_budget`` (bytes or ``"8GB"``; CUDA only; ``"auto"``: the
+        lesser of all the tables' bytes and half the GPU's free memory,
+        :func:`hmgstore.hotness.resolve_budget`) keeps the hottest rows
         by ``hotness`` (node type -> score [num_nodes], higher is hotter)
         resident on the GPU; a row of a type costs all its attributes' bytes
         (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms``,
@@ -159,8 +161,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             return fmt if str(source.dtype) in ("torch.float32", "float32") else None
 
         gpu_rows: dict = {}
-        if gpu_budget is not None:  # read on every device: a typo ("16XB") fails on a CPU machine too
-            gpu_budget = placement.parse_bytes(gpu_budget)
+        gpu_budget = placement.parse_budget(gpu_budget)  # read on every device: a typo ("16XB") fails on a CPU too
         if gpu_budget is not None and store.device.type == "cuda":
             if hotness is None:
                 raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
@@ -173,6 +174,8 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                 size = stored.pitch(elems) if narrow(source, stored) else item * elems
                 row_bytes[group] = row_bytes.get(group, 0) + size
             hotness = placement.check_hotness(hotness, rows)
+            whole = sum(rows[group] * row_bytes[group] for group in rows)  # "auto": every table's share at once
+            gpu_budget = placement.resolve_budget(gpu_budget, whole, store.device)
             gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
         orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():

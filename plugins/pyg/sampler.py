@@ -81,11 +81,13 @@ def _graph_of(data) -> tuple[dict, dict]:
                     f"got {type(data).__name__}")
 
 
-def _budgets(gpu_budget, edges: dict) -> dict:
-    """Per edge type, its share of ``gpu_budget`` (a dict is taken as given), by bytes of neighbour ids."""
+def _budgets(gpu_budget, edges: dict, device=None) -> dict:
+    """Per edge type, its share of ``gpu_budget`` (a dict is taken as given), by bytes of neighbour ids;
+    ``"auto"`` is resolved once for all edge types (int64 ids counted: the most they take) on ``device``."""
     if gpu_budget is None or isinstance(gpu_budget, dict):
         return dict(gpu_budget or {})
-    total = placement.parse_bytes(gpu_budget)
+    needed = sum(8 * csc.num_edges for csc in edges.values())
+    total = placement.resolve_budget(gpu_budget, needed, device if device is not None else "cpu")
     weights = {et: max(1, csc.num_edges) for et, csc in edges.items()}
     whole = sum(weights.values())
     return {et: total * w // whole for et, w in weights.items()}
@@ -109,7 +111,10 @@ class HybridNeighborSampler(BaseSampler):
         gpu_budget: bytes of GPU memory for hot adjacency lists (int, string
             such as ``"2GB"``, or a dict per edge type); the rest is read from
             pinned host memory. None: none on the GPU. A budget that holds the
-            whole topology puts it all on the GPU.
+            whole topology puts it all on the GPU. The default, ``"auto"``:
+            the lesser of every edge type's neighbour ids and half the GPU's
+            free memory at build time, split over edge types as a byte budget
+            is (:func:`hmgstore.hotness.resolve_budget`; nothing on a CPU).
         hot_order: destination node ids, hottest first (a tensor, or a dict per
             edge type); default: by degree.
         shard_topology: one process per GPU under torch.distributed: the
@@ -129,7 +134,7 @@ class HybridNeighborSampler(BaseSampler):
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
-                 subgraph_type="directional", device=None, gpu_budget=None, hot_order=None,
+                 subgraph_type="directional", device=None, gpu_budget="auto", hot_order=None,
                  generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
                  weight_attr=None, progress: bool = True, shard_topology: bool = False, topology_replicate=0):
         if time_attr is not None:
@@ -151,7 +156,7 @@ class HybridNeighborSampler(BaseSampler):
         values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
         per_type = {et: check_fanout(v, f"num_neighbors of {et!r}") for et, v in values.items()} if self.is_hetero \
             else {None: check_fanout(values)}  # before any topology is built
-        budgets, replicas = _budgets(gpu_budget, edges), _budgets(topology_replicate or None, edges)
+        budgets, replicas = _budgets(gpu_budget, edges, self.device), _budgets(topology_replicate or None, edges)
         orders = hot_order if isinstance(hot_order, dict) else {et: hot_order for et in edges}
         topologies = {}
         try:

@@ -6,7 +6,9 @@ a *score* per row (in-degree, access counts: higher is hotter), which
 :func:`order_by_score` turns into an order. Budgets are bytes, an int or a
 string such as ``"8GB"`` (:func:`parse_bytes`). Scores are what users most
 often pass where an order is wanted, so the checks here (:func:`check_order`,
-:func:`check_score`) say which is which. :mod:`hmgstore.placement` turns the
+:func:`check_score`) say which is which. A budget may also be ``"auto"``
+(:func:`resolve_budget`: the lesser of what the table needs and
+:data:`AUTO_SHARE` of the GPU's free memory; no GPU tier on a CPU). :mod:`hmgstore.placement` turns the
 rows chosen into tiers, and its names for these functions stay public.
 """
 from __future__ import annotations
@@ -46,6 +48,43 @@ def parse_bytes(size) -> int:
     if value < 0:
         raise ValueError(f"a size cannot be negative: {size!r}")
     return value
+
+
+#: ``gpu_budget="auto"``: the share of the GPU memory free at build time (``torch.cuda.mem_get_info``) that one
+#: table, one feature store or one sampler's topology may take. Each build takes its share of what is free then,
+#: so a store's features and then its sampler's topology leave at least a quarter of the free memory to the
+#: model, its activations and torch's caching allocator.
+AUTO_SHARE = 0.5
+
+
+def parse_budget(budget):
+    """A ``gpu_budget`` read on any device: None, ``"auto"`` (any case), or bytes (:func:`parse_bytes`).
+
+    Raises ValueError for what is neither, so a typo (``"16XB"``) fails on a
+    CPU machine as it would on a GPU.
+    """
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        return "auto"
+    return None if budget is None else parse_bytes(budget)
+
+
+def resolve_budget(budget, needed: int, device) -> int | None:
+    """Bytes of GPU memory a ``gpu_budget`` gives a table that needs ``needed`` bytes to be whole on ``device``.
+
+    None stays None (no GPU tier asked for); bytes are parsed
+    (:func:`parse_bytes`); ``"auto"`` is ``min(needed, AUTO_SHARE * free)``
+    with ``free`` the device's free memory now (``torch.cuda.mem_get_info``),
+    and 0 on a CPU, which has no GPU tier. Raises ValueError for an
+    unreadable budget (on every device).
+    """
+    budget = parse_budget(budget)
+    if budget != "auto":
+        return budget
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(0, min(int(needed), int(AUTO_SHARE * free)))
 
 
 def order_by_score(score: torch.Tensor) -> torch.Tensor:

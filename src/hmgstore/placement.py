@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .hotness import (by_hotness, check_hotness, check_order, check_score, hot_rows_under_budget,  # noqa: F401
-                      hotness_or_in_degree, order_by_score, parse_bytes)
+                      hotness_or_in_degree, order_by_score, parse_budget, parse_bytes, resolve_budget)
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,7 +228,8 @@ def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=N
               hot_order=None, hotness=None, host_layout: torch.Tensor | None = None) -> Placement:
     """The placement of one table on ``device``, from the arguments :class:`~hmgstore.HybridTensor` takes.
 
-    ``gpu_rows`` (ids), or ``gpu_budget`` (bytes) filled hottest first by
+    ``gpu_rows`` (ids), or ``gpu_budget`` (bytes, or ``"auto"``:
+    :func:`~hmgstore.hotness.resolve_budget`) filled hottest first by
     ``hot_order`` (row ids, hottest first: :func:`check_order`) or by
     ``hotness`` (a score per row, higher is hotter: :func:`order_by_score`),
     or, with neither, in id order (the first rows that fit: a table knows no
@@ -243,6 +244,7 @@ def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=N
         raise ValueError("pass either gpu_rows, or gpu_budget (with hot_order or hotness), not both")
     if hot_order is not None and hotness is not None:
         raise ValueError("pass hot_order (row ids, hottest first) or hotness (a score per row), not both")
+    gpu_budget = resolve_budget(gpu_budget, num_rows * row_bytes, device)  # "auto": see hotness.AUTO_SHARE
     if gpu_budget is not None:
         if hot_order is not None:
             order = check_order(hot_order, num_rows)

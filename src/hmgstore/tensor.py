@@ -68,6 +68,9 @@ class HybridTensor(Table):
         gpu_budget: instead of ``gpu_rows``, bytes of GPU memory for resident
             rows (int or ``"8GB"``), filled hottest first by ``hot_order`` or
             ``hotness``; with neither, in id order (the first rows that fit).
+            ``"auto"``: the lesser of the whole table and half the GPU's free
+            memory (:func:`hmgstore.hotness.resolve_budget`); None (default):
+            every row in the host tier.
         hot_order: row ids hottest first, used with ``gpu_budget``: integers,
             each in range and listed at most once (every id is checked, not
             only those the budget takes; float ids raise TypeError).

@@ -65,7 +65,10 @@ class Topology:
             GPU, or the CPU).
         gpu_budget: bytes of GPU memory for hot adjacency lists (int or
             ``"2GB"``; None or 0: every list read from pinned host memory; a
-            budget that holds every list keeps the whole topology on the GPU).
+            budget that holds every list keeps the whole topology on the GPU;
+            ``"auto"``: the lesser of every list and half the GPU's free
+            memory, :func:`hmgstore.hotness.resolve_budget`). Read on every
+            device: a typo raises ValueError on the CPU too.
         hot_order: destination node ids, hottest first (default: by degree);
             integers, each in range and listed at most once (TypeError for
             float ids, IndexError and ValueError otherwise), on every device.
@@ -109,6 +112,7 @@ class Topology:
             hot_order = placement.check_order(hot_order, self.num_dst, hint="it orders destination nodes; "
                                               "hmgstore.placement.order_by_score(score) turns a score per node "
                                               "(a degree, a count) into one")
+        gpu_budget = placement.parse_budget(gpu_budget)  # a typo fails on a CPU machine too
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
@@ -124,7 +128,7 @@ class Topology:
     def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, place_chunks) -> None:
         device, item = self.device, self.row.element_size()
         self.colptr = colptr.to(device)
-        budget = 0 if gpu_budget is None else placement.parse_bytes(gpu_budget)
+        budget = placement.resolve_budget(gpu_budget, self.num_edges * item, device) or 0
         degree = colptr.diff()
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
