@@ -77,11 +77,11 @@ def test_hetero_loader(device):
     data["paper", "written_by", "author"].edge_index = data["author", "writes", "paper"].edge_index.flip(0)
     data["paper", "cites", "paper"].edge_index = torch.randint(0, 400, (2, 2000), generator=g)
     stores = hpyg.from_data(data, device=device)
-    sampler = HybridNeighborSampler(stores, {("author", "writes", "paper"): [4, 2],
-                                             ("paper", "written_by", "author"): [3, 2],
-                                             ("paper", "cites", "paper"): [2, 2]}, device=device)
-    loader = NeighborLoader(stores, [4, 2], neighbor_sampler=sampler, input_nodes=("paper", torch.arange(100)),
-                            batch_size=32)
+    fanout = {("author", "writes", "paper"): [4, 2], ("paper", "written_by", "author"): [3, 2],
+              ("paper", "cites", "paper"): [2, 2]}
+    sampler = HybridNeighborSampler(stores, fanout, device=device)
+    loader = NeighborLoader(stores, fanout, neighbor_sampler=sampler, input_nodes=("paper", torch.arange(100)),
+                            batch_size=32)  # the loader's fanout as the sampler's: no warning that they differ
     for batch in loader:
         assert batch["paper"].batch_size == 32 or batch["paper"].batch_size == 4
         for nt in ("paper", "author"):
