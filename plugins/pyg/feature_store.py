@@ -190,7 +190,9 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                     raise ValueError("layout='hotness' needs hotness={node_type: score} and a gpu_budget on a GPU "
                                      "(it orders the host tier by the same scores that choose the GPU's rows)")
                 use = layout == "hotness" or (hot and copied)
-                table_layout = orders.setdefault(group, placement.order_by_score(hotness[group])) if use else None
+                if use and group not in orders:  # one sort of the scores per node type, not one per table
+                    orders[group] = placement.order_by_score(hotness[group])
+                table_layout = orders[group] if use else None
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
                                  progress=progress, host_dtype=table_dtype, compress=table_compress,
                                  layout=table_layout, **options)

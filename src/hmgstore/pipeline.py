@@ -85,11 +85,11 @@ class Pipeline:
             capped, not the training thread's own. None (the default): no
             cap but the tables' own. Beside a fast training step (layers
             trimmed per hop, TF32) the cap only slowed the epoch, on an H100
-            (benchmarks/results/strong-step-h100.md): papers100M-shaped
-            graph, 119.7 batches/s uncapped against 104.7 at 4 SMs all in GPU
-            memory, 82.1 against 80.4 with a 20% int8 cache; 2M nodes x
-            1024-d, 123.3 against 105.9 all-GPU and 100.8 against 64.6 with a
-            20% int8 cache. ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
+            (benchmarks/results/strong-step-h100.md), 20% int8 cache: 2M
+            nodes x 1024-d, 100.8 batches/s uncapped against 64.6 at 4 SMs;
+            papers100M-shaped graph, 82.1 against 80.4 (all in GPU memory,
+            119.7 against 104.7, though a run's first configuration, the
+            capped one there, read up to 16% slower with identical settings). ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
             an H100 or H200), where a table the loader gathers from reads
             host memory (no cap where every table is whole on the GPU): the
             better choice beside a slow step when most rows cross PCIe, as

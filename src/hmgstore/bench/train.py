@@ -73,7 +73,7 @@ from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
-from .train_alone import _forever, _gpu_profile, _producer_alone, _profile_path, _rate, _step_alone
+from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone
 from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader, train_step, trimmable
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     it.close()
     if mode == "proc":
         del batch  # views into the producer's ring: released before it is closed
-        alone["producer"] = _producer_alone(iterable, reps, sync)
+        alone["producer"] = _rate(iterable, reps, sync, warmup=1)
         iterable.close()
     per_epoch = math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,

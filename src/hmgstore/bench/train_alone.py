@@ -25,11 +25,12 @@ def _forever(iterable):
             raise RuntimeError("the loader yields no batch: use more training nodes or a smaller --batch-size")
 
 
-def _rate(iterable, reps: int, sync, profile=None) -> float:
-    """Batches/s of ``iterable`` taken as fast as it makes them, after two warm-up batches (kernel
-    compilation, the sampler's CUDA-graph capture); ``profile``: a path for a cProfile of the timed part."""
+def _rate(iterable, reps: int, sync, profile=None, warmup: int = 2) -> float:
+    """Batches/s of ``iterable`` taken as fast as it makes them, after ``warmup`` batches (kernel
+    compilation, the sampler's CUDA-graph capture); ``profile``: a path for a cProfile of the timed part.
+    A producer's own rate too (its batches dropped at once, no training beside it)."""
     it = _forever(iterable)
-    for _ in range(2):
+    for _ in range(warmup):
         next(it)
     sync()
     profiler = cProfile.Profile() if profile else None
@@ -80,8 +81,8 @@ def _gpu_profile(fn, path, reps: int = 10) -> None:
             break
         except (AttributeError, KeyError, ValueError):
             table = ""
-    path.write_text(f"{reps} calls; device busy {busy / reps / 1e3:.3f} ms a call (kernels and copies, summed)\n"
-                    + table)
+    path.write_text(f"{reps} calls; {busy / reps / 1e3:.3f} ms a call summed over the rows below (user annotations "
+                    "such as enumerate(DataLoader) carry their kernels' time again: read the kernel rows)\n" + table)
 
 
 def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=None) -> tuple[float, bool, float]:
@@ -106,17 +107,3 @@ def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=No
         _gpu_profile(lambda: train_step(model, optimizer, next(steps), args.trim), profile)
     del batches
     return rate, trimmed, issued / reps
-
-
-def _producer_alone(producer, reps: int, sync) -> float:
-    """The producer's own batches/s: its batches taken as fast as it makes them, with no training beside it."""
-    it = iter(producer)
-    next(it)
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        next(it)  # each batch dropped at once
-    sync()
-    seconds = time.perf_counter() - start
-    it.close()
-    return reps / seconds
