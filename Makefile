@@ -2,6 +2,8 @@
 #   make run    one-shot set-up, then the main job (GraphSAGE through hmgstore; GPU if present)
 #   make test   one-shot set-up, then the test suite (GPU tests skip themselves without a GPU)
 #   make bench  one-shot set-up, then python -m hmgstore.bench gather
+#   make docs   set-up plus the docs extra, then the documentation site (docs/, API reference from the docstrings)
+#               into site/, built by mkdocs in strict mode: a broken link, reference or docstring fails it
 # Set-up builds .venv with torch ($(TORCH)), then `pip install -e .[$(EXTRAS)]`, adding the CuPy extra that
 # matches torch's CUDA when torch sees a GPU. It runs again when pyproject.toml, TORCH or EXTRAS change.
 PYTHON ?= python3
@@ -16,7 +18,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.ready-$(subst =,-,$(TORCH))-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup run test bench pyg-sampler clean
+.PHONY: setup run test bench docs pyg-sampler clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -38,6 +40,16 @@ test: setup
 
 bench: setup
 	$(PY) -m hmgstore.bench gather
+
+# The docs extra (mkdocs, mkdocstrings) goes into the set-up venv once, again when pyproject.toml changes.
+# NO_MKDOCS_2_WARNING: mkdocs-material's notice about MkDocs 2, printed on every build otherwise.
+DOCS_STAMP := $(VENV)/.docs-ready
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --progress-bar on -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 # torch-sparse and torch-scatter from source: their build imports torch, hence no build isolation. pip's
 # verbose output goes to a log (its compiler lines would fill the screen); every PROGRESS_EVERY seconds a line

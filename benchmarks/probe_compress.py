@@ -22,10 +22,10 @@ import time
 import torch
 
 import hmgstore
-from hmgstore import formats
+from hmgstore.rows import formats
 from hmgstore.graph.locality import pages_touched
 from hmgstore.memory import owned
-from hmgstore.timing import h2d_limit_gbps, median_seconds
+from hmgstore.util.timing import h2d_limit_gbps, median_seconds
 
 
 def log(*a):
@@ -121,7 +121,7 @@ def main() -> None:
                     start = time.perf_counter()
                     exact = torch.equal(t.gather(sets[0], out=out).cpu().view(torch.int32), want.view(torch.int32))
                     entry["split_model_s"] = time.perf_counter() - start  # the first batch measures the share
-                    entry["split_share"] = t._split.shares.get(hmgstore.split.batch_class(k), 0.0)
+                    entry["split_share"] = t._split.shares.get(hmgstore.gather.cpu_share.batch_class(k), 0.0)
                     secs, _ = median_seconds(lambda i: t.gather(sets[i % 3], out=out), reps=max(3, args.reps // 2),
                                              wall=True, device=device)
                     entry["split_x_limit"] = k * rb / secs / 1e9 / limit

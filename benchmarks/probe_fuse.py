@@ -1,4 +1,4 @@
-"""Probe: fused gathers (hmgstore.fusion) on a big table: batches gathered one launch each, or k at a time.
+"""Probe: fused gathers (hmgstore.gather.fusion) on a big table: batches gathered one launch each, or k at a time.
 
 Usage: python benchmarks/probe_fuse.py [--gb 40] [--row-bytes 512 128] [--rows 290000] [--fuse 1 2 4 8]
        > probe_fuse.json
@@ -6,7 +6,7 @@ Usage: python benchmarks/probe_fuse.py [--gb 40] [--row-bytes 512 128] [--rows 2
 A float32 table in owned cudaHostAlloc memory (a random 1 GB block tiled over it) and its int8 copy
 (``compress="int8"``); batches of ``--rows`` distinct random ids on the GPU (a GraphSAGE batch of 1024 seeds,
 fanout 15,10,5 on a 20M-node graph reads about 290k rows), gathered one by one (``fuse=1``) or ``k`` at a time
-inside ``hmgstore.fusion.fused``. Rates count the float32 bytes asked for, over the median time of a group of
+inside ``hmgstore.gather.fusion.fused``. Rates count the float32 bytes asked for, over the median time of a group of
 ``k`` batches (CUDA events), as a ratio to the pinned H2D limit of this run. Every group's first run is checked
 against ``x[idx]`` (the format's decoding of it for int8).
 """
@@ -22,10 +22,10 @@ import time
 import torch
 
 import hmgstore
-from hmgstore import formats
-from hmgstore.fusion import fused
+from hmgstore.rows import formats
+from hmgstore.gather.fusion import fused
 from hmgstore.memory import owned
-from hmgstore.timing import h2d_limit_gbps
+from hmgstore.util.timing import h2d_limit_gbps
 
 
 def log(*a):

@@ -27,8 +27,8 @@ from hmgstore.data import synthetic
 from hmgstore.graph import NeighborSampler, Topology, presample, to_csc
 from hmgstore.graph import locality as L
 from hmgstore.memory import owned
-from hmgstore.placement import order_by_score
-from hmgstore.timing import h2d_limit_gbps
+from hmgstore.rows.placement import order_by_score
+from hmgstore.util.timing import h2d_limit_gbps
 
 
 def log(*a):

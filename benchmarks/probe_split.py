@@ -1,4 +1,4 @@
-"""Probe: where a split gather's time goes (hmgstore.split), phase by phase, on one GPU.
+"""Probe: where a split gather's time goes (hmgstore.gather.cpu_share), phase by phase, on one GPU.
 
 Usage: python benchmarks/probe_split.py [--gb 2 8] [--row-bytes 512 128] [--cpu-methods] > probe_split.log
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import hmgstore
-from hmgstore import split
+from hmgstore.gather import cpu_share as split
 from hmgstore.cuda import gather
 
 

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hmgstore import flags
+from hmgstore.cli import flags
 from hmgstore.data import power_law_csc
 from hmgstore.distributed import sharded_topology
 from hmgstore.graph import NeighborSampler, Topology

@@ -24,7 +24,7 @@ from hmgstore import cuda
 from hmgstore.cuda import gather as kernel
 from hmgstore.bench.gather import _fill, _ids, table_bytes
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
-from hmgstore.index import check_range
+from hmgstore.rows.ids import check_range
 
 
 def gbps_of(table, ids, reps=10):

@@ -65,7 +65,9 @@ from tqdm import tqdm
 
 import hmgstore
 import hmgstore.distributed as hd
-from hmgstore import HybridTensor, flags, placement
+from hmgstore import HybridTensor
+from hmgstore.cli import flags
+from hmgstore.rows import placement
 from hmgstore import data as datasets
 from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, HybridNeighborSampler, to_csc
 from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)

@@ -1,7 +1,7 @@
 """GraphSAGE over several machines: the graph partitioned, DDP, PyG loaders over hmgstore's cluster stores.
 
 Each machine holds one part of the graph (its nodes' features, labels and
-in-edges), written beforehand by ``python -m hmgstore.partition``. Every
+in-edges), written beforehand by ``python -m hmgstore.cli.partition``. Every
 rank samples neighbours of any node and gathers any node's rows: the owner
 machine answers, sampling its part on its GPU (:mod:`hmgstore.distributed.sampling`,
 :class:`hmgstore.distributed.ClusterTensor`); on CPUs :class:`hmgstore.Pipeline`
@@ -12,7 +12,7 @@ below still runs forward and backward on them, so that DDP stays in step).
 
 Write the parts (once, on a disk every machine reads, or copy part{m} to machine m)::
 
-    python -m hmgstore.partition bench-out/parts --parts 2 --by hash --synthetic 20000 --feat-dim 32
+    python -m hmgstore.cli.partition bench-out/parts --parts 2 --by hash --synthetic 20000 --feat-dim 32
 
 Two machines, K processes each (one per GPU; on CPUs, any K: gloo)::
 
@@ -54,13 +54,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hmgstore
 import hmgstore.distributed as hd
-from hmgstore import flags
+from hmgstore.cli import flags
 from pyg_graphsage import SAGE  # the single-GPU example's model (this script's folder)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("parts", type=Path, help="folder written by python -m hmgstore.partition (part0 ..., split/)")
+    p.add_argument("parts", type=Path, help="folder written by python -m hmgstore.cli.partition (part0 ..., split/)")
     p.add_argument("--epochs", type=int, default=3)
     flags.add_batch_size(p, 512, "seed nodes over all ranks")
     flags.add_fanout(p)

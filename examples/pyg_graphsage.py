@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 import hmgstore
 from hmgstore import data as datasets
-from hmgstore import flags
+from hmgstore.cli import flags
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 from hmgstore.plugins.pyg import pyg_sampler_available
 

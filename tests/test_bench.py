@@ -1,6 +1,6 @@
 """``python -m hmgstore.bench``: its command line, the benchmarks on the CPU, and the peer benchmark.
 
-The command line: every help text, the shared flags of :mod:`hmgstore.flags`
+The command line: every help text, the shared flags of :mod:`hmgstore.cli.flags`
 on every benchmark, ``--quick`` and the CPU sizes filling only the options
 not given, and the commands recorded in ``benchmarks/`` still parsing.
 Without a GPU each benchmark says so once and shows CPU figures, not
@@ -21,7 +21,9 @@ import pytest
 import torch
 
 import hmgstore
-from hmgstore import HybridTensor, flags, placement
+from hmgstore import HybridTensor
+from hmgstore.cli import flags
+from hmgstore.rows import placement
 from hmgstore.bench import hotness, peer, peer_report, peer_work, reach, sample
 from hmgstore.bench.__main__ import BENCHMARKS, build_parser, main, parse_args
 from hmgstore.bench.gather import _fill
@@ -73,7 +75,7 @@ def test_every_benchmark_speaks_the_shared_flags(name):
     assert args.batch_size == 77 and not args.no_progress
     assert parse_args([name, "--batch", "78", "--no-progress"]).batch_size == 78  # commands written before
     assert parse_args([name, "--no-progress"]).no_progress
-    if name != "reach":  # reach draws its pages with the library's own fixed seed (hmgstore.reach.measure)
+    if name != "reach":  # reach draws its pages with the library's own fixed seed (hmgstore.table.host_pages.measure)
         assert parse_args([name]).seed == 0 and parse_args([name, "--seed", "5"]).seed == 5
     if name in ("sample", "hotness", "train"):
         assert parse_args([name]).fanout == parse_fanout(flags.DEFAULT_FANOUT) == [15, 10, 5]

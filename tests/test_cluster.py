@@ -20,10 +20,10 @@ from cluster_worker import NODES, graph
 import hmgstore
 from hmgstore.distributed import PartitionBook, load_partition, part_of, partition
 from hmgstore.graph.csc import CSC, to_csc
-from hmgstore.distributed.book import hash_ids
+from hmgstore.distributed.partition_book import hash_ids
 from hmgstore.distributed.cluster import group_machines
 from hmgstore.graph import ptr2index
-from hmgstore.partition import main as partition_command
+from hmgstore.cli.partition import main as partition_command
 
 WORKER = Path(__file__).with_name("cluster_worker.py")
 

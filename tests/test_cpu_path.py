@@ -1,4 +1,4 @@
-"""The CPU gather's short path (hmgstore.plan.gather_cpu, read_host): the same answers, checks and counts as
+"""The CPU gather's short path (hmgstore.gather.plan.gather_cpu, read_host): the same answers, checks and counts as
 gather_many's, for every index shape, dtype, stored format and layout it takes (issue 30, item 9)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from helpers import random_table
 
 import hmgstore
-from hmgstore import plan
+from hmgstore.gather import plan
 
 
 def _tables(x):

@@ -10,7 +10,7 @@ import torch
 
 from hmgstore import cuda
 from hmgstore.cuda import gather
-from hmgstore.placement import Tier
+from hmgstore.rows.placement import Tier
 
 L = gather.LAYOUT
 

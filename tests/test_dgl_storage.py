@@ -242,7 +242,7 @@ def _sampled_batch(graph, small_graph):
 
 @pytest.fixture
 def launches(monkeypatch):
-    from hmgstore.cuda import gather  # hmgstore.tensor launches through this module
+    from hmgstore.cuda import gather  # hmgstore.table.tensor launches through this module
 
     count = [0]
     launch = gather.run  # one call per kernel launch

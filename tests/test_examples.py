@@ -1,5 +1,6 @@
 """The examples run end to end: examples/pyg_graphsage.py, dgl_graphsage.py and multi_gpu_pyg.py.
 
+- minimal_pyg.py and minimal_dgl.py: at most 60 lines, hmgstore's lines marked, trained on the CPU here;
 - pyg_graphsage.py on the CPU: synthetic graph, each --features mode, half-width host rows, OGB files;
 - dgl_graphsage.py on a small synthetic graph (CPU);
 - multi_gpu_pyg.py under torchrun: two CPU processes (gloo) here, every GPU
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -280,3 +282,23 @@ def test_every_gpu_of_the_node(tmp_path, no_leaks):
     rows = result["placement_rows"]
     assert list(rows) == ["replica", *(f"shard{s}" for s in range(world)), "host"]
     assert all(n > 0 for n in rows.values()), rows
+
+
+# ---- examples/minimal_pyg.py and minimal_dgl.py: a user's script, hmgstore's lines marked ---------------------
+@pytest.mark.parametrize("script", ["minimal_pyg.py", "minimal_dgl.py"])
+def test_minimal_example_is_short_marked_and_trains(script):
+    if script == "minimal_pyg.py":
+        pytest.importorskip("torch_geometric")
+    else:
+        pytest.importorskip("hmgstore.plugins.dgl")
+    source = (EXAMPLES / script).read_text()
+    assert len(source.splitlines()) <= 60
+    marked = [line for line in source.splitlines() if re.match(r"\s*[\w(].*  # hmgstore:", line)]  # code lines
+    assert len(marked) >= 4, marked
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=HANG,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stderr, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines()[:3]] == ["epoch 0", "epoch 1", "epoch 2"]
+    accuracy = float(done.stdout.split("test accuracy")[1].split()[0])
+    assert accuracy > 0.5  # 8 classes: chance is 0.125 (0.98 here)

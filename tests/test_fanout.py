@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hmgstore import flags
+from hmgstore.cli import flags
 from hmgstore.graph import NeighborSampler, Topology, check_fanout, parse_fanout, to_csc
 
 

@@ -5,7 +5,7 @@ import torch
 
 import hmgstore
 from helpers import assert_same, random_table
-from hmgstore import files
+from hmgstore.table import files
 from hmgstore.memory import owned
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]

@@ -1,4 +1,4 @@
-"""One vocabulary of flags (hmgstore.flags) across the examples and ``python -m hmgstore.bench``.
+"""One vocabulary of flags (hmgstore.cli.flags) across the examples and ``python -m hmgstore.bench``.
 
 Every example's and every benchmark's parser is built (not run) and checked: the batch size is
 ``--batch-size``, ``--no-progress`` and ``--seed`` exist, every fanout defaults to ``flags.DEFAULT_FANOUT``
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hmgstore import flags
+from hmgstore.cli import flags
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ["pyg_graphsage", "multi_gpu_pyg", "multi_node_pyg", "dgl_graphsage"]

@@ -1,4 +1,4 @@
-"""Stored row formats (hmgstore.formats) and tables that keep rows in them (``compress=``, ``host_dtype=``).
+"""Stored row formats (hmgstore.rows.formats) and tables that keep rows in them (``compress=``, ``host_dtype=``).
 
 Every format is checked bit for bit against the same rounding done with plain torch operations, on the CPU
 and (gpu marker) through the gather kernel, whose decoding must match :meth:`Format.decode` byte for byte:
@@ -14,7 +14,7 @@ import torch
 
 import hmgstore
 from helpers import assert_same, random_table
-from hmgstore import formats
+from hmgstore.rows import formats
 
 FORMATS = ["bfloat16", "float16", "float8", "int8"]
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]

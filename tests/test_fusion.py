@@ -1,4 +1,4 @@
-"""Fused gathers (hmgstore.fusion): several batches' gathers recorded, then one job per table, one launch.
+"""Fused gathers (hmgstore.gather.fusion): several batches' gathers recorded, then one job per table, one launch.
 
 On the CPU a window changes nothing. On a GPU (gpu marker) the outputs equal ``x[idx]`` byte for byte once the
 block ends, whatever the tiers, formats, layouts and id kinds; a window flushes in one launch; bad ids are still
@@ -12,7 +12,7 @@ import torch
 
 import hmgstore
 from helpers import assert_same, random_table
-from hmgstore.fusion import fused
+from hmgstore.gather.fusion import fused
 
 
 def test_without_a_gpu_a_window_changes_nothing():
@@ -52,7 +52,7 @@ def test_a_window_writes_every_output_at_its_end_in_one_launch(cuda_device, monk
             got.append(hmgstore.gather_many([(feats, ids), (small, ids), (labels, ids)]))
         assert not launches  # nothing ran yet
     assert len(launches) == 1 and launches[0].num_jobs >= 3  # one launch; a job per buffer
-    want_small = hmgstore.formats.get("int8").decode(hmgstore.formats.get("int8").encode(x), (24,))
+    want_small = hmgstore.rows.formats.get("int8").decode(hmgstore.rows.formats.get("int8").encode(x), (24,))
     for idx, (f, s, lab) in zip(batches, got):
         assert_same(f.cpu(), x[idx])
         assert_same(s.cpu(), want_small[idx])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hmgstore
-from hmgstore import hotness, placement
+from hmgstore.rows import hotness, placement
 from hmgstore.graph import CSC, Topology
 
 

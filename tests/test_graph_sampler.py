@@ -355,7 +355,7 @@ def test_topology_statistics(placement):
 
 
 def test_presampled_hotness_beats_degree_where_training_is_concentrated():
-    from hmgstore import placement
+    from hmgstore.rows import placement
     from hmgstore.graph import hit_ratio, presample
 
     n = 20_000

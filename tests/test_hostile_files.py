@@ -21,7 +21,7 @@ import hmgstore
 import hmgstore.data
 from hmgstore.distributed import PartitionBook, load_partition, partition
 from hmgstore.distributed import parts as parts_module
-from hmgstore.partition import main as partition_command
+from hmgstore.cli.partition import main as partition_command
 
 NODES = 300
 

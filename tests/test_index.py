@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from hmgstore.index import as_tensor, check_range, normalize
+from hmgstore.rows.ids import as_tensor, check_range, normalize
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from test_distributed import _free_port
 
-from hmgstore.partition import main as partition_command
+from hmgstore.cli.partition import main as partition_command
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "multi_node_pyg.py"
 GRAPH = ["--synthetic", "6000", "--feat-dim", "16", "--avg-degree", "8", "--no-progress"]

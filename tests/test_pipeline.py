@@ -183,7 +183,7 @@ def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
 def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     from hmgstore.cuda import gather
     from hmgstore.cuda.gather import current_cap
-    from hmgstore.pipeline import auto_sms
+    from hmgstore.prefetch.pipeline import auto_sms
     from hmgstore.plugins.pyg import from_data
     from torch_geometric.data import Data
 
@@ -236,7 +236,7 @@ def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped():
 
 @pytest.mark.gpu
 def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
-    from hmgstore.pipeline import auto_sms
+    from hmgstore.prefetch.pipeline import auto_sms
     from hmgstore.plugins.pyg import from_data
     from torch_geometric.data import Data
 

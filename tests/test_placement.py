@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from hmgstore import placement
+from hmgstore.rows import placement
 
 
 @pytest.mark.parametrize("text, value", [(1000, 1000), ("8GB", 8 * 10**9), ("512 MiB", 512 * 2**20),

@@ -12,8 +12,8 @@ import torch
 
 import hmgstore
 from helpers import shm_left_behind
-from hmgstore import ring
-from hmgstore.producer import RemoteTraceback, remove_ipc_files
+from hmgstore.prefetch import shared_ring as ring
+from hmgstore.prefetch.producer import RemoteTraceback, remove_ipc_files
 
 # Seconds after which a script run apart counts as hung. They take 5-20 s alone; on a loaded 2-core machine
 # (another test run beside this one) several times that, so the limit is far above it: only a hang reaches it.

@@ -127,7 +127,7 @@ def test_store_pickles_and_rebuilds_its_tables(data):
 @pytest.mark.gpu
 def test_budget_keeps_highest_in_degree_rows(data, cuda_device):
     feature_store, graph_store = hpyg.from_data(data, device=cuda_device, gpu_budget=500 * ROW_BYTES)
-    order = hmgstore.placement.order_by_score(graph_store.in_degree()[None])
+    order = hmgstore.rows.placement.order_by_score(graph_store.in_degree()[None])
     for name in ("x", "y"):
         table = feature_store.table(None, name)
         assert table.device == cuda_device and table.num_gpu_rows == 500

@@ -1,4 +1,4 @@
-"""hmgstore.reach and ``python -m hmgstore.bench reach``: rates against pages per batch, the knee, the cost per page.
+"""hmgstore.table.host_pages and ``python -m hmgstore.bench reach``: rates against pages per batch, the knee, the cost per page.
 
 The curve arithmetic is checked on made-up times; the measurement itself runs on the CPU here (the CPU path
 alone) and, with the gpu marker, with the kernel, whose every probe gather is checked against ``x[idx]``.
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from hmgstore import reach
+from hmgstore.table import host_pages as reach
 
 
 def test_knee_and_cost_per_page_from_a_made_up_curve():

@@ -1,4 +1,4 @@
-"""ShardedTensor (hmgstore.sharded): one table over several GPUs of one process.
+"""ShardedTensor (hmgstore.table.sharded): one table over several GPUs of one process.
 
 The CPU tests check the API (the same calls as on several GPUs); the tests
 marked ``gpu`` and ``multigpu`` read every tier from every GPU.
@@ -26,7 +26,7 @@ def test_cpu_sharded_table_gathers_like_indexing():
 
 def test_sharded_table_takes_gpu_budget_alone_or_hotness_as_a_hybrid_tensor_does():
     """gpu_budget alone fills the GPUs in id order; hotness= is a score per row (higher is hotter)."""
-    from hmgstore import placement
+    from hmgstore.rows import placement
 
     x = random_table(100, (4,), torch.float32)  # 16-byte rows
     alone = hmgstore.ShardedTensor(x, ["cpu"], gpu_budget=160).placement

@@ -1,4 +1,4 @@
-"""The split gather (hmgstore.split): the CPU reads part of a batch's host rows beside the kernel.
+"""The split gather (hmgstore.gather.cpu_share): the CPU reads part of a batch's host rows beside the kernel.
 
 The pieces that need no GPU (how a batch is divided, the threaded take, the
 cost model's cache) run everywhere; the gather itself is checked bit-exactly
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hmgstore
-from hmgstore import split
+from hmgstore.gather import cpu_share as split
 from helpers import assert_same, random_table
 
 

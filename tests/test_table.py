@@ -1,4 +1,4 @@
-"""HybridTensor beyond the gather itself (hmgstore.table): lifetime and misuse, per-tier statistics, host memory
+"""HybridTensor beyond the gather itself (hmgstore.table.state): lifetime and misuse, per-tier statistics, host memory
 hmgstore owns, half-width host rows, and GPU ids checked by the kernel without waiting.
 
 As in test_tensor.py, results are compared byte for byte with ``x[idx]``.
@@ -31,7 +31,7 @@ def test_close_waits_for_a_gather_in_flight(device, monkeypatch):
     import threading
     import time
 
-    import hmgstore.plan as plan_module
+    import hmgstore.gather.plan as plan_module
 
     x = random_table(4000, (16,), torch.float32, seed=20)
     table = hmgstore.HybridTensor(x, device, gpu_rows=torch.arange(0, 4000, 2) if device == "cuda" else None)
@@ -305,7 +305,7 @@ def test_statistics_count_rows_per_tier(device):
 
 
 def test_merged_statistics():
-    from hmgstore import stats
+    from hmgstore.rows import stats
 
     a = hmgstore.HybridTensor(random_table(100, (4,), torch.float32), "cpu", stats=True)
     b = hmgstore.HybridTensor(random_table(100, (2,), torch.float32), "cpu", stats=True)

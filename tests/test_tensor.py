@@ -1,4 +1,4 @@
-"""HybridTensor and gather_many (hmgstore.tensor): bit-identical to ``x[idx]`` on the CPU and on a GPU.
+"""HybridTensor and gather_many (hmgstore.table.tensor): bit-identical to ``x[idx]`` on the CPU and on a GPU.
 
 The CPU tests run everywhere: the same API as on CUDA. The tests marked
 ``gpu`` compare bytes (``torch.equal`` on the raw bytes, so NaNs and -0.0
@@ -376,7 +376,7 @@ def test_column_slice_source(cuda_device):
 
 @pytest.mark.gpu
 def test_gather_many_one_launch(cuda_device, monkeypatch):
-    from hmgstore.cuda import gather  # hmgstore.tensor launches through this module
+    from hmgstore.cuda import gather  # hmgstore.table.tensor launches through this module
 
     x = random_table(5000, (100,), torch.float32, seed=10)
     y = torch.randint(0, 50, (5000,))

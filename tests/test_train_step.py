@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch_geometric.loader import NeighborLoader
 
-from hmgstore import placement
+from hmgstore.rows import placement
 from hmgstore.bench.__main__ import parse_args
 from hmgstore.bench.train import _with_caps, add_ratios, table_text
 from hmgstore.bench.train_setup import SAGE, train_step, trimmable

@@ -46,8 +46,8 @@ from __future__ import annotations
 
 from torch_geometric.data import Data, HeteroData
 
-from hmgstore import placement
-from hmgstore.device import resolve_device
+from hmgstore.rows import placement
+from hmgstore.util.device import resolve_device
 
 from .attributes import (check_edge_attributes, check_features, keep_edge_attributes, node_attributes,
                          per_edge_attributes)
@@ -95,7 +95,7 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
     The default, ``"auto"``, keeps the lesser of every node table and half
     the GPU's free memory at build time
-    (:func:`hmgstore.hotness.resolve_budget`; no GPU tier on a CPU); None
+    (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None
     keeps every row in host memory.
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
@@ -217,7 +217,7 @@ def _ranks_rows(gpu_budget, hotness, device) -> bool:
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
-    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.placement.hotness_or_in_degree`)."""
+    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.rows.placement.hotness_or_in_degree`)."""
     rows = {group: source.shape[0] for (group, _), source in sources.items()}
     if hotness is not None and not isinstance(hotness, dict):
         if list(rows) != [None]:

@@ -26,7 +26,8 @@ import threading
 import numpy as np
 import torch
 
-from hmgstore import HybridTensor, placement
+from hmgstore import HybridTensor
+from hmgstore.rows import placement
 
 _queued = threading.local()  # .rides: {id(store): Ride}
 
@@ -91,7 +92,7 @@ class EdgeTables:
         score of the wrong length, or two attributes of one edge type with
         different row counts.
         """
-        from hmgstore import formats
+        from hmgstore.rows import formats
 
         options.pop("layout", None)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)

@@ -31,7 +31,7 @@ Two loader settings need care, and are handled here:
   tensors) whose ``pin_memory()`` returns itself: there is nothing to pin.
 
 Tables cross processes (spawned workers) by hmgstore's own rule for tables
-(see :mod:`hmgstore.tensor`): they are rebuilt where they are first used.
+(see :mod:`hmgstore.table.tensor`): they are rebuilt where they are first used.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
-from hmgstore import HybridTensor, formats, gather_many, placement, resolve_device, stats
+from hmgstore import HybridTensor, gather_many, resolve_device
+from hmgstore.rows import formats, placement, stats
 
 from .edge_tables import EdgeTables, take_queued
 from .ranges import as_range, read_range
@@ -131,14 +132,14 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         numpy array or memmap; used in place, never copied on the host).
         ``gpu_budget`` (bytes or ``"8GB"``; CUDA only; ``"auto"``: the
         lesser of all the tables' bytes and half the GPU's free memory,
-        :func:`hmgstore.hotness.resolve_budget`) keeps the hottest rows
+        :func:`hmgstore.rows.hotness.resolve_budget`) keeps the hottest rows
         by ``hotness`` (node type -> score [num_nodes], higher is hotter)
         resident on the GPU; a row of a type costs all its attributes' bytes
-        (:func:`hmgstore.placement.hot_rows_under_budget`). ``max_sms``,
+        (:func:`hmgstore.rows.placement.hot_rows_under_budget`). ``max_sms``,
         ``progress`` and the host-memory ``options`` (``copy``,
         ``host_dtype``, ``compress``, ``layout``, ``backing``, ``split``) are
         passed to every HybridTensor; ``host_dtype`` and ``compress`` (stored
-        row formats, :mod:`hmgstore.formats`) to float32 sources only
+        row formats, :mod:`hmgstore.rows.formats`) to float32 sources only
         (labels and other attributes keep their width), and the GPU budget
         counts a compressed row's stored bytes.
 
@@ -315,7 +316,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
     # ---- statistics -------------------------------------------------------------
     def reset_stats(self) -> None:
-        """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.stats`)."""
+        """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.rows.stats`)."""
         for table in [*self._tables.values(), *self._edge_tables.values()]:
             table.reset_stats()
 

@@ -30,7 +30,8 @@ from torch_geometric.sampler import (BaseSampler, EdgeSamplerInput, HeteroSample
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
 from torch_geometric.sampler.neighbor_sampler import edge_sample
 
-from hmgstore import placement, resolve_device
+from hmgstore.rows import placement
+from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
 
 from .graph_store import CSCGraphStore, to_csc
@@ -114,7 +115,7 @@ class HybridNeighborSampler(BaseSampler):
             whole topology puts it all on the GPU. The default, ``"auto"``:
             the lesser of every edge type's neighbour ids and half the GPU's
             free memory at build time, split over edge types as a byte budget
-            is (:func:`hmgstore.hotness.resolve_budget`; nothing on a CPU).
+            is (:func:`hmgstore.rows.hotness.resolve_budget`; nothing on a CPU).
         hot_order: destination node ids, hottest first (a tensor, or a dict per
             edge type); default: by degree.
         shard_topology: one process per GPU under torch.distributed: the
@@ -235,7 +236,7 @@ class HybridNeighborSampler(BaseSampler):
         self.sampler.reset_stats()
 
     def stats(self) -> dict:
-        """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio (see :mod:`hmgstore.stats`)."""
+        """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio (see :mod:`hmgstore.rows.stats`)."""
         return self.sampler.stats()
 
     def close(self) -> None:

@@ -25,15 +25,15 @@ The package, by layer:
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
-from . import placement, stats
-from .pipeline import Pipeline
-from .producer import Producer
-from .placement import Placement, Tier
-from .sharded import ShardedTensor
-from .device import resolve_device
-from .tensor import HybridTensor, gather_many
-from .files import load
-from .index import raise_deferred
+from .rows import placement, stats
+from .prefetch.pipeline import Pipeline
+from .prefetch.producer import Producer
+from .rows.placement import Placement, Tier
+from .table.sharded import ShardedTensor
+from .util.device import resolve_device
+from .table.tensor import HybridTensor, gather_many
+from .table.files import load
+from .rows.ids import raise_deferred
 
 __version__ = "0.1.0"
 __all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer", "placement", "stats", "Placement", "Tier",

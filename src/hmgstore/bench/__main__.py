@@ -1,6 +1,6 @@
 """Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,scale,remote,reach} [options]``.
 
-Every benchmark shares the flags of :mod:`hmgstore.flags` (``--batch-size``,
+Every benchmark shares the flags of :mod:`hmgstore.cli.flags` (``--batch-size``,
 ``--fanout``, ``--seed``, ``--no-progress``). A benchmark module may hold two
 lists of options, written as on the command line: ``CPU``, its sizes for a
 machine without a GPU, and ``QUICK``, the tiny sizes of ``--quick``.

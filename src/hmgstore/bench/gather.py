@@ -57,7 +57,7 @@ import time
 import torch
 
 import hmgstore
-from .. import flags
+from ..cli import flags
 from ..memory import owned
 from .report import header, write_report
 from .timing import h2d_limit_gbps, median_seconds
@@ -205,7 +205,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
 
 def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
     """``hmg_split`` with its model's share, and each path alone (``split_kernel``, ``split_cpu``), one table."""
-    from ..split import batch_class
+    from ..gather.cpu_share import batch_class
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.split_threads or threads)

@@ -32,13 +32,13 @@ import logging
 
 import torch
 
-from .. import flags
+from ..cli import flags
 from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
-from ..placement import order_by_score
+from ..rows.placement import order_by_score
 from .report import header, no_gpu_line, smoke_test_lines, write_report
 from ..data import power_law_csc
-from ..flags import count as _count
+from ..cli.flags import count as _count
 
 log = logging.getLogger(__name__)
 

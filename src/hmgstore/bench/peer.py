@@ -53,8 +53,8 @@ from dataclasses import dataclass
 import torch
 
 import hmgstore
-from .. import flags
-from ..placement import Placement, parse_bytes
+from ..cli import flags
+from ..rows.placement import Placement, parse_bytes
 from .gather import _fill
 from .peer_report import add_ratios, plot, table_text
 from .peer_work import WARMUP, Runner, copy_work, gather_work, ids_copy_work, index_select_copy_work
@@ -189,7 +189,7 @@ class RemoteBatch:
 def remote_batch(placement: Placement, gpu: int, batch: int, generator: torch.Generator, device="cpu") -> RemoteBatch:
     """``batch`` distinct random rows that live in the shards of every GPU but ``gpu``.
 
-    ``placement``: a sharded placement (:func:`hmgstore.placement.sharded`);
+    ``placement``: a sharded placement (:func:`hmgstore.rows.placement.sharded`);
     ``gpu``: position of the requesting GPU (its shard is ``shard<gpu>``).
     The random permutation runs on ``device`` with ``generator`` (a GPU makes
     short work of 10^8 candidates); the result is on the CPU. Raises

@@ -7,7 +7,7 @@ staging, then one copy), for a sweep of ``K``; every rate is shown as a
 ratio to the pinned H2D limit measured in the same run. The knee (the most
 pages a batch may touch at 0.8x of the best rate) and the cost of each
 further page (the slope of a batch's time past the knee) are given per path
-(see :mod:`hmgstore.reach`). Without a GPU, the CPU path alone (no copy) is
+(see :mod:`hmgstore.table.host_pages`). Without a GPU, the CPU path alone (no copy) is
 measured: the CPU's own reach.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import argparse
 
 import torch
 
-from .. import flags
-from ..reach import Reach, measure
+from ..cli import flags
+from ..table.host_pages import Reach, measure
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 
 PAGES = (64, 256, 1024, 4096, 16384)

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .. import flags
+from ..cli import flags
 from . import remote_train
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 

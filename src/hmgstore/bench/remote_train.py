@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .. import flags
+from ..cli import flags
 
 #: --quick's training sizes (added to remote.QUICK).
 QUICK = ["--graph", "synthetic:4000", "--feat-dim", "16", "--fanout", "5,3", "--train-batch", "64",

@@ -36,7 +36,7 @@ import logging
 
 import torch
 
-from .. import flags
+from ..cli import flags
 from ..data.power_law import power_law_csc
 from ..graph import CSC, NeighborSampler, Topology
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report

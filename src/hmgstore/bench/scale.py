@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .. import flags
+from ..cli import flags
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "multi_gpu_pyg.py"

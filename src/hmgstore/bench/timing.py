@@ -1,6 +1,6 @@
 """The one timing harness of the benchmarks.
 
-``median_seconds(fn, ...)`` and ``h2d_limit_gbps`` live in :mod:`hmgstore.timing`
+``median_seconds(fn, ...)`` and ``h2d_limit_gbps`` live in :mod:`hmgstore.util.timing`
 (the library's own calibrations time with them too) and are re-exported here.
 
 ``concurrent_seconds(work, streams, ...)`` times rounds in which several
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ..timing import h2d_limit_gbps, median_seconds  # noqa: F401  (the benchmarks' harness)
+from ..util.timing import h2d_limit_gbps, median_seconds  # noqa: F401  (the benchmarks' harness)
 
 
 class GateTimedOut(RuntimeError):

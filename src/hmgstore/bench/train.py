@@ -40,7 +40,7 @@ boundary: sampling (the sampler and the loader's own work), gather (features
 and labels onto the GPU), train. With it, the step's wall time and the time
 the training loop waited for batches. Epoch time is the steady time per batch
 times the batches of an epoch. The hit ratios come from the tables' and
-topologies' per-tier counters (:mod:`hmgstore.stats`). Without a GPU, the
+topologies' per-tier counters (:mod:`hmgstore.rows.stats`). Without a GPU, the
 configurations a CPU can show run (``stock``, ``host``, ``host+pipe``; the
 cache has no GPU to live in, so ``cache`` runs only when named), on a
 smaller default graph, and the table leaves out the hit ratios (every row
@@ -68,7 +68,7 @@ import torch
 
 import hmgstore
 
-from .. import flags
+from ..cli import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
@@ -99,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=_sms, nargs="+", default=[None],
                    help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
-                        "(hmgstore.pipeline.auto_sms where a table reads host memory) or 'none' (the default, as "
+                        "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory) or 'none' (the default, as "
                         "hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
     p.add_argument("--no-trim", dest="trim", action="store_false",
                    help="run every layer over every sampled node (default: layers trimmed per hop, trim_to_layer)")
@@ -113,12 +113,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sm-percent", type=int, default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
-                   help="pipeline: gather this many batches' rows in one launch (hmgstore.fusion; default: 1)")
+                   help="pipeline: gather this many batches' rows in one launch (hmgstore.gather.fusion; default: 1)")
     p.add_argument("--sampler-graphs", choices=("on", "off"), default="on",
                    help="hmgstore's GPU sampler replays each batch's kernels as a CUDA graph (on, the default: "
                         "captured in the pipeline's warm-up) or launches them one by one from Python (off)")
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
-                   help="host and cache configurations: keep the features in this stored format (hmgstore.formats; "
+                   help="host and cache configurations: keep the features in this stored format (hmgstore.rows.formats; "
                         "the cache's GPU budget then holds that many more rows)")
     flags.add_seed(p)
     flags.add_no_progress(p)

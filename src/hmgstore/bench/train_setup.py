@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import hmgstore
-from .. import flags
+from ..cli import flags
 
 
 class SAGE(torch.nn.Module):
@@ -139,7 +139,7 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
                                         gpu_budget=topo_budget, progress=progress,
                                         hot_order=None if base == "host" else
-                                        hmgstore.placement.order_by_score(hot.topology[None]))
+                                        hmgstore.rows.placement.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
     if sampler is not None:
         sampler.sampler.cuda_graphs = getattr(args, "sampler_graphs", "on") == "on"

@@ -68,7 +68,7 @@ class Job:
     position of each id, or None; ``out``: contiguous CUDA tensor of
     ``len(ids)`` rows of ``row_bytes`` each. ``tiers``: the table's tiers in
     new-id order, each with ``start``, ``end``, ``base`` and ``pitch``
-    (:class:`hmgstore.placement.Tier`); ``map``: int32/int64 CUDA tensor, new
+    (:class:`hmgstore.rows.placement.Tier`); ``map``: int32/int64 CUDA tensor, new
     id per old id, or None when new id = old id.
     """
 
@@ -144,7 +144,7 @@ def tier_words(tiers: Sequence, map: torch.Tensor | None, num_rows: int, row_byt
 
 
 def _format_flags(job: Job, fmt) -> tuple[int, int]:
-    """Flag bits of a job whose narrow tiers keep rows in ``fmt`` (:class:`hmgstore.formats.Format`): its code,
+    """Flag bits of a job whose narrow tiers keep rows in ``fmt`` (:class:`hmgstore.rows.formats.Format`): its code,
     and the widest load (16, 4 or the element's own bytes) that every narrow tier's base and pitch, the
     output and the row's value count allow; and the stored values that load reads."""
     L = LAYOUT

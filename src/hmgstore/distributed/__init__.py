@@ -24,7 +24,7 @@ Several machines (the job's nodes), each holding its partition of the graph:
 - :class:`PartitionBook` (:mod:`.book`) says which machine owns each node
   and at which row of its partition (range, hash or a given assignment).
 - :func:`partition` (:mod:`.parts`; command ``python -m
-  hmgstore.partition``) writes one part per machine: the book, the part's
+  hmgstore.cli.partition``) writes one part per machine: the book, the part's
   feature rows, the in-edges of its nodes; :func:`load_partition` reads one;
   :func:`part_of` makes one in memory.
 - :class:`ClusterTensor` (:mod:`.cluster`) gathers any node's rows on every
@@ -41,7 +41,7 @@ On the CPU (gloo, no GPU) the same calls work: views gather from the shared
 host table with torch, cluster exchanges go over gloo, and the sharing,
 checks and watching are the same.
 """
-from .book import PartitionBook
+from .partition_book import PartitionBook
 from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
 from .node import SETUP_TIMEOUT, share_on_node, this_node
 from .parts import Partition, load_partition, part_of, partition

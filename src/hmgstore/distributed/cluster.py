@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..index import rows_only
+from ..rows.ids import rows_only
 from ..memory.shared import process_alive
-from ..tensor import HybridTensor
-from .book import PartitionBook
+from ..table.tensor import HybridTensor
+from .partition_book import PartitionBook
 from .exchange import Exchange, Gather
 from .node import SETUP_TIMEOUT, Node, _default_group, this_node
 from .shard import DistributedTensor

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..index import as_tensor, check_range
-from ..tensor import gather_many as gather_local
+from ..rows.ids import as_tensor, check_range
+from ..table.tensor import gather_many as gather_local
 from .watch import PeerLostError
 
 

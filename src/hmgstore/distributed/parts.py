@@ -30,14 +30,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ..progress import tqdm
+from ..util.progress import tqdm
 
-from ..files import load, npy_layout, read
+from ..table.files import load, npy_layout, read
 from ..graph.csc import CSC, to_csc
-from ..index import check_range
+from ..rows.ids import check_range
 from ..memory.pinned import as_host_tensor
-from ..tensor import HybridTensor
-from .book import PartitionBook
+from ..table.tensor import HybridTensor
+from .partition_book import PartitionBook
 from .replace import new_folder
 
 #: Bytes written per step (one progress update).
@@ -229,7 +229,7 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     folder = part_dir(out_dir, machine)
     if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no part {machine} under {out_dir} (looked for {folder / 'meta.json'}); write the "
-                                "parts with python -m hmgstore.partition")
+                                "parts with python -m hmgstore.cli.partition")
     meta = _read_meta(folder / "meta.json")
     book = PartitionBook.load(folder / "book.pt")
     said = (meta["machine"], meta["num_machines"], meta["num_nodes"], meta["part_nodes"])

@@ -58,7 +58,7 @@ from ..graph.relabel import SortedNodeSet
 from ..graph.hop import _floyd_cpu, draw, sample_hop, slot_counts
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
-from ..index import normalize_many
+from ..rows.ids import normalize_many
 from .cluster import this_cluster
 from .parts import Partition
 from .exchange import all_to_all, finish

@@ -18,13 +18,13 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from .. import placement as placement_mod
+from ..rows import placement as placement_mod
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..sharded import allocate_tier
-from ..device import resolve_device
-from ..index import rows_only
-from ..plan import fill_rows
-from ..tensor import HybridTensor
+from ..table.sharded import allocate_tier
+from ..util.device import resolve_device
+from ..rows.ids import rows_only
+from ..gather.plan import fill_rows
+from ..table.tensor import HybridTensor
 from .node import Node, this_node
 
 log = logging.getLogger(__name__)

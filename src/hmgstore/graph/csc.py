@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..index import check_range
+from ..rows.ids import check_range
 
 LAYOUTS = ("coo", "csr", "csc")
 

@@ -31,7 +31,7 @@ import math
 
 import torch
 from torch.utils.data import Sampler
-from ..progress import tqdm
+from ..util.progress import tqdm
 
 from .csc import CSC
 

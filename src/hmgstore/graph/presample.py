@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from ..progress import tqdm
+from ..util.progress import tqdm
 
 from .sampler import NeighborSampler
 

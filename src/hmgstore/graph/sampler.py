@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..index import normalize_many
+from ..rows.ids import normalize_many
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, node_set
@@ -338,7 +338,7 @@ class NeighborSampler:
         return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
 
     def reset_stats(self) -> None:
-        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.stats`).
+        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`).
 
         Captured CUDA graphs are dropped: batches run eagerly while counting."""
         self._graphs.clear()
@@ -347,7 +347,7 @@ class NeighborSampler:
 
     def stats(self) -> dict:
         """Every topology's statistics merged. Raises RuntimeError when not counting."""
-        from ..stats import merge
+        from ..rows.stats import merge
 
         return merge(t.stats() for t in self.topologies.values())
 

@@ -23,13 +23,13 @@ NVLink, and the rest read zero-copy from the node's one host copy.
 from __future__ import annotations
 
 import torch
-from ..progress import tqdm
+from ..util.progress import tqdm
 
-from .. import placement
+from ..rows import placement
 from ..cuda.runtime import synchronize
-from ..device import resolve_device
+from ..util.device import resolve_device
 from ..memory.pinned import CHUNK_BYTES, PinnedHost
-from ..stats import TierCounter
+from ..rows.stats import TierCounter
 from .csc import CSC
 
 
@@ -67,7 +67,7 @@ class Topology:
             ``"2GB"``; None or 0: every list read from pinned host memory; a
             budget that holds every list keeps the whole topology on the GPU;
             ``"auto"``: the lesser of every list and half the GPU's free
-            memory, :func:`hmgstore.hotness.resolve_budget`). Read on every
+            memory, :func:`hmgstore.rows.hotness.resolve_budget`). Read on every
             device: a typo raises ValueError on the CPU too.
         hot_order: destination node ids, hottest first (default: by degree);
             integers, each in range and listed at most once (TypeError for
@@ -110,7 +110,7 @@ class Topology:
         self.tail_start = self.num_edges
         if hot_order is not None:  # checked on every device, so a CPU run fails as a GPU run would
             hot_order = placement.check_order(hot_order, self.num_dst, hint="it orders destination nodes; "
-                                              "hmgstore.placement.order_by_score(score) turns a score per node "
+                                              "hmgstore.rows.placement.order_by_score(score) turns a score per node "
                                               "(a degree, a count) into one")
         gpu_budget = placement.parse_budget(gpu_budget)  # a typo fails on a CPU machine too
         if self.device.type == "cpu":
@@ -202,7 +202,7 @@ class Topology:
         return self._counter is not None
 
     def reset_stats(self) -> None:
-        """Start counting the neighbour ids read from each tier (see :mod:`hmgstore.stats`)."""
+        """Start counting the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`)."""
         self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device)
 
     def stats(self) -> dict:

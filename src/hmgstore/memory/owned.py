@@ -38,7 +38,7 @@ import weakref
 
 import numpy as np
 import torch
-from ..progress import tqdm
+from ..util.progress import tqdm
 
 #: Huge page size the allocations are aligned to.
 HUGE_PAGE = 2 << 20
@@ -178,7 +178,7 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
     instead of a dtype conversion, ``encode(rows, first_row)`` turns each
     block of ``src`` rows (a CPU tensor) into ``dst``'s rows, whose shape
     may then differ from ``src``'s past the first dimension (stored row
-    formats, :mod:`hmgstore.formats`). ``order``: ``dst[i] = src[order[i]]``
+    formats, :mod:`hmgstore.rows.formats`). ``order``: ``dst[i] = src[order[i]]``
     (int64 CPU, a permutation: a host tier laid out by locality). Returns
     ``dst``.
     """

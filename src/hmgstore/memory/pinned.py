@@ -41,7 +41,7 @@ import weakref
 
 import numpy as np
 import torch
-from ..progress import tqdm
+from ..util.progress import tqdm
 
 from ..cuda.runtime import synchronize
 from . import owned

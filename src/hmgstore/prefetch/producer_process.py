@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from . import ring
+from . import shared_ring as ring
 
 #: Seconds between liveness checks while one process waits for the other.
 POLL = 0.2

@@ -13,8 +13,8 @@ Policies: :func:`for_table` (rows by id, or the hottest rows under a GPU
 budget), :func:`sharded` (hot rows replicated and dealt over several GPUs)
 and :func:`hot_rows_under_budget` (several tables, e.g. node types, sharing
 one budget). Adapters pass hotness and budgets through to these. Budgets,
-hot orders and scores are read and checked in :mod:`hmgstore.hotness`,
-whose functions are public here too (``hmgstore.placement.order_by_score``).
+hot orders and scores are read and checked in :mod:`hmgstore.rows.hotness`,
+whose functions are public here too (``hmgstore.rows.placement.order_by_score``).
 This module only computes ids; it does not touch tables' data.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Tier:
     every row in id order. ``base`` and ``pitch``: the address of the tier's
     first row as seen from the GPU that reads it, and the bytes between rows;
     0 until a table binds them (:meth:`bind`). ``stored``: the
-    :class:`hmgstore.formats.Format` the tier keeps a float32 table's rows
+    :class:`hmgstore.rows.formats.Format` the tier keeps a float32 table's rows
     in (bfloat16, float16, float8 or int8 with a per-row scale), decoded by
     every gather; None when rows are kept as they read.
     """
@@ -50,7 +50,7 @@ class Tier:
     rows: torch.Tensor | None = None
     base: int = 0
     pitch: int = 0
-    stored: object = None  # hmgstore.formats.Format
+    stored: object = None  # hmgstore.rows.formats.Format
 
     @property
     def size(self) -> int:
@@ -178,7 +178,7 @@ def check_layout(layout, num_rows: int) -> torch.Tensor:
     Raises ValueError for another length, IndexError for ids out of range
     and ValueError naming a row listed twice.
     """
-    from .index import as_tensor, check_range
+    from .ids import as_tensor, check_range
 
     layout, _ = as_tensor(layout, num_rows)
     layout = layout.reshape(-1).to("cpu", torch.int64)
@@ -194,7 +194,7 @@ def check_layout(layout, num_rows: int) -> torch.Tensor:
 
 def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     """1-D int64 CPU ids, each checked to be in ``[0, num_rows)`` and listed once."""
-    from .index import as_tensor, check_range
+    from .ids import as_tensor, check_range
 
     try:
         ids, _ = as_tensor(ids, num_rows)
@@ -229,7 +229,7 @@ def for_table(num_rows: int, row_bytes: int, device: torch.device, *, gpu_rows=N
     """The placement of one table on ``device``, from the arguments :class:`~hmgstore.HybridTensor` takes.
 
     ``gpu_rows`` (ids), or ``gpu_budget`` (bytes, or ``"auto"``:
-    :func:`~hmgstore.hotness.resolve_budget`) filled hottest first by
+    :func:`~hmgstore.rows.hotness.resolve_budget`) filled hottest first by
     ``hot_order`` (row ids, hottest first: :func:`check_order`) or by
     ``hotness`` (a score per row, higher is hotter: :func:`order_by_score`),
     or, with neither, in id order (the first rows that fit: a table knows no
@@ -279,7 +279,7 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     """
     if hot_order is None:
         raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
-                         "hmgstore.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
+                         "hmgstore.rows.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
     if gpu_budget is None:
         raise ValueError("a sharded table needs gpu_budget, the bytes each GPU gives to the table (e.g. '20GB')")
     if num_shards < 1 or num_shards > 8:
@@ -288,7 +288,7 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     if rep_bytes > budget:
         raise ValueError(f"replicate ({rep_bytes} B) must fit in gpu_budget ({budget} B): replicated rows "
                          "take part of each GPU's budget")
-    order = check_order(hot_order, num_rows, hint="hmgstore.placement.order_by_score(score) turns a score per row "
+    order = check_order(hot_order, num_rows, hint="hmgstore.rows.placement.order_by_score(score) turns a score per row "
                                                    "(a degree, a count) into one")
     per_gpu = budget // row_bytes if row_bytes else 0
     rep = min(rep_bytes // row_bytes if row_bytes else 0, per_gpu, len(order))
@@ -300,6 +300,6 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
 
 def __getattr__(name: str):
     if name == "presample":  # it runs a sampler, so it lives with the sampler, a layer above this one
-        raise AttributeError("hmgstore.placement.presample moved to hmgstore.graph.presample (same arguments): "
+        raise AttributeError("hmgstore.rows.placement.presample moved to hmgstore.graph.presample (same arguments): "
                              "from hmgstore.graph import presample")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ however the host memory was allocated. A batch's time is then about
 
 so a big table's rate depends on how many pages a batch touches, which
 layouts and locality-aware batches (:mod:`hmgstore.graph.locality`) and
-stored formats (:mod:`hmgstore.formats`) lower.
+stored formats (:mod:`hmgstore.rows.formats`) lower.
 
 :func:`measure` finds that curve for one machine: a host table in owned
 (cudaHostAlloc) memory, batches of ids confined to ``K`` random pages for a
@@ -33,10 +33,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from .progress import tqdm
+from ..util.progress import tqdm
 
-from .split import cache_path as _split_cache_path
-from .timing import h2d_limit_gbps, median_seconds
+from ..gather.cpu_share import cache_path as _split_cache_path
+from ..util.timing import h2d_limit_gbps, median_seconds
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
     (``index_select`` alone: there is nothing to copy to), which shows the
     CPU's own reach.
     """
-    from .memory import owned
+    from ..memory import owned
     from .tensor import HybridTensor
 
     device = torch.device(device)

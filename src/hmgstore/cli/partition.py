@@ -1,4 +1,4 @@
-"""Command line: ``python -m hmgstore.partition OUT_DIR --parts N [--by range|hash|FILE] GRAPH``.
+"""Command line: ``python -m hmgstore.cli.partition OUT_DIR --parts N [--by range|hash|FILE] GRAPH``.
 
 Cuts a graph into one part per machine (see
 :mod:`hmgstore.distributed.parts` for what each part holds), for
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .distributed.book import PartitionBook
-from .files import load_torch_file
-from .distributed.parts import partition
+from ..distributed.partition_book import PartitionBook
+from ..table.files import load_torch_file
+from ..distributed.parts import partition
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def read_assignment(path) -> torch.Tensor:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hmgstore.partition", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m hmgstore.cli.partition", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path, help="folder to write part0 ... part{N-1} and split/ into")
     p.add_argument("--parts", type=int, required=True, help="number of machines")
@@ -78,11 +78,11 @@ def main(argv=None) -> None:
     if args.out_dir.is_dir() and any(args.out_dir.iterdir()) and not args.overwrite:  # before building the graph
         parser.error(f"{args.out_dir} is not empty; pass --overwrite to replace it and everything in it")
     if args.ogb is not None:
-        from .data.ogb import load_node_dataset
+        from ..data.ogb import load_node_dataset
 
         g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
     else:
-        from .data import synthetic
+        from ..data import synthetic
 
         g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
     if args.by in ("range", "hash"):

@@ -1,6 +1,6 @@
 """How many of this process's cores other processes leave idle: :class:`CpuLoad`, read from ``/proc``.
 
-The split gather (:mod:`hmgstore.split`) reads part of a batch with torch's
+The split gather (:mod:`hmgstore.gather.cpu_share`) reads part of a batch with torch's
 threads; while CPU sampler workers in other processes are the training
 loop's bottleneck, those cores are theirs. ``cpu_load`` is the process's one
 instance, sampled at most every ``CpuLoad.PERIOD``.

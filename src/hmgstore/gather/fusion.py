@@ -1,13 +1,13 @@
 """Fused gathers: the gathers of several batches recorded, then run as one kernel job per table.
 
 Why. On the cloud VMs measured a zero-copy gather pays a fixed, serialised cost
-for every distinct 2 MiB host page it touches (:mod:`hmgstore.reach`), and a
+for every distinct 2 MiB host page it touches (:mod:`hmgstore.table.host_pages`), and a
 mini-batch of a big table touches nearly every page of it whatever its
 order. The cost is paid per launch: the same pages read by one launch of
 more rows cost no more. Measured on an H100 (PCIe Gen5) in a cloud VM (40 GB table of 512 B rows,
 random distinct ids, every page touched; ``benchmarks/probe_compress.py
 --rows-sweep``): 250k ids a launch read at 0.31x the PCIe limit, 1M at 0.54x,
-2M at 0.69x; in int8 rows (:mod:`hmgstore.formats`) 0.53x, 1.76x and 2.05x
+2M at 0.69x; in int8 rows (:mod:`hmgstore.rows.formats`) 0.53x, 1.76x and 2.05x
 of the float32 bytes asked for. So a pipeline that makes the next few batches
 ahead anyway gathers their rows together.
 
@@ -22,7 +22,7 @@ are ready on the stream current at its end (:class:`hmgstore.Pipeline` with
 ``fuse=k`` does this for ``k`` batches at a time and hands them over with
 an event). Gathers that give ``out=``, a ``stream``, or read CPU tables run
 at once, as outside a window. A gather inside a window cannot be split with
-the CPU (:mod:`hmgstore.split`): the window's ids are all on the GPU.
+the CPU (:mod:`hmgstore.gather.cpu_share`): the window's ids are all on the GPU.
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import threading
 import torch
 
 from . import plan
-from .device import resolve_device
-from .index import check_pending, prepare_many
+from ..util.device import resolve_device
+from ..rows.ids import check_pending, prepare_many
 
 _local = threading.local()
 

@@ -18,7 +18,7 @@ The producer process (``torch.multiprocessing``, spawned) calls
 ``make_loader()`` once, then, for each pass the trainer starts, iterates it
 through :class:`hmgstore.Pipeline` (``max_sms`` and ``fuse`` are the
 pipeline's; its own depth is 1) and copies each batch into a ring of ``depth + 1`` shared
-buffers (:mod:`hmgstore.ring`), ordered by CUDA events, with no host
+buffers (:mod:`hmgstore.prefetch.shared_ring`), ordered by CUDA events, with no host
 synchronisation between the processes in the steady state.
 
 A batch's tensors are views into its ring slot: they stay valid until the
@@ -48,10 +48,10 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import ring
-from .device import resolve_device
+from . import shared_ring as ring
+from ..util.device import resolve_device
 from .pipeline import check_max_sms
-from .serve import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
+from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
 
 
 

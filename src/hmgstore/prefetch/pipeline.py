@@ -15,7 +15,7 @@ the training.
 An exception raised while producing a batch is raised in the training loop,
 with its traceback, at the batch where it happened (a bad GPU id, which
 gathers check without waiting, at a later batch or at the end of the pass
-at the latest: see :mod:`hmgstore.index`); stopping early (``break``)
+at the latest: see :mod:`hmgstore.rows.ids`); stopping early (``break``)
 stops the background thread. On the CPU the pipeline is a plain prefetching
 iterator (a thread, no streams).
 """
@@ -28,10 +28,10 @@ from typing import Iterable, Iterator
 
 import torch
 
-from .cuda.gather import capped_gathers
-from .device import resolve_device
-from .fusion import fused
-from .reach import batches_to_fuse
+from ..cuda.gather import capped_gathers
+from ..util.device import resolve_device
+from ..gather.fusion import fused
+from ..table.host_pages import batches_to_fuse
 
 _DONE = object()
 
@@ -104,12 +104,12 @@ class Pipeline:
             kernels are not capped (see
             ``capped_gathers`` for why).
         fuse: make this many batches at a time and gather their rows
-            together, one kernel job per table (:mod:`hmgstore.fusion`): big
+            together, one kernel job per table (:mod:`hmgstore.gather.fusion`): big
             host tables read several times faster per row in launches of
             more rows. Costs the memory of ``fuse`` batches' features and
             delays the first batch of each group by the group's sampling.
             ``"auto"``: as many as the loader's biggest host tier needs
-            (:func:`hmgstore.reach.batches_to_fuse`, from this machine's
+            (:func:`hmgstore.table.host_pages.batches_to_fuse`, from this machine's
             measured reach, cached). Default 1 (each batch on its own).
 
     Batches come out ready on the stream that is current when they are taken.
@@ -237,7 +237,7 @@ class Pipeline:
                     raise err
                 if batch is _DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
-                        from .index import raise_deferred
+                        from ..rows.ids import raise_deferred
 
                         raise_deferred(self.device)
                     return

@@ -1,7 +1,7 @@
 """The table's state and lifecycle: :class:`Table`, what every :class:`hmgstore.HybridTensor` is.
 
 A table of ``N`` rows is built from a host source (torch CPU tensor, numpy
-array or memmap) and a :class:`~hmgstore.placement.Placement`. On a GPU,
+array or memmap) and a :class:`~hmgstore.rows.placement.Placement`. On a GPU,
 :meth:`Table._build` copies the resident rows into a GPU tier and pins the
 source (or the owned copy made of it) as the host tier, and binds each tier
 to its address: the kernel's view of the table. On the CPU every row is read
@@ -11,11 +11,11 @@ Lifecycle. Gathers register themselves per thread (:meth:`Table._enter`);
 :meth:`Table.close` waits for those in flight in other threads, refuses new
 ones, waits for the device, then frees the GPU tier and the host
 registration, so no kernel still reads what it frees. A table that crossed
-into another process (:mod:`hmgstore.pickling`) builds its CUDA parts on
+into another process (:mod:`hmgstore.table.pickling`) builds its CUDA parts on
 first use (:meth:`Table._ready`).
 
 The gathering API (indexing, writes, statistics, ``gather_many``) is
-:class:`hmgstore.HybridTensor`, in :mod:`hmgstore.tensor`.
+:class:`hmgstore.HybridTensor`, in :mod:`hmgstore.table.tensor`.
 """
 from __future__ import annotations
 
@@ -28,13 +28,14 @@ from typing import Sequence
 
 import torch
 
-from . import formats, plan
-from . import placement as placement_mod
-from .cuda.runtime import synchronize
-from .device import resolve_device
-from .memory.pinned import PinnedHost, as_host_tensor, row_layout
-from .placement import Placement, Tier
-from .stats import TierCounter
+from ..rows import formats
+from ..gather import plan
+from ..rows import placement as placement_mod
+from ..cuda.runtime import synchronize
+from ..util.device import resolve_device
+from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows.placement import Placement, Tier
+from ..rows.stats import TierCounter
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class Table:
         """Take ``source`` as the host tier.
 
         A table's own source is copied (``copy``, or encoded in
-        ``host_format``, a :class:`~hmgstore.formats.Format`) into owned
+        ``host_format``, a :class:`~hmgstore.rows.formats.Format`) into owned
         memory. ``dtype``: the table's dtype when ``source`` is already a
         stored host tier (rebuilt, loaded or empty tables), whose format is
         ``host_format`` (16-bit formats are also recognised by their dtype)
@@ -60,7 +61,7 @@ class Table:
         them (a permutation, :mod:`hmgstore.locality`); a table's own source
         is then copied in that order, a stored host tier is in it already.
         """
-        from .memory import owned
+        from ..memory import owned
 
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
@@ -120,7 +121,7 @@ class Table:
         self._reads_host = p.has_host_tier
         if self.device.type != "cuda":
             return
-        from . import cuda
+        from .. import cuda
 
         cuda.check_device(self.device)
         # Whenever the table goes, wait for kernels that may still read its memory.
@@ -153,7 +154,7 @@ class Table:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
         ``tiers``: the resident tiers ``device`` reads, bound to their
-        addresses as seen from it (:meth:`hmgstore.placement.Tier.bind`);
+        addresses as seen from it (:meth:`hmgstore.rows.placement.Tier.bind`);
         ``pinned``: the source pinned for ``device``, when some rows are read
         from the host; ``unreachable``: names of resident tiers ``device``
         cannot read, whose rows it reads from the host instead. ``owner``
@@ -231,12 +232,12 @@ class Table:
 
     @property
     def host_format(self):
-        """The :class:`~hmgstore.formats.Format` of the host tier's rows, or None when kept as they read."""
+        """The :class:`~hmgstore.rows.formats.Format` of the host tier's rows, or None when kept as they read."""
         return self._format
 
     @property
     def gpu_format(self):
-        """The :class:`~hmgstore.formats.Format` of the GPU tier's rows, or None when kept as they read."""
+        """The :class:`~hmgstore.rows.formats.Format` of the GPU tier's rows, or None when kept as they read."""
         return self._gpu_format
 
     @property

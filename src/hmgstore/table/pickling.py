@@ -4,7 +4,7 @@ A table is sent as a small dict (:func:`state_of`): its source in a form
 that is safe and cheap to send, its dtype, device, GPU rows and whether it
 was closed. The receiving process rebuilds the table around that source and
 builds its CUDA parts (GPU tier, pinning) on first use
-(``hmgstore.tensor._rebuild``), so a DataLoader worker that never gathers
+(``hmgstore.table.tensor._rebuild``), so a DataLoader worker that never gathers
 never touches the GPU. A view of a table whose GPU memory belongs to
 another object (a sharded table) cannot be rebuilt elsewhere; its state
 says why, and the first gather there raises with that text.

@@ -8,7 +8,7 @@ string such as ``"8GB"`` (:func:`parse_bytes`). Scores are what users most
 often pass where an order is wanted, so the checks here (:func:`check_order`,
 :func:`check_score`) say which is which. A budget may also be ``"auto"``
 (:func:`resolve_budget`: the lesser of what the table needs and
-:data:`AUTO_SHARE` of the GPU's free memory; no GPU tier on a CPU). :mod:`hmgstore.placement` turns the
+:data:`AUTO_SHARE` of the GPU's free memory; no GPU tier on a CPU). :mod:`hmgstore.rows.placement` turns the
 rows chosen into tiers, and its names for these functions stay public.
 """
 from __future__ import annotations
@@ -178,7 +178,7 @@ def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) 
 
 
 _SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=score, or through "
-                "hmgstore.placement.order_by_score(score) as hot_order")
+                "hmgstore.rows.placement.order_by_score(score) as hot_order")
 
 
 def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCORES_HINT) -> torch.Tensor:
@@ -192,7 +192,7 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
     a score per row goes (``hint``), since scores are what is usually passed
     by mistake.
     """
-    from .index import as_tensor, check_range
+    from .ids import as_tensor, check_range
 
     if not isinstance(order, torch.Tensor):
         try:

@@ -2,7 +2,7 @@
 
 For a batch of requests ``(table, ids)`` on one device:
 
-1. every index is checked and made flat (:func:`hmgstore.index.prepare_many`;
+1. every index is checked and made flat (:func:`hmgstore.rows.ids.prepare_many`;
    CPU ids before anything is read, GPU ids as the ``check`` mode says);
 2. each request gets its output, given or allocated on the gather's stream;
 3. on the CPU, ``torch.index_select`` reads each table's source (widening
@@ -11,10 +11,10 @@ For a batch of requests ``(table, ids)`` on one device:
    (:func:`job`: ids narrowed to int32 where they fit and grouped by ~2 MiB
    of host memory, :mod:`hmgstore.cuda.order`), all jobs go in ONE launch
    (:mod:`hmgstore.cuda.gather`), and split tables hand a share of their
-   host rows to the CPU (:mod:`hmgstore.split`) while it runs.
+   host rows to the CPU (:mod:`hmgstore.gather.cpu_share`) while it runs.
 
 Nothing here checks the caller's arguments or the tables' lifetime: the
-public functions of :mod:`hmgstore.tensor` do, before calling :func:`run`.
+public functions of :mod:`hmgstore.table.tensor` do, before calling :func:`run`.
 The tables are :class:`hmgstore.HybridTensor` objects; this module reads
 their tiers and settings and never imports the class.
 """
@@ -24,11 +24,11 @@ import contextlib
 
 import torch
 
-from . import index as index_mod
-from . import placement as placement_mod
-from . import split as split_mod
-from .index import Index, check_pending, check_range, prepare_many
-from .memory.pinned import PinnedHost
+from ..rows import ids as index_mod
+from ..rows import placement as placement_mod
+from . import cpu_share as split_mod
+from ..rows.ids import Index, check_pending, check_range, prepare_many
+from ..memory.pinned import PinnedHost
 
 
 def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
@@ -122,7 +122,7 @@ def check_out(out: torch.Tensor, shape, dtype, device) -> None:
 
 def page_shift(table) -> int:
     """log2 of the rows per ~2 MiB of the table's host tier: the groups a gather's ids are ordered in."""
-    from .cuda import order
+    from ..cuda import order
 
     return order.bucket_shift(table._pinned.pitch if table._pinned is not None else table.row_bytes)
 
@@ -136,7 +136,7 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
     Ids not ``checked`` yet (the kernel checks them) are never narrowed,
     which could wrap a bad id into range.
     """
-    from .cuda import gather, order
+    from ..cuda import gather, order
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
     shift = page_shift(table) if table._sort_ids and table._reads_host and len(index.ids) > 1 else None
@@ -156,10 +156,10 @@ def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device:
     """``out[i] = source[rows[i]]`` on ``device``, reading the pinned source with the gather kernel; waits.
 
     ``rows``: ids in range (they come from a placement); ``stored``: the
-    :class:`~hmgstore.formats.Format` the source keeps rows in, decoded on
+    :class:`~hmgstore.rows.formats.Format` the source keeps rows in, decoded on
     the way into ``out`` (float32); None copies the rows' bytes as they are.
     """
-    from .cuda import gather
+    from ..cuda import gather
 
     if not len(rows):
         return
@@ -180,7 +180,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     ``shares``: per request, the CPU's share of the split gather, or None
     to use each table's own setting.
     """
-    from .cuda import gather
+    from ..cuda import gather
 
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
@@ -223,7 +223,7 @@ def count(table, work) -> None:
 
 def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
-    from .cuda import gather, order
+    from ..cuda import gather, order
 
     k, cpu, rest = split_mod.divide(index.host, table._split.on_host(table.placement), share)
     if not k:
@@ -249,7 +249,7 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
 
 def gather_with_share(table, ids: torch.Tensor, out: torch.Tensor, share: float) -> None:
     """Gather CPU ids (int64, in range) of a CUDA table into ``out`` with the CPU reading ``share`` of its host
-    rows (how :mod:`hmgstore.split` measures its cost model)."""
+    rows (how :mod:`hmgstore.gather.cpu_share` measures its cost model)."""
     with cuda_context(table.device, None) as stream:
         index = Index(ids.to(table.device, non_blocking=True), (len(ids),), ids)
         gather_cuda([(table, ids)], [index], [out], [], "sync", table.device, stream, [share])

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import torch
 
-from .cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
+from ..util.cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ def model_for(table, batch: int, run) -> Model:
 def measure(table, batch: int, key: str, run, repeats: int = 3) -> Model:
     """Time a probe batch of ``batch`` random host-tier ids on ``table``: each path alone, then shares around
     the one their rates predict; best of ``repeats`` each. ``run(table, ids, out, share)`` gathers CPU ids
-    with the CPU reading ``share`` of the host rows (:func:`hmgstore.plan.gather_with_share`)."""
+    with the CPU reading ``share`` of the host rows (:func:`hmgstore.gather.plan.gather_with_share`)."""
     host_rows = host_rows_of(table.placement)
     n = min(batch, len(host_rows))
     ids = host_rows[torch.randint(len(host_rows), (n,), generator=torch.Generator().manual_seed(0))]
@@ -217,7 +217,7 @@ class Setting:
 
     def share(self, table, batch: int) -> float:
         """The CPU's share for a batch of ``batch`` ids: fixed, or the cost model's for its size class (0 while
-        other processes leave too few idle cores, see :class:`hmgstore.cpu_load.CpuLoad`)."""
+        other processes leave too few idle cores, see :class:`hmgstore.util.cpu_load.CpuLoad`)."""
         if self.value != "auto":
             return self.value
         size = batch_class(batch)

@@ -2,7 +2,7 @@
 
 Each GPU gets ``gpu_budget`` bytes: a copy of the hottest rows (``replicate``
 bytes' worth), then its shard of the next hottest rows
-(:func:`hmgstore.placement.sharded`); every other row stays in the source,
+(:func:`hmgstore.rows.placement.sharded`); every other row stays in the source,
 pinned in place once for all GPUs. ``table.on(device)`` is a
 :class:`~hmgstore.HybridTensor` view gathering into that GPU: one kernel
 launch reads its local rows, its peers' shards over NVLink (peer access) and
@@ -21,12 +21,12 @@ import weakref
 
 import torch
 
-from . import placement as placement_mod
-from .cuda.runtime import synchronize
-from .device import resolve_device
-from .index import rows_only
-from .memory.pinned import PinnedHost, as_host_tensor, row_layout
-from .plan import fill_rows
+from ..rows import placement as placement_mod
+from ..cuda.runtime import synchronize
+from ..util.device import resolve_device
+from ..rows.ids import rows_only
+from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..gather.plan import fill_rows
 from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def allocate_tier(placement: placement_mod.Placement, tier: str, source: torch.T
 def _hot_order(num_rows: int, hot_order, hotness):
     """Row ids hottest first, as :class:`~hmgstore.HybridTensor` reads its arguments: ``hot_order`` as given
     (checked by the placement), ``hotness`` scores ordered hottest first, or, with neither, id order. Raises
-    ValueError for both, and what :func:`~hmgstore.placement.check_score` raises for bad scores."""
+    ValueError for both, and what :func:`~hmgstore.rows.placement.check_score` raises for bad scores."""
     if hot_order is not None and hotness is not None:
         raise ValueError("pass hot_order (row ids, hottest first) or hotness (a score per row), not both")
     if hotness is not None:
@@ -70,7 +70,7 @@ class ShardedTensor:
         hot_order: row ids hottest first; rows not listed stay on the host.
         hotness: instead of ``hot_order``, a score per row (``[N]``, any real
             dtype, higher is hotter), ordered with
-            :func:`hmgstore.placement.order_by_score`.
+            :func:`hmgstore.rows.placement.order_by_score`.
         replicate: bytes of each GPU's budget holding the hottest rows on
             every GPU (no peer read for them); the rest of the budget holds
             that GPU's shard.
@@ -110,7 +110,7 @@ class ShardedTensor:
             raise
 
     def _build(self, read_only: bool, max_sms, progress: bool) -> None:
-        from .cuda import check_device, peer
+        from ..cuda import check_device, peer
 
         p, indices = self.placement, [d.index for d in self.devices]
         for d in self.devices:

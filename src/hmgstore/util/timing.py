@@ -5,7 +5,7 @@
 returns the median. GPU-only work is timed with CUDA events on the current
 stream; work that involves the host (``wall=True``) with ``perf_counter``
 between device synchronisations. The benchmarks (:mod:`hmgstore.bench`) and
-the library's calibrations (:mod:`hmgstore.reach`) share it.
+the library's calibrations (:mod:`hmgstore.table.host_pages`) share it.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from .graph.fanout import parse_fanout
+from ..graph.fanout import parse_fanout
 
 #: Neighbours per hop, from the seeds outwards, wherever a fanout has a default.
 DEFAULT_FANOUT = "15,10,5"

@@ -11,10 +11,10 @@ bit-identical either way.
 types of a batch) into one launch; adapters call it once per batch.
 
 This module is the public API and its validation: the public functions
-check their arguments, then :mod:`hmgstore.plan` does the work (jobs, the
-one launch). The table's state and lifecycle are :mod:`hmgstore.table`, the
-split CPU+GPU gather :mod:`hmgstore.split`, and what a table sends to
-another process :mod:`hmgstore.pickling`.
+check their arguments, then :mod:`hmgstore.gather.plan` does the work (jobs, the
+one launch). The table's state and lifecycle are :mod:`hmgstore.table.state`, the
+split CPU+GPU gather :mod:`hmgstore.gather.cpu_share`, and what a table sends to
+another process :mod:`hmgstore.table.pickling`.
 
 Streams. A gather runs on ``stream`` if given, else on the current stream
 of the table's device, and its result is ready on that stream; the host
@@ -37,13 +37,15 @@ from typing import Sequence
 
 import torch
 
-from . import formats, fusion, pickling, plan
-from . import placement as placement_mod
-from . import split as split_mod
-from .device import resolve_device
-from .index import CHECKS, raise_deferred, rows_only
-from .stats import TierCounter
-from .table import Table
+from ..gather import cpu_share as split_mod
+from ..gather import fusion, plan
+from ..rows import formats
+from ..rows import placement as placement_mod
+from ..rows.ids import CHECKS, raise_deferred, rows_only
+from ..rows.stats import TierCounter
+from ..util.device import resolve_device
+from . import pickling
+from .state import Table
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +71,14 @@ class HybridTensor(Table):
             rows (int or ``"8GB"``), filled hottest first by ``hot_order`` or
             ``hotness``; with neither, in id order (the first rows that fit).
             ``"auto"``: the lesser of the whole table and half the GPU's free
-            memory (:func:`hmgstore.hotness.resolve_budget`); None (default):
+            memory (:func:`hmgstore.rows.hotness.resolve_budget`); None (default):
             every row in the host tier.
         hot_order: row ids hottest first, used with ``gpu_budget``: integers,
             each in range and listed at most once (every id is checked, not
             only those the budget takes; float ids raise TypeError).
         hotness: instead of ``hot_order``, a score per row (``[N]``, any real
             dtype, higher is hotter: in-degree, access counts), ordered with
-            :func:`hmgstore.placement.order_by_score`.
+            :func:`hmgstore.rows.placement.order_by_score`.
         max_sms: cap the gather at this many SMs' worth of resident blocks, so
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning or copying large tables.
@@ -98,7 +100,7 @@ class HybridTensor(Table):
             table), ``"hugepage"`` or ``"cuda"`` (see
             :mod:`hmgstore.memory.owned`).
         split: let the CPU read part of each batch's host rows while the
-            kernel reads the rest (:mod:`hmgstore.split`; for tables of
+            kernel reads the rest (:mod:`hmgstore.gather.cpu_share`; for tables of
             more than a few GB, gathered with CPU ids): ``"auto"`` measures
             both paths on this kind of table at the first batch of each
             size class and caches the share, a float in ``[0, 1]`` fixes
@@ -137,17 +139,8 @@ class HybridTensor(Table):
             self.reset_stats()
         self.set_split(split)
 
-    @classmethod
-    def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, max_sms=None, progress=True,
-                 **placement) -> "HybridTensor":
-        """A table over ``host`` (owned memory, used in place), whose rows read as ``dtype``."""
-        self = cls.__new__(cls)
-        self._setup(host, resolve_device(device), max_sms, progress, dtype=dtype)
-        self._place_and_build(**placement)
-        return self
-
     def set_split(self, split) -> None:
-        """Set the split gather (see :mod:`hmgstore.split`), as the ``split`` argument does.
+        """Set the split gather (see :mod:`hmgstore.gather.cpu_share`), as the ``split`` argument does.
 
         ``"auto"`` reads the cost model from the cache, or measures it on
         this table at the first batch of each size class (a second or two,
@@ -165,7 +158,7 @@ class HybridTensor(Table):
     @property
     def split_skipped(self) -> int:
         """Batches that ``split="auto"`` read with the kernel alone because other processes left too few idle
-        cores (see :mod:`hmgstore.split`)."""
+        cores (see :mod:`hmgstore.gather.cpu_share`)."""
         return self._split.skipped if self._split is not None else 0
 
     @classmethod
@@ -179,7 +172,7 @@ class HybridTensor(Table):
         arguments (``gpu_rows``, ``gpu_budget`` with ``hot_order`` or ``hotness``,
         ``max_sms``, ``stats``, ``progress``) are as for the constructor.
         """
-        from .memory import owned
+        from ..memory import owned
 
         device = resolve_device(device)
         host_format, gpu_format = _formats(host_dtype, compress)
@@ -194,7 +187,7 @@ class HybridTensor(Table):
     def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None, gpu_format=None,
                  layout=None, max_sms=None, progress=True, **placement) -> "HybridTensor":
         """A table over ``host`` (owned memory in the stored form, used in place), whose rows read as ``dtype``
-        (``fmt``, ``shape``, ``layout``: see :meth:`hmgstore.table.Table._setup`)."""
+        (``fmt``, ``shape``, ``layout``: see :meth:`hmgstore.table.state.Table._setup`)."""
         self = cls.__new__(cls)
         self._setup(host, resolve_device(device), max_sms, progress, host_format=fmt, gpu_format=gpu_format,
                     dtype=dtype, shape=shape, layout=layout)
@@ -229,7 +222,7 @@ class HybridTensor(Table):
         the current stream); the result is ready on that stream (see the
         module docstring for the stream contract). ``check``: how ids
         already on a GPU are range-checked: ``"deferred"`` (no waiting; a
-        bad id raises at a later gather, see :mod:`hmgstore.index`) or
+        bad id raises at a later gather, see :mod:`hmgstore.rows.ids`) or
         ``"sync"`` (one device-to-host read; raises here).
         Raises IndexError for ids out of range (CPU ids: before any memory is
         read), TypeError for non-integer indices, ValueError for a bad
@@ -261,7 +254,7 @@ class HybridTensor(Table):
         IndexError for ids out of range, ValueError for a value that does not
         broadcast to the rows, RuntimeError for a closed table.
         """
-        from .index import normalize
+        from ..rows.ids import normalize
 
         rows_only(index)
         if self._read_only:
@@ -307,7 +300,7 @@ class HybridTensor(Table):
     def stats(self) -> dict:
         """Rows and bytes served per tier since :meth:`reset_stats`, the GPU hit ratio and GB/s.
 
-        See :mod:`hmgstore.stats` for the fields. Reads the device's counters
+        See :mod:`hmgstore.rows.stats` for the fields. Reads the device's counters
         (one synchronisation). Raises RuntimeError when not counting.
         """
         if self._counter is None:
@@ -329,7 +322,7 @@ ForkingPickler.register(HybridTensor, _reduce_for_process)
 
 
 def _rebuild(state: dict) -> HybridTensor:
-    """A table from :func:`hmgstore.pickling.state_of`: checked now, built (CUDA memory, pinning) on first use."""
+    """A table from :func:`hmgstore.table.pickling.state_of`: checked now, built (CUDA memory, pinning) on first use."""
     table = HybridTensor.__new__(HybridTensor)
     table._setup(pickling.source_of(state), resolve_device(state["device"]), state["max_sms"], False,
                  dtype=state["dtype"], shape=state["shape"], host_format=formats.get(state["format"]),
@@ -378,8 +371,8 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     index in any request raises (IndexError/TypeError) without reading
     memory; ids already on a GPU are checked as ``check`` says (see
     :meth:`HybridTensor.gather`), and an earlier gather's bad GPU id found
-    since is raised here first. The work is :func:`hmgstore.plan.run`; inside
-    :func:`hmgstore.fusion.fused` (and without ``outs`` or ``stream``), the
+    since is raised here first. The work is :func:`hmgstore.gather.plan.run`; inside
+    :func:`hmgstore.gather.fusion.fused` (and without ``outs`` or ``stream``), the
     gather is recorded and its outputs written when the block ends.
     """
     if isinstance(requests, Table):
@@ -400,7 +393,7 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
             table._enter()
             entered.append(table)
             table._ready()
-        if window is not None:  # recorded: written when the window ends (see hmgstore.fusion)
+        if window is not None:  # recorded: written when the window ends (see hmgstore.gather.fusion)
             return window.record(requests, check)
         return plan.run(requests, outs, device, stream, check)
     finally:

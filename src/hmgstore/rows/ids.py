@@ -260,7 +260,7 @@ class _DeviceChecks:
     """One GPU's launches whose ids the kernel checked, and the pinned slots their records land in."""
 
     def __init__(self):
-        from .cuda.gather import E_WORDS
+        from ..cuda.gather import E_WORDS
 
         self.host = torch.zeros((_SLOTS, E_WORDS), dtype=torch.int64).pin_memory()
         self.free = list(range(_SLOTS))
@@ -297,7 +297,7 @@ def _device_checks(device: torch.device) -> _DeviceChecks:
 
 def error_record(device: torch.device) -> torch.Tensor:
     """A zeroed error record for one launch on the current stream of ``device``."""
-    from .cuda.gather import E_WORDS
+    from ..cuda.gather import E_WORDS
 
     return torch.zeros(E_WORDS, dtype=torch.int64, device=device)
 
@@ -323,7 +323,7 @@ def deferred(device: torch.device, stream, record: torch.Tensor, requests: list)
 
 
 def _raise_done(checks: _DeviceChecks, wait: bool) -> None:
-    from .cuda.gather import LAYOUT
+    from ..cuda.gather import LAYOUT
 
     for record, words in checks.take_done(wait):
         flag, job, position, value = (words[LAYOUT[k]] for k in ("E_FLAG", "E_JOB", "E_POSITION", "E_VALUE"))
