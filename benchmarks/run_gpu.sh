@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -25,17 +25,17 @@ for stage in "$@"; do
          python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, "gpus", torch.cuda.device_count())' ;;
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
-    probe-split) timeout 400 python3 benchmarks/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
-    probe-sorted) timeout 200 python3 benchmarks/probe_sorted.py --gb 2 --row-bytes 128 512 --profile "$OUT/profile" >"$OUT/probe_sorted.json" \
+    probe-split) timeout 400 python3 benchmarks/probes/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
+    probe-sorted) timeout 200 python3 benchmarks/probes/probe_sorted.py --gb 2 --row-bytes 128 512 --profile "$OUT/profile" >"$OUT/probe_sorted.json" \
                     2>"$OUT/probe_sorted.log"; rc=$?; cat "$OUT/probe_sorted.json"; tail -3 "$OUT/probe_sorted.log" ;;
-    probe-fork) timeout 200 python3 benchmarks/probe_fork.py >"$OUT/probe_fork.json" 2>"$OUT/probe_fork.log"; rc=$?
+    probe-fork) timeout 200 python3 benchmarks/probes/probe_fork.py >"$OUT/probe_fork.json" 2>"$OUT/probe_fork.log"; rc=$?
                 cat "$OUT/probe_fork.log" ;;
-    probe-split-loop-cuda) timeout 300 python3 benchmarks/probe_split_loop.py --backing cuda \
+    probe-split-loop-cuda) timeout 300 python3 benchmarks/probes/probe_split_loop.py --backing cuda \
                         >"$OUT/probe_split_loop_cuda.json" 2>"$OUT/probe_split_loop_cuda.log"; rc=$?
                         tail -8 "$OUT/probe_split_loop_cuda.log" ;;
-    probe-split-loop) timeout 300 python3 benchmarks/probe_split_loop.py >"$OUT/probe_split_loop.json" \
+    probe-split-loop) timeout 300 python3 benchmarks/probes/probe_split_loop.py >"$OUT/probe_split_loop.json" \
                         2>"$OUT/probe_split_loop.log"; rc=$?; tail -8 "$OUT/probe_split_loop.log" ;;
-    probe-split-loop-128) timeout 300 python3 benchmarks/probe_split_loop.py --row-bytes 128 \
+    probe-split-loop-128) timeout 300 python3 benchmarks/probes/probe_split_loop.py --row-bytes 128 \
                         >"$OUT/probe_split_loop_128.json" 2>"$OUT/probe_split_loop_128.log"; rc=$?
                         tail -8 "$OUT/probe_split_loop_128.log" ;;
     split-tests) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_split.py >"$OUT/split-tests.log" 2>&1
@@ -56,9 +56,9 @@ for stage in "$@"; do
                      --batches 10 --out "$OUT/sample-papers" 2>"$OUT/sample-papers.log"; rc=$?; tail -3 "$OUT/sample-papers.log" ;;
     tests) python3 -m pytest -q -m gpu tests/test_tensor.py tests/test_memory.py >"$OUT/tests.log" 2>&1; rc=$?; tail -25 "$OUT/tests.log" ;;
     tests-all) python3 -m pytest -q tests >"$OUT/tests-all.log" 2>&1; rc=$?; tail -40 "$OUT/tests-all.log" ;;
-    probe) python3 benchmarks/probe_host_pages.py --out "$OUT/probe" 2>&1; rc=$? ;;
-    probe-kernel) python3 benchmarks/probe_kernel.py --out "$OUT/probe-kernel" 2>&1; rc=$? ;;
-    tune) python3 benchmarks/tune_gather.py --out "$OUT/tune" 2>&1; rc=$? ;;
+    probe) python3 benchmarks/probes/probe_host_pages.py --out "$OUT/probe" 2>&1; rc=$? ;;
+    probe-kernel) python3 benchmarks/probes/probe_kernel.py --out "$OUT/probe-kernel" 2>&1; rc=$? ;;
+    tune) python3 benchmarks/probes/tune_gather.py --out "$OUT/tune" 2>&1; rc=$? ;;
     bench) python3 -m hmgstore.bench gather --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
     bench-quick) python3 -m hmgstore.bench gather --sweep-gb --row-bytes 128 512 4096 --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$? ;;
     pyg) mkdir -p "$OUT/pyg"; rc=0
@@ -90,21 +90,21 @@ for stage in "$@"; do
            tail -40 "$OUT/reach.log" ;;
     reach-quick) timeout 200 python3 -m hmgstore.bench reach --table-gb 4 --pages 16 256 1024 2048 --no-progress \
                    --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?; tail -30 "$OUT/reach.log" ;;
-    compress) timeout 560 python3 benchmarks/probe_compress.py >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"
+    compress) timeout 560 python3 benchmarks/probes/probe_compress.py >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"
               rc=$?; cat "$OUT/probe_compress.log" ;;
-    compress-quick) timeout 200 python3 benchmarks/probe_compress.py --gb 2 --row-bytes 128 512 --reps 5 \
+    compress-quick) timeout 200 python3 benchmarks/probes/probe_compress.py --gb 2 --row-bytes 128 512 --reps 5 \
                       >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"; rc=$?; cat "$OUT/probe_compress.log" ;;
-    compress-split) timeout 560 python3 benchmarks/probe_compress.py --gb 40 --formats int8 bfloat16 --split \
+    compress-split) timeout 560 python3 benchmarks/probes/probe_compress.py --gb 40 --formats int8 bfloat16 --split \
                       --rows-sweep 125000 250000 1000000 2000000 4000000 \
                       >"$OUT/probe_compress_split.json" 2>"$OUT/probe_compress_split.log"; rc=$?
                     cat "$OUT/probe_compress_split.log" ;;
-    locality) timeout 560 python3 benchmarks/probe_locality.py >"$OUT/probe_locality.json" 2>"$OUT/probe_locality.log"
+    locality) timeout 560 python3 benchmarks/probes/probe_locality.py >"$OUT/probe_locality.json" 2>"$OUT/probe_locality.log"
               rc=$?; cat "$OUT/probe_locality.log" ;;
-    fuse) timeout 560 python3 benchmarks/probe_fuse.py >"$OUT/probe_fuse.json" 2>"$OUT/probe_fuse.log"; rc=$?
+    fuse) timeout 560 python3 benchmarks/probes/probe_fuse.py >"$OUT/probe_fuse.json" 2>"$OUT/probe_fuse.log"; rc=$?
           cat "$OUT/probe_fuse.log" ;;
     producer-tests) timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_producer.py tests/test_pipeline.py \
                       >"$OUT/producer-tests.log" 2>&1; rc=$?; tail -15 "$OUT/producer-tests.log" ;;
-    ipc-shm) timeout 120 python3 benchmarks/probe_ipc_shm.py 2>&1; rc=$? ;;
+    ipc-shm) timeout 120 python3 benchmarks/probes/probe_ipc_shm.py 2>&1; rc=$? ;;
     gpu-share) rc=0; command -v nvidia-cuda-mps-control || echo "no nvidia-cuda-mps-control on PATH"  # what can bound a share
                python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "green contexts:",
                  hasattr(torch.cuda, "green_contexts"))' ;;
@@ -178,7 +178,7 @@ for stage in "$@"; do
                 python3 -m pytest -q -rfE -p no:cacheprovider -m multigpu tests/test_cluster.py >"$OUT/nccl-net.log" 2>&1; rc=$?
               cat /tmp/nccl/*.log | grep -oE "via (NET|P2P|SHM)[^ ]*|Using network [A-Za-z]+" | sort | uniq -c >>"$OUT/nccl-net.log"
               tail -8 "$OUT/nccl-net.log" ;;
-    compress-100) timeout ${TIMEOUT:-300} python3 benchmarks/probe_compress.py --gb 100 --row-bytes 512 128 --formats int8 --reps 5 \
+    compress-100) timeout ${TIMEOUT:-300} python3 benchmarks/probes/probe_compress.py --gb 100 --row-bytes 512 128 --formats int8 --reps 5 \
                     >"$OUT/probe_compress_100.json" 2>"$OUT/probe_compress_100.log"; rc=$?; tail -30 "$OUT/probe_compress_100.log" ;;
     example-loss) rc=0  # make run's example on a GPU, its loss read every step (as before) and every 25 steps
                   timeout 200 python3 -m pytest -q -rfE -p no:cacheprovider -m gpu tests/test_examples.py >"$OUT/example-tests.log" 2>&1 || rc=1
@@ -192,11 +192,11 @@ for stage in "$@"; do
     topology-tests) timeout 400 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests/test_distributed.py \
                       tests/test_graph_sampler.py tests/test_pyg_sampler.py tests/test_table.py >"$OUT/topology-tests.log" 2>&1; rc=$?
                     grep -E "passed|failed|FAILED|ERROR" "$OUT/topology-tests.log" | tail -20 ;;
-    probe-topology) timeout 500 python3 benchmarks/probe_topology_chunks.py >"$OUT/probe_topology.json" 2>"$OUT/probe_topology.log"
+    probe-topology) timeout 500 python3 benchmarks/probes/probe_topology_chunks.py >"$OUT/probe_topology.json" 2>"$OUT/probe_topology.log"
                     rc=$?; tail -8 "$OUT/probe_topology.log" ;;
-    probe-rows-small) timeout 400 python3 benchmarks/probe_rows_small.py --table-gib 2 >"$OUT/probe_rows_small.json" \
+    probe-rows-small) timeout 400 python3 benchmarks/probes/probe_rows_small.py --table-gib 2 >"$OUT/probe_rows_small.json" \
                         2>"$OUT/probe_rows_small.log"; rc=$?; tail -6 "$OUT/probe_rows_small.log" ;;
-    peer-rows) timeout 560 python3 benchmarks/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
+    peer-rows) timeout 560 python3 benchmarks/probes/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
                  2>"$OUT/peer-rows.log"; rc=$?; grep "ROWS=" "$OUT/peer-rows.log"; tail -3 "$OUT/peer-rows.log" ;;
     scale) timeout 500 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --num-nodes 2M --epochs 2 \
              --max-batches 100 --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?; tail -12 "$OUT/scale.log" ;;
@@ -224,6 +224,10 @@ for stage in "$@"; do
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
     soak) timeout 590 python3 benchmarks/soak.py --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
           grep -E "^\||^#|Exact" "$OUT/soak.log" | tail -40 ;;
+    # Issue 29: a batch's missed rows read by the CPU into pinned staging and copied by the copy engine, against
+    # the zero-copy kernel, alone and beside a GPU-bound step (benchmarks/probes/probe_dma_misses.py)
+    dma-misses) timeout 400 python3 benchmarks/probes/probe_dma_misses.py ${EXTRA:-} >"$OUT/probe_dma_misses.json" \
+                  2>"$OUT/probe_dma_misses.log"; rc=$?; tail -30 "$OUT/probe_dma_misses.log" ;;
     *) echo "unknown stage $stage"; rc=2 ;;
   esac
   [ "$rc" = 0 ] || { status=1; echo "=== $stage failed (rc $rc)"; }

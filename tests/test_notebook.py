@@ -38,3 +38,35 @@ def test_quickstart_notebook_runs_from_any_folder(tmp_path, monkeypatch):
     assert any("image/png" in out.get("data", {}) for out in notebook.cells[-2].get("outputs", []))
     assert "IProgress" not in stderr and "Warning" not in stderr, stderr
     assert not list(tmp.rglob("gather.*")), "the quick run left its report files behind"
+
+
+BIG_TABLE = NOTEBOOK.parent / "big_table.ipynb"
+
+
+def test_big_table_notebook_runs_from_any_folder(tmp_path):
+    """examples/notebooks/big_table.ipynb: a table per stored format, its errors and bytes, plotted beside the
+    committed accuracy and H100 figures; committed without outputs (no images in git)."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    notebook = nbformat.read(BIG_TABLE, as_version=4)
+    assert not [cell for cell in notebook.cells if cell.cell_type == "code" and cell.get("outputs")], \
+        "commit the notebook with its outputs cleared"
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        'print("plotted", [len(ax.patches) + len(ax.lines) for ax in fig.axes])'))
+    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+    stdout = "".join(out.get("text", "") for out in outputs if out.get("name") == "stdout")
+    stderr = "".join(out.get("text", "") for out in outputs if out.get("name") == "stderr")
+    assert not [out for out in outputs if out.get("output_type") == "error"]
+    lines = {line.split()[0]: line.split() for line in stdout.splitlines() if line.split()}
+    assert lines["float32"][1:3] == ["512", "204.8"] and lines["int8"][1] == "144"  # bytes a row, host MB
+    assert float(lines["int8"][4]) < 0.02 and float(lines["bfloat16"][4]) < 0.01  # relative errors
+    assert lines["float32"][4] == "0.00e+00"
+    assert "int8 rows equal torch's: True" in stdout
+    assert "not found" not in stdout and "GraphSAGE test accuracy, float32: 0.7190" in stdout, stdout
+    plotted = [int(n) for n in stdout.split("plotted [")[1].split("]")[0].split(",")]
+    assert len(plotted) == 4 and all(n > 0 for n in plotted), plotted
+    assert any("image/png" in out.get("data", {}) for out in notebook.cells[-2].get("outputs", []))
+    assert "Warning" not in stderr, stderr

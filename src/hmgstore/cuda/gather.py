@@ -18,7 +18,7 @@ import torch
 
 from .runtime import cupy, cupy_stream, kernel_source, module
 
-#: Threads per block. Chosen by benchmarks/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
+#: Threads per block. Chosen by benchmarks/probes/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
 #: 256 matched 512 within noise and beat 128.
 BLOCK = 256
 #: Rows each team copies per tile, so every thread keeps this many loads in flight (see gather.cu).

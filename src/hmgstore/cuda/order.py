@@ -5,7 +5,7 @@ the same time lie close together, so a gather used to sort its ids
 (``torch.sort``). What the kernel needs is coarser: on the H100 (2 GB owned
 table, 500k ids), ids ordered by 2 MiB page only read at 0.83x the PCIe
 limit at 128 B rows against 0.84x fully sorted
-(``benchmarks/probe_sorted.py``). A counting sort by page costs four
+(``benchmarks/probes/probe_sorted.py``). A counting sort by page costs four
 launches; ``torch.sort`` of 64-bit ids runs about 30 (radix passes), which
 took ~0.15 ms of the GPU and ~0.15 ms of host time per gather.
 

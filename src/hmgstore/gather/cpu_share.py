@@ -38,7 +38,7 @@ read as fast as 16 inside a split at 128 B rows (8.0 against 8.5 ms per
 (``numpy.take``, which drops the GIL) were measured first and lost: 14 ms
 median and from 10 to 22 ms, against 14 ms for the kernel alone, because
 each chunk waits for the GIL that the thread queueing the kernel holds
-(``benchmarks/probe_split.py --variance``).
+(``benchmarks/probes/probe_split.py --variance``).
 
 The output is bit-identical to an unsplit gather; only the time differs.
 

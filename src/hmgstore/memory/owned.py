@@ -20,7 +20,7 @@ pages (benchmarks/NOTES.md, issue 11). Two backings:
   copies private pages that are pinned for DMA into a child at ``fork``
   (so that the parent's pinned pages stay its own; seen on 6.18): every forked
   DataLoader worker would get a copy of a registered table (measured: 4 GB
-  lost and 2.9 s per fork of a 4 GB table, ``benchmarks/probe_fork.py``).
+  lost and 2.9 s per fork of a 4 GB table, ``benchmarks/probes/probe_fork.py``).
 
 ``"auto"`` (the default) takes ``"cuda"`` for a table that a GPU reads and
 ``"hugepage"`` for a CPU table (never registered, so forks share it

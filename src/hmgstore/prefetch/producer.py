@@ -58,7 +58,7 @@ from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa:
 def remove_ipc_files(pid: int) -> None:
     """Remove the files the CUDA driver leaves in /dev/shm for a process that shared CUDA IPC handles.
 
-    Measured (benchmarks/probe_ipc_shm.py, H200, driver 580): every process that exports an IPC event or
+    Measured (benchmarks/probes/probe_ipc_shm.py, H200, driver 580): every process that exports an IPC event or
     memory handle leaves ``/dev/shm/cuda.shm.<device>.<pid in hex>.<n>`` behind when it exits, torch's own
     tensor sharing included. Called for the producer once it has exited, and for the trainer at its exit,
     when no process can open its handles any more."""

@@ -1,6 +1,6 @@
 """Probe: what ``fork`` (DataLoader workers) does to a pinned host table, by how the table's memory was made.
 
-Usage: python benchmarks/probe_fork.py [--gb 4] > probe_fork.json
+Usage: python benchmarks/probes/probe_fork.py [--gb 4] > probe_fork.json
 
 Linux copies a private anonymous page at fork time when it may be pinned for DMA (since 5.11), so a
 registered table could be copied whole into every forked worker. For each kind of host memory, the probe

@@ -1,6 +1,6 @@
 """Probe: rows each gather thread keeps in flight (the kernel's ROWS) for peer reads of small rows.
 
-Usage: python benchmarks/probe_peer_rows.py [--rows 4 8 16] [--row-bytes 128 256 512] [--reps 10] --out DIR
+Usage: python benchmarks/probes/probe_peer_rows.py [--rows 4 8 16] [--row-bytes 128 256 512] [--reps 10] --out DIR
        > probe_peer_rows.json
 
 For each ROWS value, runs ``python -m hmgstore.bench peer`` (all GPUs at once, every variant checked bit

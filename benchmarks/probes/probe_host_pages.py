@@ -1,6 +1,6 @@
 """Why are small host rows slower than DESIGN.md's figure? Test the page-size hypothesis (GPU only).
 
-    python benchmarks/probe_host_pages.py --out DIR
+    python benchmarks/probes/probe_host_pages.py --out DIR
 
 Hypothesis: rows of a registered malloc'd table sit on 4 KiB pages, and the
 GPU's translation of sysmem addresses pays per page; cudaHostAlloc memory

@@ -1,6 +1,6 @@
 """Probe: pages touched per batch and gather rates for each host layout and batch order, on one GPU.
 
-Usage: python benchmarks/probe_locality.py [--nodes 20000000] [--communities 100000] [--row-bytes 512]
+Usage: python benchmarks/probes/probe_locality.py [--nodes 20000000] [--communities 100000] [--row-bytes 512]
        > probe_locality.json
 
 A community graph (``hmgstore.data.synthetic`` with fine communities: most edges stay inside one of

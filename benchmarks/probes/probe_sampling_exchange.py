@@ -2,7 +2,7 @@
 
 Run from any checkout to compare the sampling exchange of two versions on the same graph:
 
-    python benchmarks/probe_sampling_exchange.py [--nodes 200000] [--batches 20] [--fanout 15,10,5]
+    python benchmarks/probes/probe_sampling_exchange.py [--nodes 200000] [--batches 20] [--fanout 15,10,5]
 
 The parent writes the parts of a synthetic graph (hash book, two machines) and starts two ranks on this host
 (HMGSTORE_NODE_ID apart). Each rank samples ``--batches`` batches of 1024 random seeds of its own with

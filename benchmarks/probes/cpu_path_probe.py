@@ -8,7 +8,7 @@ median over reps of index_select's time over hmgstore's in the same rep
 a result reuses the heap memory the previous variant freed, and a fixed order
 gave the first variant 10-20% of page faults the others did not pay.
 
-    python benchmarks/cpu_path_probe.py [--reps 31]
+    python benchmarks/probes/cpu_path_probe.py [--reps 31]
 
 Prints one line per row size: GB/s of each variant (medians) and the ratios.
 """

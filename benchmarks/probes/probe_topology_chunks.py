@@ -1,6 +1,6 @@
 """Probe: the cost of reading a topology through chunks (a sharded topology's path) on one GPU.
 
-Usage: python benchmarks/probe_topology_chunks.py [--nodes 10M] [--edges 200M] [--share 0.3] > probe.json
+Usage: python benchmarks/probes/probe_topology_chunks.py [--nodes 10M] [--edges 200M] [--share 0.3] > probe.json
 
 One process, a one-rank gloo group (so that ``hmgstore.distributed.sharded_topology`` runs: its only shard is this GPU's).
 GraphSAGE-shaped batches (1024 seeds, fanout 15,10,5) sampled on a power-law graph (int32 ids), by

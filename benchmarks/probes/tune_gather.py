@@ -1,6 +1,6 @@
 """Choose the gather kernel's launch geometry by measurement (GPU only).
 
-    python benchmarks/tune_gather.py --out DIR
+    python benchmarks/probes/tune_gather.py --out DIR
 
 Sweeps, on the gather benchmark's tables (>= 2 GiB and >= 8 batches of rows)
 and batches of 500k distinct random ids:

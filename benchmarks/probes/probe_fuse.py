@@ -1,6 +1,6 @@
 """Probe: fused gathers (hmgstore.gather.fusion) on a big table: batches gathered one launch each, or k at a time.
 
-Usage: python benchmarks/probe_fuse.py [--gb 40] [--row-bytes 512 128] [--rows 290000] [--fuse 1 2 4 8]
+Usage: python benchmarks/probes/probe_fuse.py [--gb 40] [--row-bytes 512 128] [--rows 290000] [--fuse 1 2 4 8]
        > probe_fuse.json
 
 A float32 table in owned cudaHostAlloc memory (a random 1 GB block tiled over it) and its int8 copy

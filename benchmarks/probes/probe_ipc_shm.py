@@ -7,7 +7,7 @@ child of its own, so that its CUDA context ends too), and the new /dev/shm entri
 - ``event-destroyed``: the same, both sides destroying their event objects (and torch's IPC limbo) before exit;
 - ``memory``: a CUDA tensor sent through a torch.multiprocessing queue, no events of ours.
 
-Prints one JSON line per case. Run: ``python benchmarks/probe_ipc_shm.py`` (a GPU machine).
+Prints one JSON line per case. Run: ``python benchmarks/probes/probe_ipc_shm.py`` (a GPU machine).
 """
 import gc
 import json

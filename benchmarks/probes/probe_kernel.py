@@ -1,6 +1,6 @@
 """hmg_gather against a naive reference kernel, kernel-only timings (GPU only).
 
-    python benchmarks/probe_kernel.py --out DIR
+    python benchmarks/probes/probe_kernel.py --out DIR
 
 The probe of host pages showed the gather reaching ~42 GB/s even for 4 KiB
 rows, where DESIGN.md saw a naive kernel at ~50. This times, on a 16 GiB

@@ -1,6 +1,6 @@
 """Probe: compressed host rows on big tables, beside the plain kernel and the CPU path, same tables and ids.
 
-Usage: python benchmarks/probe_compress.py [--gb 2 8 40] [--row-bytes 128 512] [--formats bfloat16 float8 int8]
+Usage: python benchmarks/probes/probe_compress.py [--gb 2 8 40] [--row-bytes 128 512] [--formats bfloat16 float8 int8]
        > probe_compress.json
 
 For each table size and row size: a float32 table in owned cudaHostAlloc memory (a 1 GB random block

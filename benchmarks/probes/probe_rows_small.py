@@ -1,8 +1,8 @@
 """Probe: rows each gather thread keeps in flight (the kernel's ROWS) for small rows in GPU memory, on one GPU.
 
-Usage: python benchmarks/probe_rows_small.py [--rows 4 8 16] [--row-bytes 64 128 256 512] > probe.json
+Usage: python benchmarks/probes/probe_rows_small.py [--rows 4 8 16] [--row-bytes 64 128 256 512] > probe.json
 
-A stand-in for peer reads of small rows (benchmarks/probe_peer_rows.py needs 2 GPUs): a 4 GiB table wholly
+A stand-in for peer reads of small rows (benchmarks/probes/probe_peer_rows.py needs 2 GPUs): a 4 GiB table wholly
 in GPU memory (``HybridTensor(x, "cuda", gpu_rows=all)``), 1M distinct random ids already on the GPU,
 gathered with the kernel built for each ROWS value (``hmgstore.cuda.gather.ROWS``), against ``index_select``
 of the same rows. Every variant's output is poisoned, then checked bit for bit against ``x[ids]``, before it

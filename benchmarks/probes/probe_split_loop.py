@@ -1,6 +1,6 @@
 """Probe: the split gather inside a loop fed by sampler worker processes (issue 11, item 2), on one GPU.
 
-Usage: python benchmarks/probe_split_loop.py [--gb 40] [--row-bytes 512] [--workers 12] [--work-ms 20 150] \
+Usage: python benchmarks/probes/probe_split_loop.py [--gb 40] [--row-bytes 512] [--workers 12] [--work-ms 20 150] \
            > probe_split_loop.json
 
 A torch DataLoader with ``--workers`` processes stands in for a CPU neighbour sampler: each batch costs a

@@ -1,6 +1,6 @@
 """Probe: where the host tier's 128 B rate goes against a plain kernel's (issue 11, item 1), on one GPU.
 
-Usage: python benchmarks/probe_sorted.py [--gb 2] [--row-bytes 128 512] > probe_sorted.json
+Usage: python benchmarks/probes/probe_sorted.py [--gb 2] [--row-bytes 128 512] > probe_sorted.json
 
 One owned table (copy=True) per row size and ``--backing`` (2 MiB pages, cudaHostAlloc), 500k distinct random ids on the GPU. Timed with CUDA
 events (median of 20), each as a share of the pinned H2D memcpy limit measured in the same run:

@@ -1,6 +1,6 @@
 """Probe: where a split gather's time goes (hmgstore.gather.cpu_share), phase by phase, on one GPU.
 
-Usage: python benchmarks/probe_split.py [--gb 2 8] [--row-bytes 512 128] [--cpu-methods] > probe_split.log
+Usage: python benchmarks/probes/probe_split.py [--gb 2 8] [--row-bytes 512 128] [--cpu-methods] > probe_split.log
 
 For each table (owned memory, copy=True: 2 MiB pages before 2026-11-23, cudaHostAlloc since) and 500k distinct random CPU ids:
 - the CPU gather alone, by method and thread count: numpy.take in k Python threads (does it drop the GIL?),
