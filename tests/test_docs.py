@@ -148,7 +148,8 @@ def test_named_make_targets_exist():
 
 
 def test_named_files_exist():
-    named = set(re.findall(r"\b(examples/[\w/]+\.(?:py|ipynb)|tests/\w+\.py|benchmarks/[\w.]+\.(?:md|sh|py))", ALL))
+    named = set(re.findall(r"\b(examples/[\w/]+\.(?:py|ipynb)|tests/\w+\.py|benchmarks/[\w/.-]+\.(?:md|sh|py|json|log))",
+                           ALL))
     assert {"examples/pyg_graphsage.py", "examples/dgl_graphsage.py", "examples/multi_gpu_pyg.py",
             "examples/minimal_pyg.py", "examples/minimal_dgl.py", "benchmarks/NOTES.md"} <= named
     missing = sorted(path for path in named if not (ROOT / path).exists())

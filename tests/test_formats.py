@@ -178,7 +178,7 @@ def test_kernel_decodes_every_code_as_torch_does(name, cuda_device):
     stored[:, fmt.scale_offset(elems):fmt.scale_offset(elems) + 4] = scales.reshape(4, 1).view(torch.uint8)
     want = fmt.decode(stored, (elems,))
     for gpu_rows in (None, torch.tensor([1, 3])):
-        t = hmgstore.HybridTensor._of_host(stored.clone(), cuda_device, torch.float32, fmt=fmt, shape=(4, elems),
+        t = hmgstore.HybridTensor.over_host_tier(stored.clone(), cuda_device, torch.float32, fmt=fmt, shape=(4, elems),
                                            gpu_format=fmt, gpu_rows=gpu_rows, progress=False)
         got = t[torch.tensor([3, 2, 1, 0])].cpu()
         torch.testing.assert_close(got, want[[3, 2, 1, 0]], rtol=0, atol=0, equal_nan=True)

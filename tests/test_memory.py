@@ -277,7 +277,7 @@ def test_copy_in_of_sliced_and_empty_tables(monkeypatch):
 def test_already_pinned_source_used_as_is(cuda_device):
     x = random_table(2000, (16,), torch.float32, seed=7).pin_memory()
     t = hmgstore.HybridTensor(x, cuda_device)
-    assert t._pinned.tensor.data_ptr() == x.data_ptr()  # (no public name for the memory kernels read)
+    assert t.pinned.tensor.data_ptr() == x.data_ptr()
     idx = torch.randint(0, 2000, (3000,))
     assert_same(t[idx], x[idx])
 

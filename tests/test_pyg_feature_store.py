@@ -148,7 +148,7 @@ def test_from_sources_passes_host_memory_options_to_every_table(device):
     ids = torch.tensor([3, 499, 3])
     assert torch.equal(store.get_tensor(None, "x", index=ids).cpu(), x.bfloat16().float()[ids])
     assert torch.equal(store.get_tensor(None, "x", index=None), x.bfloat16().float())  # whole table, widened
-    worker = store._worker_tables()[(None, "x")]  # what a DataLoader worker gathers from
+    worker = store.worker_tables()[(None, "x")]  # what a DataLoader worker gathers from
     assert torch.equal(worker[ids], x.bfloat16().float()[ids])
     with pytest.raises(ValueError, match="split must be"):
         hpyg.HybridFeatureStore.from_sources({(None, "x"): x}, device, split="often")

@@ -127,7 +127,7 @@ def test_all_rows_on_gpus_needs_no_host_reads():
     x = random_table(8_000, (32,), torch.float16)
     k = len(cuda_devices())
     with hmgstore.ShardedTensor(x, cuda_devices(), gpu_budget=x.nbytes // k + 4096, hot_order=torch.arange(8000)) as t:
-        assert not t.placement.has_host_tier and t._pinned is None
+        assert not t.placement.has_host_tier and t.pinned is None
         for d in t.devices:
             idx = torch.randint(0, 8000, (3000,), device=d)
             assert torch.equal(t.on(d)[idx].cpu(), x[idx.cpu()])

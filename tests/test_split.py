@@ -157,7 +157,7 @@ def test_split_gather_is_bit_exact(cuda_device, share, resident, host_dtype):
     want_table = x if host_dtype is None else x.to(host_dtype).float()
     gpu_rows = torch.arange(0, 200_000, 3) if resident else None
     t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, split=share, host_dtype=host_dtype, stats=True)
-    assert t._split.value == share
+    assert t.split_setting.value == share
     idx = torch.randint(0, 200_000, (60_000,), generator=torch.Generator().manual_seed(12))
     idx[:3] = torch.tensor([199_999, 0, 199_999])
     out = torch.full((60_000, 32), float("nan"), device=cuda_device)  # poisoned: every row must be written
@@ -200,7 +200,7 @@ def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, mon
     assert key == split.cache_key(t, 100_000) and key.endswith("batch<=131072")
     assert entry["kernel_rows_per_s"] > 0 and entry["cpu_rows_per_s"] > 0
     fastest = float(min(entry["seconds"], key=entry["seconds"].get))
-    assert entry["share"] == fastest == t._split.share(t, 100_000)  # the fastest share measured
+    assert entry["share"] == fastest == t.split_setting.share(t, 100_000)  # the fastest share measured
     again = hmgstore.HybridTensor(x.clone(), cuda_device, split="auto")
     assert_same(again[idx[:70_000]].cpu(), x[idx[:70_000]])  # same size class
     assert len(calls) == 1  # the second table of the same kind read the cache
@@ -215,13 +215,13 @@ def test_auto_split_leaves_busy_cpus_to_other_processes(cuda_device, tmp_path, m
     room = [True]
     monkeypatch.setattr(split.cpu_load, "room_for", lambda threads: room[0])
     idx = torch.randint(0, 300_000, (100_000,))
-    assert t._split.share(t, 100_000) == 0.5 and t.split_skipped == 0
+    assert t.split_setting.share(t, 100_000) == 0.5 and t.split_skipped == 0
     room[0] = False  # sampler workers took the cores: the kernel reads the whole batch
     out = t[idx]
-    assert t._split.share(t, 100_000) == 0.0 and t.split_skipped == 2
+    assert t.split_setting.share(t, 100_000) == 0.0 and t.split_skipped == 2
     assert_same(out.cpu(), x[idx])
     t.set_split(0.5)  # a fixed share is the caller's choice: kept however busy the CPUs are
-    assert t._split.share(t, 100_000) == 0.5 and t.split_skipped == 2
+    assert t.split_setting.share(t, 100_000) == 0.5 and t.split_skipped == 2
 
 
 @pytest.mark.gpu

@@ -76,7 +76,7 @@ def main() -> None:
                 entry = {"gb": gb, "row_bytes": rb, "format": name, "ids": k}
                 start = time.perf_counter()
                 if name == "none":
-                    t = hmgstore.HybridTensor._of_host(x, device, torch.float32, progress=False)
+                    t = hmgstore.HybridTensor.over_host_tier(x, device, torch.float32, progress=False)
                     want = x[sets[0]]
                 else:
                     t = hmgstore.HybridTensor(x, device, compress=name, progress=False)
@@ -121,7 +121,7 @@ def main() -> None:
                     start = time.perf_counter()
                     exact = torch.equal(t.gather(sets[0], out=out).cpu().view(torch.int32), want.view(torch.int32))
                     entry["split_model_s"] = time.perf_counter() - start  # the first batch measures the share
-                    entry["split_share"] = t._split.shares.get(hmgstore.gather.cpu_share.batch_class(k), 0.0)
+                    entry["split_share"] = t.split_setting.shares.get(hmgstore.gather.cpu_share.batch_class(k), 0.0)
                     secs, _ = median_seconds(lambda i: t.gather(sets[i % 3], out=out), reps=max(3, args.reps // 2),
                                              wall=True, device=device)
                     entry["split_x_limit"] = k * rb / secs / 1e9 / limit

@@ -57,7 +57,7 @@ def main() -> None:
             ids = torch.unique(torch.randint(0, rows, (int(args.rows * 1.05),), generator=g))[:args.rows]
             batches.append(ids[torch.randperm(len(ids), generator=g)].to(device))
         for name in args.formats:
-            t = hmgstore.HybridTensor._of_host(x, device, torch.float32, progress=False) if name == "none" else \
+            t = hmgstore.HybridTensor.over_host_tier(x, device, torch.float32, progress=False) if name == "none" else \
                 hmgstore.HybridTensor(x, device, compress=name, progress=False)
             fmt = formats.get(name) if name != "none" else None
             for k in args.fuse:

@@ -81,7 +81,7 @@ def main():
 
         def kernel_only(i):
             s = sorted_ids[i % 3]
-            kernel.launch_gather([kernel.Job(s.values, s.indices, out, None, n, rb, t._tiers)], dev, stream)
+            kernel.launch_gather([kernel.Job(s.values, s.indices, out, None, n, rb, t.tiers)], dev, stream)
 
         out.fill_(float("nan"))
         kernel_only(0)

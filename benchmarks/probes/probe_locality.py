@@ -84,7 +84,7 @@ def main() -> None:
         x[a:a + len(block)] = block[:n - a]
     for lname, layout in layouts.items():
         t0 = time.perf_counter()
-        table = hmgstore.HybridTensor._of_host(x, device, torch.float32, progress=False) if layout is None else \
+        table = hmgstore.HybridTensor.over_host_tier(x, device, torch.float32, progress=False) if layout is None else \
             hmgstore.HybridTensor(x, device, layout=layout, progress=False)
         build = time.perf_counter() - t0
         for bname in ("random", "locality"):

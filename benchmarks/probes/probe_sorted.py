@@ -68,8 +68,8 @@ def main():
         p_ids = ids32[page_order]
 
         def direct(i, scatter, sorted_ids=s_ids, positions=perm):
-            job = gather.Job(sorted_ids, positions if scatter else None, out, t._map, t.num_rows, t.row_bytes,
-                             t._tiers)
+            job = gather.Job(sorted_ids, positions if scatter else None, out, t.row_map, t.num_rows, t.row_bytes,
+                             t.tiers)
             gather.launch_gather([job], device, torch.cuda.current_stream(device))
 
         def page_sort(i):

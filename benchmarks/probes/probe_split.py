@@ -114,7 +114,7 @@ def interference(table, ids, share, threads):
     """The CPU's reads alone, then while a kernel gathers the other rows."""
     k = int(share * len(ids))
     cpu_ids, rest = ids[:k], ids[k:]
-    source = table._source
+    source = table.host_tier
     staged = torch.empty((k, *source.shape[1:]), dtype=source.dtype)
     def take():
         for _, future in split.read_chunks(source, cpu_ids, staged):
@@ -214,7 +214,7 @@ def main():
                                   "variance": variance(t, ids, args.variance, args.threads)}), flush=True)
                 t.close()
                 continue
-            run = {"gb": gb, "row_bytes": rb, "cpu": cpu_methods(t._source, ids, out) if args.cpu_methods else {}}
+            run = {"gb": gb, "row_bytes": rb, "cpu": cpu_methods(t.host_tier, ids, out) if args.cpu_methods else {}}
             run["paths"] = {}
             for share in (0.0, 1.0, 0.15, 0.3, 0.5):
                 t.set_split(share)

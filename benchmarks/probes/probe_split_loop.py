@@ -73,7 +73,7 @@ def main():
     report = {"device": torch.cuda.get_device_name(device), "args": vars(args), "runs": {}}
     for work_ms, (name, split) in itertools.product(
             args.work_ms, (("workers_only", None), ("kernel", None), ("split", "auto"), ("split_ungated", "fixed"))):
-        measured = table._split.shares.get(hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)
+        measured = table.split_setting.shares.get(hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)
         table.set_split(measured if split == "fixed" else split)  # a fixed share skips the busy-CPU check
         if split == "auto":  # the first batch of the size measures the model: not in the timed loop
             table[torch.randint(0, n, (args.batch,))]
@@ -94,7 +94,7 @@ def main():
         name = f"{name}@{work_ms:g}ms"
         report["runs"][name] = {"seconds": seconds, "batches_per_s": args.batches / seconds,
                                 "share": {None: 0.0, "fixed": measured}.get(
-                                    split, table._split.shares.get(hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)),
+                                    split, table.split_setting.shares.get(hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)),
                                 "split_skipped": table.split_skipped - skipped_before}
         print(name, report["runs"][name], flush=True, file=sys.stderr)
     print(json.dumps(report, indent=1))

@@ -57,9 +57,9 @@ def main():
     res["sort"] = []
     for rb in (64, 128, 256, 512, 1024, 2048, 4096):
         t, ids = table_at(rb)
-        t._sort_ids = False
+        t.sort_ids = False
         uns = gbps_of(t, ids)
-        t._sort_ids = True
+        t.sort_ids = True
         srt = gbps_of(t, ids)
         t.close()
         res["sort"].append({"row_bytes": rb, "unsorted": uns, "sorted": srt})

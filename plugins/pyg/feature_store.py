@@ -210,7 +210,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         self._host = None
 
     # ---- tables of this process ----------------------------------------------
-    def _worker_tables(self) -> dict[Key, HybridTensor]:
+    def worker_tables(self) -> dict[Key, HybridTensor]:
         """CPU tables over the same host sources, for DataLoader worker processes."""
         if self.device.type == "cpu":
             return self._tables
@@ -219,7 +219,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                         "the GPU of its parent). Pass filter_per_worker=False to the loader so that workers "
                         "only sample and the main process gathers on %s.", self.device)
             edges = {("edge", *key): t for key, t in self._edge_tables.items()}  # 3-tuples: apart from nodes'
-            self._host = (os.getpid(), {key: HybridTensor._of_host(t.source, "cpu", t.dtype, fmt=t.host_format,
+            self._host = (os.getpid(), {key: HybridTensor.over_host_tier(t.source, "cpu", t.dtype, fmt=t.host_format,
                                                                       shape=tuple(t.shape), layout=t.layout,
                                                                       progress=False)
                                         for key, t in {**self._tables, **edges}.items()})  # half-width rows widen
@@ -271,7 +271,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         tables (node times) on the CPU.
         """
         in_worker = torch.utils.data.get_worker_info() is not None
-        tables = self._worker_tables() if in_worker else self._tables
+        tables = self.worker_tables() if in_worker else self._tables
         whole = [attr.index is None for attr in attrs]
         if all(whole):
             return [_whole(self._lookup(tables, attr)) for attr in attrs]

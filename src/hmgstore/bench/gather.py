@@ -218,7 +218,7 @@ def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
             _check(table[ids_cpu[0]], x, ids_cpu[0], name)  # "auto": the first batch measures the model
             timed(name, lambda i: table[ids_cpu[i % 4]], True, args.slow_reps)
             if setting == "auto":  # the measured share, and the batches a busy machine left to the kernel
-                setting = table._split  # None where the table reads no host rows
+                setting = table.split_setting  # None where the table reads no host rows
                 share = setting.shares.get(batch_class(len(ids_cpu[0])), 0.0) if setting is not None else 0.0
                 skipped = table.split_skipped
         result["variants"]["hmg_split"].update(setup_seconds=setup, share=share, threads=torch.get_num_threads(),

@@ -183,7 +183,7 @@ def _one_size(args, row_bytes: int, device, cluster, hmgstore, hd) -> dict:
     for ids in (remote[0], mixed[0]):
         if not torch.equal(table.gather(ids).cpu().view(torch.int32), rows_of(ids, cols).view(torch.int32)):
             raise AssertionError(f"remote rows differ from the table at {row_bytes} B rows")
-    exchange = table._exchange  # the counterpart group the gathers use
+    exchange = table.exchange  # the counterpart group the gathers use
     me, peers = exchange.ranks.index(dist.get_rank()), exchange.slots - 1
     per_peer = args.batch_size * row_bytes // peers
     send = torch.ones(per_peer * peers, dtype=torch.uint8, device=device)

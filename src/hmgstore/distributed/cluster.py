@@ -210,6 +210,11 @@ class ClusterTensor:
         return self._local
 
     @property
+    def exchange(self):
+        """The counterpart group this table's gathers send ids and rows through (an ``Exchange``)."""
+        return self._exchange
+
+    @property
     def device(self) -> torch.device:
         return self._local.device
 

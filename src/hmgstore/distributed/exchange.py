@@ -68,11 +68,11 @@ def _batch(index, book, exchange: Exchange, machine: int, device: torch.device) 
     ids = ids.reshape(-1)
     check_range(ids, book.num_nodes)  # before anything is sent
     ids = ids.to(device, torch.int64)
-    owner = book._owner(ids)
+    owner = book.owner_unchecked(ids)
     slot = exchange.slot_table(device)[owner]
     slot.masked_fill_(owner == machine, exchange.slots)  # gathered here, never sent
     order = torch.argsort(slot, stable=True)
-    return _Batch(shape, order, book._local(ids, owner)[order], torch.bincount(slot, minlength=exchange.slots + 1))
+    return _Batch(shape, order, book.local_unchecked(ids, owner)[order], torch.bincount(slot, minlength=exchange.slots + 1))
 
 
 def _as_bytes(rows: torch.Tensor, row_bytes: int) -> torch.Tensor:

@@ -140,13 +140,13 @@ class PartitionBook:
     def owner(self, ids) -> torch.Tensor:
         """int64 machine of each id, same shape and device as ``ids``."""
         ids = self._checked(ids)
-        return self._owner(ids.reshape(-1)).view(ids.shape)
+        return self.owner_unchecked(ids.reshape(-1)).view(ids.shape)
 
     def local(self, ids) -> torch.Tensor:
         """int64 row of each id within its owner's partition, same shape and device as ``ids``."""
         ids = self._checked(ids)
         flat = ids.reshape(-1)
-        return self._local(flat, self._owner(flat)).view(ids.shape)
+        return self.local_unchecked(flat, self.owner_unchecked(flat)).view(ids.shape)
 
     def nodes_of(self, machine: int) -> torch.Tensor:
         """int64 [sizes[machine]] global ids owned by ``machine``, increasing (the partition's row order).
@@ -157,18 +157,18 @@ class PartitionBook:
         starts = self._host["starts"]
         if self.kind == "range":
             return torch.arange(int(starts[machine]), int(starts[machine + 1]))
-        owner = self._owner(torch.arange(self.num_nodes))
+        owner = self.owner_unchecked(torch.arange(self.num_nodes))
         return (owner == machine).nonzero().view(-1)
 
     # Unchecked: ids int64, 1-D, in range. What ClusterTensor calls per batch.
-    def _owner(self, ids: torch.Tensor) -> torch.Tensor:
+    def owner_unchecked(self, ids: torch.Tensor) -> torch.Tensor:
         if self.kind == "range":
             return torch.bucketize(ids, self._tensors(ids.device)["starts"][1:-1], right=True)
         if self.kind == "hash":
             return hash_ids(ids) % self.num_machines
         return self._tensors(ids.device)["assignment"][ids].long()
 
-    def _local(self, ids: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    def local_unchecked(self, ids: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
         t = self._tensors(ids.device)
         if self.kind == "range":
             return ids - t["starts"][owner]

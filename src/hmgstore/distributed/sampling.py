@@ -246,10 +246,10 @@ class DistributedNeighborSampler:
     def _hop(self, frontier: torch.Tensor, hop: int, k: int, key: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Neighbours and counts of ``frontier``'s seeds, in frontier order (collective)."""
         ex, book, machine = self._exchange, self.book, self._cluster.machine
-        owner = book._owner(frontier)
+        owner = book.owner_unchecked(frontier)
         slot = ex.slot_table(self.device)[owner].masked_fill(owner == machine, ex.slots)  # own seeds: never sent
         order = torch.argsort(slot, stable=True)  # other machines' seeds by slot, then this machine's
-        local = book._local(frontier, owner)[order]
+        local = book.local_unchecked(frontier, owner)[order]
         per_slot = torch.bincount(slot, minlength=ex.slots + 1)
         signature = zlib.crc32(repr(("sample", hop, k, self.replace)).encode())
         # [signature, count] per counterpart: the shape of a gather's header, so that a rank sampling while its

@@ -117,9 +117,9 @@ def batch_class(n: int) -> int:
 
 def cache_key(table, batch: int) -> str:
     """What a measurement depends on: machine, host table size class, stored row, torch's threads, batch class."""
-    size_class = batch_class(table._source.nbytes)
+    size_class = batch_class(table.host_tier.nbytes)
     name = torch.cuda.get_device_name(table.device)
-    stored_row = table._source[:1].numel() * table._source.element_size()
+    stored_row = table.host_tier[:1].numel() * table.host_tier.element_size()
     return (f"{name}|cpus={os.cpu_count()}|table<={size_class >> 20}MiB|row={stored_row}B|"
             f"{table.host_format.name if table.host_format else str(table.dtype).removeprefix('torch.')}|"
             f"threads={torch.get_num_threads()}|"

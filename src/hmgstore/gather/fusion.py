@@ -84,18 +84,11 @@ class Window:
         self._chunks = {}
         if not chunks:
             return
-        tables = list({id(c.table): c.table for c in chunks}.values())
-        entered = []
-        try:
-            for table in tables:
-                table._enter()
-                entered.append(table)
-                table._ready()
+        with contextlib.ExitStack() as held:
+            for table in {id(c.table): c.table for c in chunks}.values():
+                held.enter_context(table.reading())
             requests = [(c.table, torch.cat(c.ids) if len(c.ids) > 1 else c.ids[0]) for c in chunks]
             plan.run(requests, [c.buffer[:c.used] for c in chunks], self.device, stream, "deferred")
-        finally:
-            for table in entered:
-                table._exit()
 
 
 def current(device: torch.device) -> Window | None:

@@ -49,8 +49,8 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
                 check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
                 out = out.view(len(index.ids), *table.row_shape)
             results.append(out)
-        counting = list({id(t): t for t, _ in requests if t._counter is not None}.values())
-        started = [t._counter.start() for t in counting]
+        counting = list({id(t): t for t, _ in requests if t.counter is not None}.values())
+        started = [t.counter.start() for t in counting]
         if device.type == "cpu":
             check_pending(pending)
             for (table, _), index, out in zip(requests, indices, results):
@@ -58,7 +58,7 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
         else:
             gather_cuda(requests, indices, results, pending, check, device, stream)
         for table, start in zip(counting, started):
-            table._counter.stop(start)
+            table.counter.stop(start)
     return [out.view((*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
 
 
@@ -80,10 +80,10 @@ def gather_cpu(table, index: torch.Tensor, out: torch.Tensor | None) -> torch.Te
         out = torch.empty(shape, dtype=table.dtype)
     else:
         check_out(out, shape, table.dtype, table.device)
-    started = table._counter.start() if table._counter is not None else None
+    started = table.counter.start() if table.counter is not None else None
     read_host(table, ids, out.view(len(ids), *table.row_shape))
     if started is not None:
-        table._counter.stop(started)
+        table.counter.stop(started)
     return out
 
 
@@ -99,15 +99,15 @@ def read_host(table, ids: torch.Tensor, out: torch.Tensor) -> None:
     of a loaded machine); scaled formats are decoded whole.
     """
     at = table.host_positions(ids)
-    fmt, source = table._format, table._source
+    fmt, source = table.host_format, table.host_tier
     if fmt is None:
         torch.index_select(source, 0, at, out=out)
     elif fmt.scaled:
         out.copy_(fmt.decode(torch.index_select(source, 0, at), table.row_shape))
     else:
         out.copy_(torch.index_select(source, 0, at))  # widened in the copy: decode()'s .to(float32), one pass
-    if table._counter is not None:
-        table._counter.rows[-1] += len(ids)  # a CPU table is its host tier
+    if table.counter is not None:
+        table.counter.rows[-1] += len(ids)  # a CPU table is its host tier
 
 
 def check_out(out: torch.Tensor, shape, dtype, device) -> None:
@@ -124,7 +124,7 @@ def page_shift(table) -> int:
     """log2 of the rows per ~2 MiB of the table's host tier: the groups a gather's ids are ordered in."""
     from ..cuda import order
 
-    return order.bucket_shift(table._pinned.pitch if table._pinned is not None else table.row_bytes)
+    return order.bucket_shift(table.pinned.pitch if table.pinned is not None else table.row_bytes)
 
 
 def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
@@ -139,16 +139,16 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
     from ..cuda import gather, order
 
     narrow = table.placement.index_dtype if checked else index.ids.dtype
-    shift = page_shift(table) if table._sort_ids and table._reads_host and len(index.ids) > 1 else None
-    key = (id(index), narrow, shift, id(table._map))  # tables with the same bucket size and map share a grouping
+    shift = page_shift(table) if table.sort_ids and table.reads_host and len(index.ids) > 1 else None
+    key = (id(index), narrow, shift, id(table.row_map))  # tables with the same bucket size and map share a grouping
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap
         perm = None
         if shift is not None:  # by host position: map[id] when the table renumbers its rows
-            ids, perm = order.group_by_page(ids, table.num_rows, shift, table._map, table.placement.bounds[-1])
+            ids, perm = order.group_by_page(ids, table.num_rows, shift, table.row_map, table.placement.bounds[-1])
         prepared[key] = (ids, perm)
     ids, perm = prepared[key]
-    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers)
+    return gather.Job(ids, perm, out, table.row_map, table.num_rows, table.row_bytes, table.tiers)
 
 
 def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device: torch.device,
@@ -185,7 +185,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
     if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
-        shares = [None if index.host is None or table._split is None else table._split.share(table, len(index.host))
+        shares = [None if index.host is None or table.split_setting is None else table.split_setting.share(table, len(index.host))
                   for (table, _), index in zip(requests, indices)]
     jobs, parts = [], []
     for (table, _), index, out, share in zip(requests, indices, results, shares):
@@ -207,32 +207,32 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
         index_mod.deferred(device, stream, record, described)
     for table, part, out in parts:  # the CPU's rows, read while the kernel runs
         split_mod.finish(part, out, stream)
-        if table._counter is not None:
-            table._counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
+        if table.counter is not None:
+            table.counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
     for (table, _), work in zip(requests, jobs):
-        if table._counter is not None:
+        if table.counter is not None:
             count(table, work)
 
 
 def count(table, work) -> None:
     """Add a CUDA job's rows to the table's per-tier counters (device work only, no waiting)."""
     ids = work.ids.clamp(0, table.num_rows - 1)  # ids of a deferred check may be out of range (reported later)
-    new = ids if table._map is None else table._map[ids]
-    table._counter.add(torch.searchsorted(table._tier_starts, new.to(table._tier_starts.dtype), right=True) - 1)
+    new = ids if table.row_map is None else table.row_map[ids]
+    table.counter.add(torch.searchsorted(table.tier_starts, new.to(table.tier_starts.dtype), right=True) - 1)
 
 
 def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
     from ..cuda import gather, order
 
-    k, cpu, rest = split_mod.divide(index.host, table._split.on_host(table.placement), share)
+    k, cpu, rest = split_mod.divide(index.host, table.split_setting.on_host(table.placement), share)
     if not k:
         return None, None
-    fmt = table._format
+    fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
     part = split_mod.CpuPart(table.host_positions((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64)),
                              cpu, decode)
-    split_mod.start(part, table._source, out, stream)
+    split_mod.start(part, table.host_tier, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
         ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
     else:
@@ -240,11 +240,11 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
         ids = index.ids[positions]
     ids = ids.to(table.placement.index_dtype)  # CPU ids: checked, cannot wrap
     perm = positions
-    if table._sort_ids and len(ids) > 1:
-        ids, by_page = order.group_by_page(ids, table.num_rows, page_shift(table), table._map,
+    if table.sort_ids and len(ids) > 1:
+        ids, by_page = order.group_by_page(ids, table.num_rows, page_shift(table), table.row_map,
                                            table.placement.bounds[-1])
         perm = positions if by_page is None else positions[by_page]
-    return gather.Job(ids, perm, out, table._map, table.num_rows, table.row_bytes, table._tiers), part
+    return gather.Job(ids, perm, out, table.row_map, table.num_rows, table.row_bytes, table.tiers), part
 
 
 def gather_with_share(table, ids: torch.Tensor, out: torch.Tensor, share: float) -> None:

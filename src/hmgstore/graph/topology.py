@@ -172,9 +172,9 @@ class Topology:
         table = self._placed.table
         p = self._placed.placement
         self.gpu_edges = p.resident_rows * CHUNK_IDS
-        words = tier_words(table._tiers, table._map, table.num_rows, table.row_bytes)
+        words = tier_words(table.tiers, table.row_map, table.num_rows, table.row_bytes)
         self.tiers = torch.tensor(words, dtype=torch.int64).to(self.device)
-        new = torch.arange(len(chunks), device=self.device) if table._map is None else table._map
+        new = torch.arange(len(chunks), device=self.device) if table.row_map is None else table.row_map
         self._chunk_on_gpu = new < p.resident_rows  # resident (GPU-held) new ids come before the host tier's
 
     @property

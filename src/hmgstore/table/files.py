@@ -278,4 +278,4 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype,
                 backing=owned.chosen(backing, device), progress=progress)
     table_dtype = torch.float32 if host_dtype is not None else host.dtype
-    return HybridTensor._of_host(host, device, table_dtype, progress=progress, **kwargs)
+    return HybridTensor.over_host_tier(host, device, table_dtype, progress=progress, **kwargs)

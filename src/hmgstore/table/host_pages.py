@@ -165,7 +165,7 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
     for rb in row_bytes:
         rows_total = table_bytes // rb
         source = host.view(torch.uint8)[:rows_total * rb].view(torch.int32).view(rows_total, rb // 4)
-        table = HybridTensor._of_host(source, device, torch.int32, progress=False) if gpu else None
+        table = HybridTensor.over_host_tier(source, device, torch.int32, progress=False) if gpu else None
         curve, staging = Curve(rb), None
         sweep = [p for p in pages if p * PAGE_BYTES <= table_bytes]
         # The same number of distinct rows at every point, so that only the pages they lie in change: at most

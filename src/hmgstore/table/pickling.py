@@ -18,30 +18,24 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def state_of(table, for_process: bool) -> dict:
+def state_of(table, given, unusable: str | None, for_process: bool) -> dict:
     """What another process rebuilds ``table`` from.
 
+    ``given``: the source as the caller passed it (a memmap travels as its
+    file); ``unusable``: why the table cannot be rebuilt elsewhere, or None
+    (the table says, :meth:`hmgstore.table.state.Table.why_not_sendable`);
     ``for_process``: sent through torch's multiprocessing (ForkingPickler),
     which moves tensors into shared memory in place (see :func:`sendable_source`).
     """
-    source = sendable_source(table, for_process)
-    unusable = None
-    if table._owner is not None:
-        unusable = (f"this table is a view of {table._owner!r}, whose GPU memory belongs to the process that "
-                    "built it; build the sharded table in each process that gathers "
-                    "(hmgstore.distributed.shard under torchrun), or gather in the main process "
-                    "(PyG: filter_per_worker=False)")
-    elif table._deferred is not None:
-        unusable = table._deferred.get("unusable")
-    return {"source": source, "dtype": table.dtype, "device": str(table.device), "max_sms": table.max_sms,
-            "closed": table.closed, "shape": tuple(table.shape), "layout": table.layout,
+    return {"source": sendable_source(table, given, for_process), "dtype": table.dtype, "device": str(table.device),
+            "max_sms": table.max_sms, "closed": table.closed, "shape": tuple(table.shape), "layout": table.layout,
             "format": table.host_format.name if table.host_format else None,
             "gpu_format": table.gpu_format.name if table.gpu_format else None,
             "gpu_rows": table.placement.gpu_rows if table.placement.num_gpu_rows else None,
             "unusable": unusable}
 
 
-def sendable_source(table, for_process: bool):
+def sendable_source(table, given, for_process: bool):
     """The table's source, in a form that is safe and cheap to send.
 
     - A memmap travels as its file name and is opened again (no copy).
@@ -51,11 +45,10 @@ def sendable_source(table, for_process: bool):
       pinned source that is not shared travels as a copy.
     - Otherwise the source itself (plain pickle copies its bytes).
     """
-    given = table._given
     if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
         return MemmapSpec.of(given)
-    source = table._source
-    pinned = table._pinned is not None and (table._pinned.registered or table._pinned.owner_pinned)
+    source = table.host_tier
+    pinned = table.pinned is not None and (table.pinned.registered or table.pinned.owner_pinned)
     if for_process and pinned and not source.is_shared():
         if source.nbytes >= 1 << 30:
             log.warning("hmgstore: sending a CUDA table to another process copies its %.2f GB host source; use "

@@ -19,6 +19,7 @@ The gathering API (indexing, writes, statistics, ``gather_many``) is
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -108,7 +109,7 @@ class Table:
         self._host_address = None  # the source's address when the host tier is the source itself
         self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
         self._deferred = None  # why and how the table is built on first use (after unpickling)
-        self._sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
+        self.sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
         self._closing = False
         self._closed = False
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
@@ -270,6 +271,65 @@ class Table:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # ---- the gather's view: what hmgstore.gather and the topology read; only this class sets it --------------
+    @property
+    def host_tier(self) -> torch.Tensor:
+        """The host tier as stored: the source, or the owned copy made of it (encoded, or in layout order)."""
+        return self._source
+
+    @property
+    def pinned(self) -> PinnedHost | None:
+        """The host tier's registration for zero-copy reads; None on the CPU or before the table is built."""
+        return self._pinned
+
+    @property
+    def row_map(self) -> torch.Tensor | None:
+        """Each old id's place in the tiers' order (hot rows first), on the device; None: ids are places."""
+        return self._map
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """The tiers, bound to this device's addresses: what the gather kernel reads."""
+        return self._tiers
+
+    @property
+    def tier_starts(self) -> torch.Tensor | None:
+        """Where each tier's rows start in the tiers' order (the per-tier counters look ids up in it)."""
+        return self._tier_starts
+
+    @property
+    def reads_host(self) -> bool:
+        """Whether a gather reads some rows from host memory."""
+        return self._reads_host
+
+    @property
+    def counter(self) -> TierCounter | None:
+        """The per-tier counters while statistics are on (``stats=True``, ``reset_stats()``), else None."""
+        return self._counter
+
+    @property
+    def split_setting(self):
+        """The split gather's :class:`~hmgstore.gather.cpu_share.Setting`, or None when the kernel reads alone."""
+        return self._split
+
+    def why_not_sendable(self) -> str | None:
+        """Why a copy of this table in another process could not gather (None: it can), as that process says it."""
+        if self._owner is not None:
+            return (f"this table is a view of {self._owner!r}, whose GPU memory belongs to the process that built "
+                    "it; build the sharded table in each process that gathers (hmgstore.distributed.shard under "
+                    "torchrun), or gather in the main process (PyG: filter_per_worker=False)")
+        return self._deferred.get("unusable") if self._deferred is not None else None
+
+    @contextlib.contextmanager
+    def reading(self):
+        """Hold the table for one gather on this thread: refused once closing, built on first use."""
+        self._enter()
+        try:
+            self._ready()
+            yield self
+        finally:
+            self._exit()
 
     def __len__(self) -> int:
         return self.num_rows

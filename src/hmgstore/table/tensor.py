@@ -31,6 +31,7 @@ multiprocessing) is rebuilt there, around the same source, on its first use.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from multiprocessing.reduction import ForkingPickler
 from typing import Sequence
@@ -181,13 +182,19 @@ class HybridTensor(Table):
             host = owned.empty(shape, dtype, backing, device)
         else:  # zero bytes are zero rows in every format (a scaled row's scale 0 decodes to 0)
             host = owned.empty(host_format.stored_shape(shape), host_format.stored_dtype(), backing, device)
-        return cls._of_host(host, device, dtype, fmt=host_format, shape=shape, gpu_format=gpu_format, **kwargs)
+        return cls.over_host_tier(host, device, dtype, fmt=host_format, shape=shape, gpu_format=gpu_format, **kwargs)
 
     @classmethod
-    def _of_host(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None, gpu_format=None,
-                 layout=None, max_sms=None, progress=True, **placement) -> "HybridTensor":
-        """A table over ``host`` (owned memory in the stored form, used in place), whose rows read as ``dtype``
-        (``fmt``, ``shape``, ``layout``: see :meth:`hmgstore.table.state.Table._setup`)."""
+    def over_host_tier(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None,
+                       gpu_format=None, layout=None, max_sms=None, progress=True, **placement) -> "HybridTensor":
+        """A table over ``host``, a host tier already in its stored form, used in place (no copy).
+
+        Rows read as ``dtype``. ``fmt``: the stored :class:`~hmgstore.rows.formats.Format` (None: rows as
+        they read); ``shape``: the table's shape (needed for scaled formats); ``gpu_format``: the GPU
+        tier's format; ``layout``: the old ids in the order ``host`` keeps them. The placement arguments
+        (``gpu_rows``, ``gpu_budget``, ...) are the constructor's. What :func:`hmgstore.load` and
+        :meth:`empty` build tables with.
+        """
         self = cls.__new__(cls)
         self._setup(host, resolve_device(device), max_sms, progress, host_format=fmt, gpu_format=gpu_format,
                     dtype=dtype, shape=shape, layout=layout)
@@ -310,12 +317,15 @@ class HybridTensor(Table):
 
     # ---- crossing processes ----------------------------------------------------
     def __reduce__(self):
-        return _rebuild, (pickling.state_of(self, for_process=False),)
+        return self._reduce(for_process=False)
+
+    def _reduce(self, for_process: bool):
+        return _rebuild, (pickling.state_of(self, self._given, self.why_not_sendable(), for_process),)
 
 
 def _reduce_for_process(table: HybridTensor):
     """How torch's multiprocessing (ForkingPickler: DataLoader workers, queues) sends a table."""
-    return _rebuild, (pickling.state_of(table, for_process=True),)
+    return table._reduce(for_process=True)
 
 
 ForkingPickler.register(HybridTensor, _reduce_for_process)
@@ -387,18 +397,12 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     if device.type == "cuda":
         raise_deferred(device, wait=False)  # finished launches only: no waiting
     window = fusion.current(device) if stream is None and all(o is None for o in outs) else None
-    entered = []
-    try:
+    with contextlib.ExitStack() as held:
         for table in {id(t): t for t, _ in requests}.values():
-            table._enter()
-            entered.append(table)
-            table._ready()
+            held.enter_context(table.reading())
         if window is not None:  # recorded: written when the window ends (see hmgstore.gather.fusion)
             return window.record(requests, check)
         return plan.run(requests, outs, device, stream, check)
-    finally:
-        for table in entered:
-            table._exit()
 
 
 def _formats(host_dtype, compress):
