@@ -150,3 +150,14 @@ def get(spec) -> Format | None:
         raise ValueError(f"unknown stored row format {spec!r}; use one of {', '.join(FORMATS)} "
                          "(or torch.bfloat16 / torch.float16)")
     return FORMATS[name]
+
+
+def for_tiers(host_dtype, compress):
+    """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
+    host, both = get(host_dtype), get(compress)
+    if both is not None:
+        if host is not None and host != both:
+            raise ValueError(f"compress={both.name!r} stores both tiers as {both.name}; host_dtype={host.name!r} "
+                             "asks for another host format: pass one of them")
+        return both, both
+    return host, None

@@ -100,6 +100,17 @@ class HybridTensor(Table):
             DataLoader workers share without a copy; 2 MiB pages for a CPU
             table), ``"hugepage"`` or ``"cuda"`` (see
             :mod:`hmgstore.memory.owned`).
+        compress: ``"int8"``, ``"float8"``, ``"bfloat16"`` or ``"float16"``
+            to keep a float32 table's rows in that stored format in BOTH
+            tiers (int8: about 4x the resident rows per GPU byte and 4x
+            fewer bytes over PCIe; :mod:`hmgstore.rows.formats` gives each
+            format's error); gathers decode to float32. Exclusive with a
+            different ``host_dtype``.
+        layout: old ids in the order the host tier keeps its rows (a
+            permutation of ``range(N)``, e.g. hottest first, or
+            :mod:`hmgstore.graph.locality`'s orders): rows read in few host
+            pages read faster. The source is copied in that order; ids
+            stay the caller's.
         split: let the CPU read part of each batch's host rows while the
             kernel reads the rest (:mod:`hmgstore.gather.cpu_share`; for tables of
             more than a few GB, gathered with CPU ids): ``"auto"`` measures
@@ -122,7 +133,7 @@ class HybridTensor(Table):
     def __init__(self, source, device=None, *, gpu_rows=None, gpu_budget=None, hot_order=None, hotness=None,
                  max_sms: int | None = None, progress: bool = True, stats: bool = False, copy: bool = False,
                  host_dtype=None, compress=None, layout=None, backing: str = "auto", split=None):
-        host_format, gpu_format = _formats(host_dtype, compress)
+        host_format, gpu_format = formats.for_tiers(host_dtype, compress)
         self._setup(source, resolve_device(device), max_sms, progress, copy=copy, host_format=host_format,
                     gpu_format=gpu_format, backing=backing, layout=layout)
         self._place_and_build(gpu_rows=gpu_rows, gpu_budget=gpu_budget, hot_order=hot_order, hotness=hotness,
@@ -176,7 +187,7 @@ class HybridTensor(Table):
         from ..memory import owned
 
         device = resolve_device(device)
-        host_format, gpu_format = _formats(host_dtype, compress)
+        host_format, gpu_format = formats.for_tiers(host_dtype, compress)
         shape = tuple(int(s) for s in shape)
         if host_format is None:
             host = owned.empty(shape, dtype, backing, device)
@@ -403,14 +414,3 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
         if window is not None:  # recorded: written when the window ends (see hmgstore.gather.fusion)
             return window.record(requests, check)
         return plan.run(requests, outs, device, stream, check)
-
-
-def _formats(host_dtype, compress):
-    """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
-    host, both = formats.get(host_dtype), formats.get(compress)
-    if both is not None:
-        if host is not None and host != both:
-            raise ValueError(f"compress={both.name!r} stores both tiers as {both.name}; host_dtype={host.name!r} "
-                             "asks for another host format: pass one of them")
-        return both, both
-    return host, None
