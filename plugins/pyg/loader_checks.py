@@ -69,6 +69,10 @@ import torch_geometric.typing
 from torch_geometric.data import FeatureStore, GraphStore
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+from .cluster import ClusterFeatureStore
+from .feature_store import HybridFeatureStore
+from .graph_store import CSCGraphStore
+from .sampler import HybridNeighborSampler
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +92,6 @@ def pyg_sampler_available() -> bool:
 
 # ---- what the loader was given ------------------------------------------------------------
 def _hmgstore_pair(data) -> bool:
-    from .cluster import ClusterFeatureStore
-    from .feature_store import HybridFeatureStore
-    from .graph_store import CSCGraphStore
 
     return (isinstance(data, (tuple, list)) and len(data) == 2 and isinstance(data[0], FeatureStore)
             and isinstance(data[1], GraphStore)
@@ -119,8 +120,6 @@ def _num_nodes(data) -> int:
 
 def _all_edges(graph_store) -> torch.Tensor:
     """int64 [2, E]: every edge of a homogeneous graph store, in the order it was put."""
-    from .graph_store import CSCGraphStore
-
     if isinstance(graph_store, CSCGraphStore):
         row, col = graph_store.edges(None).coo_in_given_order()
     else:
@@ -213,8 +212,6 @@ def _check_sampler_options(loader_name: str, sampler, given: dict) -> None:
 
 def _sampler_for_missing_pyg(loader_name: str, args: dict):
     """A CPU HybridNeighborSampler with the loader's options, where PyG's own sampler cannot run."""
-    from .sampler import HybridNeighborSampler
-
     subgraph_type = SubgraphType(args.get("subgraph_type", "directional"))
     unsupported = [f"{k}={args[k]!r}" for k in ("time_attr", "weight_attr") if args.get(k) is not None]
     if subgraph_type == SubgraphType.induced or args.get("directed", True) is False:
@@ -232,8 +229,6 @@ def _sampler_for_missing_pyg(loader_name: str, args: dict):
 
 def _check(loader_name: str, args: dict) -> None:
     """Look at (and where said above, complete) a loader's arguments before PyG's constructor sees them."""
-    from .sampler import HybridNeighborSampler
-
     given = dict(args)  # what the caller passed, before anything is filled in
     data, sampler = args.get("data"), args.get("neighbor_sampler")
     if isinstance(sampler, HybridNeighborSampler):

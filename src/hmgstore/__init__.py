@@ -33,7 +33,7 @@ from .table.sharded import ShardedTensor
 from .util.device import resolve_device
 from .table.tensor import HybridTensor, gather_many
 from .table.files import load
-from .rows.ids import raise_deferred
+from .cuda.deferred import raise_deferred
 
 __version__ = "0.1.0"
 __all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer", "placement", "stats", "Placement", "Tier",

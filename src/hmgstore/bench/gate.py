@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from .. import cuda
 
 
 class StartGate:
@@ -30,8 +31,6 @@ class StartGate:
     """
 
     def __init__(self, devices, timeout_s: float = 5.0):
-        from .. import cuda
-
         self._cp = cuda.cupy()
         self.timeout_ns = int(timeout_s * 1e9)
         self.devices = [torch.device(d) for d in devices]
@@ -45,8 +44,6 @@ class StartGate:
         self._slot = {d: i for i, d in enumerate(self.devices)}
 
     def _kernel(self, index: int):
-        from .. import cuda
-
         return cuda.module(index, ("bench_gate.cu",)).get_function("hmg_bench_gate")
 
     def prepare(self) -> None:
@@ -61,8 +58,6 @@ class StartGate:
 
     def hold(self, stream: torch.cuda.Stream) -> None:
         """Queue the gate on ``stream``: what is queued after it waits for :meth:`open`."""
-        from .. import cuda
-
         index = stream.device.index
         slot = self._slot[torch.device("cuda", index)]
         kernel = self._kernel(index)

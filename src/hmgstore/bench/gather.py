@@ -61,6 +61,8 @@ from ..cli import flags
 from ..memory import owned
 from .report import header, write_report
 from .timing import h2d_limit_gbps, median_seconds
+from ..gather.cpu_share import batch_class
+from .. import cuda
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +207,6 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
 
 def _split_variants(x, ids_cpu, device, args, timed, result) -> None:
     """``hmg_split`` with its model's share, and each path alone (``split_kernel``, ``split_cpu``), one table."""
-    from ..gather.cpu_share import batch_class
-
     threads = torch.get_num_threads()
     torch.set_num_threads(args.split_threads or threads)
     try:
@@ -240,8 +240,6 @@ def run(args) -> dict:
         "sizes": [], "sweep": [], "transparent_huge_pages": owned.transparent_huge_pages(),
     }
     if device.type == "cuda":
-        from .. import cuda
-
         report["cupy"] = cuda.cupy().__version__
         report["h2d_limit_gbps"] = h2d_limit_gbps(device)
     chosen = args.variants or ALL_VARIANTS

@@ -59,6 +59,8 @@ from .gather import _fill
 from .peer_report import add_ratios, plot, table_text
 from .peer_work import WARMUP, Runner, copy_work, gather_work, ids_copy_work, index_select_copy_work
 from .report import write_report
+from .. import cuda
+from ..cuda import peer as cuda_peer
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +319,6 @@ def run(args) -> dict:
     gpus = select_gpus(args.gpus, available)
     if any(rb <= 0 or rb % 4 for rb in args.row_bytes):
         raise SystemExit(f"--row-bytes must be positive multiples of 4, got {args.row_bytes}")
-    from .. import cuda
-    from ..cuda import peer as cuda_peer
 
     devices = [torch.device("cuda", g) for g in gpus]
     for d in devices:

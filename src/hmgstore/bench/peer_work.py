@@ -17,6 +17,7 @@ import torch
 
 from .peer_report import summarize
 from .timing import GateTimedOut, concurrent_seconds, run_round
+from .gate import StartGate
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ class Runner:
         if not self.cuda:
             self.start_mode = "CPU dry run, serial"
         elif use_gate:
-            from .gate import StartGate
-
             try:
                 gate = StartGate(self.devices)
                 gate.prepare()

@@ -32,6 +32,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..cli import flags
+from ..data import synthetic
+from .train_setup import SAGE
+from .report import ratio_text
 
 #: --quick's training sizes (added to remote.QUICK).
 QUICK = ["--graph", "synthetic:4000", "--feat-dim", "16", "--fanout", "5,3", "--train-batch", "64",
@@ -51,8 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def graph_of(spec: str, feat_dim: int, seed: int):
     """The ``--graph`` spec's graph (every rank makes the same one)."""
-    from ..data import synthetic
-
     kind, _, nodes = spec.partition(":")
     if kind != "synthetic" or not nodes:
         raise SystemExit(f"--graph {spec!r}: bench remote trains on synthetic:NODES graphs")
@@ -85,8 +86,6 @@ def run(args, device: torch.device, cluster) -> dict:
 
 
 def _model(args, g, device):
-    from .train_setup import SAGE
-
     dims = [args.feat_dim] + [args.hidden] * (len(args.fanout) - 1) + [g.num_classes]
     return SAGE(dims).to(device)
 
@@ -174,8 +173,6 @@ def _timed(model, loader, batches: int, device, control) -> float:
 
 def table_lines(train: dict, report: dict | None = None) -> list[str]:
     """The training half of ``report``, as markdown lines (its ratios n/a in a ``--quick`` report)."""
-    from .report import ratio_text
-
     report = report or {}
     fanout = ",".join(map(str, train["fanout"]))
     return [f"GraphSAGE on {train['graph']} ({train['nodes']:,} nodes, {train['edges']:,} edges, "

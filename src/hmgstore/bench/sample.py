@@ -41,6 +41,8 @@ from ..data.power_law import power_law_csc
 from ..graph import CSC, NeighborSampler, Topology
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 from .timing import median_seconds
+from ..data import synthetic
+from ..graph import to_csc
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,6 @@ def _graph_spec(text: str) -> tuple:
 def build_graph(spec: tuple, skew: float, device, seed: int = 0) -> CSC:
     """The CSC topology of a ``--graphs`` entry, generated from ``seed``."""
     if spec[0] == "synthetic":
-        from ..data import synthetic
-        from ..graph import to_csc
 
         g = synthetic(num_nodes=spec[1], avg_degree=10, feat_dim=1, seed=seed)
         return to_csc(g.edge_index, "coo", (spec[1], spec[1]))

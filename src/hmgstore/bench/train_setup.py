@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 import hmgstore
 from ..cli import flags
+from ..data import synthetic
+from ..data import power_law_csc
 
 
 class SAGE(torch.nn.Module):
@@ -69,7 +71,6 @@ def build_graph(spec: str, feat_dim: int):
     for a graph generated straight in CSC form (the Data then has no edge_index)."""
     from torch_geometric.data import Data
 
-    from ..data import synthetic
 
     kind, _, rest = spec.partition(":")
     if kind == "synthetic":
@@ -80,8 +81,6 @@ def build_graph(spec: str, feat_dim: int):
         train = g.train_idx[torch.randperm(len(g.train_idx), generator=torch.Generator().manual_seed(1))][:196_615]
         return Data(x=g.x, y=g.y, edge_index=g.edge_index), None, train.sort().values, g.num_classes, "products-shaped"
     if kind == "papers":
-        from ..data import power_law_csc
-
         nodes, edges = (flags.count(v) for v in rest.split(":"))
         cuda = torch.cuda.is_available()
         csc = power_law_csc(nodes, edges, 0.6, device="cuda" if cuda else None)

@@ -29,6 +29,7 @@ import torch
 from ..distributed.partition_book import PartitionBook
 from ..table.files import load_torch_file
 from ..distributed.parts import partition
+from ..data import synthetic
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,6 @@ def main(argv=None) -> None:
 
         g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
     else:
-        from ..data import synthetic
-
         g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
     if args.by in ("range", "hash"):
         book = getattr(PartitionBook, args.by)(g.num_nodes, args.parts)

@@ -39,6 +39,7 @@ from ..memory.pinned import as_host_tensor
 from ..table.tensor import HybridTensor
 from .partition_book import PartitionBook
 from .replace import new_folder
+from .node import share_on_node
 
 #: Bytes written per step (one progress update).
 WRITE_CHUNK_BYTES = 64 << 20
@@ -245,8 +246,6 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     _expect(folder / "row.npy", (edges,), "torch.int64")
     features = {}
     if share:
-        from .node import share_on_node
-
         def read_once(path):  # the machine's first rank reads; every rank maps the same pages
             return share_on_node(lambda: read(path, progress=progress), progress=progress)
     try:

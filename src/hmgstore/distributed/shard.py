@@ -26,6 +26,9 @@ from ..rows.ids import rows_only
 from ..gather.plan import fill_rows
 from ..table.tensor import HybridTensor
 from .node import Node, this_node
+from ..cuda import check_device, peer
+from ..cuda import peer
+from ..graph import Topology
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,6 @@ class DistributedTensor:
                 dist.monitored_barrier(group=state.group, timeout=datetime.timedelta(seconds=timeout))
             except Exception as err:  # a peer that is gone cannot read our shard any more
                 log.warning("hmgstore: not every process of the node reached close() (%s); freeing anyway", err)
-        from ..cuda import peer
 
         errors = []
         for ptr in self._opened:
@@ -151,8 +153,6 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
                               replicate)
     cuda = device.type == "cuda"
     if cuda:
-        from ..cuda import check_device, peer
-
         check_device(device)
     mine = (_signature(source, p), peer.pci_bus_id(device.index) if cuda else None, device.type)
     everyone = [None] * len(state.ranks)
@@ -174,8 +174,6 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
 
 
 def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress) -> DistributedTensor:
-    from ..cuda import peer
-
     me, index = state.local_rank, device.index
     row_bytes = row_layout(source)[0]
     tiers, opened, readable, buffer, pinned = {}, [], [], None, None
@@ -237,8 +235,6 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
 def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, readable: list, tier,
                row_bytes: int) -> str | None:
     """Map a peer's shard and add ``tier`` bound to it to ``readable``; returns why it cannot be read, or None."""
-    from ..cuda import peer
-
     ordinal = peer.local_ordinal(bus)
     if ordinal is None:
         return f"its GPU ({bus}) is not visible to this process (CUDA_VISIBLE_DEVICES)"
@@ -266,8 +262,6 @@ def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=
     hottest (read by the others over NVLink), the rest read zero-copy from
     host memory. ``close()`` on the topology (or its sampler) is collective.
     """
-    from ..graph import Topology
-
     def place(chunks, chunk_order, budget, where, bars):
         return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=replicate, device=where,
                      progress=bars)

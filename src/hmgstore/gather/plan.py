@@ -24,11 +24,14 @@ import contextlib
 
 import torch
 
-from ..rows import ids as index_mod
-from ..rows import placement as placement_mod
-from . import cpu_share as split_mod
-from ..rows.ids import Index, check_pending, check_range, prepare_many
+from ..cuda import deferred
 from ..memory.pinned import PinnedHost
+from ..rows import placement as placement_mod
+from ..rows.ids import Index, check_pending, check_range, prepare_many
+from . import cpu_share as split_mod
+from ..cuda import order
+from ..cuda import gather, order
+from ..cuda import gather
 
 
 def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
@@ -122,8 +125,6 @@ def check_out(out: torch.Tensor, shape, dtype, device) -> None:
 
 def page_shift(table) -> int:
     """log2 of the rows per ~2 MiB of the table's host tier: the groups a gather's ids are ordered in."""
-    from ..cuda import order
-
     return order.bucket_shift(table.pinned.pitch if table.pinned is not None else table.row_bytes)
 
 
@@ -136,8 +137,6 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
     Ids not ``checked`` yet (the kernel checks them) are never narrowed,
     which could wrap a bad id into range.
     """
-    from ..cuda import gather, order
-
     narrow = table.placement.index_dtype if checked else index.ids.dtype
     shift = page_shift(table) if table.sort_ids and table.reads_host and len(index.ids) > 1 else None
     key = (id(index), narrow, shift, id(table.row_map))  # tables with the same bucket size and map share a grouping
@@ -159,8 +158,6 @@ def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device:
     :class:`~hmgstore.rows.formats.Format` the source keeps rows in, decoded on
     the way into ``out`` (float32); None copies the rows' bytes as they are.
     """
-    from ..cuda import gather
-
     if not len(rows):
         return
     num_rows = pinned.tensor.shape[0]
@@ -180,8 +177,6 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     ``shares``: per request, the CPU's share of the split gather, or None
     to use each table's own setting.
     """
-    from ..cuda import gather
-
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
     if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
@@ -199,12 +194,12 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     if check == "sync":
         check_pending(pending)  # the range check's read-back, after the host work it overlaps
     elif pending and packed is not None:
-        record = index_mod.error_record(device)
+        record = deferred.error_record(device)
     gather.run(packed, device, stream, min(caps) if caps else None, record)
     if record is not None:
         described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
                      for k in packed.kept]
-        index_mod.deferred(device, stream, record, described)
+        deferred.deferred(device, stream, record, described)
     for table, part, out in parts:  # the CPU's rows, read while the kernel runs
         split_mod.finish(part, out, stream)
         if table.counter is not None:
@@ -223,8 +218,6 @@ def count(table, work) -> None:
 
 def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
-    from ..cuda import gather, order
-
     k, cpu, rest = split_mod.divide(index.host, table.split_setting.on_host(table.placement), share)
     if not k:
         return None, None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .topology import Topology
+from ..cuda import sample as kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -156,8 +157,6 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
     ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used. ``index``: see
     :func:`sample_hop`."""
-    from ..cuda import sample as kernels
-
     device = nodes.device
     counts = torch.empty(max_seeds, dtype=torch.int64, device=device)
     kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts)
@@ -177,7 +176,6 @@ def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: b
     lohi = torch.tensor([0, len(seeds)], device=seeds.device)
     if k < 0:  # every neighbour: the size is the degrees' sum
         counts = torch.empty_like(seeds)
-        from ..cuda import sample as kernels
 
         kernels.counts(seeds, lohi, len(seeds), topology.colptr, k, replace, 1, False, counts)
         slots = int(counts.sum()) if len(seeds) else 0

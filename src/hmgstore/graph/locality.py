@@ -34,6 +34,8 @@ from torch.utils.data import Sampler
 from ..util.progress import tqdm
 
 from .csc import CSC
+from .csc import to_csc
+from .sampler import NeighborSampler
 
 #: Bytes of host memory the GPU translates at once (the unit of :func:`pages_touched`).
 PAGE_BYTES = 2 << 20
@@ -116,7 +118,6 @@ def metis_order(csc: CSC, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
                           "community_order needs nothing beyond torch") from None
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
-    from .csc import to_csc
 
     n = csc.size[1]
     if num_parts == 1:
@@ -139,8 +140,6 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
     same batches read then sit together: the layout pays off for batches
     made the same way (locality-aware ones), not for a fresh random order.
     """
-    from .sampler import NeighborSampler
-
     if not isinstance(sampler, NeighborSampler) or sampler.hetero:
         raise TypeError("coaccess_order takes a homogeneous hmgstore.graph.NeighborSampler")
     seeds = torch.as_tensor(seeds).to(torch.int64).cpu()

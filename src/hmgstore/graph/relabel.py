@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 
 import torch
+from ..cuda import relabel
 
 _NO_POSITION = 2**63 - 1
 
@@ -101,8 +102,6 @@ class HashNodeSet:
 
     def _index_own_positions(self, keys: torch.Tensor) -> None:
         """Insert ``keys`` with the local id of each its first position (the seeds; a regrown table)."""
-        from ..cuda import relabel
-
         n = len(keys)
         slot, is_first = torch.empty_like(keys), torch.empty_like(keys)
         relabel.insert(keys, None, n, self._key, self._first, self._value, slot)
@@ -122,8 +121,6 @@ class HashNodeSet:
     def add_queued(self, candidates: torch.Tensor, n: torch.Tensor | None, max_n: int) -> torch.Tensor:
         """Local ids of ``candidates[:n]`` (``n`` a one-element device tensor, at most ``max_n``), new keys
         appended; nothing is read back: ``device_count`` grows on the device, ``count`` does not change."""
-        from ..cuda import relabel
-
         local = torch.empty_like(candidates)
         if max_n == 0:
             return local

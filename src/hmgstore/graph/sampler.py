@@ -34,6 +34,8 @@ from ..rows.ids import normalize_many
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, node_set
+from .relabel import HashNodeSet
+from ..rows.stats import merge
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +265,6 @@ class NeighborSampler:
         read the real bounds from device memory. ``draws``: the keys, on the
         device.
         """
-        from .relabel import HashNodeSet
-
         hops = self.num_hops
         most = {nt: [len(k)] for nt, k in keys.items()}  # upper bound of the nodes each hop finds, per type
         for hop in range(hops):
@@ -347,8 +347,6 @@ class NeighborSampler:
 
     def stats(self) -> dict:
         """Every topology's statistics merged. Raises RuntimeError when not counting."""
-        from ..rows.stats import merge
-
         return merge(t.stats() for t in self.topologies.values())
 
     def close(self) -> None:

@@ -31,6 +31,8 @@ from ..util.device import resolve_device
 from ..memory.pinned import CHUNK_BYTES, PinnedHost
 from ..rows.stats import TierCounter
 from .csc import CSC
+from .. import cuda
+from ..cuda.gather import tier_words
 
 
 #: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
@@ -116,7 +118,6 @@ class Topology:
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
-        from .. import cuda
 
         cuda.check_device(self.device)
         try:
@@ -158,8 +159,6 @@ class Topology:
 
     def _build_chunked(self, colptr: torch.Tensor, budget: int, order: torch.Tensor, progress: bool,
                        place_chunks) -> None:
-        from ..cuda.gather import tier_words
-
         body = self.num_edges - self.num_edges % CHUNK_IDS
         if body == 0:  # not one whole chunk: the few ids are simply on this GPU
             self.gpu_row, self.gpu_edges = self.row.to(self.device), self.num_edges

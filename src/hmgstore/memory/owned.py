@@ -39,6 +39,8 @@ import weakref
 import numpy as np
 import torch
 from ..util.progress import tqdm
+from ..cuda.runtime import cupy, synchronize
+from ..cuda.runtime import cupy
 
 #: Huge page size the allocations are aligned to.
 HUGE_PAGE = 2 << 20
@@ -128,8 +130,6 @@ class _CudaHostBlock:
     """A cudaHostAlloc allocation; freed (after every GPU is idle) when this object goes."""
 
     def __init__(self, nbytes: int):
-        from ..cuda.runtime import cupy
-
         if not torch.cuda.is_available():
             raise RuntimeError("backing='cuda' needs a GPU (cudaHostAlloc); use backing='hugepage'")
         cp = cupy()
@@ -145,8 +145,6 @@ class _CudaHostBlock:
 
 
 def _free_cuda_block(ptr: int, owner: int) -> None:
-    from ..cuda.runtime import cupy, synchronize
-
     if os.getpid() != owner:  # a forked child shares the parent's block and cannot use CUDA: the parent frees it
         return
     with _cuda_lock:

@@ -45,6 +45,10 @@ from ..util.progress import tqdm
 
 from ..cuda.runtime import synchronize
 from . import owned
+from ..cuda.host import unpinned_ranges
+from ..cuda.host import host_register
+from ..cuda.host import host_unregister
+from ..cuda.host import AlreadyPinned
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +206,6 @@ class _Registry:
 
     @staticmethod
     def _register(start: int, end: int, read_only: bool, bar) -> list[int]:
-        from ..cuda.host import host_register
-
         chunks = []
         try:
             for ptr in range(start, end, CHUNK_BYTES):
@@ -218,8 +220,6 @@ class _Registry:
 
     @staticmethod
     def _unregister(chunks: list[int]) -> None:
-        from ..cuda.host import host_unregister
-
         for ptr in chunks:
             host_unregister(ptr)
 
@@ -281,8 +281,6 @@ def registered_ranges() -> list[tuple[int, int]]:
 
 def _unpinned_pages(begin: int, end: int, progress: bool) -> list[tuple[int, int]]:
     """The parts of ``[begin, end)`` (page-aligned) that no one has page-locked."""
-    from ..cuda.host import unpinned_ranges
-
     with _progress_bar(end - begin, "checking pinned pages", progress) as bar:
         return unpinned_ranges(begin, end, PAGE, progress=lambda done: bar.update(done - bar.n))
 
@@ -299,8 +297,6 @@ class PinnedHost:
     """
 
     def __init__(self, source: torch.Tensor, devices, read_only: bool = False, progress: bool = True):
-        from ..cuda.host import AlreadyPinned
-
         self._finalizer = None
         self.registered = False  # True when ``tensor`` is the source and some of it was registered here
         self.owner_pinned = False  # True when someone else pinned (part of) the source

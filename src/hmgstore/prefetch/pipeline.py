@@ -32,6 +32,7 @@ from ..cuda.gather import capped_gathers
 from ..util.device import resolve_device
 from ..gather.fusion import fused
 from ..table.host_pages import batches_to_fuse
+from ..cuda.deferred import raise_deferred
 
 _DONE = object()
 
@@ -237,7 +238,6 @@ class Pipeline:
                     raise err
                 if batch is _DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
-                        from ..rows.ids import raise_deferred
 
                         raise_deferred(self.device)
                     return

@@ -17,6 +17,7 @@ from collections import deque
 import torch
 
 from . import shared_ring as ring
+from .pipeline import Pipeline
 
 #: Seconds between liveness checks while one process waits for the other.
 POLL = 0.2
@@ -149,8 +150,6 @@ class _Server:
 
     def epoch(self, number: int) -> dict:
         """Pass ``number`` of the loader through the ring; the pass's counts."""
-        from .pipeline import Pipeline
-
         busy = waited = 0.0
         batches = 0
         # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring

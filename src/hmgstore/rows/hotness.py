@@ -17,6 +17,7 @@ import math
 import re
 
 import torch
+from .ids import as_tensor, check_range
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -192,8 +193,6 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
     a score per row goes (``hint``), since scores are what is usually passed
     by mistake.
     """
-    from .ids import as_tensor, check_range
-
     if not isinstance(order, torch.Tensor):
         try:
             order = torch.as_tensor(order) if len(order) else torch.empty(0, dtype=torch.int64)

@@ -26,6 +26,7 @@ import torch
 
 from .hotness import (by_hotness, check_hotness, check_order, check_score, hot_rows_under_budget,  # noqa: F401
                       hotness_or_in_degree, order_by_score, parse_budget, parse_bytes, resolve_budget)
+from .ids import as_tensor, check_range
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,8 +179,6 @@ def check_layout(layout, num_rows: int) -> torch.Tensor:
     Raises ValueError for another length, IndexError for ids out of range
     and ValueError naming a row listed twice.
     """
-    from .ids import as_tensor, check_range
-
     layout, _ = as_tensor(layout, num_rows)
     layout = layout.reshape(-1).to("cpu", torch.int64)
     if len(layout) != num_rows:
@@ -194,8 +193,6 @@ def check_layout(layout, num_rows: int) -> torch.Tensor:
 
 def _ids(ids, num_rows: int, what: str) -> torch.Tensor:
     """1-D int64 CPU ids, each checked to be in ``[0, num_rows)`` and listed once."""
-    from .ids import as_tensor, check_range
-
     try:
         ids, _ = as_tensor(ids, num_rows)
     except TypeError as err:

@@ -37,6 +37,8 @@ from ..util.progress import tqdm
 
 from ..gather.cpu_share import cache_path as _split_cache_path
 from ..util.timing import h2d_limit_gbps, median_seconds
+from ..memory import owned
+from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +150,6 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
     (``index_select`` alone: there is nothing to copy to), which shows the
     CPU's own reach.
     """
-    from ..memory import owned
-    from .tensor import HybridTensor
 
     device = torch.device(device)
     gpu = device.type == "cuda"

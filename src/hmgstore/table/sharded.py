@@ -28,6 +28,7 @@ from ..rows.ids import rows_only
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..gather.plan import fill_rows
 from .tensor import HybridTensor
+from ..cuda import check_device, peer
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,6 @@ class ShardedTensor:
             raise
 
     def _build(self, read_only: bool, max_sms, progress: bool) -> None:
-        from ..cuda import check_device, peer
-
         p, indices = self.placement, [d.index for d in self.devices]
         for d in self.devices:
             check_device(d)

@@ -37,6 +37,8 @@ from ..util.device import resolve_device
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows.placement import Placement, Tier
 from ..rows.stats import TierCounter
+from ..memory import owned
+from .. import cuda
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,6 @@ class Table:
         them (a permutation, :mod:`hmgstore.locality`); a table's own source
         is then copied in that order, a stored host tier is in it already.
         """
-        from ..memory import owned
-
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
@@ -122,7 +122,6 @@ class Table:
         self._reads_host = p.has_host_tier
         if self.device.type != "cuda":
             return
-        from .. import cuda
 
         cuda.check_device(self.device)
         # Whenever the table goes, wait for kernels that may still read its memory.

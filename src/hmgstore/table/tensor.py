@@ -42,11 +42,14 @@ from ..gather import cpu_share as split_mod
 from ..gather import fusion, plan
 from ..rows import formats
 from ..rows import placement as placement_mod
-from ..rows.ids import CHECKS, raise_deferred, rows_only
+from ..cuda.deferred import raise_deferred
+from ..rows.ids import CHECKS, rows_only
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from . import pickling
 from .state import Table
+from ..memory import owned
+from ..rows.ids import normalize
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +187,6 @@ class HybridTensor(Table):
         arguments (``gpu_rows``, ``gpu_budget`` with ``hot_order`` or ``hotness``,
         ``max_sms``, ``stats``, ``progress``) are as for the constructor.
         """
-        from ..memory import owned
-
         device = resolve_device(device)
         host_format, gpu_format = formats.for_tiers(host_dtype, compress)
         shape = tuple(int(s) for s in shape)
@@ -272,8 +273,6 @@ class HybridTensor(Table):
         IndexError for ids out of range, ValueError for a value that does not
         broadcast to the rows, RuntimeError for a closed table.
         """
-        from ..rows.ids import normalize
-
         rows_only(index)
         if self._read_only:
             raise TypeError("this table's source is read-only memory (e.g. a memmap opened with mode='r'); "
