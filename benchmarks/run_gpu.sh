@@ -222,7 +222,7 @@ for stage in "$@"; do
                grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
     # Issue 31's soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
-    soak) timeout 590 python3 benchmarks/soak.py --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
+    soak) timeout 590 python3 benchmarks/soak.py ${SOAK_ARGS:-} --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
           grep -E "^\||^#|Exact" "$OUT/soak.log" | tail -40 ;;
     # Issue 29: a batch's missed rows read by the CPU into pinned staging and copied by the copy engine, against
     # the zero-copy kernel, alone and beside a GPU-bound step (benchmarks/probes/probe_dma_misses.py)
