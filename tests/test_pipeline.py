@@ -188,7 +188,8 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     from torch_geometric.data import Data
 
     x = torch.randn(1000, 16)
-    stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", progress=False)
+    stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", gpu_budget=None,
+                       progress=False)  # every row in host memory: the case the auto cap is for
     table = stores[0].table(None, "x")
     caps, grid_size = [], gather.grid_size
     monkeypatch.setattr(gather, "grid_size", lambda i, k, tiles, cap, narrow=False: caps.append(cap) or
@@ -242,7 +243,7 @@ def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
 
     data = Data(x=torch.randn(1000, 16), edge_index=torch.randint(0, 1000, (2, 4000)))
     whole, _ = from_data(data, device="cuda", gpu_budget=2**40, progress=False)
-    host, _ = from_data(data, device="cuda", progress=False)
+    host, _ = from_data(data, device="cuda", gpu_budget=None, progress=False)  # gpu_budget="auto" would fit it all
     device = torch.device("cuda", torch.cuda.current_device())
     assert hmgstore.Pipeline(type("L", (), {"data": (whole, None)})(), device=device)._auto_sms() is None
     assert hmgstore.Pipeline(type("L", (), {"data": (host, None)})(), device=device)._auto_sms() == auto_sms(device)
