@@ -248,3 +248,156 @@ def shm_left_behind(before: set[str], directory: str = "/dev/shm", prefix: str =
         time.sleep(1)
         left &= candidates()
     return left
+
+
+# ---- processes forked from a warm interpreter ----------------------------------------------------------------
+#: Imported once by the warm interpreter, so that the processes it forks start with them (each costs a fresh
+#: interpreter 1-3 s of CPU; a test that starts four ranks pays it four times).
+WARM_MODULES = ("numpy", "torch", "torch.distributed", "hmgstore", "hmgstore.distributed", "hmgstore.graph",
+                "hmgstore.data", "torch_geometric.data", "torch_geometric.loader", "hmgstore.plugins.pyg")
+
+
+def _warm_main() -> None:
+    """The warm interpreter (``Warm``): imports WARM_MODULES, then reads one request a line on stdin, forks a
+    process per script it names and answers with their pids, then with their exit codes once all have ended.
+    Each forked process leaves this loop and runs its script as ``python SCRIPT ARGS`` would, in its own
+    environment, with stdout and stderr in files: it ends as that interpreter would (atexit handlers, the exit
+    code of sys.exit or of an uncaught exception, or the signal that killed it)."""
+    import importlib
+    import json
+    import runpy
+    import sys
+
+    for name in WARM_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional framework missing: the processes import what they need themselves
+            pass
+    run = None
+    for line in sys.stdin:
+        procs = json.loads(line)
+        pids = []
+        for proc in procs:
+            pid = os.fork()
+            if pid == 0:
+                run = proc
+                break
+            pids.append(pid)
+        if run is not None:
+            break
+        print(json.dumps({"pids": pids}), flush=True)
+        print(json.dumps({"codes": [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]}), flush=True)
+    if run is None:
+        return  # stdin closed: the test run is over
+    # the forked process: the script's own stdio, environment, arguments and path
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd, path in ((1, run["stdout"]), (2, run["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    os.environ.clear()
+    os.environ.update(run["env"])
+    sys.argv = list(run["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(run["argv"][0]))
+    runpy.run_path(run["argv"][0], run_name="__main__")
+
+
+class Warm:
+    """A warm interpreter that starts processes for a test, faster than ``subprocess.Popen`` of a fresh one.
+
+    ``run(procs, timeout)`` starts one process per ``(argv, env)`` (argv[0]: a Python script), waits for all of
+    them, and returns their exit codes, stdout and stderr, as Popen's ``returncode`` and ``communicate()``
+    would. Past ``timeout`` seconds it kills them and raises ``TimeoutError``. The processes are the warm
+    interpreter's children, hence this process's descendants (what the shared-memory checks look for).
+    """
+
+    def __init__(self):
+        import subprocess
+        import sys
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="hmgstore-warm-")
+        self.log = open(os.path.join(self.dir, "warm.log"), "w")
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {here!r}; import helpers; "
+                                         "helpers._warm_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self._runs = 0
+
+    def _answer(self, deadline: float | None) -> dict | None:
+        import json
+        import select
+
+        fd = self.proc.stdout.fileno()
+        while not self._pending.endswith("\n"):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                with open(self.log.name) as f:
+                    raise RuntimeError(f"the warm interpreter ended: {f.read()[-3000:]}")
+            self._pending += chunk.decode()
+        line, self._pending = self._pending, ""
+        return json.loads(line)
+
+    def run(self, procs: list[tuple[list[str], dict]], timeout: float) -> tuple[list[int], list[str], list[str]]:
+        import json
+
+        self._runs += 1
+        files = [(os.path.join(self.dir, f"{self._runs}-{i}.out"), os.path.join(self.dir, f"{self._runs}-{i}.err"))
+                 for i in range(len(procs))]
+        request = [{"argv": [str(a) for a in argv], "env": dict(env), "stdout": out, "stderr": err}
+                   for (argv, env), (out, err) in zip(procs, files)]
+        self._pending = ""
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        pids = self._answer(None)["pids"]
+        answer = self._answer(deadline)
+        if answer is None:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+            self._answer(None)
+        outputs = []
+        for out, err in files:
+            with open(out) as o, open(err) as e:
+                outputs.append((o.read(), e.read()))
+            os.unlink(out)
+            os.unlink(err)
+        if answer is None:
+            raise TimeoutError(f"still running after {timeout} s (a hang?); stderr: {[e[-2000:] for _, e in outputs]}")
+        return answer["codes"], [o for o, _ in outputs], [e for _, e in outputs]
+
+    def close(self) -> None:
+        import shutil
+
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_warm: Warm | None = None
+
+
+def warm() -> Warm:
+    """This test process's warm interpreter, started on first use and ended when the process exits."""
+    global _warm
+    if _warm is None or _warm.proc.poll() is not None:
+        import atexit
+
+        _warm = Warm()
+        atexit.register(_warm.close)
+    return _warm

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import cuda_devices
+from helpers import cuda_devices, warm
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -32,9 +32,11 @@ def _free_port() -> int:
 
 def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", node_of=None, env=None,
            timeout: float = 120) -> tuple[list[int], dict[int, dict], list[str]]:
-    """Run ``world`` ranks of ``scenario``; returns exit codes, reports and stderr by rank."""
+    """Run ``world`` ranks of ``scenario``; returns exit codes, reports and stderr by rank. CPU ranks are forked
+    from a warm interpreter (helpers.warm: torch, hmgstore and PyG imported once, not once per rank); CUDA ranks
+    are fresh interpreters."""
     port = _free_port()
-    procs = []
+    envs = []
     for rank in range(world):
         e = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HMGSTORE_TEST_DEVICE": device,
@@ -42,24 +44,32 @@ def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", no
         if node_of is not None:
             e["HMGSTORE_NODE_ID"] = f"node{node_of(rank)}"
             e["LOCAL_RANK"] = str(rank // 2)
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, str(tmp_path)], env=e,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout
-    errs = []
-    for p in procs:
+        envs.append(e)
+    if device == "cpu":
         try:
-            _, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang)")
-        errs.append(err)
+            codes, _, errs = warm().run([([WORKER, scenario, tmp_path], e) for e in envs], timeout)
+        except TimeoutError as err:
+            raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang): {err}") from None
+    else:
+        procs = [subprocess.Popen([sys.executable, str(WORKER), scenario, str(tmp_path)], env=e,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for e in envs]
+        deadline = time.monotonic() + timeout
+        errs = []
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang)")
+            errs.append(err)
+        codes = [p.returncode for p in procs]
     reports = {}
     for rank in range(world):
         f = tmp_path / f"rank{rank}.json"
         if f.exists():
             reports[rank] = json.loads(f.read_text())
-    return [p.returncode for p in procs], reports, errs
+    return codes, reports, errs
 
 
 def test_shard_on_three_ranks(tmp_path, no_leaks):

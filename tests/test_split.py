@@ -179,8 +179,40 @@ def test_split_in_a_fused_gather_and_with_gpu_ids(cuda_device):
     feats, labs = hmgstore.gather_many([(t, idx), (y, idx)])
     assert_same(feats.cpu(), x[idx])
     assert_same(labs.cpu(), labels[idx])
-    assert_same(t[idx.to(cuda_device)].cpu(), x[idx])  # GPU ids: the kernel reads every row
+    assert_same(t[idx.to(cuda_device)].cpu(), x[idx])  # GPU ids: read back, then split the same way
     assert_same(t[idx[:100]].cpu(), x[idx[:100]])  # a small batch: the kernel alone
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compress", [None, "int8"])
+def test_fixed_split_hands_gpu_ids_host_rows_to_the_cpu(cuda_device, compress):
+    """GPU ids with a fixed share: the ids are read back, the CPU reads the host rows (counted as host-tier rows),
+    the kernel the GPU tier's; bit-exact, and a bad id raises at once even with check='deferred'."""
+    x = random_table(120_000, (32,), torch.float32, seed=21)
+    want = x if compress is None else hmgstore.rows.formats.get("int8").decode(
+        hmgstore.rows.formats.get("int8").encode(x), (32,))
+    gpu_rows = torch.arange(0, 120_000, 4)
+    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, split=1.0, compress=compress, stats=True)
+    idx = torch.randint(0, 120_000, (50_000,), generator=torch.Generator().manual_seed(22))
+    idx[:2] = torch.tensor([119_999, 0])
+    reads, real = [], split.read_chunks
+    split.read_chunks = lambda source, ids, into, chunks=2: reads.append(len(ids)) or real(source, ids, into, chunks)
+    try:
+        out = torch.full((50_000, 32), float("nan"), device=cuda_device)  # poisoned
+        t.gather(idx.to(cuda_device), out=out)
+    finally:
+        split.read_chunks = real
+    assert_same(out.cpu(), want[idx])
+    host_rows = int((idx % 4 != 0).sum())
+    assert reads == [host_rows]  # every host-tier row through the CPU, once
+    stats = t.stats()
+    assert stats["rows"] == 50_000 and stats["tiers"]["gpu"]["rows"] == 50_000 - host_rows
+    bad = idx.clone()
+    bad[7] = 120_000
+    with pytest.raises(IndexError, match="120000"):
+        t.gather(bad.to(cuda_device), check="deferred")
+    auto = hmgstore.HybridTensor(x, cuda_device, gpu_rows=gpu_rows, split=0.0)
+    assert auto.split_setting is None  # a zero share is no split: GPU ids stay on the GPU
 
 
 @pytest.mark.gpu

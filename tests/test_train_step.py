@@ -118,12 +118,14 @@ def test_quick_reports_print_no_ratios():
 def test_train_benchmark_reports_the_ceilings(tmp_path):
     out = tmp_path / "train"
     res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "train", "--quick", "--no-progress", "--configs",
-                          "host", "host+pipe", "--max-sms", "auto", "none", "--no-trim", "--profile", "--out", out],
+                          "host", "host+pipe", "--max-sms", "auto", "none", "--no-trim", "--profile", "--split", "1",
+                          "--out", out],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((out / "train.json").read_text())
     assert set(report["configs"]) == {"host", "host+pipe@auto", "host+pipe@none"}
     assert report["trim"] is False and "every layer over every node" in res.stdout
+    assert report["split"] == 1.0 and "100% read by the CPU + copy engine" in res.stdout
     for name, c in report["configs"].items():
         alone = c["alone_batches_per_s"]
         assert alone["step"] > 0 and alone["loader_main"] > 0 and c["trimmed"] is False

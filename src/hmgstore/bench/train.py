@@ -120,6 +120,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format (hmgstore.rows.formats; "
                         "the cache's GPU budget then holds that many more rows)")
+    p.add_argument("--split", type=float, default=None,
+                   help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
+                        "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
+                        "(HybridTensor split=; 1.0: all of them). Default: none, the kernel reads them")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
@@ -285,7 +289,7 @@ def run(args) -> dict:
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
-        "host_layout": args.host_layout, "configs": {},
+        "host_layout": args.host_layout, "split": args.split, "configs": {},
     }
     hot = None
     if any(c.startswith("cache") for c in configs):

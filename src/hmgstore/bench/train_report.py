@@ -85,6 +85,7 @@ def table_text(report: dict) -> str:
              f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
              f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
              f"{report.get('host_layout', 'auto')} order"
+             + (f"; cache's host rows: {report['split']:.0%} read by the CPU + copy engine" if report.get("split") else "")
              + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
     stock = _epoch(report, "stock")
     columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "step alone",

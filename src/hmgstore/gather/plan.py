@@ -180,8 +180,9 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
     if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
-        shares = [None if index.host is None or table.split_setting is None else table.split_setting.share(table, len(index.host))
-                  for (table, _), index in zip(requests, indices)]
+        indices = [with_host_ids(table, index) for (table, _), index in zip(requests, indices)]
+        shares = [None if index.host is None or table.split_setting is None else
+                  table.split_setting.share(table, len(index.host)) for (table, _), index in zip(requests, indices)]
     jobs, parts = [], []
     for (table, _), index, out, share in zip(requests, indices, results, shares):
         work, part = (None, None) if not share or index.host is None else split_job(table, index, out, share, stream)
@@ -207,6 +208,25 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     for (table, _), work in zip(requests, jobs):
         if table.counter is not None:
             count(table, work)
+
+
+def with_host_ids(table, index: Index) -> Index:
+    """``index`` with its ids on the CPU too, where a fixed split share hands GPU ids' host rows to the CPU.
+
+    The read-back is one synchronisation of the gather's thread, and it checks
+    the ids (IndexError) whatever the ``check`` mode: beside a GPU-bound
+    training step, host rows read by the CPU and moved by the copy engine
+    cost the step 1-4% of its rate where the zero-copy kernel costs 20%
+    (``benchmarks/results/dma-misses-h100.md``). ``"auto"`` splits keep to
+    CPU ids: their cost model times each path alone, which misses that.
+    """
+    setting = table.split_setting
+    if index.host is not None or setting is None or setting.value == "auto" or not setting.value:
+        return index
+    host = torch.empty(index.ids.shape, dtype=index.ids.dtype, pin_memory=True)
+    host.copy_(index.ids)  # waits for the ids (from pinned memory: one short copy)
+    check_range(host, table.num_rows)
+    return Index(index.ids, index.shape, host.to(torch.int64))
 
 
 def count(table, work) -> None:

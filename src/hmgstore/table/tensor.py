@@ -115,14 +115,14 @@ class HybridTensor(Table):
             pages read faster. The source is copied in that order; ids
             stay the caller's.
         split: let the CPU read part of each batch's host rows while the
-            kernel reads the rest (:mod:`hmgstore.gather.cpu_share`; for tables of
-            more than a few GB, gathered with CPU ids): ``"auto"`` measures
-            both paths on this kind of table at the first batch of each
-            size class and caches the share, a float in ``[0, 1]`` fixes
-            the CPU's share of host-tier rows,
-            None (default) reads every row with the kernel. The CPU reads
-            use torch's intra-op threads (``torch.set_num_threads`` caps
-            them).
+            kernel reads the rest (:mod:`hmgstore.gather.cpu_share`):
+            ``"auto"`` (CPU ids only) measures both paths on this kind of
+            table at the first batch of each size class and caches the
+            share; a float in ``(0, 1]`` fixes the CPU's share of host-tier
+            rows, GPU ids included (read back once: beside a GPU-bound
+            training step, ``1.0`` keeps the gather off the SMs); None
+            (default) reads every row with the kernel. The CPU reads use
+            torch's intra-op threads (``torch.set_num_threads`` caps them).
 
     On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
     every row is read from the source, so the same code runs with and
