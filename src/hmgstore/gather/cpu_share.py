@@ -284,7 +284,8 @@ class CpuPart:
     """The rows of one gather that the CPU reads, and its work in flight.
 
     ``ids``: source row ids (CPU int64); ``positions``: their output
-    positions (CPU int64), or None for the first ``len(ids)`` positions;
+    positions (int64, on the CPU or already on the output's GPU), or None
+    for the first ``len(ids)`` positions;
     ``decode``: turns the host tier's stored rows (on the GPU) into the
     output's, or None when a dtype conversion does (rows kept as they read,
     or half-width).
@@ -341,7 +342,8 @@ def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
         for (a, b), future in part.chunks:
             future.result()
             into[a:b].copy_(part.staging[a:b], non_blocking=True)
-        positions = None if part.positions is None else part.positions.pin_memory().to(out.device, non_blocking=True)
+        positions = part.positions if part.positions is None or part.positions.is_cuda else \
+            part.positions.pin_memory().to(out.device, non_blocking=True)
     stream.wait_stream(side)
     rows = None if part.landed is None else \
         part.landed.to(out.dtype) if part.decode is None else part.decode(part.landed)

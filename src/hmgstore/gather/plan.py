@@ -24,14 +24,11 @@ import contextlib
 
 import torch
 
-from ..cuda import deferred
+from ..cuda import deferred, gather, order
 from ..memory.pinned import PinnedHost
 from ..rows import placement as placement_mod
 from ..rows.ids import Index, check_pending, check_range, prepare_many
 from . import cpu_share as split_mod
-from ..cuda import order
-from ..cuda import gather, order
-from ..cuda import gather
 
 
 def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
@@ -180,12 +177,11 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     prepared = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
     if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
-        indices = [with_host_ids(table, index) for (table, _), index in zip(requests, indices)]
-        shares = [None if index.host is None or table.split_setting is None else
-                  table.split_setting.share(table, len(index.host)) for (table, _), index in zip(requests, indices)]
+        shares = [table_share(table, index) for (table, _), index in zip(requests, indices)]
     jobs, parts = [], []
     for (table, _), index, out, share in zip(requests, indices, results, shares):
-        work, part = (None, None) if not share or index.host is None else split_job(table, index, out, share, stream)
+        split = split_job if index.host is not None else split_job_gpu_ids
+        work, part = (None, None) if not share else split(table, index, out, share, stream)
         jobs.append(work or job(table, index, out, prepared, id(index.ids) not in unchecked))
         if part is not None:
             parts.append((table, part, out))
@@ -210,30 +206,54 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
             count(table, work)
 
 
-def with_host_ids(table, index: Index) -> Index:
-    """``index`` with its ids on the CPU too, where a fixed split share hands GPU ids' host rows to the CPU.
-
-    The read-back is one synchronisation of the gather's thread, and it checks
-    the ids (IndexError) whatever the ``check`` mode: beside a GPU-bound
-    training step, host rows read by the CPU and moved by the copy engine
-    cost the step 1-4% of its rate where the zero-copy kernel costs 20%
-    (``benchmarks/results/dma-misses-h100.md``). ``"auto"`` splits keep to
-    CPU ids: their cost model times each path alone, which misses that.
-    """
-    setting = table.split_setting
-    if index.host is not None or setting is None or setting.value == "auto" or not setting.value:
-        return index
-    host = torch.empty(index.ids.shape, dtype=index.ids.dtype, pin_memory=True)
-    host.copy_(index.ids)  # waits for the ids (from pinned memory: one short copy)
-    check_range(host, table.num_rows)
-    return Index(index.ids, index.shape, host.to(torch.int64))
-
-
 def count(table, work) -> None:
     """Add a CUDA job's rows to the table's per-tier counters (device work only, no waiting)."""
     ids = work.ids.clamp(0, table.num_rows - 1)  # ids of a deferred check may be out of range (reported later)
     new = ids if table.row_map is None else table.row_map[ids]
     table.counter.add(torch.searchsorted(table.tier_starts, new.to(table.tier_starts.dtype), right=True) - 1)
+
+
+def table_share(table, index: Index) -> float | None:
+    """The CPU's share of ``index``'s host rows: the table's split setting for CPU ids; for GPU ids only a fixed
+    share (``"auto"`` models times each path alone, which misses what the GPU ids' case is for, see
+    :func:`split_job_gpu_ids`)."""
+    setting = table.split_setting
+    if setting is None:
+        return None
+    if index.host is not None:
+        return setting.share(table, len(index.host))
+    return None if setting.value == "auto" else setting.value
+
+
+def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stream):
+    """:func:`split_job` for ids on the GPU: the GPU divides the batch, the CPU gets its host rows' places.
+
+    Why. Beside a GPU-bound training step, host rows read by the CPU and
+    moved by the copy engine cost the step 1-4% of its rate, where the
+    zero-copy kernel, holding SMs while it waits on PCIe, costs 20%
+    (``benchmarks/results/dma-misses-h100.md``). The price is one
+    synchronisation of the gathering thread, which also checks the ids
+    (IndexError, whatever the ``check`` mode). Returns ``(None, None)`` when
+    the CPU's share is under :data:`hmgstore.gather.cpu_share.MIN_IDS` rows.
+    """
+    ids = index.ids
+    low, high = torch.stack(torch.aminmax(ids)).tolist() if len(ids) else (0, 0)  # the one synchronisation
+    if low < 0 or high >= table.num_rows:
+        check_range(ids.cpu(), table.num_rows)  # raises with the value and position
+    host_start = table.placement.bounds[-2]  # the host tier's first new id: its row r is new id host_start + r
+    new = ids.long() if table.row_map is None else table.row_map[ids].long()
+    on_host = new >= host_start
+    host = on_host.nonzero().flatten()
+    k = int(round(share * len(host)))
+    if k < split_mod.MIN_IDS:
+        return None, None
+    cpu, rest = host[:k], torch.cat([(~on_host).nonzero().flatten(), host[k:]])
+    fmt = table.host_format
+    decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
+    part = split_mod.CpuPart((new[cpu] - host_start).cpu(), cpu, decode)
+    split_mod.start(part, table.host_tier, out, stream)
+    ids = ids[rest].to(table.placement.index_dtype)  # checked above: cannot wrap
+    return gather.Job(ids, rest, out, table.row_map, table.num_rows, table.row_bytes, table.tiers), part
 
 
 def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
