@@ -40,7 +40,10 @@ def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", no
     for rank in range(world):
         e = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "HMGSTORE_TEST_DEVICE": device,
-             "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1", **(env or {})}
+             "NCCL_NVLS_ENABLE": "0", "PYTHONUNBUFFERED": "1",
+             # one OpenMP thread per rank unless told otherwise, as torchrun sets it: ranks sharing the cores,
+             # each with a thread per core, spend their time spinning in each other's way
+             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
         if node_of is not None:
             e["HMGSTORE_NODE_ID"] = f"node{node_of(rank)}"
             e["LOCAL_RANK"] = str(rank // 2)

@@ -125,7 +125,7 @@ def test_train_benchmark_reports_the_ceilings(tmp_path):
     report = json.loads((out / "train.json").read_text())
     assert set(report["configs"]) == {"host", "host+pipe@auto", "host+pipe@none"}
     assert report["trim"] is False and "every layer over every node" in res.stdout
-    assert report["split"] == 1.0 and "100% read by the CPU + copy engine" in res.stdout
+    assert report["split"] == [1.0] and "read by the CPU + copy engine: 100%" in res.stdout
     for name, c in report["configs"].items():
         alone = c["alone_batches_per_s"]
         assert alone["step"] > 0 and alone["loader_main"] > 0 and c["trimmed"] is False
@@ -171,3 +171,14 @@ def test_auto_layout_on_a_copied_cached_table_is_hottest_first(data, cuda_device
     idx = torch.randint(0, data.num_nodes, (5000,), device=cuda_device)
     assert_same(auto.table(None, "x")[idx], plain.table(None, "x")[idx])
     assert_same(auto.table(None, "y")[idx].cpu(), data.y[idx.cpu()])
+
+
+def test_several_split_shares_make_one_cache_configuration_each():
+    from hmgstore.bench.train import _with_splits, base_of
+
+    assert base_of("cache+pipe@none/split1.0") == "cache" and base_of("all_gpu+pipe") == "all_gpu"
+    configs = ["all_gpu+pipe@none", "cache+pipe@none", "cache+pipe@4"]
+    assert _with_splits(configs, [None]) == configs and _with_splits(configs, [1.0]) == configs
+    assert _with_splits(configs, [None, 1.0]) == ["all_gpu+pipe@none", "cache+pipe@none/split0",
+                                                   "cache+pipe@none/split1.0", "cache+pipe@4/split0",
+                                                   "cache+pipe@4/split1.0"]

@@ -120,10 +120,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format (hmgstore.rows.formats; "
                         "the cache's GPU budget then holds that many more rows)")
-    p.add_argument("--split", type=float, default=None,
+    p.add_argument("--split", type=float, nargs="+", default=[None],
                    help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
-                        "(HybridTensor split=; 1.0: all of them). Default: none, the kernel reads them")
+                        "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
+                        "per value, as name/splitS). Default: none, the kernel reads them")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
@@ -165,7 +166,9 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios, and
     beside them the step's rate on batches made beforehand and the loader's rate with no training."""
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
-    name, _, cap = config.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
+    config_name, _, split = config.partition("/split")  # cache+pipe/split1.0: the features' host rows by the CPU
+    split = float(split) if split else (args.split[0] if base_of(config) == "cache" else None)
+    name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
     max_sms = _sms(cap) if cap else args.max_sms[0]
     pipe = mode != ""
@@ -180,6 +183,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         build = time.perf_counter() - build
     else:
         loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot)
+        if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
+            stores[0].table(None, "x").set_split(split)
         iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
                                      fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
     alone = {}
@@ -228,7 +233,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     per_epoch = math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
-              "trimmed": trimmed, "max_sms": max_sms if pipe else None,
+              "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
               "step_issue_s": step_issue if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
@@ -278,7 +283,7 @@ def run(args) -> dict:
     except ImportError:
         configs = [c for c in configs if c != "stock"]
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
-    configs = _with_caps(configs, args.max_sms)
+    configs = _with_splits(_with_caps(configs, args.max_sms), args.split)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -316,6 +321,18 @@ def run(args) -> dict:
         torch.set_float32_matmul_precision(precision)
     write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
     return report
+
+
+def base_of(config: str) -> str:
+    return config.partition("+")[0].partition("@")[0].partition("/")[0]
+
+
+def _with_splits(configs: list, splits: list) -> list:
+    """Each cache configuration once per split share (``name/split1.0``) when several are given."""
+    if len(splits) < 2:
+        return configs
+    return [f"{c}/split{s or 0}" if base_of(c) == "cache" else c for c in configs for s in
+            (splits if base_of(c) == "cache" else [None])]
 
 
 def _with_caps(configs: list, caps: list) -> list:

@@ -59,7 +59,7 @@ def _profile_path(args, config: str, what: str = "loader"):
     from pathlib import Path
 
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    return Path(args.out) / f"profile-{what}-{config.replace('+', '-').replace('@', '-')}.txt"
+    return Path(args.out) / f"profile-{what}-{config.replace('+', '-').replace('@', '-').replace('/', '-')}.txt"
 
 
 def _gpu_profile(fn, path, reps: int = 10) -> None:

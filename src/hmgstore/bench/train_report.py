@@ -85,7 +85,8 @@ def table_text(report: dict) -> str:
              f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
              f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
              f"{report.get('host_layout', 'auto')} order"
-             + (f"; cache's host rows: {report['split']:.0%} read by the CPU + copy engine" if report.get("split") else "")
+             + (f"; cache's host feature rows read by the CPU + copy engine: {_shares(report['split'])}"
+                if any(report.get("split") or []) else "")
              + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
     stock = _epoch(report, "stock")
     columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "step alone",
@@ -142,3 +143,7 @@ def plot(report: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _shares(splits) -> str:
+    return ", ".join("none" if not s else f"{s:.0%}" for s in splits)

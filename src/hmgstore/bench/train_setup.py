@@ -130,8 +130,7 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
         layout = {"auto": "auto", "hotness": "hotness", "id": None}[getattr(args, "host_layout", "auto")] \
             if base == "cache" else None
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           compress=args.compress, progress=progress, layout=layout,
-                           split=getattr(args, "split", None) if base == "cache" else None)
+                           compress=args.compress, progress=progress, layout=layout)
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]
