@@ -25,8 +25,8 @@ from torch_geometric.loader import NeighborLoader
 
 from hmgstore.bench.train_setup import SAGE, train_step  # the benchmarks' one GraphSAGE and step
 from hmgstore.data import synthetic
-from hmgstore.graph import to_csc
 from hmgstore.graph import locality as L
+from hmgstore.graph import to_csc
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 

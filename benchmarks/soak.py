@@ -209,7 +209,8 @@ def measure(device: torch.device, producer_pid: int | None = None) -> dict:
     pids = [os.getpid()] + ([producer_pid] if producer_pid else [])
     files, nbytes = shm_held(pids)
     dir_files, dir_bytes = shm_dir()
-    row = {"rss_bytes": rss_bytes(), "rss_untrimmed_bytes": untrimmed, "heap_in_use_bytes": heap_in_use(), "producer_rss_bytes": rss_bytes(producer_pid) if producer_pid else None,
+    row = {"rss_bytes": rss_bytes(), "rss_untrimmed_bytes": untrimmed, "heap_in_use_bytes": heap_in_use(),
+           "producer_rss_bytes": rss_bytes(producer_pid) if producer_pid else None,
            "fds": open_fds(), "producer_fds": open_fds(producer_pid) if producer_pid else None,
            "shm_files": files, "shm_bytes": nbytes, "shm_dir_files": dir_files, "shm_dir_bytes": dir_bytes,
            "gpu_allocated": None, "gpu_reserved": None, "gpu_used": None}

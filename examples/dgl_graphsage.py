@@ -35,9 +35,10 @@ from hmgstore import data as datasets
 from hmgstore.cli import flags
 from hmgstore.plugins.dgl import attach, dgl_supports_cuda  # before dgl: makes DGL 2.1 import on newer torch
 
-import dgl  # noqa: E402
-import dgl.nn as dglnn  # noqa: E402
-from dgl.dataloading import DataLoader, MultiLayerFullNeighborSampler, NeighborSampler  # noqa: E402
+# isort: split
+import dgl
+import dgl.nn as dglnn
+from dgl.dataloading import DataLoader, MultiLayerFullNeighborSampler, NeighborSampler
 
 # DGL suggests CPU affinity on every loader; it is about DGL's workers, not about this script.
 warnings.filterwarnings("ignore", message="Dataloader CPU affinity opt is not enabled")
@@ -117,7 +118,7 @@ def train(args, device, g, data, model):
         model.train()
         total_loss, start = 0.0, time.perf_counter()
         progress = tqdm.tqdm(train_loader, desc=f"epoch {epoch}", disable=args.no_progress)
-        for it, (_, output_nodes, blocks) in enumerate(progress):
+        for it, (_, output_nodes, blocks) in enumerate(progress):  # noqa: B007 - `it` counts the batches after it
             x = blocks[0].srcdata["feat"]
             y = blocks[-1].dstdata["label"]
             loss = F.cross_entropy(model(blocks, x), y)

@@ -5,7 +5,9 @@ gather there too; a CUDA build of DGL trains on the GPU. Run: python examples/mi
 """
 import hmgstore.plugins.dgl  # hmgstore: first, always: it lets DGL 2.1 import on this torch
 
+# isort: split
 import warnings
+
 import dgl
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,7 @@ model = SAGE([32, 64, 8]).to(device)
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
 for epoch in range(3):
     loader = dgl.dataloading.DataLoader(g, graph.train_idx, sampler, device=device, batch_size=256, shuffle=True)
-    for input_nodes, output_nodes, blocks in loader:
+    for _input_nodes, _output_nodes, blocks in loader:
         out = model(blocks, blocks[0].srcdata["feat"])
         loss = F.cross_entropy(out, blocks[-1].dstdata["label"])
         optimizer.zero_grad()

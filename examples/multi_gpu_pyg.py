@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import torch_geometric
+from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from torch_geometric.loader import NeighborLoader
@@ -66,11 +67,10 @@ from tqdm import tqdm
 import hmgstore
 import hmgstore.distributed as hd
 from hmgstore import HybridTensor
-from hmgstore.cli import flags
-from hmgstore.rows import placement
 from hmgstore import data as datasets
+from hmgstore.cli import flags
 from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, HybridNeighborSampler, to_csc
-from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
+from hmgstore.rows import placement
 
 TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_pyg.py [options]"
 

@@ -45,17 +45,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hmgstore.plugins.pyg import (
-    ClusterFeatureStore,
-    ClusterNeighborSampler,
-    cluster_loader,
-)
+from pyg_graphsage import SAGE  # the single-GPU example's model (this script's folder)
 from torch.nn.parallel import DistributedDataParallel
 
 import hmgstore
 import hmgstore.distributed as hd
 from hmgstore.cli import flags
-from pyg_graphsage import SAGE  # the single-GPU example's model (this script's folder)
+from hmgstore.plugins.pyg import (
+    ClusterFeatureStore,
+    ClusterNeighborSampler,
+    cluster_loader,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

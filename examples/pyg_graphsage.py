@@ -52,8 +52,7 @@ from tqdm import tqdm
 import hmgstore
 from hmgstore import data as datasets
 from hmgstore.cli import flags
-from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
-from hmgstore.plugins.pyg import pyg_sampler_available
+from hmgstore.plugins.pyg import HybridNeighborSampler, from_data, pyg_sampler_available
 
 OGB_DATASETS = ("ogbn-products", "ogbn-papers100M")
 HOST_DTYPES = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}

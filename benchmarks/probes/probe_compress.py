@@ -22,9 +22,9 @@ import time
 import torch
 
 import hmgstore
-from hmgstore.rows import formats
 from hmgstore.graph.locality import pages_touched
 from hmgstore.memory import owned
+from hmgstore.rows import formats
 from hmgstore.util.timing import h2d_limit_gbps, median_seconds
 
 
@@ -129,8 +129,9 @@ def main() -> None:
                     t.set_split(None)
                     log(f"  {name:9s} split share {entry['split_share']:.2f}: {entry['split_x_limit']:.2f}x "
                         f"exact {exact}")
-                log(f"  {name:9s} stored {stored_row:4d} B  pages {entry['pages_per_batch']:6d}  exact {entry['exact']}  "
-                    f"kernel {entry['kernel_x_limit']:.2f}x (stored {entry['kernel_stored_x_limit']:.2f}x)  "
+                log(f"  {name:9s} stored {stored_row:4d} B  pages {entry['pages_per_batch']:6d}  "
+                    f"exact {entry['exact']}  kernel {entry['kernel_x_limit']:.2f}x "
+                    f"(stored {entry['kernel_stored_x_limit']:.2f}x)  "
                     f"cpu {entry['cpu_x_limit']:.2f}x  build {entry['build_s']:.1f} s")
                 results["runs"].append(entry)
                 if name != "none":

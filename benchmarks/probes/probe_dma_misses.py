@@ -60,7 +60,7 @@ def log(*a):
 
 def rss_gb() -> float:
     with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1e6
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1e6
 
 
 def make_table(rows: int, width: int, dtype: torch.dtype, chunk: int = 256 << 20):

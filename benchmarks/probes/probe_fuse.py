@@ -22,9 +22,9 @@ import time
 import torch
 
 import hmgstore
-from hmgstore.rows import formats
 from hmgstore.gather.fusion import fused
 from hmgstore.memory import owned
+from hmgstore.rows import formats
 from hmgstore.util.timing import h2d_limit_gbps
 
 
@@ -87,7 +87,8 @@ def main() -> None:
                 entry = {"gb": args.gb, "row_bytes": rb, "format": name, "fuse": k, "rows_per_batch": args.rows,
                          "group_s": secs, "x_limit": rate, "exact": exact}
                 out["runs"].append(entry)
-                log(f"{rb} B {name:5s} fuse {k}: {rate:.2f}x the limit ({secs * 1e3 / k:.1f} ms a batch)  exact {exact}")
+                log(f"{rb} B {name:5s} fuse {k}: {rate:.2f}x the limit ({secs * 1e3 / k:.1f} ms a batch)  "
+                    f"exact {exact}")
             if name != "none":
                 t.close()
             del t

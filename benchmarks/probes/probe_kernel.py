@@ -25,9 +25,9 @@ import torch
 
 import hmgstore
 from hmgstore import cuda
-from hmgstore.cuda import gather as kernel
 from hmgstore.bench.gather import _fill
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
+from hmgstore.cuda import gather as kernel
 
 NAIVE = r"""
 extern "C" __global__ void naive(const float* __restrict__ src, const long long* __restrict__ ids,

@@ -2,8 +2,9 @@
 
 Usage: python benchmarks/probes/probe_sorted.py [--gb 2] [--row-bytes 128 512] > probe_sorted.json
 
-One owned table (copy=True) per row size and ``--backing`` (2 MiB pages, cudaHostAlloc), 500k distinct random ids on the GPU. Timed with CUDA
-events (median of 20), each as a share of the pinned H2D memcpy limit measured in the same run:
+One owned table (copy=True) per row size and ``--backing`` (2 MiB pages, cudaHostAlloc), 500k distinct random ids
+on the GPU. Timed with CUDA events (median of 20), each as a share of the pinned H2D memcpy limit measured in the
+same run:
 - ``random``: ``table[ids]`` as users call it: ids grouped by page (``hmgstore.cuda.order``; a full
   ``torch.sort`` before 2026-11-23), kernel with scatter through the grouping's permutation;
 - ``group_only``: that grouping alone;

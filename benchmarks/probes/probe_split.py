@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/probes/probe_split.py [--gb 2 8] [--row-bytes 512 128] [--cpu-methods] > probe_split.log
 
-For each table (owned memory, copy=True: 2 MiB pages before 2026-11-23, cudaHostAlloc since) and 500k distinct random CPU ids:
+For each table (owned memory, copy=True: 2 MiB pages before 2026-11-23, cudaHostAlloc since) and 500k distinct
+random CPU ids:
 - the CPU gather alone, by method and thread count: numpy.take in k Python threads (does it drop the GIL?),
   torch.index_select in k Python threads on chunks small enough to run inline, torch.index_select in one call
   (torch's own pool);
@@ -24,8 +25,8 @@ import numpy as np
 import torch
 
 import hmgstore
-from hmgstore.gather import cpu_share as split
 from hmgstore.cuda import gather
+from hmgstore.gather import cpu_share as split
 
 
 def wall(fn, reps=5):

@@ -4,8 +4,8 @@ Usage: python benchmarks/probes/probe_split_loop.py [--gb 40] [--row-bytes 512] 
            > probe_split_loop.json
 
 A torch DataLoader with ``--workers`` processes stands in for a CPU neighbour sampler: each batch costs a
-worker ``--work-ms`` (each value in turn) of single-threaded CPU work (sorting) and yields ``--batch`` random ids of a host table
-of ``--gb`` (owned memory). The main process gathers each batch onto the GPU and runs a few ms of GPU
+worker ``--work-ms`` (each value in turn) of single-threaded CPU work (sorting) and yields ``--batch`` random ids
+of a host table of ``--gb`` (owned memory). The main process gathers each batch onto the GPU and runs a few ms of GPU
 work (the "training step"). Batches per second over ``--batches`` batches, for:
 - ``workers_only``: the loader alone (how fast the stand-in sampler is);
 - ``kernel``: gathers by the zero-copy kernel alone;
@@ -94,7 +94,8 @@ def main():
         name = f"{name}@{work_ms:g}ms"
         report["runs"][name] = {"seconds": seconds, "batches_per_s": args.batches / seconds,
                                 "share": {None: 0.0, "fixed": measured}.get(
-                                    split, table.split_setting.shares.get(hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)),
+                                    split, table.split_setting.shares.get(
+                                        hmgstore.gather.cpu_share.batch_class(args.batch), 0.0)),
                                 "split_skipped": table.split_skipped - skipped_before}
         print(name, report["runs"][name], flush=True, file=sys.stderr)
     print(json.dumps(report, indent=1))

@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/probes/probe_topology_chunks.py [--nodes 10M] [--edges 200M] [--share 0.3] > probe.json
 
-One process, a one-rank gloo group (so that ``hmgstore.distributed.sharded_topology`` runs: its only shard is this GPU's).
+One process, a one-rank gloo group (so that ``hmgstore.distributed.sharded_topology`` runs: its only shard is this
+GPU's).
 GraphSAGE-shaped batches (1024 seeds, fanout 15,10,5) sampled on a power-law graph (int32 ids), by
 variant: every list on the GPU; ``--share`` of the ids' bytes on the GPU as hot lists (the one-GPU
 two-tier layout, lists packed, the rest zero-copy from the host); the same share as hot chunks of 32 ids

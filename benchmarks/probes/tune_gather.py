@@ -21,9 +21,9 @@ import torch
 
 import hmgstore
 from hmgstore import cuda
-from hmgstore.cuda import gather as kernel
 from hmgstore.bench.gather import _fill, _ids, table_bytes
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
+from hmgstore.cuda import gather as kernel
 from hmgstore.rows.ids import check_range
 
 

@@ -19,8 +19,8 @@ or GraphBolt loads, nothing is replaced.
 What each DGL build supports with the stub:
 
 - CPU build (the registry's 2.1.0 wheel; tests/test_dgl_*.py check it on
-  torch 2.13 CPU, and their gpu-marked tests on torch 2.11 CUDA): CPU sampling, CPU blocks, CPU training. hmgstore tables
-  may still gather onto a GPU, but blocks cannot move to CUDA
+  torch 2.13 CPU, and their gpu-marked tests on torch 2.11 CUDA): CPU sampling, CPU blocks, CPU training.
+  hmgstore tables may still gather onto a GPU, but blocks cannot move to CUDA
   (``DataLoader(device="cuda")`` fails in DGL: "Device API cuda is not
   enabled"), so message passing stays on the CPU.
 - CUDA build of DGL (DGL's own wheel index; not checked here): GPU training

@@ -49,8 +49,13 @@ from torch_geometric.data import Data, HeteroData
 from hmgstore.rows import placement
 from hmgstore.util.device import resolve_device
 
-from .attributes import (check_edge_attributes, check_features, keep_edge_attributes, node_attributes,
-                         per_edge_attributes)
+from .attributes import (
+    check_edge_attributes,
+    check_features,
+    keep_edge_attributes,
+    node_attributes,
+    per_edge_attributes,
+)
 from .cluster import (
     ClusterFeatureStore,
     ClusterNeighborSampler,

@@ -119,7 +119,8 @@ class ClusterNeighborSampler(BaseSampler):
             raise RuntimeError("ClusterNeighborSampler samples collectively, in the loader's main process: pass "
                                "num_workers=0")
         out = self.sampler.sample(index.node)
-        return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=None, batch=None, num_sampled_nodes=out.num_sampled_nodes[None],
+        return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=None, batch=None,
+                             num_sampled_nodes=out.num_sampled_nodes[None],
                              num_sampled_edges=out.num_sampled_edges[None], metadata=(index.input_id, index.time))
 
     def sample_from_edges(self, index, neg_sampling=None):

@@ -125,7 +125,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
     @classmethod
     def from_sources(cls, sources: dict, device=None, *, gpu_budget=None, hotness: dict | None = None,
-                     max_sms: int | None = None, progress: bool = True, **options) -> "HybridFeatureStore":
+                     max_sms: int | None = None, progress: bool = True, **options) -> HybridFeatureStore:
         """A store holding ``sources``: ``{(node_type or None, attr_name): host array}``.
 
         Each source is ``[num_nodes_of_type, *row_shape]`` (torch CPU tensor,

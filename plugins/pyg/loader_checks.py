@@ -69,6 +69,7 @@ import torch_geometric.typing
 from torch_geometric.data import FeatureStore, GraphStore
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+
 from .cluster import ClusterFeatureStore
 from .feature_store import HybridFeatureStore
 from .graph_store import CSCGraphStore

@@ -25,15 +25,15 @@ The package, by layer:
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
-from .rows import placement, stats
+from .cuda.deferred import raise_deferred
 from .prefetch.pipeline import Pipeline
 from .prefetch.producer import Producer
+from .rows import placement, stats
 from .rows.placement import Placement, Tier
-from .table.sharded import ShardedTensor
-from .util.device import resolve_device
-from .table.tensor import HybridTensor, gather_many
 from .table.files import load
-from .cuda.deferred import raise_deferred
+from .table.sharded import ShardedTensor
+from .table.tensor import HybridTensor, gather_many
+from .util.device import resolve_device
 
 __version__ = "0.1.0"
 __all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer", "placement", "stats", "Placement", "Tier",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from .. import cuda
 
 

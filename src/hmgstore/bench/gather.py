@@ -57,12 +57,13 @@ import time
 import torch
 
 import hmgstore
+
+from .. import cuda
 from ..cli import flags
+from ..gather.cpu_share import batch_class
 from ..memory import owned
 from .report import header, write_report
 from .timing import h2d_limit_gbps, median_seconds
-from ..gather.cpu_share import batch_class
-from .. import cuda
 
 log = logging.getLogger(__name__)
 

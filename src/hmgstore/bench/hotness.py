@@ -33,12 +33,12 @@ import logging
 import torch
 
 from ..cli import flags
+from ..cli.flags import count as _count
+from ..data import power_law_csc
 from ..graph import NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..rows.placement import order_by_score
 from .report import header, no_gpu_line, smoke_test_lines, write_report
-from ..data import power_law_csc
-from ..cli.flags import count as _count
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ def _graph_spec(text: str) -> tuple[int, int, float]:
         nodes, edges, train = text.split(":")
         return _count(nodes), _count(edges), float(train)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a graph is NODES:EDGES:TRAIN_SHARE (e.g. 2M:20M:0.1); got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"a graph is NODES:EDGES:TRAIN_SHARE (e.g. 2M:20M:0.1); "
+                                         f"got {text!r}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _touches(sampler: NeighborSampler, seeds: torch.Tensor, batch: int, seed: int,
-             progress: bool) -> "presample.Hotness":
+             progress: bool) -> presample.Hotness:
     """Touch counts of one epoch over ``seeds`` in batches of ``batch``, shuffled by ``seed``."""
     return presample(sampler, seeds, epochs=1, batch_size=batch, generator=torch.Generator().manual_seed(seed),
                      progress=progress)

@@ -53,14 +53,15 @@ from dataclasses import dataclass
 import torch
 
 import hmgstore
+
+from .. import cuda
 from ..cli import flags
+from ..cuda import peer as cuda_peer
 from ..rows.placement import Placement, parse_bytes
 from .gather import _fill
 from .peer_report import add_ratios, plot, table_text
 from .peer_work import WARMUP, Runner, copy_work, gather_work, ids_copy_work, index_select_copy_work
 from .report import write_report
-from .. import cuda
-from ..cuda import peer as cuda_peer
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,8 @@ def measure_variants(runner: Runner, x: torch.Tensor, placement: Placement, view
     variant("hmg_remote", work, outs, lambda i: [x[sets[i].ids] for sets in remote])
     variant("hmg_alone", work[:1], outs[:1], lambda i: [x[remote[0][i].ids]])
     gpu_ids = [[ids.to(devices[g]) for ids in sets] for g, sets in enumerate(remote_ids)]
-    variant("hmg_remote_gpu_ids", gather_work(views, outs, gpu_ids), outs, lambda i: [x[sets[i].ids] for sets in remote])
+    variant("hmg_remote_gpu_ids", gather_work(views, outs, gpu_ids), outs,
+            lambda i: [x[sets[i].ids] for sets in remote])
     del gpu_ids
     mixed_host = [[host_ids(ids, sz.num_rows, runner.cuda) for ids in sets] for sets in mixed]
     variant("hmg_mixed", gather_work(views, outs, mixed_host), outs, lambda i: [x[sets[i]] for sets in mixed])

@@ -15,9 +15,9 @@ import time
 
 import torch
 
+from .gate import StartGate
 from .peer_report import summarize
 from .timing import GateTimedOut, concurrent_seconds, run_round
-from .gate import StartGate
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ import torch.nn.functional as F
 
 from ..cli import flags
 from ..data import synthetic
-from .train_setup import SAGE
 from .report import ratio_text
+from .train_setup import SAGE
 
 #: --quick's training sizes (added to remote.QUICK).
 QUICK = ["--graph", "synthetic:4000", "--feat-dim", "16", "--fanout", "5,3", "--train-batch", "64",
@@ -112,8 +112,9 @@ def _one_machine(args, g, device) -> float:
 
 def _machines(args, g, device, cluster) -> float:
     """Batches/s of each rank of the partitioned run (collective)."""
-    import hmgstore.distributed as hd
     from torch.nn.parallel import DistributedDataParallel
+
+    import hmgstore.distributed as hd
 
     from ..plugins.pyg import ClusterFeatureStore, ClusterNeighborSampler, cluster_loader
 

@@ -295,7 +295,8 @@ def plot(report: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"hmgstore gather, {report['device']}, {report['sizes'][0]['batch'] if report['sizes'] else ''} random ids")
+    fig.suptitle(f"hmgstore gather, {report['device']}, "
+                 f"{report['sizes'][0]['batch'] if report['sizes'] else ''} random ids")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

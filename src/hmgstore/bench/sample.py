@@ -37,12 +37,11 @@ import logging
 import torch
 
 from ..cli import flags
+from ..data import synthetic
 from ..data.power_law import power_law_csc
-from ..graph import CSC, NeighborSampler, Topology
+from ..graph import CSC, NeighborSampler, Topology, to_csc
 from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
 from .timing import median_seconds
-from ..data import synthetic
-from ..graph import to_csc
 
 log = logging.getLogger(__name__)
 

@@ -167,7 +167,8 @@ def table_text(report: dict) -> str:
              f"{report['batch_size']} per GPU   features: {report['gpu_budget']} per GPU   date: {report['date']}",
              *no_gpu_line(report, "CPU processes over gloo, hmgstore's sampler on the CPU",
                           "GPU sampling, NVLink shards and the pipeline"), *smoke_test_lines(report), "",
-             "| GPUs | batches/s | per GPU | x 1 GPU | efficiency | train ms a step | data ms a step | data | test acc |",
+             "| GPUs | batches/s | per GPU | x 1 GPU | efficiency | train ms a step | data ms a step | data "
+             "| test acc |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in report["runs"]:
         data_ms, what = _data_ms(r)

@@ -72,8 +72,8 @@ from ..cli import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
-from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone
+from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader, train_step, trimmable
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=_sms, nargs="+", default=[None],
                    help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
-                        "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory) or 'none' (the default, as "
-                        "hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
+                        "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory) or 'none' (the default, "
+                        "as hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
     p.add_argument("--no-trim", dest="trim", action="store_false",
                    help="run every layer over every sampled node (default: layers trimmed per hop, trim_to_layer)")
     p.add_argument("--no-tf32", dest="tf32", action="store_false",
@@ -118,8 +118,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hmgstore's GPU sampler replays each batch's kernels as a CUDA graph (on, the default: "
                         "captured in the pipeline's warm-up) or launches them one by one from Python (off)")
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
-                   help="host and cache configurations: keep the features in this stored format (hmgstore.rows.formats; "
-                        "the cache's GPU budget then holds that many more rows)")
+                   help="host and cache configurations: keep the features in this stored format "
+                        "(hmgstore.rows.formats; the cache's GPU budget then holds that many more rows)")
     p.add_argument("--split", type=float, nargs="+", default=[None],
                    help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
@@ -195,7 +195,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         alone["step"], trimmed, step_issue = _step_alone(loader, data, classes, device, args, reps, sync,
                                                          _profile_path(args, config, "step"))
         if pipe and device.type == "cuda" and args.profile:
-            _gpu_profile(lambda it=_forever(loader): next(it), _profile_path(args, config, "loader-gpu"))
+            profiled = _forever(loader)
+            _gpu_profile(lambda: next(profiled), _profile_path(args, config, "loader-gpu"))
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)

@@ -90,7 +90,8 @@ def table_text(report: dict) -> str:
              + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]
     stock = _epoch(report, "stock")
     columns = ["config", "batches/s", "epoch s", *(["x stock"] if stock else []), "step alone",
-               "loader alone, main thread", "loader alone, as run", "per batch (ms)", *(["feature hits", "topology hits"] if gpu else []),
+               "loader alone, main thread", "loader alone, as run", "per batch (ms)",
+               *(["feature hits", "topology hits"] if gpu else []),
                "host pages a batch", "build s", "peak host GB"]
     lines += ["| " + " | ".join(columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
     for name, c in report["configs"].items():

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import hmgstore
+
 from ..cli import flags
-from ..data import synthetic
-from ..data import power_law_csc
+from ..data import power_law_csc, synthetic
 
 
 class SAGE(torch.nn.Module):

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..distributed.partition_book import PartitionBook
-from ..table.files import load_torch_file
-from ..distributed.parts import partition
 from ..data import synthetic
+from ..distributed.partition_book import PartitionBook
+from ..distributed.parts import partition
+from ..table.files import load_torch_file
 
 log = logging.getLogger(__name__)
 

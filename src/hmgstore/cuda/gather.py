@@ -10,8 +10,8 @@ import ast
 import contextlib
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 def _meta(name: str):
     """ogb's own table of dataset facts (version, binary, hetero, ...) for ``name``."""
-    import pandas as pd
     import ogb.nodeproppred
+    import pandas as pd
 
     master = pd.read_csv(Path(ogb.nodeproppred.__file__).parent / "master.csv", index_col=0, keep_default_na=False)
     if name not in master:

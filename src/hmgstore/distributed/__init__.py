@@ -41,14 +41,14 @@ On the CPU (gloo, no GPU) the same calls work: views gather from the shared
 host table with torch, cluster exchanges go over gloo, and the sharing,
 checks and watching are the same.
 """
-from .partition_book import PartitionBook
 from .cluster import EXCHANGE_TIMEOUT, Cluster, ClusterTensor, gather_many, this_cluster
 from .node import SETUP_TIMEOUT, share_on_node, this_node
+from .partition_book import PartitionBook
 from .parts import Partition, load_partition, part_of, partition
 from .sampling import DistributedNeighborSampler
 from .shard import DistributedTensor, shard, sharded_topology
 from .watch import WATCH_SECONDS, PeerLostError
 
-__all__ = ["share_on_node", "shard", "sharded_topology", "DistributedTensor", "PeerLostError", "this_node", "SETUP_TIMEOUT",
-           "WATCH_SECONDS", "PartitionBook", "partition", "part_of", "load_partition", "Partition", "ClusterTensor",
-           "gather_many", "this_cluster", "Cluster", "EXCHANGE_TIMEOUT", "DistributedNeighborSampler"]
+__all__ = ["share_on_node", "shard", "sharded_topology", "DistributedTensor", "PeerLostError", "this_node",
+           "SETUP_TIMEOUT", "WATCH_SECONDS", "PartitionBook", "partition", "part_of", "load_partition", "Partition",
+           "ClusterTensor", "gather_many", "this_cluster", "Cluster", "EXCHANGE_TIMEOUT", "DistributedNeighborSampler"]

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..rows.ids import rows_only
 from ..memory.shared import process_alive
+from ..rows.ids import rows_only
 from ..table.tensor import HybridTensor
-from .partition_book import PartitionBook
 from .exchange import Exchange, Gather
 from .node import SETUP_TIMEOUT, Node, _default_group, this_node
+from .partition_book import PartitionBook
 from .shard import DistributedTensor
 from .watch import PeerLostError
 

@@ -72,7 +72,8 @@ def _batch(index, book, exchange: Exchange, machine: int, device: torch.device) 
     slot = exchange.slot_table(device)[owner]
     slot.masked_fill_(owner == machine, exchange.slots)  # gathered here, never sent
     order = torch.argsort(slot, stable=True)
-    return _Batch(shape, order, book.local_unchecked(ids, owner)[order], torch.bincount(slot, minlength=exchange.slots + 1))
+    return _Batch(shape, order, book.local_unchecked(ids, owner)[order],
+                  torch.bincount(slot, minlength=exchange.slots + 1))
 
 
 def _as_bytes(rows: torch.Tensor, row_bytes: int) -> torch.Tensor:

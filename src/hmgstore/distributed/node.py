@@ -5,8 +5,8 @@ same host as this one (by hostname, or ``$HMGSTORE_NODE_ID`` where one host
 simulates several), makes a gloo group for them (hmgstore's few control
 messages never go through NCCL), and a small board in node-shared memory
 where each rank says how many tables it has open, for the peer watch
-(:mod:`.watch`), and :func:`share_on_node` over that group (:mod:`.share` holds the protocol). After ``destroy_process_group()`` and a new
-``init_process_group()``, the next call starts afresh.
+(:mod:`.watch`), and :func:`share_on_node` over that group (:mod:`.share` holds the protocol).
+After ``destroy_process_group()`` and a new ``init_process_group()``, the next call starts afresh.
 """
 from __future__ import annotations
 

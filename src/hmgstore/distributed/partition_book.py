@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..table.files import load_torch_file
 from ..rows.ids import check_range
+from ..table.files import load_torch_file
 
 KINDS = ("range", "hash", "assignment")
 _FORMAT = 1  # version of what save() writes

@@ -30,16 +30,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ..util.progress import tqdm
 
-from ..table.files import load, npy_layout, read
 from ..graph.csc import CSC, to_csc
-from ..rows.ids import check_range
 from ..memory.pinned import as_host_tensor
+from ..rows.ids import check_range
+from ..table.files import load, npy_layout, read
 from ..table.tensor import HybridTensor
+from ..util.progress import tqdm
+from .node import share_on_node
 from .partition_book import PartitionBook
 from .replace import new_folder
-from .node import share_on_node
 
 #: Bytes written per step (one progress update).
 WRITE_CHUNK_BYTES = 64 << 20

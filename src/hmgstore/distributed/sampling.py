@@ -54,14 +54,14 @@ import torch.distributed as dist
 
 from ..graph.csc import CSC
 from ..graph.fanout import check_fanout
-from ..graph.relabel import SortedNodeSet
 from ..graph.hop import _floyd_cpu, draw, sample_hop, slot_counts
+from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
 from ..rows.ids import normalize_many
 from .cluster import this_cluster
-from .parts import Partition
 from .exchange import all_to_all, finish
+from .parts import Partition
 
 
 def sample_rows(colptr: torch.Tensor, row: torch.Tensor, local: torch.Tensor, position: torch.Tensor, k: int,
@@ -167,7 +167,8 @@ class DistributedNeighborSampler:
             self.device = self._local.device
             return
         if not isinstance(topology, Partition):
-            raise TypeError(f"topology is a Partition (partitioned) or a CSC (replicated), got {type(topology).__name__}")
+            raise TypeError(f"topology is a Partition (partitioned) or a CSC (replicated), "
+                            f"got {type(topology).__name__}")
         self.partitioned, self.device = True, torch.device("cpu")
         self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
         self.num_nodes = self.book.num_nodes
@@ -189,7 +190,8 @@ class DistributedNeighborSampler:
         for rank, theirs in enumerate(everyone):
             for key in ("book", "fanouts", "replace"):
                 if theirs[key] != everyone[0][key]:
-                    problems.append(f"rank {rank} has a different {key} than rank 0: {theirs[key]} vs {everyone[0][key]}")
+                    problems.append(f"rank {rank} has a different {key} than rank 0: "
+                                    f"{theirs[key]} vs {everyone[0][key]}")
             if theirs["part"] != theirs["machine"]:
                 problems.append(f"rank {rank} runs on machine {theirs['machine']} but was given part {theirs['part']}")
             elif theirs["book"] == everyone[0]["book"] and theirs["rows"] != self.book.sizes[theirs["machine"]]:

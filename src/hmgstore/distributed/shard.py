@@ -18,17 +18,16 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from ..rows import placement as placement_mod
-from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..table.sharded import allocate_tier
-from ..util.device import resolve_device
-from ..rows.ids import rows_only
-from ..gather.plan import fill_rows
-from ..table.tensor import HybridTensor
-from .node import Node, this_node
 from ..cuda import check_device, peer
-from ..cuda import peer
+from ..gather.plan import fill_rows
 from ..graph import Topology
+from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows import placement as placement_mod
+from ..rows.ids import rows_only
+from ..table.sharded import allocate_tier
+from ..table.tensor import HybridTensor
+from ..util.device import resolve_device
+from .node import Node, this_node
 
 log = logging.getLogger(__name__)
 

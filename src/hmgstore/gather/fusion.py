@@ -31,9 +31,9 @@ import threading
 
 import torch
 
-from . import plan
-from ..util.device import resolve_device
 from ..rows.ids import check_pending, prepare_many
+from ..util.device import resolve_device
+from . import plan
 
 _local = threading.local()
 

@@ -9,12 +9,12 @@
 - :mod:`.presample`: node hotness from an epoch of real sampling;
 - :mod:`.locality`: host-tier layouts that keep neighbours together, and batches from few parts.
 """
+from . import locality
 from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
 from .fanout import check_fanout, parse_fanout
-from . import locality
+from .hop import sample_hop
 from .locality import LocalityBatchSampler
 from .presample import Hotness, hit_ratio, presample
-from .hop import sample_hop
 from .sampler import NeighborSampler, Sample
 from .topology import Topology
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .topology import Topology
 from ..cuda import sample as kernels
+from .topology import Topology
 
 _MASK64 = (1 << 64) - 1
 
@@ -91,7 +91,8 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     device tensor). ``index``: int64 [S] on that device, the index each seed
     draws as (default: its position in ``seeds``): an owner machine samples a
     requester's seeds as they sit in the requester's frontier, so that the
-    draws equal the requester's own over the whole graph. Returns int64 tensors on that device: ``neighbours`` [M] (source ids) and
+    draws equal the requester's own over the whole graph. Returns int64
+    tensors on that device: ``neighbours`` [M] (source ids) and
     ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
     (neighbours per seed; M is their sum).
     """

@@ -31,10 +31,9 @@ import math
 
 import torch
 from torch.utils.data import Sampler
-from ..util.progress import tqdm
 
-from .csc import CSC
-from .csc import to_csc
+from ..util.progress import tqdm
+from .csc import CSC, to_csc
 from .sampler import NeighborSampler
 
 #: Bytes of host memory the GPU translates at once (the unit of :func:`pages_touched`).

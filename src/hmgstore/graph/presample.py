@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from ..util.progress import tqdm
 
+from ..util.progress import tqdm
 from .sampler import NeighborSampler
 
 
@@ -43,7 +43,8 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     """
     core = getattr(sampler, "sampler", sampler)
     if not isinstance(core, NeighborSampler):
-        raise TypeError(f"presample takes a hmgstore NeighborSampler (or its PyG adapter), got {type(sampler).__name__}")
+        raise TypeError(f"presample takes a hmgstore NeighborSampler (or its PyG adapter), "
+                        f"got {type(sampler).__name__}")
     seeds = torch.as_tensor(seeds).reshape(-1).cpu()
     device = core.device
     features = {nt: torch.zeros(n, dtype=torch.int64, device=device) for nt, n in core.num_nodes.items()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 
 import torch
+
 from ..cuda import relabel
 
 _NO_POSITION = 2**63 - 1

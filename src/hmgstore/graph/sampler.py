@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..rows.ids import normalize_many
+from ..rows.stats import merge
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
-from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, node_set
-from .relabel import HashNodeSet
-from ..rows.stats import merge
+from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 
 log = logging.getLogger(__name__)
 

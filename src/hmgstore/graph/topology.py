@@ -23,17 +23,16 @@ NVLink, and the rest read zero-copy from the node's one host copy.
 from __future__ import annotations
 
 import torch
-from ..util.progress import tqdm
 
-from ..rows import placement
-from ..cuda.runtime import synchronize
-from ..util.device import resolve_device
-from ..memory.pinned import CHUNK_BYTES, PinnedHost
-from ..rows.stats import TierCounter
-from .csc import CSC
 from .. import cuda
 from ..cuda.gather import tier_words
-
+from ..cuda.runtime import synchronize
+from ..memory.pinned import CHUNK_BYTES, PinnedHost
+from ..rows import placement
+from ..rows.stats import TierCounter
+from ..util.device import resolve_device
+from ..util.progress import tqdm
+from .csc import CSC
 
 #: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
 #: list mostly fall in one or two chunks).

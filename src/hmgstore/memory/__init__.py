@@ -2,9 +2,16 @@
 (cudaHostAlloc or huge pages, :mod:`.owned`) and segments shared by the processes of a node (:mod:`.shared`)."""
 from . import owned
 from .pinned import PinnedHost, as_host_tensor, extent, private_anonymous_bytes, registered_ranges, row_layout
-from .shared import (SEGMENT_PREFIX, attach_segment, create_segment, process_alive, segment_dir,
-                     sweep_stale_segments, unlink_segment)
+from .shared import (
+    SEGMENT_PREFIX,
+    attach_segment,
+    create_segment,
+    process_alive,
+    segment_dir,
+    sweep_stale_segments,
+    unlink_segment,
+)
 
 __all__ = ["owned", "PinnedHost", "as_host_tensor", "extent", "private_anonymous_bytes", "registered_ranges",
-           "row_layout", "SEGMENT_PREFIX", "attach_segment", "create_segment", "process_alive", "segment_dir", "sweep_stale_segments",
-           "unlink_segment"]
+           "row_layout", "SEGMENT_PREFIX", "attach_segment", "create_segment", "process_alive", "segment_dir",
+           "sweep_stale_segments", "unlink_segment"]

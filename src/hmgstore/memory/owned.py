@@ -38,9 +38,9 @@ import weakref
 
 import numpy as np
 import torch
-from ..util.progress import tqdm
+
 from ..cuda.runtime import cupy, synchronize
-from ..cuda.runtime import cupy
+from ..util.progress import tqdm
 
 #: Huge page size the allocations are aligned to.
 HUGE_PAGE = 2 << 20

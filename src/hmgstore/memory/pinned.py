@@ -41,14 +41,11 @@ import weakref
 
 import numpy as np
 import torch
-from ..util.progress import tqdm
 
+from ..cuda.host import AlreadyPinned, host_register, host_unregister, unpinned_ranges
 from ..cuda.runtime import synchronize
+from ..util.progress import tqdm
 from . import owned
-from ..cuda.host import unpinned_ranges
-from ..cuda.host import host_register
-from ..cuda.host import host_unregister
-from ..cuda.host import AlreadyPinned
 
 log = logging.getLogger(__name__)
 

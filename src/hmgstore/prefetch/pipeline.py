@@ -24,15 +24,15 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
+from ..cuda.deferred import raise_deferred
 from ..cuda.gather import capped_gathers
-from ..util.device import resolve_device
 from ..gather.fusion import fused
 from ..table.host_pages import batches_to_fuse
-from ..cuda.deferred import raise_deferred
+from ..util.device import resolve_device
 
 _DONE = object()
 
@@ -90,7 +90,8 @@ class Pipeline:
             nodes x 1024-d, 100.8 batches/s uncapped against 64.6 at 4 SMs;
             papers100M-shaped graph, 82.1 against 80.4 (all in GPU memory,
             119.7 against 104.7, though a run's first configuration, the
-            capped one there, read up to 16% slower with identical settings). ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
+            capped one there, read up to 16% slower with identical
+            settings). ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
             an H100 or H200), where a table the loader gathers from reads
             host memory (no cap where every table is whole on the GPU): the
             better choice beside a slow step when most rows cross PCIe, as

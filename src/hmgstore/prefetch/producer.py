@@ -44,15 +44,14 @@ import glob
 import os
 import queue
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
-from . import shared_ring as ring
 from ..util.device import resolve_device
+from . import shared_ring as ring
 from .pipeline import check_max_sms
 from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
-
 
 
 def remove_ipc_files(pid: int) -> None:
@@ -108,7 +107,7 @@ class Producer:
         self.waited = 0.0  # seconds the trainer waited for batches (last pass)
 
     # the process -------------------------------------------------------------------------------------------
-    def start(self) -> "Producer":
+    def start(self) -> Producer:
         """Start the producer process and build its loader (also done by the first pass)."""
         if self.process is not None:
             return self
@@ -186,7 +185,7 @@ class Producer:
                 q.cancel_join_thread()
         self._commands = self._results = None  # their semaphores (/dev/shm/sem.mp-*) go with them
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

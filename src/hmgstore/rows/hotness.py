@@ -17,8 +17,8 @@ import math
 import re
 
 import torch
-from .ids import as_tensor, check_range
 
+from .ids import as_tensor, check_range
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}

@@ -24,8 +24,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .hotness import (by_hotness, check_hotness, check_order, check_score, hot_rows_under_budget,  # noqa: F401
-                      hotness_or_in_degree, order_by_score, parse_budget, parse_bytes, resolve_budget)
+from .hotness import (  # noqa: F401
+    by_hotness,
+    check_hotness,
+    check_order,
+    check_score,
+    hot_rows_under_budget,
+    hotness_or_in_degree,
+    order_by_score,
+    parse_budget,
+    parse_bytes,
+    resolve_budget,
+)
 from .ids import as_tensor, check_range
 
 
@@ -57,7 +67,7 @@ class Tier:
     def size(self) -> int:
         return self.end - self.start
 
-    def bind(self, base: int, pitch: int, stored=None) -> "Tier":
+    def bind(self, base: int, pitch: int, stored=None) -> Tier:
         """This tier read at ``base`` with ``pitch`` bytes between rows, its rows kept as ``stored``."""
         return dataclasses.replace(self, base=base, pitch=pitch, stored=stored)
 

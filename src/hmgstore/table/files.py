@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from ..util.progress import tqdm
 
 from ..memory import owned
 from ..util.device import resolve_device
+from ..util.progress import tqdm
 from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).

@@ -33,11 +33,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from ..util.progress import tqdm
 
 from ..gather.cpu_share import cache_path as _split_cache_path
-from ..util.timing import h2d_limit_gbps, median_seconds
 from ..memory import owned
+from ..util.progress import tqdm
+from ..util.timing import h2d_limit_gbps, median_seconds
 from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class Reach:
                 "curves": {str(k): asdict(c) for k, c in self.curves.items()}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Reach":
+    def from_dict(cls, d: dict) -> Reach:
         return cls(d["device"], d["limit_gbps"], d["table_bytes"],
                    {int(k): Curve(**c) for k, c in d["curves"].items()})
 

@@ -72,7 +72,7 @@ class MemmapSpec:
             filename, dtype, shape, offset, mode, order
 
     @classmethod
-    def of(cls, array: np.memmap) -> "MemmapSpec":
+    def of(cls, array: np.memmap) -> MemmapSpec:
         base = array
         while isinstance(base.base, np.memmap):
             base = base.base

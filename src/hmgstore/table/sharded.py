@@ -21,14 +21,14 @@ import weakref
 
 import torch
 
-from ..rows import placement as placement_mod
-from ..cuda.runtime import synchronize
-from ..util.device import resolve_device
-from ..rows.ids import rows_only
-from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..gather.plan import fill_rows
-from .tensor import HybridTensor
 from ..cuda import check_device, peer
+from ..cuda.runtime import synchronize
+from ..gather.plan import fill_rows
+from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows import placement as placement_mod
+from ..rows.ids import rows_only
+from ..util.device import resolve_device
+from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
 

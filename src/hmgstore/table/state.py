@@ -25,20 +25,20 @@ import math
 import threading
 import time
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ..rows import formats
-from ..gather import plan
-from ..rows import placement as placement_mod
+from .. import cuda
 from ..cuda.runtime import synchronize
-from ..util.device import resolve_device
+from ..gather import plan
+from ..memory import owned
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows import formats
+from ..rows import placement as placement_mod
 from ..rows.placement import Placement, Tier
 from ..rows.stats import TierCounter
-from ..memory import owned
-from .. import cuda
+from ..util.device import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class Table:
 
     @classmethod
     def from_tiers(cls, source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
-                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> "Table":
+                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> Table:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
         ``tiers``: the resident tiers ``device`` reads, bound to their
@@ -336,7 +336,8 @@ class Table:
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
         narrow = "" if self._format is None else \
-            f", compress={self._format.name!r}" if self._gpu_format is not None else f", host_dtype={self._format.name!r}"
+            f", compress={self._format.name!r}" if self._gpu_format is not None else \
+            f", host_dtype={self._format.name!r}"
         return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}{narrow}, device={self.device}, "
                 f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
 

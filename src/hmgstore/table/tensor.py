@@ -33,23 +33,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
-from typing import Sequence
 
 import torch
 
+from ..cuda.deferred import raise_deferred
 from ..gather import cpu_share as split_mod
 from ..gather import fusion, plan
+from ..memory import owned
 from ..rows import formats
 from ..rows import placement as placement_mod
-from ..cuda.deferred import raise_deferred
-from ..rows.ids import CHECKS, rows_only
+from ..rows.ids import CHECKS, normalize, rows_only
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from . import pickling
 from .state import Table
-from ..memory import owned
-from ..rows.ids import normalize
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class HybridTensor(Table):
 
     @classmethod
     def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype=None, compress=None,
-              backing: str = "auto", **kwargs) -> "HybridTensor":
+              backing: str = "auto", **kwargs) -> HybridTensor:
         """A table of ``shape`` whose host tier is owned memory (see ``backing``), for the caller to fill.
 
         Rows start as zeros. Write them with
@@ -198,7 +197,7 @@ class HybridTensor(Table):
 
     @classmethod
     def over_host_tier(cls, host: torch.Tensor, device, dtype: torch.dtype, *, fmt=None, shape=None,
-                       gpu_format=None, layout=None, max_sms=None, progress=True, **placement) -> "HybridTensor":
+                       gpu_format=None, layout=None, max_sms=None, progress=True, **placement) -> HybridTensor:
         """A table over ``host``, a host tier already in its stored form, used in place (no copy).
 
         Rows read as ``dtype``. ``fmt``: the stored :class:`~hmgstore.rows.formats.Format` (None: rows as
