@@ -2,6 +2,7 @@
 #   make run    one-shot set-up, then the main job (GraphSAGE through hmgstore; GPU if present)
 #   make test   one-shot set-up, then the test suite (GPU tests skip themselves without a GPU)
 #   make bench  one-shot set-up, then python -m hmgstore.bench gather
+#   make lint   set-up plus the lint extra, then ruff (style, imports, bugs) and mypy (types, not strict)
 #   make docs   set-up plus the docs extra, then the documentation site (docs/, API reference from the docstrings)
 #               into site/, built by mkdocs in strict mode: a broken link, reference or docstring fails it
 # Set-up builds .venv with torch ($(TORCH)), then `pip install -e .[$(EXTRAS)]`, adding the CuPy extra that
@@ -18,7 +19,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.ready-$(subst =,-,$(TORCH))-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup run test bench docs pyg-sampler clean
+.PHONY: setup run test bench lint docs pyg-sampler clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -40,6 +41,18 @@ test: setup
 
 bench: setup
 	$(PY) -m hmgstore.bench gather
+
+# The lint extra (ruff, mypy, pre-commit) goes into the set-up venv once, again when pyproject.toml changes.
+# Configuration: [tool.ruff] and [tool.mypy] in pyproject.toml; .pre-commit-config.yaml runs the same checks.
+LINT_STAMP := $(VENV)/.lint-ready
+LINT_PATHS := src plugins tests benchmarks examples docs/hooks
+$(LINT_STAMP): $(STAMP)
+	$(PY) -m pip install --progress-bar on -e ".[lint]"
+	touch $@
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 # The docs extra (mkdocs, mkdocstrings) goes into the set-up venv once, again when pyproject.toml changes.
 # NO_MKDOCS_2_WARNING: mkdocs-material's notice about MkDocs 2, printed on every build otherwise.

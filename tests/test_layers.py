@@ -31,7 +31,7 @@ LAYERS = [
     ["hmgstore.plugins"],                               # PyG and DGL adapters
     ["hmgstore.bench", "hmgstore.cli"],                 # commands: python -m hmgstore.bench, hmgstore.cli.partition
 ]
-#: "About 400 lines": past this a module usually holds two ideas (STYLE.md).
+#: "About 400 lines": past this a module usually holds two ideas (CONTRIBUTING.md).
 MAX_LINES = 420
 
 

@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["install", "uninstall", "pyg_sampler_available", "PYG_SAMPLER_MISSING"]
 
-#: What to do when PyG's own sampler is missing (shared with the examples and the README).
+#: What to do when PyG's own sampler is missing (shared with the examples and the docs).
 PYG_SAMPLER_MISSING = ("PyG's own NeighborSampler needs pyg-lib or torch-sparse, and neither is installed: run "
                        "`make pyg-sampler` (builds torch-sparse, about 17 minutes on 2 cores), or pass "
                        "neighbor_sampler=HybridNeighborSampler(stores, num_neighbors) (hmgstore's sampler, no "

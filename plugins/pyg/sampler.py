@@ -136,8 +136,8 @@ class HybridNeighborSampler(BaseSampler):
             global one, so ``torch.manual_seed`` fixes the batches).
         dedup: how sampled nodes are relabelled, ``"hash"`` (GPU) or
             ``"sort"``; default: hash on a GPU, sort on the CPU.
-        time_attr, weight_attr: not supported yet (temporal and
-            edge-weighted sampling): NotImplementedError.
+        time_attr: not supported yet (temporal sampling): NotImplementedError.
+        weight_attr: not supported yet (edge-weighted sampling): NotImplementedError.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,

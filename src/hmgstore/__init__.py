@@ -7,20 +7,21 @@ launch per batch, behind a small tensor-like API::
     table = hmgstore.HybridTensor(x, device="cuda:0", gpu_rows=hot_ids)
     y = table[idx]
 
-The package, by layer:
+The package, by layer (lowest first; a folder imports only its own layer and those below):
 
-- ``tensor`` (HybridTensor, gather_many), ``index`` (the range check),
-  ``files`` (:func:`load`: tables read from files into owned memory),
-  ``placement`` (which row lives where), ``sharded`` (ShardedTensor: several
-  GPUs of one process): the table and its one gather;
-- ``cuda``: the CUDA layer, the only place that imports CuPy;
-- ``memory``: host memory, pinned for zero-copy reads, owned (cudaHostAlloc or huge pages) and shared by a node;
+- ``cuda``: kernels and launches, the only place that imports CuPy (lazily);
+- ``memory``: host memory, pinned for zero-copy reads, owned (cudaHostAlloc
+  or huge pages) and shared by a node; ``util``: device, timing, progress;
+- ``rows``: ids checked (``ids``), stored formats, hotness, which row lives
+  where (``placement``), per-tier counters (``stats``);
+- ``gather``: one gather's plan and launch, the CPU's share, fused batches;
+- ``table``: :class:`HybridTensor` and :func:`gather_many`, tables from files
+  (:func:`load`), :class:`ShardedTensor` (several GPUs of one process);
 - ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
-- ``pipeline``: sampling and gathering the next batches on a side stream while the model trains;
-  ``producer`` (with ``ring``): the same in a process of its own, outside the training thread's GIL;
-- ``stats``: per-tier counters;
-- ``distributed``: one process per GPU (torchrun) on one node;
-- ``data``: synthetic and OGB graphs; ``bench``: ``python -m hmgstore.bench``.
+- ``prefetch``: :class:`Pipeline` (the next batches on a side stream while
+  the model trains) and :class:`Producer` (the same in a process of its own);
+- ``distributed``: one process per GPU (torchrun), several machines;
+- ``data``: synthetic and OGB graphs; ``bench`` and ``cli``: commands.
 
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
@@ -36,5 +37,5 @@ from .table.tensor import HybridTensor, gather_many
 from .util.device import resolve_device
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer", "placement", "stats", "Placement", "Tier",
-           "resolve_device", "__version__"]
+__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer",
+           "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]

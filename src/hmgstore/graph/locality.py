@@ -20,7 +20,7 @@ cut the pages a batch touches:
   drawn at random every epoch, so its neighbourhoods stay in few pages
   (BGL's proximity-aware ordering, MariusGNN's partition buffers). Random
   order stays the default: batches of a few parts are less random, which
-  may cost accuracy (measured in the README).
+  may cost accuracy (measured in docs/big-tables.md).
 
 :func:`pages_touched` counts the distinct host pages of a batch's rows under
 a layout: the figure both levers are judged by.

@@ -85,7 +85,8 @@ class Producer:
         depth: batches made ahead of the trainer (the ring has ``depth + 1`` slots).
         device: the CUDA device both processes use (default: the current GPU; the CPU without one).
         seed: seeds torch in the producer before ``make_loader()`` (the same batches, run to run).
-        max_sms, fuse: passed to the producer's :class:`hmgstore.Pipeline`.
+        max_sms: passed to the producer's :class:`hmgstore.Pipeline`.
+        fuse: passed to the producer's :class:`hmgstore.Pipeline`.
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
     """
 

@@ -75,7 +75,8 @@ class ShardedTensor:
         replicate: bytes of each GPU's budget holding the hottest rows on
             every GPU (no peer read for them); the rest of the budget holds
             that GPU's shard.
-        max_sms, progress: as for :class:`~hmgstore.HybridTensor`.
+        max_sms: as for :class:`~hmgstore.HybridTensor`.
+        progress: as for :class:`~hmgstore.HybridTensor`.
 
     ``table.on(device)[idx]`` gathers into ``device``; ``table[idx]`` into
     the current GPU. Use it as a context manager or call :meth:`close`.

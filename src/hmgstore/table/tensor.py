@@ -90,8 +90,8 @@ class HybridTensor(Table):
             ``backing``) instead of pinning it in place. Costs a copy and the
             memory of one; small-row tables read up to 1.4x faster from such
             memory, and forked DataLoader workers share it where a table
-            pinned in place is copied into each of them (README, "Which host
-            memory").
+            pinned in place is copied into each of them (docs/host-memory.md,
+            "Which host memory").
         host_dtype: ``torch.bfloat16`` or ``torch.float16`` to keep a float32
             table's host tier in half-width rows (a copy in owned memory,
             half the bytes over PCIe); gathers widen them to float32, so
