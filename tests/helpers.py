@@ -252,28 +252,34 @@ def shm_left_behind(before: set[str], directory: str = "/dev/shm", prefix: str =
 
 # ---- processes forked from a warm interpreter ----------------------------------------------------------------
 #: Imported once by the warm interpreter, so that the processes it forks start with them (they cost a fresh
-#: interpreter 1-2 s of CPU; a test that starts four ranks pays it four times). Not PyG nor DGL: a process
-#: that has imported PyG takes 0.6 s longer to exit, and DGL starts a thread at import (a fork copies none).
+#: interpreter 1-2 s of CPU; a test that starts four ranks pays it four times).
 WARM_MODULES = ("numpy", "torch", "torch.distributed", "hmgstore", "hmgstore.distributed", "hmgstore.graph",
                 "hmgstore.data")
+#: PyG too, in a second warm interpreter for the processes that use it (3 s of CPU each): not in the first,
+#: as a process that has imported PyG takes 0.6 s longer to exit. Never DGL: it starts a thread at import,
+#: which a fork does not copy.
+PYG_MODULES = ("torch_geometric.data", "torch_geometric.loader", "hmgstore.plugins.pyg")
 
 
-def _warm_main() -> None:
-    """The warm interpreter (``Warm``): imports WARM_MODULES, then reads one request a line on stdin, forks a
+def _warm_main(pyg: bool = False) -> None:
+    """The warm interpreter (``Warm``): imports WARM_MODULES (and PYG_MODULES), then reads one request a line on stdin, forks a
     process per script it names and answers with their pids, then with their exit codes once all have ended.
     Each forked process leaves this loop and runs its script as ``python SCRIPT ARGS`` would, in its own
     environment, with stdout and stderr in files: it ends as that interpreter would (atexit handlers, the exit
     code of sys.exit or of an uncaught exception, or the signal that killed it)."""
+    import gc
     import importlib
     import json
     import runpy
     import sys
 
-    for name in WARM_MODULES:
+    for name in WARM_MODULES + (PYG_MODULES if pyg else ()):
         try:
             importlib.import_module(name)
         except ImportError:  # an optional framework missing: the processes import what they need themselves
             pass
+    gc.freeze()  # the modules' objects out of the collector's sight: collections in the processes forked below
+    # would otherwise touch, hence copy, the pages of every one of them
     run = None
     for line in sys.stdin:
         procs = json.loads(line)
@@ -318,7 +324,7 @@ class Warm:
     interpreter's children, hence this process's descendants (what the shared-memory checks look for).
     """
 
-    def __init__(self):
+    def __init__(self, pyg: bool = False):
         import subprocess
         import sys
         import tempfile
@@ -328,7 +334,7 @@ class Warm:
         here = os.path.dirname(os.path.abspath(__file__))
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-c", f"import sys; sys.path[0] = {here!r}; import helpers; "
-                                         "helpers._warm_main()"],
+                                         f"helpers._warm_main(pyg={pyg})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self._runs = 0
 
@@ -394,15 +400,15 @@ class Warm:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_warm: Warm | None = None
+_warm: dict[bool, Warm] = {}
 
 
-def warm() -> Warm:
-    """This test process's warm interpreter, started on first use and ended when the process exits."""
-    global _warm
-    if _warm is None or _warm.proc.poll() is not None:
+def warm(pyg: bool = False) -> Warm:
+    """This test process's warm interpreter (with PyG imported, or not), started on first use and ended when the
+    process exits."""
+    if pyg not in _warm or _warm[pyg].proc.poll() is not None:
         import atexit
 
-        _warm = Warm()
-        atexit.register(_warm.close)
-    return _warm
+        _warm[pyg] = Warm(pyg)
+        atexit.register(_warm[pyg].close)
+    return _warm[pyg]

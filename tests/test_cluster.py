@@ -334,7 +334,7 @@ def test_distributed_sampling_and_pyg_loader(parts, tmp_path, no_leaks):
     """Partitioned sampling equals the single-machine sampler draw for draw (so: edges exist, counts are
     min(fanout, degree), seeds come first); a loose uniformity check; a NeighborLoader per rank gets the full
     table's rows and as many batches as the other ranks."""
-    codes, reports, errs = run_ranks("sample", 4, parts, tmp_path, node_of=two_machines)
+    codes, reports, errs = run_ranks("sample", 4, parts, tmp_path, node_of=two_machines, pyg=True)
     assert codes == [0] * 4, errs
     for rank, r in reports.items():
         assert all(r["sample"].values()), (rank, r["sample"])

@@ -31,10 +31,10 @@ def _free_port() -> int:
 
 
 def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", node_of=None, env=None,
-           timeout: float = 120) -> tuple[list[int], dict[int, dict], list[str]]:
+           timeout: float = 120, pyg: bool = False) -> tuple[list[int], dict[int, dict], list[str]]:
     """Run ``world`` ranks of ``scenario``; returns exit codes, reports and stderr by rank. CPU ranks are forked
-    from a warm interpreter (helpers.warm: torch, hmgstore and PyG imported once, not once per rank); CUDA ranks
-    are fresh interpreters."""
+    from a warm interpreter (helpers.warm: torch and hmgstore imported once, not once per rank; PyG too for a
+    scenario that uses it, ``pyg``); CUDA ranks are fresh interpreters."""
     port = _free_port()
     envs = []
     for rank in range(world):
@@ -50,7 +50,7 @@ def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", no
         envs.append(e)
     if device == "cpu":
         try:
-            codes, _, errs = warm().run([([WORKER, scenario, tmp_path], e) for e in envs], timeout)
+            codes, _, errs = warm(pyg).run([([WORKER, scenario, tmp_path], e) for e in envs], timeout)
         except TimeoutError as err:
             raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang): {err}") from None
     else:

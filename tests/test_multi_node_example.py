@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from helpers import warm
 from test_distributed import _free_port
 
 from hmgstore.cli.partition import main as partition_command
@@ -21,17 +20,17 @@ OPTIONS = ["--epochs", "3", "--batch-size", "256", "--fanout", "8,4", "--hidden"
 
 
 def run_example(parts: Path, machines: int, out: Path, timeout: float = 120) -> dict:
-    """One rank per simulated machine; rank 0's JSON."""
+    """One rank per simulated machine, forked from a warm interpreter that has imported torch, hmgstore and PyG
+    (helpers.warm: not once per rank); rank 0's JSON."""
     port, procs = _free_port(), []
     for rank in range(machines):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(machines), "LOCAL_RANK": "0",
                "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "HMGSTORE_NODE_ID": f"node{rank}", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), str(parts), *OPTIONS, "--json", str(out)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    for p in procs:
-        _, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err[-3000:]
+        procs.append(([EXAMPLE, parts, *OPTIONS, "--json", out], env))
+    codes, _, errs = warm(pyg=True).run(procs, timeout)
+    for code, err in zip(codes, errs):
+        assert code == 0, err[-3000:]
     return json.loads(out.read_text())
 
 
