@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -100,6 +101,7 @@ class Cluster:
                 group = dist.new_group(ranks, backend=backend, timeout=EXCHANGE_TIMEOUT)
                 if local == self.local_rank:
                     mine = group, ranks
+            assert mine is not None  # this rank's local index is among the machines' columns
             group, ranks = mine
             slots = [dist.get_group_rank(group, r) for r in ranks]
             by_slot = [r for _, r in sorted(zip(slots, ranks))]
@@ -146,7 +148,7 @@ def this_cluster() -> Cluster:
 def _make_cluster(node) -> Cluster:
     world = dist.get_world_size()
     control = dist.new_group(list(range(world)), backend="gloo", timeout=SETUP_TIMEOUT)
-    info = [None] * world
+    info: list[Any] = [None] * world
     dist.all_gather_object(info, (node.ranks, socket.gethostname(), os.getpid()), group=control)
     machines = group_machines([i[0] for i in info])
     return Cluster(_default_group(), node, control, machines, dist.get_rank(), [(i[1], i[2]) for i in info])
@@ -195,7 +197,7 @@ class ClusterTensor:
         cluster.tables += 1
         mine = {"book": book.signature(), "dtype": str(table.dtype), "row shape": tuple(table.row_shape),
                 "device type": table.device.type, "serial": self.serial, "rows": table.num_rows}
-        everyone = [None] * dist.get_world_size()
+        everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=cluster.control)
         _check_agreement(everyone, cluster, book)
         if table.device.type == "cuda" and not dist.is_nccl_available():

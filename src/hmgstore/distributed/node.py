@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ class Node:
     """This process's view of its node: its ranks, the control group and the peer watch's state."""
 
     world: object  # the default process group this was made for
-    group: object  # gloo group of this node's ranks
+    group: dist.ProcessGroup  # gloo group of this node's ranks
     ranks: list[int]  # global ranks on this node, ascending
     rank: int
     pids: list[int]
@@ -92,7 +93,7 @@ def _make_node() -> Node:
     world = dist.get_world_size()
     everyone = dist.new_group(list(range(world)), backend="gloo", timeout=SETUP_TIMEOUT)
     me = (os.environ.get("HMGSTORE_NODE_ID") or socket.gethostname(), os.getpid())
-    info = [None] * world
+    info: list[Any] = [None] * world
     dist.all_gather_object(info, me, group=everyone)
     names = list(dict.fromkeys(name for name, _ in info))
     groups = {name: [r for r in range(world) if info[r][0] == name] for name in names}
@@ -101,6 +102,7 @@ def _make_node() -> Node:
         g = dist.new_group(groups[name], backend="gloo", timeout=SETUP_TIMEOUT)
         if name == me[0]:
             mine = g
+    assert mine is not None  # this rank's node is among the names
     ranks, rank = groups[me[0]], dist.get_rank()
     board = share_in_group(lambda: torch.zeros(len(ranks), dtype=torch.int32), mine, ranks, rank, progress=False)
     return Node(_default_group(), mine, ranks, rank, [info[r][1] for r in ranks], board)

@@ -28,6 +28,7 @@ import os
 import zlib
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,10 +83,11 @@ class PartitionBook:
                  local: torch.Tensor | None = None, sizes: tuple[int, ...]):
         # Use the constructors: they validate. kind "range" needs neither tensor, "hash" local only.
         self.kind, self.num_nodes, self.num_machines, self.sizes = kind, num_nodes, num_machines, sizes
-        self._host = {"assignment": assignment, "local": local,
+        # "starts" is always a tensor; "assignment" and "local" are None where the kind has none.
+        self._host: dict[str, Any] = {"assignment": assignment, "local": local,
                       "starts": torch.tensor((0, *np.cumsum(sizes).tolist()), dtype=torch.int64)}
         self._on_device: dict[torch.device, dict] = {torch.device("cpu"): self._host}
-        self._signature = None
+        self._signature: tuple | None = None
 
     # ---- constructors ----------------------------------------------------------------------------------------
     @classmethod
@@ -199,7 +201,7 @@ class PartitionBook:
     def __eq__(self, other) -> bool:
         return isinstance(other, PartitionBook) and self.signature() == other.signature()
 
-    __hash__ = None  # mutable caches inside; compare with signature()
+    __hash__ = None  # type: ignore[assignment]  # unhashable: mutable caches inside; compare with signature()
 
     def save(self, path) -> None:
         """Write the book to ``path`` (a torch file: what defines it; rows within partitions are recomputed).

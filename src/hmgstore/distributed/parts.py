@@ -181,13 +181,13 @@ def part_of(features, edge_index, book: PartitionBook, machine: int, device=None
     csc = _csc(edge_index, book.num_nodes)
     nodes = book.nodes_of(machine)
     colptr, edges = _in_edges(csc, nodes)
-    parts = {}
+    parts: dict[str, HybridTensor] = {}
     try:
         for name, table in tables.items():
             parts[name] = HybridTensor(table[nodes], device, progress=progress, **placement)
     except BaseException:
-        for table in parts.values():
-            table.close()
+        for part in parts.values():
+            part.close()
         raise
     return Partition(machine, book, parts, colptr, csc.row[edges].long())  # int64, as load_partition's
 

@@ -48,6 +48,7 @@ with no collective at all.
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -181,7 +182,7 @@ class DistributedNeighborSampler:
         # ranks, rather than some waiting for the others inside new_group.
         mine = {"book": self.book.signature(), "fanouts": self.num_neighbors, "replace": replace,
                 "part": topology.machine, "machine": cluster.machine, "rows": len(self.colptr) - 1}
-        everyone = [None] * dist.get_world_size()
+        everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=cluster.control)
         problems = []
         if self.book.num_machines != cluster.num_machines:

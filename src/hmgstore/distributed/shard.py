@@ -14,6 +14,7 @@ import datetime
 import logging
 import warnings
 import zlib
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,9 +57,12 @@ class DistributedTensor:
     collective over the node; it waits until no peer reads this shard.
     """
 
-    def __init__(self, state: Node, source: torch.Tensor, placement, view: HybridTensor, *,
+    table: HybridTensor  # the view this rank gathers through (set by the builder when made without one)
+
+    def __init__(self, state: Node, source: torch.Tensor, placement, view: HybridTensor | None, *,
                  buffer=None, opened=(), pinned=None, tiers=None):
-        self._state, self._source, self.placement, self.table = state, source, placement, view
+        self._state, self._source, self.placement = state, source, placement
+        self.table = view  # type: ignore[assignment]  # None only until the builder sets it
         self._buffer, self._opened, self._pinned, self._tiers = buffer, list(opened), pinned, tiers or {}
         self._closed = False
 
@@ -154,7 +158,7 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     if cuda:
         check_device(device)
     mine = (_signature(source, p), peer.pci_bus_id(device.index) if cuda else None, device.type)
-    everyone = [None] * len(state.ranks)
+    everyone: list[Any] = [None] * len(state.ranks)
     dist.all_gather_object(everyone, mine, group=state.group)
     for k, theirs in enumerate(everyone):
         if theirs[0] != mine[0] or theirs[2] != mine[2]:
@@ -175,7 +179,11 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
 def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress) -> DistributedTensor:
     me, index = state.local_rank, device.index
     row_bytes = row_layout(source)[0]
-    tiers, opened, readable, buffer, pinned = {}, [], [], None, None
+    tiers: dict[str, torch.Tensor] = {}
+    opened: list[int] = []
+    readable: list = []
+    buffer: peer.DeviceBuffer | None = None
+    pinned: PinnedHost | None = None
 
     def undo():
         for ptr in opened:
@@ -195,16 +203,17 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
             tiers["replica"] = allocate_tier(p, "replica", source, device)
             fill_rows(pinned, p.rows_of("replica"), tiers["replica"], device)
             readable.append(p.tier("replica").bind(tiers["replica"].data_ptr(), row_bytes))
-        payload = ("ok", buffer.ipc_handle())
+        payload: tuple[str, bytes | str] = ("ok", buffer.ipc_handle())
     except Exception as err:
         payload = ("error", f"{type(err).__name__}: {err}")
-    handles = [None] * len(state.ranks)
+    handles: list[Any] = [None] * len(state.ranks)
     dist.all_gather_object(handles, payload, group=state.group)
     failed = [(state.ranks[k], h[1]) for k, h in enumerate(handles) if h[0] == "error"]
     if failed:
         undo()
         raise RuntimeError("could not build the sharded table: " +
                            "; ".join(f"rank {r}: {why}" for r, why in failed))
+    assert buffer is not None and pinned is not None  # every rank, this one too, built its tiers
     try:
         unreachable = []
         for s, ((_, handle), bus) in enumerate(zip(handles, buses)):

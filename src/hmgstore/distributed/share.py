@@ -9,6 +9,8 @@ the broadcast or the barrier fails (a peer died, or looked in another
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -19,7 +21,10 @@ from ..memory.pinned import as_host_tensor
 def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> torch.Tensor:
     """:func:`share_on_node` over a known group of one node's ``ranks``."""
     leader = rank == ranks[0]
-    name, table, error, meta = None, None, None, [None]
+    name: str | None = None
+    table: torch.Tensor | None = None
+    error: Exception | None = None
+    meta: list[Any] = [None]  # filled by the broadcast
     if leader:
         try:
             source, _ = as_host_tensor(make() if callable(make) else make)
@@ -55,4 +60,5 @@ def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> 
             shared.unlink_segment(name)
     if failure is not None:
         raise failure
+    assert table is not None  # made by the leader, mapped by the others
     return table

@@ -49,6 +49,7 @@ class Table:
     Not built directly: :class:`hmgstore.HybridTensor` is the public class.
     """
 
+    placement: Placement  # where each row lives (set by the subclass's constructor, or by from_tiers)
     def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_format=None,
                gpu_format=None, backing="auto", dtype=None, shape=None, layout=None) -> None:
         """Take ``source`` as the host tier.
@@ -97,7 +98,7 @@ class Table:
             raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
         self._format, self._gpu_format = host_format, gpu_format
         self._layout = layout
-        self._host_pos = None  # host position of each old id, once asked for (see host_positions)
+        self._host_pos: torch.Tensor | None = None  # host position of each old id, once asked for (see host_positions)
         self.row_bytes = math.prod(self._shape[1:]) * torch.empty(0, dtype=self._dtype).element_size()
         self.max_sms = max_sms
         self._progress = progress
@@ -106,7 +107,7 @@ class Table:
         self._map: torch.Tensor | None = None
         self._tiers: tuple[Tier, ...] = ()  # bound to this device's addresses
         self._reads_host = False
-        self._host_address = None  # the source's address when the host tier is the source itself
+        self._host_address: int | None = None  # the source's address when the host tier is the source itself
         self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
         self._deferred = None  # why and how the table is built on first use (after unpickling)
         self.sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
@@ -335,9 +336,8 @@ class Table:
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ", not built yet (on first use)" if self._deferred else ""
-        narrow = "" if self._format is None else \
-            f", compress={self._format.name!r}" if self._gpu_format is not None else \
-            f", host_dtype={self._format.name!r}"
+        kind = "compress" if self._gpu_format is not None else "host_dtype"
+        narrow = "" if self._format is None else f", {kind}={self._format.name!r}"
         return (f"HybridTensor(shape={tuple(self.shape)}, dtype={self.dtype}{narrow}, device={self.device}, "
                 f"gpu_rows={self.num_gpu_rows}, tiers={self.placement.names}{state})")
 
