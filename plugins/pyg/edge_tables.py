@@ -75,6 +75,7 @@ class EdgeTables:
     """
 
     _edge_tables: dict
+    device: torch.device  # the store's, set by the class this is mixed into
 
     def put_edge_tables(self, sources: dict, *, gpu_budget=None, hotness: dict | None = None,
                         max_sms: int | None = None, progress: bool = True, **options) -> None:

@@ -53,7 +53,7 @@ def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
     }
     for name, text in helps.items():
         module = BENCHMARKS[name]
-        p = sub.add_parser(name, help=text, description=module.__doc__.split("\n\n")[0],
+        p = sub.add_parser(name, help=text, description=(module.__doc__ or "").split("\n\n")[0],
                            formatter_class=_Defaults)
         module.add_arguments(p)
         p.epilog = _epilog(p, module)

@@ -53,6 +53,7 @@ import argparse
 import gc
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -155,8 +156,9 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
         result["variants"][name] = {"seconds": med, "gbps": useful / med / 1e9, "times": times}
         log.info("%6d B %-17s %8.2f GB/s", row_bytes, name, useful / med / 1e9)
 
-    host_tables = {"hmg_host": {}, "hmg_host_sync": {}, "hmg_owned": {"copy": True, "backing": "hugepage"},
-                   "hmg_owned_cuda": {"copy": True, "backing": "cuda"}, "hmg_bf16": {"host_dtype": torch.bfloat16}}
+    host_tables: dict[str, dict[str, Any]] = {
+        "hmg_host": {}, "hmg_host_sync": {}, "hmg_owned": {"copy": True, "backing": "hugepage"},
+        "hmg_owned_cuda": {"copy": True, "backing": "cuda"}, "hmg_bf16": {"host_dtype": torch.bfloat16}}
     for name, kwargs in host_tables.items():
         if name not in variants or (not cuda and name in ("hmg_owned_cuda", "hmg_host_sync")):
             continue

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 import torch
 
 from ..cli import flags
 from ..cli.flags import count as _count
 from ..data import power_law_csc
-from ..graph import NeighborSampler, Topology, presample
+from ..graph import Hotness, NeighborSampler, Topology, presample
 from ..graph.presample import hit_ratio
 from ..rows.placement import order_by_score
 from .report import header, no_gpu_line, smoke_test_lines, write_report
@@ -76,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _touches(sampler: NeighborSampler, seeds: torch.Tensor, batch: int, seed: int,
-             progress: bool) -> presample.Hotness:
+             progress: bool) -> Hotness:
     """Touch counts of one epoch over ``seeds`` in batches of ``batch``, shuffled by ``seed``."""
     return presample(sampler, seeds, epochs=1, batch_size=batch, generator=torch.Generator().manual_seed(seed),
                      progress=progress)
@@ -104,7 +105,7 @@ def measure(num_nodes: int, num_edges: int, train_share: float, args, device) ->
               "in_degree": {"features": order_by_score(in_degree), "topology": order_by_score(in_degree)},
               "out_degree": {"features": order_by_score(out_degree), "topology": order_by_score(out_degree)}}
     reads = second.topology[None] * read
-    entry = {"num_nodes": num_nodes, "num_edges": num_edges, "train_nodes": len(seeds),
+    entry: dict[str, Any] = {"num_nodes": num_nodes, "num_edges": num_edges, "train_nodes": len(seeds),
              "batches_per_epoch": second.batches, "touched_share": float((second.features[None] > 0).float().mean()),
              "hit_ratio": {}}
     for share in args.cache:

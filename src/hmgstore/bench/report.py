@@ -228,7 +228,7 @@ def _size_note(report: dict) -> list[str]:
     """Where a table is larger than ``--table-gib`` asked (it holds at least ``min_batches`` batches of rows),
     a line saying so and why; else nothing."""
     asked, batch, least = report.get("table_gib"), report.get("batch"), report.get("min_batches")
-    if None in (asked, batch, least):
+    if asked is None or batch is None or least is None:
         return []
     bigger = [s for s in report["sizes"] if s["table_bytes"] > asked * 2**30]
     if not bigger:
@@ -253,8 +253,8 @@ def plot(report: dict, path: Path) -> None:
     sweep = report.get("sweep", [])
     gpu_tier = any(_gbps(s, n) is not None for s in report["sizes"] for n in ("hmg_gpu", "gpu_index_select"))
     panels = 1 + gpu_tier + bool(sweep)  # no empty panel for what a CPU machine does not measure
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
-    axes = list(axes[0])
+    fig, grid = plt.subplots(1, panels, figsize=(6 * panels, 4.5), squeeze=False)
+    axes = list(grid[0])
     ax_host = axes.pop(0)
     ax_gpu = axes.pop(0) if gpu_tier else None
     sizes = [s["row_bytes"] for s in report["sizes"]]

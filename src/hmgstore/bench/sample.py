@@ -196,6 +196,7 @@ def run(args) -> dict:
         for name in args.variants:
             if name.startswith("hmg") and name != "hmg_cpu" and not cuda:
                 continue
+            result: dict | None
             try:
                 if name in plan:
                     result = _time_hmg(csc, fanout, seeds, args, *plan[name][:2], name, dedup=plan[name][2])

@@ -63,6 +63,7 @@ import math
 import resource
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 
@@ -166,21 +167,23 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios, and
     beside them the step's rate on batches made beforehand and the loader's rate with no training."""
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
-    config_name, _, split = config.partition("/split")  # cache+pipe/split1.0: the features' host rows by the CPU
-    split = float(split) if split else (args.split[0] if base_of(config) == "cache" else None)
+    config_name, _, split_text = config.partition("/split")  # cache+pipe/split1.0: the features' host rows by the CPU
+    split = float(split_text) if split_text else (args.split[0] if base_of(config) == "cache" else None)
     name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
     max_sms = _sms(cap) if cap else args.max_sms[0]
     pipe = mode != ""
     reps = args.stock_batches if base == "stock" else args.batches
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    build = time.perf_counter()
+    build_start = time.perf_counter()
+    build: float | None
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
         loader = stores = sampler = None
-        iterable = hmgstore.Producer(functools.partial(produced_loader, base, args, hot, device), depth=args.depth,
-                                     device=device, seed=args.seed, max_sms=max_sms, fuse=args.fuse,
-                                     sm_percent=args.sm_percent).start()
-        build = time.perf_counter() - build
+        # a Producer here, else a Pipeline or the loader itself
+        iterable: Any = hmgstore.Producer(functools.partial(produced_loader, base, args, hot, device),
+                                          depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
+                                          fuse=args.fuse, sm_percent=args.sm_percent).start()
+        build = time.perf_counter() - build_start
     else:
         loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot)
         if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
@@ -263,7 +266,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         if stores is not None:
             result["feature_stats"] = stores[0].stats()
             result["pages_per_batch"] = sum(pages) / len(pages)
-        result["topology_stats"] = sampler.stats()
+        if sampler is not None:
+            result["topology_stats"] = sampler.stats()
     for obj in (stores[0] if stores else None, sampler):
         if obj is not None:
             obj.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,10 +95,12 @@ def build_graph(spec: str, feat_dim: int):
 class Built(NamedTuple):
     """A configuration's loader, what it reads from and how long the stores took to build (None: none built)."""
 
-    loader: object
-    data: object
-    stores: object
-    sampler: object
+    # PyG's objects (torch_geometric is optional): a NeighborLoader, a Data, the (feature, graph) stores and
+    # hmgstore's PyG sampler.
+    loader: Any
+    data: Any
+    stores: Any
+    sampler: Any
     build_s: float | None
 
 
