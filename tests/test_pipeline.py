@@ -247,3 +247,26 @@ def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
     device = torch.device("cuda", torch.cuda.current_device())
     assert hmgstore.Pipeline(type("L", (), {"data": (whole, None)})(), device=device)._auto_sms() is None
     assert hmgstore.Pipeline(type("L", (), {"data": (host, None)})(), device=device)._auto_sms() == auto_sms(device)
+
+
+@pytest.mark.gpu
+def test_epochs_reuse_the_gpu_memory_of_the_last_one():
+    """The side stream is the pipeline's, not the epoch's: blocks a batch freed are reused by the next epoch's
+    batches (a new stream each epoch grew torch's reserved memory by the working set every epoch)."""
+    class Loader:
+        def __len__(self):
+            return 6
+
+        def __iter__(self):
+            for k in range(6):
+                yield torch.full((4 << 20,), float(k), device="cuda")  # 16 MB a batch, made on the side stream
+
+    pipe = hmgstore.Pipeline(Loader(), depth=2)
+    reserved = []
+    for _ in range(5):
+        for k, batch in enumerate(pipe):
+            assert float(batch[-1]) == k
+        del batch
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert reserved[-1] <= reserved[0], f"reserved GPU memory grew over epochs: {reserved}"

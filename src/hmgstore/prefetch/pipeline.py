@@ -137,6 +137,10 @@ class Pipeline:
             device = resolve_device(device)
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
+        # One side stream for every epoch: torch's caching allocator reuses a freed block only for allocations
+        # on the stream it was made on, so a new stream each epoch left the last epoch's blocks unusable (the
+        # GPU soak on an H100: 1 GB more reserved every epoch, 5.8 to 21.4 GB in 15 epochs; allocated flat).
+        self._side: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -163,7 +167,9 @@ class Pipeline:
         import time
 
         cuda = self.device is not None and self.device.type == "cuda"
-        side = torch.cuda.Stream(self.device) if cuda else None
+        if cuda and self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side if cuda else None
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         max_sms = (self._auto_sms() if self.max_sms == "auto" else self.max_sms) if cuda else None
