@@ -1,6 +1,6 @@
 # The set-up-and-go commands of README.md:
 #   make run    one-shot set-up, then the main job (GraphSAGE through hmgstore; GPU if present)
-#   make test   one-shot set-up, then the test suite (GPU tests skip themselves without a GPU)
+#   make test   one-shot set-up, then the test suite on every core (GPU tests skip themselves without a GPU)
 #   make bench  one-shot set-up, then python -m hmgstore.bench gather
 #   make lint   set-up plus the lint extra, then ruff (style, imports, bugs) and mypy (types, not strict)
 #   make docs   set-up plus the docs extra, then the documentation site (docs/, API reference from the docstrings)
@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) examples/pyg_graphsage.py
 
+# One pytest-xdist worker per core, each test to the first idle worker (worksteal: a few tests take 10-20 s).
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto --dist worksteal tests
 
 bench: setup
 	$(PY) -m hmgstore.bench gather

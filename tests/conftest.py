@@ -24,6 +24,16 @@ def _has_cuda() -> bool:
 HAS_CUDA = _has_cuda()
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs ``-n auto``), each worker's torch and the processes its tests start
+    take their share of the cores: OpenMP threads beyond it only spin against the other workers'."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
