@@ -251,8 +251,8 @@ def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
 
 @pytest.mark.gpu
 def test_epochs_reuse_the_gpu_memory_of_the_last_one():
-    """The side stream is the pipeline's, not the epoch's: blocks a batch freed are reused by the next epoch's
-    batches (a new stream each epoch grew torch's reserved memory by the working set every epoch)."""
+    """Pipelines share one side stream per GPU: blocks a batch freed are reused by the next epoch's batches (a
+    new stream each epoch grew torch's reserved memory by the working set every epoch)."""
     class Loader:
         def __len__(self):
             return 6
@@ -261,12 +261,13 @@ def test_epochs_reuse_the_gpu_memory_of_the_last_one():
             for k in range(6):
                 yield torch.full((4 << 20,), float(k), device="cuda")  # 16 MB a batch, made on the side stream
 
-    pipe = hmgstore.Pipeline(Loader(), depth=2)
     reserved = []
-    for _ in range(5):
-        for k, batch in enumerate(pipe):
+    for epoch in range(6):  # a pipeline an epoch, as a user's loop may build it
+        for k, batch in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
             assert float(batch[-1]) == k
         del batch
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
-    assert reserved[-1] <= reserved[0], f"reserved GPU memory grew over epochs: {reserved}"
+    # The first epochs may leave the pool a block short (a batch freed while the training stream still used it,
+    # H100: 64, 80, 80, 80, 80 MB with one pipeline); after that, nothing more.
+    assert reserved[-1] <= reserved[2], f"reserved GPU memory grew over epochs: {reserved}"

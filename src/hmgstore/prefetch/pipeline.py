@@ -71,6 +71,22 @@ def auto_sms(device: torch.device) -> int:
     return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 32)
 
 
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream every :class:`Pipeline` on ``device`` makes its batches on, epoch after epoch.
+
+    torch's caching allocator reuses a freed block only for allocations on the stream that made it, so a new
+    stream for each pipeline (a user's loop builds one an epoch) left every earlier epoch's blocks unusable:
+    the GPU soak on an H100 reserved 1 GB more each epoch, 5.8 GB to 38 GB in 30 epochs, with the memory
+    allocated flat (``benchmarks/results/soak-gpu-h100.md``).
+    """
+    if device.index not in _side_streams:
+        _side_streams[device.index] = torch.cuda.Stream(device)
+    return _side_streams[device.index]
+
+
 class Pipeline:
     """Iterate ``loader`` with up to ``depth`` batches prepared ahead on a side stream.
 
@@ -137,10 +153,6 @@ class Pipeline:
             device = resolve_device(device)
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
-        # One side stream for every epoch: torch's caching allocator reuses a freed block only for allocations
-        # on the stream it was made on, so a new stream each epoch left the last epoch's blocks unusable (the
-        # GPU soak on an H100: 1 GB more reserved every epoch, 5.8 to 21.4 GB in 15 epochs; allocated flat).
-        self._side: torch.cuda.Stream | None = None
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -167,9 +179,7 @@ class Pipeline:
         import time
 
         cuda = self.device is not None and self.device.type == "cuda"
-        if cuda and self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        side = self._side if cuda else None
+        side = side_stream(self.device) if cuda else None
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
         max_sms = (self._auto_sms() if self.max_sms == "auto" else self.max_sms) if cuda else None
