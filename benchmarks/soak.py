@@ -70,6 +70,11 @@ JUDGED = [("rss_bytes", "host RSS, trainer"), ("heap_in_use_bytes", "heap in use
           ("shm_files", "/dev/shm files held"), ("shm_bytes", "/dev/shm bytes held"),
           ("gpu_allocated", "GPU allocated (torch)"), ("gpu_reserved", "GPU reserved (torch)"),
           ("gpu_used", "GPU used (device)")]
+#: Caches that fill over the first epochs: torch's caching allocator grows its pool while batch shapes vary (the
+#: H100 soak: 5.8 GB reserved after epoch 1, 6.7 GB from epoch 2, 7.4 GB from epoch 8 to 30). Judged from the end
+#: of their phase's first third instead of its first epoch; a leak still shows (before the one-side-stream fix
+#: the same run reserved 1 GB more every epoch, to 38 GB).
+SETTLING = {"gpu_reserved", "gpu_used"}
 #: Recorded, not judged: the folder is shared with every other program on the machine.
 CONTEXT = [("rss_untrimmed_bytes", "host RSS, trainer, before malloc_trim"), ("shm_dir_files", "/dev/shm files, all"),
            ("shm_dir_bytes", "/dev/shm bytes, all")]
@@ -229,18 +234,19 @@ def exact(batch, graph) -> bool:
             and torch.equal(batch.x.cpu(), graph.x[n_id]) and torch.equal(batch.y.cpu(), graph.y[n_id]))
 
 
-def drift(values: list, tolerance: float) -> dict | None:
-    """How far the values after the first epoch strayed from the value after it: ``max |v - ref| / ref``; None
+def drift(values: list, tolerance: float, settle: int = 1) -> dict | None:
+    """How far the values after epoch ``settle`` strayed from the value after it: ``max |v - ref| / ref``; None
     where the series was not measured. Counts below 100 (fds, files) must not change at all."""
     if not values or values[0] is None:
         return None
-    ref, later = values[0], values[1:]
+    settle = min(max(1, settle), len(values))
+    ref, later = values[settle - 1], values[settle:]
     worst = max((abs(v - ref) for v in later), default=0)
     relative = worst / ref if ref else (0.0 if worst == 0 else None)
     exact_count = ref < 100 and isinstance(ref, int)
     flat = worst == 0 if exact_count else relative is not None and relative <= tolerance
-    return {"after_epoch_1": ref, "min": min(values[1:] or values), "max": max(values[1:] or values),
-            "max_drift": relative, "flat": flat}
+    return {"after_epoch_1": values[0], "judged_from_epoch": settle, "reference": ref,
+            "min": min(later or values), "max": max(later or values), "max_drift": relative, "flat": flat}
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -374,7 +380,8 @@ def summarise(args, argv, device, graph, ex_args, rows) -> dict:
     for phase in ("pipeline", "producer"):
         of = [r for r in rows if r["phase"] == phase]
         if of:
-            series = {key: drift([r[key] for r in of], args.tolerance) for key, _ in JUDGED + CONTEXT}
+            series = {key: drift([r[key] for r in of], args.tolerance, -(-len(of) // 3) if key in SETTLING else 1)
+                      for key, _ in JUDGED + CONTEXT}
             phases[phase] = {"epochs": len(of), "series": {k: v for k, v in series.items() if v is not None}}
     judged = [s for p in phases.values() for k, s in p["series"].items() if k in dict(JUDGED)]
     checks = [r["exact"] for r in rows if r["phase"] != "start"]
@@ -412,15 +419,18 @@ def markdown(report: dict) -> str:
              f"{report['graph']['feat_dim']}-d; config: {json.dumps(report['config'])}. Exact checks "
              f"(one batch's x and y against the source's rows n_id, each epoch): "
              f"{report['exact_checks']['passed']}/{report['exact_checks']['of']}. Flat within "
-             f"{report['config']['tolerance']:.0%} after each phase's first epoch: {report['flat']}.", "",
-             "| phase | series | after epoch 1 | min | max | max drift | flat |", "|---|---|---|---|---|---|---|"]
+             f"{report['config']['tolerance']:.0%} after each phase's first epoch (GPU caches: after its first third)"
+             f": {report['flat']}.", "",
+             "| phase | series | after epoch 1 | judged from epoch | min | max | max drift | flat |",
+             "|---|---|---|---:|---|---|---|---|"]
     names = dict(JUDGED + CONTEXT)
     for phase, p in report["phases"].items():
         for key, s in p["series"].items():
             judged = key in dict(JUDGED)
             drift_text = "-" if s["max_drift"] is None else f"{100 * s['max_drift']:.2f}%"
             lines.append(f"| {phase} ({p['epochs']} epochs) | {names[key]} | {_value(key, s['after_epoch_1'])} | "
-                         f"{_value(key, s['min'])} | {_value(key, s['max'])} | {drift_text} | "
+                         f"{s.get('judged_from_epoch', 1)} | {_value(key, s['min'])} | {_value(key, s['max'])} | "
+                         f"{drift_text} | "
                          f"{('yes' if s['flat'] else '**no**') if judged else 'not judged'} |")
     return "\n".join(lines) + "\n"
 

@@ -72,3 +72,6 @@ def test_series_must_stay_flat_after_the_first_epoch():
     assert not soak.drift([6, 6, 7], 0.01)["flat"]  # a count below 100 must not change at all
     assert soak.drift([0, 0, 0], 0.01)["flat"] and not soak.drift([0, 0, 4096], 0.01)["flat"]
     assert soak.drift([None, None], 0.01) is None
+    settled = soak.drift([5834, 6706, 7366, 7366, 7366, 7366], 0.01, settle=3)  # a cache filling, then flat
+    assert settled["flat"] and settled["judged_from_epoch"] == 3 and settled["after_epoch_1"] == 5834
+    assert not soak.drift([5834, 6706, 7366, 8366, 9366], 0.01, settle=3)["flat"]  # still growing: a leak
