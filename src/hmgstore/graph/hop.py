@@ -83,7 +83,7 @@ def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch
     return chosen
 
 
-def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int, index=None):
+def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int | torch.Tensor, index=None):
     """Sample one hop: ``(neighbours, edge ids, counts)``.
 
     ``seeds``: int64 [S] destination ids on the topology's device, in range.
@@ -97,9 +97,8 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     (neighbours per seed; M is their sum).
     """
     if topology.device.type == "cuda":
-        if not isinstance(key, torch.Tensor):
-            key = torch.tensor([_signed(key)], device=topology.device)
-        return _sample_hop_cuda(topology, seeds, k, replace, key, index)
+        key_t = key if isinstance(key, torch.Tensor) else torch.tensor([_signed(key)], device=topology.device)
+        return _sample_hop_cuda(topology, seeds, k, replace, key_t, index)
     # Gathers by index_select, not x[i]: torch's advanced indexing reads 1-D int64 tensors ~10x slower on a CPU
     # (700k ids: 20-38 ms against 1.6 ms, 2-core VM), and it was most of this hop's time.
     key = int(key)

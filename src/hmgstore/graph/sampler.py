@@ -27,6 +27,7 @@ import gc
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,7 @@ from .hop import _queue_hop, sample_hop
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 
 log = logging.getLogger(__name__)
+_Parts = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]  # an edge type's rows, cols, edges per hop
 
 @dataclass
 class Sample:
@@ -194,8 +196,8 @@ class NeighborSampler:
                 for nt, k in keys.items()}
         frontier = {nt: (0, len(k)) for nt, k in keys.items()}
         num_nodes_hop = {nt: [len(k)] for nt, k in keys.items()}
-        parts = {et: ([], [], []) for et in self.topologies}  # rows, cols, edges per hop
-        num_edges_hop = {et: [] for et in self.topologies}
+        parts: dict[Any, _Parts] = {et: ([], [], []) for et in self.topologies}  # rows, cols, edges per hop
+        num_edges_hop: dict[Any, list[int]] = {et: [] for et in self.topologies}
         for hop in range(self.num_hops):
             before = {nt: s.count for nt, s in sets.items()}
             for et, topo in self.topologies.items():
@@ -279,7 +281,8 @@ class NeighborSampler:
             sets[nt] = HashNodeSet(k, room)
             starts[nt] = torch.full((hops + 2,), len(k), dtype=torch.int64, device=self.device)
             starts[nt][:1].zero_()
-        queued = {et: [] for et in self.topologies}  # per hop: (rows, cols, edges, used slots) or None
+        # per hop: (rows, cols, edges, used slots) or None
+        queued: dict[Any, list[tuple | None]] = {et: [] for et in self.topologies}
         for hop in range(hops):
             for et, topo in self.topologies.items():
                 k = self._fanout(et, hop)
@@ -315,8 +318,8 @@ class NeighborSampler:
             node_keys[nt] = s.buffer[:bounds[-1]]
             if copy:
                 node_keys[nt] = node_keys[nt].clone()
-        parts = {et: ([], [], []) for et in self.topologies}
-        num_edges_hop = {et: [] for et in self.topologies}
+        parts: dict[Any, _Parts] = {et: ([], [], []) for et in self.topologies}
+        num_edges_hop: dict[Any, list[int]] = {et: [] for et in self.topologies}
         for et, per_hop in queued.items():
             for q in per_hop:
                 m = 0 if q is None else sizes.pop(0)
@@ -328,13 +331,13 @@ class NeighborSampler:
 
     def _output(self, keys: dict, parts: dict, num_nodes_hop: dict, num_edges_hop: dict) -> Sample:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
-        node, batch = {}, ({} if self.disjoint else None)
+        node, batch = {}, {}
         for nt, k in keys.items():
             node[nt] = k % self.num_nodes[nt] if self.disjoint else k
             if self.disjoint:
                 batch[nt] = k // self.num_nodes[nt]
         row, col, edge = ({et: torch.cat(p[i]) if p[i] else empty for et, p in parts.items()} for i in range(3))
-        return Sample(node, row, col, edge, batch, num_nodes_hop, num_edges_hop)
+        return Sample(node, row, col, edge, batch if self.disjoint else None, num_nodes_hop, num_edges_hop)
 
     def reset_stats(self) -> None:
         """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`).

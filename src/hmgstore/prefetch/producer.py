@@ -44,7 +44,9 @@ import glob
 import os
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from multiprocessing.process import BaseProcess
+from typing import Any
 
 import torch
 
@@ -89,6 +91,18 @@ class Producer:
         fuse: passed to the producer's :class:`hmgstore.Pipeline`.
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
     """
+
+    process: BaseProcess | None
+    # Set by start() and None once closed; used only while the process runs, hence Any rather than Optional.
+    _commands: Any  # the spawn context's Queue of commands to the producer
+    _results: Any  # and of its messages back
+    _buffers: Any  # list: each ring slot's buffers (None until the producer sends them)
+    _filled: Any  # list[torch.cuda.Event]: the producer's, one a slot (on a GPU)
+    _freed: Any  # list[torch.cuda.Event]: the trainer's, one a slot (on a GPU)
+    _held: int | None  # the slot of the batch last handed out
+    _open: Generator | None  # the pass's iterator left open
+    _pass: int
+    _length: int | None
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
                  max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None):
@@ -178,7 +192,7 @@ class Producer:
         if process is not None and process.is_alive():
             process.terminate()
             process.join(timeout=5)
-        if process is not None and self.cuda and not process.is_alive():
+        if process is not None and self.cuda and not process.is_alive() and process.pid is not None:
             remove_ipc_files(process.pid)
         for q in (getattr(self, "_commands", None), getattr(self, "_results", None)):
             if q is not None:
@@ -241,7 +255,7 @@ class Producer:
         self._open = iterator = self._iterate(number)
         return iterator
 
-    def _iterate(self, number: int) -> Iterator:
+    def _iterate(self, number: int) -> Generator:
         finished, self.waited = False, 0.0
         try:
             while True:

@@ -13,6 +13,8 @@ import signal
 import time
 import traceback
 from collections import deque
+from collections.abc import Generator
+from typing import cast
 
 import torch
 
@@ -155,7 +157,7 @@ class _Server:
         # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring
         # on a machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process.
         source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse)
-        it = iter(source)
+        it = cast(Generator, iter(source))  # Pipeline.__iter__ is a generator: it has close()
         try:
             while True:
                 start = time.perf_counter()
