@@ -187,7 +187,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     if not features:
         raise ValueError("pass node attributes by name, e.g. from_tensors(edge_index=ei, x=x, y=y)")
     counted = num_nodes is not None
-    if not counted:
+    if num_nodes is None:
         first = next(iter(features.values()))
         num_nodes = first.shape[0] if getattr(first, "ndim", 0) else 0
     check_features(features, num_nodes, counted)

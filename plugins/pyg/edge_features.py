@@ -162,7 +162,7 @@ class EdgeFeatures:
         """One gather of ``missing`` (``(edge type, name, table, e_id)``) by ``e_id``, onto ``data``."""
         in_worker = torch.utils.data.get_worker_info() is not None
         tables = self.feature_store.worker_tables() if in_worker else None  # CPU tables of this worker
-        requests = [(tables.get(("edge", et, name), table) if in_worker else table, e_id)
+        requests = [(tables.get(("edge", et, name), table) if tables is not None else table, e_id)
                     for et, name, table, e_id in missing]
         for (edge_type, name, _, _), rows in zip(missing, gather_many(requests)):
             (data if not self.hetero else data[edge_type])[name] = rows

@@ -76,6 +76,7 @@ class EdgeTables:
 
     _edge_tables: dict
     device: torch.device  # the store's, set by the class this is mixed into
+    _host: tuple[int, dict] | None  # (pid, CPU tables) in workers, kept by the class this is mixed into
 
     def put_edge_tables(self, sources: dict, *, gpu_budget=None, hotness: dict | None = None,
                         max_sms: int | None = None, progress: bool = True, **options) -> None:
@@ -105,13 +106,14 @@ class EdgeTables:
         if gpu_budget is not None and self.device.type == "cuda":
             if hotness is None:
                 raise ValueError("an edge GPU budget needs a hotness per edge type (a score per edge)")
-            rows, row_bytes = {}, {}
+            rows: dict = {}
+            row_bytes: dict = {}
             stored = formats.get(compress)
             for (edge_type, _), source in sources.items():
                 rows[edge_type] = source.shape[0]
                 elems = int(torch.Size(source.shape[1:]).numel())
                 item = torch.empty(0, dtype=_torch_dtype(source)).element_size()
-                size = stored.pitch(elems) if narrow(source, stored) else item * elems
+                size = stored.pitch(elems) if stored is not None and narrow(source, stored) else item * elems
                 row_bytes[edge_type] = row_bytes.get(edge_type, 0) + size
             checked = placement.check_hotness(hotness, rows)
             gpu_rows = placement.hot_rows_under_budget(checked, row_bytes, gpu_budget)

@@ -60,7 +60,8 @@ class ResidentTensor(torch.Tensor):
     disabled, so operations return plain tensors at no extra cost).
     """
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # torch's own idiom for a subclass without dispatch; its stubs type the method otherwise
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     def pin_memory(self, *args, **kwargs):
         return self
@@ -75,7 +76,8 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised CPU tensor in shared memory: a worker's result then crosses
     to the main process without the copy DataLoader would otherwise make."""
     nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
-    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)
+    # set_ makes the view contiguous without a stride; torch's stubs ask for one
+    return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)  # type: ignore[call-overload]
 
 
 def _whole(table: HybridTensor) -> torch.Tensor:
@@ -167,12 +169,13 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             if hotness is None:
                 raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
                                  "kept on the GPU; pass hotness={node_type: score}")
-            rows, row_bytes = {}, {}
+            rows: dict = {}
+            row_bytes: dict = {}
             for (group, _), source in sources.items():
                 rows[group] = source.shape[0]
                 item = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
                 elems = int(np.prod(source.shape[1:], dtype=np.int64))
-                size = stored.pitch(elems) if narrow(source, stored) else item * elems
+                size = stored.pitch(elems) if stored is not None and narrow(source, stored) else item * elems
                 row_bytes[group] = row_bytes.get(group, 0) + size
             hotness = placement.check_hotness(hotness, rows)
             whole = sum(rows[group] * row_bytes[group] for group in rows)  # "auto": every table's share at once
@@ -192,6 +195,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                                      "(it orders the host tier by the same scores that choose the GPU's rows)")
                 use = layout == "hotness" or (hot and copied)
                 if use and group not in orders:  # one sort of the scores per node type, not one per table
+                    assert hotness is not None  # "hotness" checked above; rows on the GPU needed hotness too
                     orders[group] = placement.order_by_score(hotness[group])
                 table_layout = orders[group] if use else None
             table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,

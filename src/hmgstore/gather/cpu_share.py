@@ -65,8 +65,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -157,7 +159,7 @@ def model_for(table, batch: int, run) -> Model:
     """The table's cost model for batches of ``batch`` ids' class: from the cache, else measured on the table
     now with ``run`` (see :func:`measure`) and cached."""
     key = cache_key(table, batch)
-    entry = _read_cache().get(key)
+    entry: Any = _read_cache().get(key)  # whatever the file holds: a missing or stale entry raises below
     try:
         return Model(entry["kernel_rows_per_s"], entry["cpu_rows_per_s"],
                      {float(s): float(t) for s, t in entry["seconds"].items()}, key)
@@ -293,7 +295,7 @@ class CpuPart:
 
     ids: torch.Tensor
     positions: torch.Tensor | None
-    decode: object = None
+    decode: Callable[[torch.Tensor], torch.Tensor] | None = None
     chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the read)
     staging: torch.Tensor | None = None  # pinned, the host tier's dtype
     landed: torch.Tensor | None = None  # the staging's copy on the GPU, when it cannot land in the output
@@ -341,6 +343,7 @@ def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
     with torch.cuda.stream(side):
         for (a, b), future in part.chunks:
             future.result()
+            assert part.staging is not None  # start() made it with the chunks
             into[a:b].copy_(part.staging[a:b], non_blocking=True)
         positions = part.positions if part.positions is None or part.positions.is_cuda else \
             part.positions.pin_memory().to(out.device, non_blocking=True)
@@ -349,6 +352,7 @@ def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
         part.landed.to(out.dtype) if part.decode is None else part.decode(part.landed)
     if positions is not None:
         positions.record_stream(stream)
+        assert rows is not None  # start() gives a part with positions a landing buffer
         out.index_copy_(0, positions, rows)
     elif rows is not None:
         out[:len(part.ids)].copy_(rows)

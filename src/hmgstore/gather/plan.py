@@ -174,7 +174,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     ``shares``: per request, the CPU's share of the split gather, or None
     to use each table's own setting.
     """
-    prepared = {}
+    prepared: dict = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
     if shares is None:  # each table's own (an "auto" table's first batch of a size class measures it here)
         shares = [table_share(table, index) for (table, _), index in zip(requests, indices)]
@@ -193,7 +193,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     elif pending and packed is not None:
         record = deferred.error_record(device)
     gather.run(packed, device, stream, min(caps) if caps else None, record)
-    if record is not None:
+    if record is not None and packed is not None:  # a record is made for a packed launch only
         described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
                      for k in packed.kept]
         deferred.deferred(device, stream, record, described)
@@ -258,12 +258,14 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
 
 def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
-    k, cpu, rest = split_mod.divide(index.host, table.split_setting.on_host(table.placement), share)
+    host = index.host
+    assert host is not None  # the split for CPU ids: gather_cuda takes split_job_gpu_ids for the others
+    k, cpu, rest = split_mod.divide(host, table.split_setting.on_host(table.placement), share)
     if not k:
         return None, None
     fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
-    part = split_mod.CpuPart(table.host_positions((index.host[:k] if cpu is None else index.host[cpu]).to(torch.int64)),
+    part = split_mod.CpuPart(table.host_positions((host[:k] if cpu is None else host[cpu]).to(torch.int64)),
                              cpu, decode)
     split_mod.start(part, table.host_tier, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
