@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import sys
 import types
+from typing import Any
 
 import torch
 
@@ -129,7 +130,7 @@ def import_dgl() -> types.ModuleType:
         if reason is not None:
             stub = _install_stub(reason)
     try:
-        dgl = importlib.import_module("dgl")
+        dgl: Any = importlib.import_module("dgl")  # a stub is set on it as dgl.graphbolt
     except (ImportError, OSError) as err:
         if getattr(err, "name", None) == "dgl":
             raise ImportError("hmgstore.plugins.dgl needs DGL: pip install 'dgl==2.1.0' (or hmgstore[dgl])") from err
@@ -146,7 +147,7 @@ def _retry_with_stub(err: BaseException) -> types.ModuleType:
     # Submodules imported before the failure stay in sys.modules and are reused.
     sys.modules.pop("dgl", None)
     stub = _install_stub(f"dgl.graphbolt failed to import ({type(err).__name__}: {err})")
-    dgl = importlib.import_module("dgl")
+    dgl: Any = importlib.import_module("dgl")
     dgl.graphbolt = stub
     return dgl
 

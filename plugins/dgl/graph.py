@@ -9,6 +9,7 @@ keys and DGL's own ``ndata``/``edata`` column for every other key; its
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from hmgstore import HybridTensor
 
@@ -16,7 +17,10 @@ from ._compat import import_dgl
 from .storage import HybridFeatureStorage
 from .views import AttachedEdgeDataView, AttachedNodeDataView
 
-dgl = import_dgl()
+if TYPE_CHECKING:
+    from hmgstore.distributed import ClusterTensor
+
+dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 
 
 class HybridDGLGraph(dgl.DGLGraph):
@@ -87,7 +91,7 @@ def _node_type(graph, ntype, key: str) -> str:
         raise ValueError(f"node type {ntype!r} (of node feature {key!r}) is not one of {graph.ntypes}") from None
 
 
-def _as_table(table, device) -> HybridTensor:
+def _as_table(table, device) -> HybridTensor | ClusterTensor:
     from hmgstore.distributed import ClusterTensor
 
     if isinstance(table, (HybridTensor, ClusterTensor)):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,7 +18,10 @@ from hmgstore import HybridTensor, resolve_device
 
 from ._compat import import_dgl
 
-dgl = import_dgl()
+if TYPE_CHECKING:
+    from hmgstore.distributed import ClusterTensor
+
+dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 
 #: Live fetches a batch holds before its dead ones (dropped unwaited) are pruned.
 PRUNE_AT = 64
@@ -40,7 +44,7 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     never pin memory or create a CUDA context.
     """
 
-    def __init__(self, table: HybridTensor):
+    def __init__(self, table: HybridTensor | ClusterTensor):
         if not isinstance(table, (HybridTensor, _cluster_tensor())):
             raise TypeError(f"HybridFeatureStorage wraps a HybridTensor or a ClusterTensor, got {type(table).__name__}")
         self.table = table
@@ -110,7 +114,9 @@ class PendingFetch:
     def wait(self) -> torch.Tensor:
         """The rows ``[n, *row_shape]`` on the requested device (see ``HybridFeatureStorage.fetch``)."""
         if self._rows is None:
+            assert self._batch is not None  # _record puts every fetch in a batch
             self._batch.run()
+        assert self._rows is not None  # the batch's run gave every live fetch its rows, or raised
         return self._rows
 
 

@@ -14,14 +14,18 @@ through; ``g.nodes[ids].data`` and blocks are DGL's alone.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ._compat import import_dgl
 
 import_dgl()
-# Imported by name, not read as dgl.view: after a failed plain `import dgl`, the package that import_dgl recovers
-# lacks its submodule attributes (test_dgl_compat.py::test_plugin_recovers_after_a_failed_import_dgl).
-_view = importlib.import_module("dgl.view")
-HeteroNodeDataView, HeteroEdgeDataView = _view.HeteroNodeDataView, _view.HeteroEdgeDataView
+if TYPE_CHECKING:  # the classes themselves, for mypy
+    from dgl.view import HeteroEdgeDataView, HeteroNodeDataView
+else:
+    # Imported by name, not read as dgl.view: after a failed plain `import dgl`, the package that import_dgl
+    # recovers lacks its submodule attributes (test_dgl_compat.py::test_plugin_recovers_after_a_failed_import_dgl).
+    _view = importlib.import_module("dgl.view")
+    HeteroNodeDataView, HeteroEdgeDataView = _view.HeteroNodeDataView, _view.HeteroEdgeDataView
 
 
 class _ReadsThrough:
@@ -54,7 +58,7 @@ class _ReadsThrough:
         return value
 
     def _keys(self) -> list:
-        keys = list(super().keys())
+        keys = list(super().keys())  # type: ignore[misc]  # a mixin: super() is the DGL view it is mixed into
         types = self._types()
         return keys + sorted({k for k, t in self._attached() if t in types and k not in keys})
 
