@@ -23,7 +23,7 @@ _SLOTS = 256  # error records per GPU that may be in flight at once
 
 @dataclass
 class _Record:
-    event: object  # torch.cuda.Event recorded after the record's copy to pinned memory
+    event: torch.cuda.Event  # recorded after the record's copy to pinned memory
     slot: int
     device_buffer: torch.Tensor  # kept alive until the copy has run
     requests: list  # per launched job: (num_rows, what the job gathered from)
@@ -42,7 +42,7 @@ class _DeviceChecks:
         """Remove the records whose launch has finished (all of them, waiting, when ``wait``)."""
         done = []
         with self.lock:
-            keep = collections.deque()
+            keep: collections.deque[_Record] = collections.deque()
             for record in self.records:
                 if wait:
                     record.event.synchronize()

@@ -4,13 +4,14 @@ from __future__ import annotations
 import importlib.resources
 import threading
 import warnings
+from typing import Any
 
 import torch
 
 _lock = threading.Lock()
 _cupy = None
 _modules: dict[tuple, object] = {}  # (device index, files, options) -> compiled RawModule
-_functions: dict[tuple, object] = {}  # (device index, files, kernel name) -> CuPy function
+_functions: dict[tuple, Any] = {}  # (device index, files, kernel name) -> CuPy function
 _streams: dict[int, object] = {}  # torch stream handle -> CuPy wrapper of it
 _sms: dict[int, int] = {}
 

@@ -163,7 +163,8 @@ class DenseMaps:
     """
 
     def __init__(self, num_nodes: int):
-        self.num_nodes, self._free, self._lock = num_nodes, [], threading.Lock()
+        self.num_nodes, self._lock = num_nodes, threading.Lock()
+        self._free: list[torch.Tensor] = []
 
     def take(self) -> torch.Tensor:
         with self._lock:
@@ -196,7 +197,11 @@ class DenseNodeSet:
         self._map = maps.take()
         self._map.scatter_reduce_(0, keys, torch.arange(len(keys), dtype=torch.int32), "amin")
 
-    keys = SortedNodeSet.keys
+    @property
+    def keys(self) -> torch.Tensor:  # as SortedNodeSet's: the parts joined once
+        if len(self.parts) > 1:
+            self.parts = [torch.cat(self.parts)]
+        return self.parts[0]
 
     def add(self, candidates: torch.Tensor) -> torch.Tensor:
         """Local ids (int64) of ``candidates``; keys not seen before are appended, in first-seen order."""
@@ -218,7 +223,7 @@ class DenseNodeSet:
         if self._map is not None:
             self._map.index_fill_(0, self.keys, _ABSENT)
             self._maps.give(self._map)
-            self._map = None
+            self._map = None  # type: ignore[assignment]  # released: the set is done, add() is not called again
 
 
 def node_set(keys: torch.Tensor, dedup: str, capacity: int, dense: DenseMaps | None = None):

@@ -138,7 +138,8 @@ class _CudaHostBlock:
         except cp.cuda.runtime.CUDARuntimeError as err:
             raise MemoryError(f"cudaHostAlloc of {nbytes / 1e9:.2f} GB failed: {err}") from None
         self.buffer = (ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr)
-        self.buffer._block = self  # the buffer (held by every tensor over it) holds the block
+        # the buffer (held by every tensor over it) holds the block; a ctypes array takes new attributes
+        self.buffer._block = self  # type: ignore[attr-defined]
         with _cuda_lock:
             _cuda_ranges[self.ptr] = self.ptr + nbytes
         weakref.finalize(self.buffer, _free_cuda_block, self.ptr, os.getpid())

@@ -108,7 +108,7 @@ def sweep_stale_segments() -> list[str]:
 
     Returns the names removed. Only names of this host's dead processes are touched.
     """
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(segment_dir())
     except OSError:

@@ -150,7 +150,10 @@ class Placement:
     @property
     def gpu_rows(self) -> torch.Tensor:
         """Old ids of the rows resident on the GPU of a one-GPU table, in slot order."""
-        return self.tiers[0].rows if self.tiers and self.tiers[0].name == "gpu" else torch.empty(0, dtype=torch.int64)
+        first = self.tiers[0] if self.tiers else None
+        if first is not None and first.name == "gpu" and first.rows is not None:  # a resident tier has its rows
+            return first.rows
+        return torch.empty(0, dtype=torch.int64)
 
     @property
     def num_gpu_rows(self) -> int:

@@ -16,6 +16,7 @@ one attribute test per gather.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ class TierCounter:
 def merge(reports) -> dict:
     """Several tables' ``stats()`` as one (e.g. every attribute of a feature store)."""
     reports = [r for r in reports if r]
-    out = {"gathers": 0, "rows": 0, "bytes": 0, "seconds": 0.0, "tiers": {}}
+    out: dict[str, Any] = {"gathers": 0, "rows": 0, "bytes": 0, "seconds": 0.0, "tiers": {}}
     resident = 0
     for r in reports:
         out["gathers"] = max(out["gathers"], r["gathers"])  # fused gathers run together
