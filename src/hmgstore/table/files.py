@@ -64,7 +64,7 @@ def _npy_header(path: Path, f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
         raise ValueError(f"{path.name} is not a .npy file numpy can read: its header is damaged ({err})") from err
 
 
-def _np_load(path: Path) -> np.ndarray:
+def _np_load(path: Path) -> np.memmap:
     """numpy's own memory-mapped reader (other header versions, Fortran order), its errors naming ``path``."""
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -201,8 +201,9 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
         done = 0
         while done < nbytes:
             size = min(step, nbytes - done)
-            if direct:
-                view = memoryview(target[done:done + size].numpy())
+            if target is not None:  # direct
+                # an ndarray is a buffer: numpy's stubs say so (__buffer__) for Python 3.12 on only
+                view = memoryview(target[done:done + size].numpy())  # type: ignore[arg-type]
             else:
                 view = memoryview(bytearray(size))
             got = f.readinto(view)

@@ -177,7 +177,7 @@ def measure(device, *, table_bytes: int = QUICK_TABLE_BYTES, row_bytes=(128, 512
             curve.pages.append(k)
             curve.rows.append(n)
             out = torch.empty((n, rb // 4), dtype=torch.int32, device=device)
-            if gpu:
+            if table is not None:  # gpu
                 on_gpu = [s[:n].to(device) for s in sets]
                 if not torch.equal(table.gather(on_gpu[0], out=out).cpu(), source[sets[0][:n]]):
                     raise RuntimeError(f"the probe gather of {k} pages read wrong rows")

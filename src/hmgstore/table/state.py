@@ -26,12 +26,13 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 
 from .. import cuda
 from ..cuda.runtime import synchronize
-from ..gather import plan
+from ..gather import cpu_share, plan
 from ..memory import owned
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows import formats
@@ -41,6 +42,7 @@ from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T", bound="Table")  # from_tiers makes the class it is called on
 
 
 class Table:
@@ -109,21 +111,19 @@ class Table:
         self._reads_host = False
         self._host_address: int | None = None  # the source's address when the host tier is the source itself
         self._owner = None  # an owner whose memory this view reads (it frees it, not the view)
-        self._deferred = None  # why and how the table is built on first use (after unpickling)
+        self._deferred: dict | None = None  # why and how the table is built on first use (after unpickling)
         self.sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
-        self._closing = False
-        self._closed = False
+        self._closing = self._closed = False
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
         self._counter: TierCounter | None = None  # per-tier statistics, once counting
         self._tier_starts: torch.Tensor | None = None
-        self._split = None  # a split.Setting when splitting
+        self._split: cpu_share.Setting | None = None  # the split gather's setting when splitting
 
     def _build(self) -> None:
         p = self.placement
         self._reads_host = p.has_host_tier
         if self.device.type != "cuda":
             return
-
         cuda.check_device(self.device)
         # Whenever the table goes, wait for kernels that may still read its memory.
         weakref.finalize(self, synchronize, (self.device,))
@@ -139,7 +139,7 @@ class Table:
                     shape = (p.num_gpu_rows, *self.row_shape)
                     self._gpu = torch.empty(fmt.stored_shape(shape) if fmt else shape,
                                             dtype=fmt.stored_dtype() if fmt else self.dtype, device=self.device)
-                    self._fill_gpu_tier()
+                    self._fill_gpu_tier(self._gpu)
                     tiers.append(p.tier("gpu").bind(self._gpu.data_ptr(), self.gpu_row_bytes, fmt))
                 if self._pinned is not None:
                     tiers.append(p.tier("host").bind(self._pinned.address, self._pinned.pitch, self._format))
@@ -150,8 +150,8 @@ class Table:
             raise
 
     @classmethod
-    def from_tiers(cls, source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
-                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> Table:
+    def from_tiers(cls: type[_T], source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
+                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> _T:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
         ``tiers``: the resident tiers ``device`` reads, bound to their
@@ -197,14 +197,14 @@ class Table:
         """Old ids in the order the host tier keeps its rows (int64 CPU), or None for id order."""
         return self._layout
 
-    def _fill_gpu_tier(self) -> None:
+    def _fill_gpu_tier(self, gpu: torch.Tensor) -> None:
         """Copy the GPU tier's rows in, reading the host table through the gather kernel: the stored rows as
         they are when the GPU tier keeps the host's format, else decoded."""
         temporary = self._pinned is None  # every row resident: read the source through a temporary pin
-        pinned = PinnedHost(self._source, self.device, self._read_only, self._progress) if temporary else self._pinned
+        pinned = self._pinned or PinnedHost(self._source, self.device, self._read_only, self._progress)
         try:
             decode = None if self._gpu_format is not None else self._format
-            plan.fill_rows(pinned, self.host_positions(self.placement.gpu_rows), self._gpu, self.device, decode)
+            plan.fill_rows(pinned, self.host_positions(self.placement.gpu_rows), gpu, self.device, decode)
         finally:
             if temporary:
                 pinned.release()
