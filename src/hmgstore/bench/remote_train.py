@@ -26,6 +26,7 @@ import argparse
 import itertools
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,7 @@ def run(args, device: torch.device, cluster) -> dict:
         one = _one_machine(args, g, device) if rank == 0 else None
         dist.barrier(group=cluster.control)
         per_rank = _machines(args, g, device, cluster)  # the slowest rank's rate, the same on every rank
-        shared = [one]
+        shared: list[Any] = [one]
         dist.broadcast_object_list(shared, src=0, group=cluster.control)  # rank 0's one-machine rate
         one = shared[0]
     finally:
@@ -166,6 +167,7 @@ def _timed(model, loader, batches: int, device, control) -> float:
         optimizer.step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    assert start is not None  # set when the warm-up ended: batches >= 1
     seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     if control is not None:
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=control)

@@ -265,10 +265,11 @@ def plot(report: dict, path: Path) -> None:
             ax_host.plot(sizes, ys, marker="o", label=labels[name])
     if report.get("h2d_limit_gbps"):
         ax_host.axhline(report["h2d_limit_gbps"], color="gray", ls="--", label="pinned H2D memcpy (limit)")
-    for name in ("hmg_gpu", "gpu_index_select") if gpu_tier else ():
-        ys = [_gbps(s, name) for s in report["sizes"]]
-        if any(y is not None for y in ys):
-            ax_gpu.plot(sizes, ys, marker="o", label=_LABELS[name])
+    if ax_gpu is not None:  # the GPU tier's panel
+        for name in ("hmg_gpu", "gpu_index_select"):
+            ys = [_gbps(s, name) for s in report["sizes"]]
+            if any(y is not None for y in ys):
+                ax_gpu.plot(sizes, ys, marker="o", label=_LABELS[name])
     if sweep:
         ax_sweep = axes.pop(0)
         for row_bytes in sorted({s["row_bytes"] for s in sweep}):

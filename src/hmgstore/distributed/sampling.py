@@ -299,7 +299,8 @@ class DistributedNeighborSampler:
             nbr, counts = unpack_answers(got_answers, k)
         return in_frontier_order(torch.cat([nbr, own_nbr]), torch.cat([counts, own_counts]), order)
 
-    def _answer(self, local: torch.Tensor, position: torch.Tensor, k: int, key: int):
+    def _answer(self, local: torch.Tensor, position: torch.Tensor, k: int, key: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """One requester's seeds (rows of this machine's part, and their positions in its frontier) sampled
         with its key: ``(neighbours, counts)`` on the CPU."""
         if self._owned is None:

@@ -123,8 +123,8 @@ def metis_order(csc: CSC, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.arange(n), torch.zeros(n, dtype=torch.int64)
     src, dst = _undirected(csc)
     both = to_csc(torch.stack([src, dst]), "coo", (n, n))
-    _, part = pymetis.part_graph(num_parts, adjacency=pymetis.CSRAdjacency(both.colptr.numpy(), both.row.numpy()))
-    part = torch.as_tensor(part, dtype=torch.int64)
+    _, parts = pymetis.part_graph(num_parts, adjacency=pymetis.CSRAdjacency(both.colptr.numpy(), both.row.numpy()))
+    part = torch.as_tensor(parts, dtype=torch.int64)
     return torch.argsort(part, stable=True), part
 
 

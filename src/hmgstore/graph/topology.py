@@ -22,6 +22,8 @@ NVLink, and the rest read zero-copy from the node's one host copy.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .. import cuda
@@ -104,7 +106,7 @@ class Topology:
         self._counter: TierCounter | None = None
         # A chunked topology (see the module docstring): its placed chunk table, the kernel's description of its tiers
         # (gather_job.cuh words, on the device), ids per chunk, and the last ids (fewer than a chunk) on the GPU.
-        self._placed = None
+        self._placed: Any = None  # a hmgstore.distributed.DistributedTensor (a layer above this one) or None
         self.tiers: torch.Tensor | None = None
         self.chunk = CHUNK_IDS
         self.tail: torch.Tensor | None = None
@@ -133,15 +135,14 @@ class Topology:
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
             return
-        order = None
-        if budget >= item or place_chunks is not None:
-            order = placement.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
         if place_chunks is not None:
+            order = placement.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
             self._build_chunked(colptr, budget, order, progress, place_chunks)
             return
         self._pinned = PinnedHost(self.row, device, progress=progress)
         if budget < item:
             return
+        order = placement.order_by_score(degree) if hot_order is None else hot_order
         fits = int((degree[order].cumsum(0) * item <= budget).sum())
         hot = order[:fits]
         sizes = degree[hot]
