@@ -25,6 +25,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -155,12 +156,12 @@ class Pipeline:
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self.loader)  # type: ignore[arg-type]  # a loader without len() raises TypeError, as torch's do
 
     def _tables(self) -> list:
         """The hmgstore tables the loader gathers from (for ``fuse="auto"``)."""
         data = getattr(self.loader, "data", None)
-        stores = data if isinstance(data, (tuple, list)) else [data]
+        stores: list[Any] = list(data) if isinstance(data, (tuple, list)) else [data]
         tables = []
         for store in stores:
             if callable(getattr(store, "tables", None)):  # hmgstore's PyG feature store
@@ -182,7 +183,10 @@ class Pipeline:
         side = side_stream(self.device) if cuda else None
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        max_sms = (self._auto_sms() if self.max_sms == "auto" else self.max_sms) if cuda else None
+        max_sms: int | None = None
+        if cuda:
+            max_sms = self._auto_sms() if self.max_sms == "auto" else \
+                self.max_sms if isinstance(self.max_sms, int) else None  # checked at construction: int or None
         if self.fuse == "auto":
             self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
 
@@ -249,10 +253,10 @@ class Pipeline:
         try:
             while True:
                 start = time.perf_counter()
-                batch, event, err = first.pop(0) if first else ready.get()
+                batch, event, failure = first.pop(0) if first else ready.get()
                 self.waited += time.perf_counter() - start
-                if err is not None:
-                    raise err
+                if failure is not None:
+                    raise failure
                 if batch is _DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
 
