@@ -173,6 +173,7 @@ def scenario_dgl(report):
     batch's rows equal the full table's (each rank runs the same number of batches, as it must)."""
     from hmgstore.plugins.dgl import attach
 
+    # isort: split
     import dgl
 
     g_full, full = graph()

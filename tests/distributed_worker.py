@@ -92,6 +92,7 @@ def scenario_dgl(report):
     """DGL's DataLoader on each rank, its features fetched from this rank's sharded view."""
     from hmgstore.plugins import dgl as hdgl
 
+    # isort: split
     import dgl
 
     x, t = build(report)
@@ -227,7 +228,8 @@ def scenario_new_process_group(report):
     x = hd.share_on_node(table(), progress=False)
     report["first_equal"] = bool(torch.equal(x, table()))
     dist.destroy_process_group()
-    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}",
+    dist.init_process_group("gloo",
+                            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}",
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     second = hd.this_node()
     report["fresh_node"] = second is not first and second.group is not first.group

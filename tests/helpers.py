@@ -23,7 +23,8 @@ def random_table(num_rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, 
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g).to(dtype)
     info = torch.iinfo(dtype)
-    return torch.randint(max(info.min, -2**31), min(info.max, 2**31 - 1), shape, generator=g, dtype=torch.int64).to(dtype)
+    return torch.randint(max(info.min, -2**31), min(info.max, 2**31 - 1), shape, generator=g,
+                         dtype=torch.int64).to(dtype)
 
 
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -262,8 +263,8 @@ PYG_MODULES = ("torch_geometric.data", "torch_geometric.loader", "hmgstore.plugi
 
 
 def _warm_main(pyg: bool = False) -> None:
-    """The warm interpreter (``Warm``): imports WARM_MODULES (and PYG_MODULES), then reads one request a line on stdin, forks a
-    process per script it names and answers with their pids, then with their exit codes once all have ended.
+    """The warm interpreter (``Warm``): imports WARM_MODULES (and PYG_MODULES), then reads one request a line on stdin,
+    forks a process per script it names and answers with their pids, then with their exit codes once all have ended.
     Each forked process leaves this loop and runs its script as ``python SCRIPT ARGS`` would, in its own
     environment, with stdout and stderr in files: it ends as that interpreter would (atexit handlers, the exit
     code of sys.exit or of an uncaught exception, or the signal that killed it)."""

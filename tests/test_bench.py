@@ -22,13 +22,13 @@ import torch
 
 import hmgstore
 from hmgstore import HybridTensor
-from hmgstore.cli import flags
-from hmgstore.rows import placement
 from hmgstore.bench import hotness, peer, peer_report, peer_work, reach, sample
 from hmgstore.bench.__main__ import BENCHMARKS, build_parser, main, parse_args
 from hmgstore.bench.gather import _fill
 from hmgstore.bench.report import write_report
+from hmgstore.cli import flags
 from hmgstore.graph import parse_fanout
+from hmgstore.rows import placement
 
 ROOT = Path(__file__).resolve().parents[1]
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU shows")
@@ -389,7 +389,8 @@ def test_check_catches_an_unwritten_or_wrong_output():
         runner.check(lazy, outs, [x[:8], x[8:16]], "lazy")
     with pytest.raises(AssertionError, match="wrong bytes"):
         runner.check(work, outs, [x[:8], x[16:24]], "wrong")
-    two = peer_work.gather_work([view, view], outs, [[torch.arange(8), torch.arange(16, 24)], [torch.arange(8, 16)] * 2])
+    two = peer_work.gather_work([view, view], outs,
+                                [[torch.arange(8), torch.arange(16, 24)], [torch.arange(8, 16)] * 2])
     runner.check(two, outs, lambda i: [x[:8] if i == 0 else x[16:24], x[8:16]], "two sets", items=2)
     with pytest.raises(AssertionError, match="GPU 0 .* item 1"):
         runner.check(two, outs, lambda i: [x[:8], x[8:16]], "second set", items=2)
@@ -577,7 +578,8 @@ def test_quick_reports_are_smoke_tests_without_ratios():
                                                         (("remote", 0.5), ("mixed", 0.7), ("all_to_all", 0.1))}}],
               "train": train}
     text = remote.table_text(report)
-    assert "5.00" not in text and "6.00" not in text and "3.00" not in text and text.count("n/a") == 6 + 1  # six cells, and the smoke-test line
+    # six cells, and the smoke-test line
+    assert "5.00" not in text and "6.00" not in text and "3.00" not in text and text.count("n/a") == 6 + 1
     assert "6.00" in "\n".join(remote_train.table_lines(train))  # a full run's report keeps its ratios
 
 

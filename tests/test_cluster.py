@@ -18,12 +18,12 @@ import torch
 from cluster_worker import NODES, graph
 
 import hmgstore
-from hmgstore.distributed import PartitionBook, load_partition, part_of, partition
-from hmgstore.graph.csc import CSC, to_csc
-from hmgstore.distributed.partition_book import hash_ids
-from hmgstore.distributed.cluster import group_machines
-from hmgstore.graph import ptr2index
 from hmgstore.cli.partition import main as partition_command
+from hmgstore.distributed import PartitionBook, load_partition, part_of, partition
+from hmgstore.distributed.cluster import group_machines
+from hmgstore.distributed.partition_book import hash_ids
+from hmgstore.graph import ptr2index
+from hmgstore.graph.csc import CSC, to_csc
 
 WORKER = Path(__file__).with_name("cluster_worker.py")
 

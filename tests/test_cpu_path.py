@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import random_table
 
 import hmgstore
+from helpers import random_table
 from hmgstore.gather import plan
 
 

@@ -12,9 +12,10 @@ import textwrap
 import pytest
 import torch
 
-from hmgstore.plugins.dgl import _compat as _dgl_compat
 from hmgstore.plugins import dgl as hdgl  # noqa: F401  (imports dgl, stubbing graphbolt if needed)
+from hmgstore.plugins.dgl import _compat as _dgl_compat
 
+# isort: split
 import dgl  # noqa: E402
 
 STUBBED = _dgl_compat.graphbolt_unavailable_reason() is not None

@@ -18,6 +18,7 @@ from helpers import random_table
 
 hdgl = pytest.importorskip("hmgstore.plugins.dgl", reason="needs DGL (pip install 'dgl==2.1.0')")
 
+# isort: split
 import dgl  # noqa: E402  (after the plugin, which makes dgl importable on this torch)
 import dgl.nn as dglnn  # noqa: E402
 
@@ -57,7 +58,8 @@ def test_heterogeneous_edge_features_by_edge_type(small_graph):
     src, dst = small_graph.edge_index
     n = small_graph.num_nodes
     writer = torch.randint(0, 50, (n,), generator=torch.Generator().manual_seed(1))
-    g = dgl.heterograph({("paper", "cites", "paper"): (src, dst), ("author", "writes", "paper"): (writer, torch.arange(n)),
+    g = dgl.heterograph({("paper", "cites", "paper"): (src, dst),
+                         ("author", "writes", "paper"): (writer, torch.arange(n)),
                          ("paper", "written_by", "author"): (torch.arange(n), writer)},
                         num_nodes_dict={"paper": n, "author": 50})
     edata = {et: random_table(g.num_edges(et), (EDGE_DIM,), torch.float32, seed=i)

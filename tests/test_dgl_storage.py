@@ -19,6 +19,7 @@ from helpers import random_table
 
 hdgl = pytest.importorskip("hmgstore.plugins.dgl", reason="needs DGL (pip install 'dgl==2.1.0')")
 
+# isort: split
 import dgl  # noqa: E402  (after the plugin, which makes dgl importable on this torch)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Dataloader CPU affinity")

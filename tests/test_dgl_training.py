@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import hmgstore
 from hmgstore.plugins.dgl import attach
 
+# isort: split
 import dgl  # noqa: E402  (after the plugin, which makes dgl importable on this torch)
 from dgl.nn import SAGEConv  # noqa: E402
 

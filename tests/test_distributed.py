@@ -64,7 +64,7 @@ def launch(scenario: str, world: int, tmp_path: Path, *, device: str = "cpu", no
             except subprocess.TimeoutExpired:
                 for q in procs:
                     q.kill()
-                raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang)")
+                raise AssertionError(f"{scenario}: ranks still running after {timeout} s (a hang)") from None
             errs.append(err)
         codes = [p.returncode for p in procs]
     reports = {}

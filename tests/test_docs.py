@@ -144,12 +144,13 @@ def test_named_make_targets_exist():
     makefile = (ROOT / "Makefile").read_text()
     for path, text in TEXT.items():
         for target in re.findall(r"`make ([a-z-]+)", text):
-            assert re.search(rf"^{target}:", makefile, flags=re.M), f"{name(path)} names make {target}; the Makefile has none"
+            assert re.search(rf"^{target}:", makefile, flags=re.M), (
+                f"{name(path)} names make {target}; the Makefile has none")
 
 
 def test_named_files_exist():
-    named = set(re.findall(r"\b(examples/[\w/]+\.(?:py|ipynb)|tests/\w+\.py|benchmarks/[\w/.-]+\.(?:md|sh|py|json|log))",
-                           ALL))
+    named = set(re.findall(
+        r"\b(examples/[\w/]+\.(?:py|ipynb)|tests/\w+\.py|benchmarks/[\w/.-]+\.(?:md|sh|py|json|log))", ALL))
     assert {"examples/pyg_graphsage.py", "examples/dgl_graphsage.py", "examples/multi_gpu_pyg.py",
             "examples/minimal_pyg.py", "examples/minimal_dgl.py", "benchmarks/NOTES.md"} <= named
     missing = sorted(path for path in named if not (ROOT / path).exists())
@@ -218,6 +219,6 @@ def test_the_cpu_torchrun_commands_run_as_written():
             out, err = proc.communicate(timeout=600)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            raise AssertionError(f"{command}: still running after 600 s")
+            raise AssertionError(f"{command}: still running after 600 s") from None
         assert proc.returncode == 0, f"{command} failed:\n{err[-3000:]}"
         assert "2 ranks (gloo)" in out, out

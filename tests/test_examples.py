@@ -209,7 +209,7 @@ def torchrun(nproc: int, args: list[str], timeout: float, env: dict | None = Non
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"still running after {timeout} s (a hang?)\n{out}\n{err}")
+        raise AssertionError(f"still running after {timeout} s (a hang?)\n{out}\n{err}") from None
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 

@@ -5,8 +5,8 @@ import torch
 
 import hmgstore
 from helpers import assert_same, random_table
-from hmgstore.table import files
 from hmgstore.memory import owned
+from hmgstore.table import files
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hmgstore
-from hmgstore.rows import hotness, placement
 from hmgstore.graph import CSC, Topology
+from hmgstore.rows import hotness, placement
 
 
 @pytest.mark.parametrize("text", ["auto", "AUTO", " Auto "])
@@ -100,8 +100,9 @@ def test_the_example_defaults_to_auto_and_says_what_it_chose():
     pytest.importorskip("torch_geometric")
     from types import SimpleNamespace
 
-    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
     from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
     example = _example()
     args = example.parse_args([])

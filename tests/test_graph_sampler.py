@@ -227,7 +227,8 @@ def test_heterogeneous_with_edge_types_missing_from_a_batch(placement):
         budget = None if share is None else int(share * cscs[et].num_edges * 4)
         topologies[et] = Topology(cscs[et], device, gpu_budget=budget, progress=False)
     sampler = NeighborSampler(topologies, sizes, {("author", "writes", "paper"): [3, 2],
-                                                  ("paper", "cites", "paper"): [2, 2], ("paper", "in", "venue"): [4, 0]})
+                                                  ("paper", "cites", "paper"): [2, 2],
+                                                  ("paper", "in", "venue"): [4, 0]})
     out = sampler.sample({"author": torch.tensor([1, 2, 3])})  # no edge type points to authors: nothing sampled
     assert out.node["author"].tolist() == [1, 2, 3] and len(out.node["paper"]) == 0
     assert all(len(e) == 0 for e in out.edge.values())
@@ -355,8 +356,8 @@ def test_topology_statistics(placement):
 
 
 def test_presampled_hotness_beats_degree_where_training_is_concentrated():
-    from hmgstore.rows import placement
     from hmgstore.graph import hit_ratio, presample
+    from hmgstore.rows import placement
 
     n = 20_000
     ei = power_law_graph(n, 200_000, seed=5)
@@ -377,7 +378,8 @@ def test_presampled_hotness_beats_degree_where_training_is_concentrated():
         placement.presample(sampler, train)  # where it used to be: the error says where it went
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),
+                                    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("replace", [False, True])
 def test_a_hop_drawn_as_other_seeds_equals_the_owners_sampler(device, replace):
     """sample_hop(index=...) draws each seed as the index-th seed of a requester's frontier: what a machine

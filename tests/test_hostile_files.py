@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import assert_same, random_table
 
 import hmgstore
 import hmgstore.data
+from helpers import assert_same, random_table
+from hmgstore.cli.partition import main as partition_command
 from hmgstore.distributed import PartitionBook, load_partition, partition
 from hmgstore.distributed import parts as parts_module
-from hmgstore.cli.partition import main as partition_command
 
 NODES = 300
 
@@ -201,7 +201,7 @@ def test_book_files_that_lie(tmp_path):
             "assignment": torch.tensor([0, 1, 1, 0], dtype=torch.int16)}
     lies = {"length": {"num_nodes": 5}, "machine": {"num_machines": 1}, "float": {"num_nodes": 4.5},
             "not a tensor": {"assignment": [0, 1, 1, 0]}}
-    for name, change in lies.items():
+    for _name, change in lies.items():
         torch.save({**base, **change}, tmp_path / "book.pt")
         with pytest.raises(ValueError, match=r"book\.pt"):
             PartitionBook.load(tmp_path / "book.pt")

@@ -18,18 +18,19 @@ PACKAGES = {"hmgstore": ROOT / "src" / "hmgstore", "hmgstore.plugins": ROOT / "p
 #: A module belongs to the entry that names its folder; inside a folder, modules may import each other
 #: (no circles: test_no_import_circles).
 LAYERS = [
-    ["hmgstore.cuda"],                                  # the CUDA layer: kernels, launches, the only CuPy import
-    ["hmgstore.memory", "hmgstore.util"],               # host memory hmgstore owns; device, timing, progress, CPU load
-    ["hmgstore.rows"],                                  # a table's rows: ids checked, formats, hotness, placement, stats
-    ["hmgstore.gather"],                                # one gather: its plan and launch, the CPU's share, fused batches
-    ["hmgstore.table"],                                 # the tables: HybridTensor, from files, sharded, host-page reach
-    ["hmgstore.graph"],                                 # topology in tiers, sampling
-    ["hmgstore.prefetch"],                              # batches made ahead: in a thread (Pipeline) or a process (Producer)
-    ["hmgstore.distributed"],                           # several processes and machines
-    ["hmgstore.data"],                                  # synthetic and OGB graphs
-    ["hmgstore"],                                       # the package's own public names
-    ["hmgstore.plugins"],                               # PyG and DGL adapters
-    ["hmgstore.bench", "hmgstore.cli"],                 # commands: python -m hmgstore.bench, hmgstore.cli.partition
+    ["hmgstore.cuda"],                                # the CUDA layer: kernels, launches, the only CuPy import
+    ["hmgstore.memory", "hmgstore.util"],             # host memory hmgstore owns; device, timing, progress, CPU load
+    ["hmgstore.rows"],                                # a table's rows: ids checked, formats, hotness, placement, stats
+    ["hmgstore.gather"],                              # one gather: its plan and launch, the CPU's share, fused batches
+    ["hmgstore.table"],                               # the tables: HybridTensor, from files, sharded, host-page reach
+    ["hmgstore.graph"],                               # topology in tiers, sampling
+    # batches made ahead: in a thread (Pipeline) or a process (Producer)
+    ["hmgstore.prefetch"],
+    ["hmgstore.distributed"],                         # several processes and machines
+    ["hmgstore.data"],                                # synthetic and OGB graphs
+    ["hmgstore"],                                     # the package's own public names
+    ["hmgstore.plugins"],                             # PyG and DGL adapters
+    ["hmgstore.bench", "hmgstore.cli"],               # commands: python -m hmgstore.bench, hmgstore.cli.partition
 ]
 #: "About 400 lines": past this a module usually holds two ideas (CONTRIBUTING.md).
 MAX_LINES = 420

@@ -15,8 +15,7 @@ import torch
 import hmgstore
 from helpers import assert_same, random_table
 from hmgstore.data import synthetic
-from hmgstore.graph import NeighborSampler, Topology, to_csc
-from hmgstore.graph import locality
+from hmgstore.graph import NeighborSampler, Topology, locality, to_csc
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
@@ -156,8 +155,8 @@ def test_locality_batches_drive_a_stock_pyg_loader(graph):
 @pytest.mark.parametrize("resident", [True, False], ids=["gpu-tier", "host-only"])
 def test_a_laid_out_table_reads_x_idx_from_every_tier(device, compress, resident):
     x = random_table(30_000, (24,), torch.float32, seed=6)
-    want = x if compress is None else hmgstore.rows.formats.get(compress).decode(hmgstore.rows.formats.get(compress).encode(x),
-                                                                            (24,))
+    fmt = None if compress is None else hmgstore.rows.formats.get(compress)
+    want = x if compress is None else fmt.decode(fmt.encode(x), (24,))
     layout = torch.randperm(30_000, generator=torch.Generator().manual_seed(7))
     gpu_rows = torch.arange(0, 30_000, 4) if device == "cuda" and resident else None
     t = hmgstore.HybridTensor(x, device, layout=layout, compress=compress, gpu_rows=gpu_rows, progress=False)

@@ -9,9 +9,9 @@ import json
 import os
 from pathlib import Path
 
-from helpers import warm
 from test_distributed import _free_port
 
+from helpers import warm
 from hmgstore.cli.partition import main as partition_command
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "multi_node_pyg.py"

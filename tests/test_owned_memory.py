@@ -93,7 +93,8 @@ def test_a_fork_that_copies_pinned_tables_warns_once(monkeypatch, caplog):
         pinned._before_fork()
         pinned._before_fork()
     said = [r.getMessage() for r in caplog.records if "fork" in r.getMessage()]
-    assert len(said) == 1 and "3.22 GB" in said[0] and "copy=True" in said[0] and "hugepage" in said[0] and "share_memory_" in said[0]
+    assert (len(said) == 1 and "3.22 GB" in said[0] and "copy=True" in said[0] and "hugepage" in said[0]
+            and "share_memory_" in said[0])
     monkeypatch.setattr(pinned, "_fork_warned", False)
     monkeypatch.setattr(pinned._registry, "copied_at_fork", lambda: pinned.FORK_WARN_BYTES - 1)
     caplog.clear()

@@ -20,7 +20,8 @@ def test_wheel_ships_kernels_and_plugins(tmp_path):
                     str(tmp_path), str(repo)], check=True)
     wheel = next(tmp_path.glob("hmgstore-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    for expected in ("hmgstore/kernels/gather.cu", "hmgstore/kernels/gather_job.cuh", "hmgstore/plugins/pyg/__init__.py",
-                     "hmgstore/plugins/dgl/__init__.py", "hmgstore/cuda/gather.py", "hmgstore/graph/csc.py",
+    for expected in ("hmgstore/kernels/gather.cu", "hmgstore/kernels/gather_job.cuh",
+                     "hmgstore/plugins/pyg/__init__.py", "hmgstore/plugins/dgl/__init__.py",
+                     "hmgstore/cuda/gather.py", "hmgstore/graph/csc.py",
                      "hmgstore/distributed/shard.py", "hmgstore/bench/gather.py"):
         assert expected in names

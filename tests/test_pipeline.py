@@ -126,7 +126,7 @@ def test_the_training_thread_never_waits_for_the_gpu_in_the_steady_state():
     cycles = int(10_000_000 * 20 / start.elapsed_time(end))  # 20 ms of GPU time
 
     def loop(wait: bool) -> float:
-        for k, (nodes, feats) in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
+        for k, (_nodes, feats) in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
             if k == 10:  # past the warm-up batches and the first CUDA-graph captures
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -173,7 +173,7 @@ def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
     from hmgstore.cuda.gather import current_cap
 
     def loader():
-        for i in range(3):
+        for _i in range(3):
             yield current_cap()
 
     assert list(hmgstore.Pipeline(loader(), device=None)) == [None] * 3
@@ -181,11 +181,12 @@ def test_pipeline_makes_batches_under_no_cap_on_the_cpu():
 
 @pytest.mark.gpu
 def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
+    from torch_geometric.data import Data
+
     from hmgstore.cuda import gather
     from hmgstore.cuda.gather import current_cap
-    from hmgstore.prefetch.pipeline import auto_sms
     from hmgstore.plugins.pyg import from_data
-    from torch_geometric.data import Data
+    from hmgstore.prefetch.pipeline import auto_sms
 
     x = torch.randn(1000, 16)
     stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", gpu_budget=None,
@@ -202,7 +203,7 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
             return 3
 
         def __iter__(self):
-            for i in range(3):
+            for _i in range(3):
                 ids = torch.randint(0, 1000, (100,), device="cuda")
                 yield {"cap": current_cap(), "rows": table[ids], "ids": ids}
 
@@ -237,9 +238,10 @@ def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped():
 
 @pytest.mark.gpu
 def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
-    from hmgstore.prefetch.pipeline import auto_sms
-    from hmgstore.plugins.pyg import from_data
     from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import from_data
+    from hmgstore.prefetch.pipeline import auto_sms
 
     data = Data(x=torch.randn(1000, 16), edge_index=torch.randint(0, 1000, (2, 4000)))
     whole, _ = from_data(data, device="cuda", gpu_budget=2**40, progress=False)
@@ -262,7 +264,7 @@ def test_epochs_reuse_the_gpu_memory_of_the_last_one():
                 yield torch.full((4 << 20,), float(k), device="cuda")  # 16 MB a batch, made on the side stream
 
     reserved = []
-    for epoch in range(6):  # a pipeline an epoch, as a user's loop may build it
+    for _epoch in range(6):  # a pipeline an epoch, as a user's loop may build it
         for k, batch in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
             assert float(batch[-1]) == k
         del batch

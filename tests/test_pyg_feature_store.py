@@ -84,7 +84,8 @@ def test_one_gather_per_batch_for_every_type(hetero, monkeypatch):
     feature_store, graph_store = hpyg.from_data(hetero, device="cpu")
     monkeypatch.setattr(pyg_feature_store, "gather_many", counting)
     sampler = hpyg.HybridNeighborSampler((feature_store, graph_store), [5, 5], device="cpu")
-    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[5, 5], batch_size=400, neighbor_sampler=sampler,
+    loader = NeighborLoader((feature_store, graph_store), num_neighbors=[5, 5], batch_size=400,
+                            neighbor_sampler=sampler,
                             input_nodes=("paper", hetero["paper"].num_nodes // 2 + torch.arange(800)))
     batches = list(loader)
     assert len(calls) == len(batches) == 2

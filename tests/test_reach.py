@@ -1,4 +1,5 @@
-"""hmgstore.table.host_pages and ``python -m hmgstore.bench reach``: rates against pages per batch, the knee, the cost per page.
+"""hmgstore.table.host_pages and ``python -m hmgstore.bench reach``: rates against pages per batch, the knee, the cost
+per page.
 
 The curve arithmetic is checked on made-up times; the measurement itself runs on the CPU here (the CPU path
 alone) and, with the gpu marker, with the kernel, whose every probe gather is checked against ``x[idx]``.

@@ -15,8 +15,8 @@ import soak  # noqa: E402 - the script, importable by name so that the producer 
 
 pytest.importorskip("torch_geometric")
 
-SERIES = {"rss_bytes", "rss_untrimmed_bytes", "heap_in_use_bytes", "producer_rss_bytes", "fds", "producer_fds", "shm_files",
-          "shm_bytes", "shm_dir_files", "shm_dir_bytes", "gpu_allocated", "gpu_reserved", "gpu_used"}
+SERIES = {"rss_bytes", "rss_untrimmed_bytes", "heap_in_use_bytes", "producer_rss_bytes", "fds", "producer_fds",
+          "shm_files", "shm_bytes", "shm_dir_files", "shm_dir_bytes", "gpu_allocated", "gpu_reserved", "gpu_used"}
 
 
 def test_a_short_soak_reports_every_series_and_checks_a_batch_each_epoch(tmp_path, monkeypatch):

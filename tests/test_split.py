@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import hmgstore
-from hmgstore.gather import cpu_share as split
 from helpers import assert_same, random_table
+from hmgstore.gather import cpu_share as split
 
 
 # ---- what runs without a GPU -------------------------------------------------------------------------------------
@@ -105,7 +105,8 @@ def test_cpu_load_sees_a_busy_process(tmp_path):
     except (OSError, ValueError) as err:
         pytest.skip(f"this system's /proc does not list its allowed cores: {err}")
     assert 0 <= load.idle() <= cores
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
+    spinner = subprocess.Popen([sys.executable, "-c",
+                                "import time\nend = time.time() + 3\nwhile time.time() < end: pass"])
     try:
         time.sleep(0.5)
         load.idle()  # the first sample of the window
@@ -142,7 +143,8 @@ def test_measurements_are_cached_by_key(tmp_path, monkeypatch):
     assert split._read_cache() == {}
     (tmp_path / "split.json").write_text(json.dumps({"k": {"kernel_rows_per_s": 1.0}}))  # an entry lacking fields
     monkeypatch.setattr(split, "cache_key", lambda table, batch: "k")
-    monkeypatch.setattr(split, "measure", lambda table, batch, key, run: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
+    monkeypatch.setattr(split, "measure",
+                        lambda table, batch, key, run: split.Model(1.0, 1.0, {0.0: 1.0, 1.0: 2.0}, key))
     assert split.model_for(object(), 1000, None).share == 0.0  # measured again (the stub), and the cache repaired
     assert json.loads((tmp_path / "split.json").read_text())["k"]["share"] == 0.0
 

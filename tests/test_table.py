@@ -404,7 +404,8 @@ def test_deferred_check_reports_the_bad_id_at_the_next_gather(bad, ids_dtype, cu
     got = t[idx.to(cuda_device)]  # returns without waiting
     torch.cuda.synchronize(cuda_device)
     rows = got.cpu()
-    assert torch.isnan(rows[2]).all() and torch.equal(rows[2].view(torch.int32), torch.full((16,), -1, dtype=torch.int32))
+    assert (torch.isnan(rows[2]).all()
+            and torch.equal(rows[2].view(torch.int32), torch.full((16,), -1, dtype=torch.int32)))
     keep = torch.tensor([0, 1, 3, 4])
     assert_same(rows[keep], x[idx[keep].long()])
     with pytest.raises(IndexError, match=rf"index {bad} at position 2 .*shape \(1000, 16\).*check='sync'"):

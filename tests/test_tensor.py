@@ -386,7 +386,8 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
     tz = hmgstore.HybridTensor(z, cuda_device, gpu_rows=torch.randperm(700))
     launches = []  # jobs per kernel launch
     real = gather.run
-    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: (launches.append(packed.num_jobs), real(packed, *a, **k)))
+    monkeypatch.setattr(gather, "run",
+                        lambda packed, *a, **k: (launches.append(packed.num_jobs), real(packed, *a, **k)))
     i1, i2 = torch.randint(0, 5000, (3000,)).to(cuda_device), torch.randint(0, 700, (123,))
     gx, gy, gz = hmgstore.gather_many([(tx, i1), (ty, i1), (tz, i2)])
     assert launches == [3]
@@ -464,7 +465,8 @@ def test_property_matches_torch(num_rows, row, dtype, gpu_share, batch, index_dt
 @pytest.mark.parametrize("layout", ["gpu", "mixed"])
 def test_strided_and_expanded_cuda_indices(layout, cuda_device):
     x = random_table(4000, (24,), torch.float32, seed=14)
-    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(4000) if layout == "gpu" else torch.arange(0, 4000, 2))
+    t = hmgstore.HybridTensor(x, cuda_device,
+                              gpu_rows=torch.arange(4000) if layout == "gpu" else torch.arange(0, 4000, 2))
     base = torch.randint(0, 4000, (6000,), device=cuda_device)
     for idx in (base[::3], base[:1].expand(500), base.view(2, 3000)[:, 7]):
         assert_same(t[idx], x[idx.cpu()])

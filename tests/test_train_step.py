@@ -14,13 +14,12 @@ import pytest
 import torch
 from torch_geometric.loader import NeighborLoader
 
-from hmgstore.rows import placement
+from helpers import assert_same, random_table
 from hmgstore.bench.__main__ import parse_args
 from hmgstore.bench.train import _with_caps, add_ratios, table_text
 from hmgstore.bench.train_setup import SAGE, train_step, trimmable
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
-
-from helpers import assert_same, random_table
+from hmgstore.rows import placement
 
 
 def _loader(data, fanout, seed=0, **kwargs):
@@ -36,7 +35,7 @@ def test_trimmed_layers_give_the_seeds_the_same_outputs(data):
     for fanout in ([5, 3], [4, 3, 2]):
         torch.manual_seed(0)
         model = SAGE([data.x.shape[1], 16, 16, 7][:len(fanout) + 1]).double().eval()
-        for i, batch in zip(range(3), _loader(data, fanout)):
+        for _i, batch in zip(range(3), _loader(data, fanout)):
             assert trimmable(batch) and len(batch.num_sampled_nodes) == len(fanout) + 1
             x = batch.x.double()
             full = model(x, batch.edge_index)[:batch.batch_size]
