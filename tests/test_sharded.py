@@ -166,10 +166,11 @@ def test_close_gives_the_memory_back():
 @pytest.mark.multigpu
 def test_adapters_serve_a_sharded_view(small_graph):
     """PyG's store and DGL's storage take a sharded view like any table: rows of a sampled batch."""
-    import dgl  # noqa: E402  (after the plugin)
-
     from hmgstore.plugins import dgl as hdgl
     from hmgstore.plugins.pyg.feature_store import HybridFeatureStore
+
+    # isort: split
+    import dgl  # noqa: E402  (after the plugin)
 
     x, n = small_graph.x, small_graph.num_nodes
     d0 = cuda_devices()[0]
