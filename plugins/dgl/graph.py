@@ -9,16 +9,13 @@ keys and DGL's own ``ndata``/``edata`` column for every other key; its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hmgstore import HybridTensor
+from hmgstore import FeatureTable, HybridTensor
 
 from ._compat import import_dgl
 from .storage import HybridFeatureStorage
 from .views import AttachedEdgeDataView, AttachedNodeDataView
-
-if TYPE_CHECKING:
-    from hmgstore.distributed import ClusterTensor
 
 dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 
@@ -91,15 +88,14 @@ def _node_type(graph, ntype, key: str) -> str:
         raise ValueError(f"node type {ntype!r} (of node feature {key!r}) is not one of {graph.ntypes}") from None
 
 
-def _as_table(table, device) -> HybridTensor | ClusterTensor:
-    from hmgstore.distributed import ClusterTensor
-
-    if isinstance(table, (HybridTensor, ClusterTensor)):
+def _as_table(table, device) -> FeatureTable:
+    if isinstance(table, FeatureTable):  # any kind of hmgstore table (hmgstore.FeatureTable)
         return table
     try:
         return HybridTensor(table, device)
     except TypeError as err:
-        raise TypeError(f"attach takes HybridTensors, torch CPU tensors or numpy arrays: {err}") from None
+        raise TypeError(f"attach takes hmgstore tables (any FeatureTable), torch CPU tensors or numpy arrays: "
+                        f"{err}") from None
 
 
 def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = None, device=None):

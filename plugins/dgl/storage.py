@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import hmgstore
-from hmgstore import HybridTensor, resolve_device
+from hmgstore import FeatureTable, HybridTensor, resolve_device
 
 from ._compat import import_dgl
 
@@ -44,10 +44,11 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     never pin memory or create a CUDA context.
     """
 
-    def __init__(self, table: HybridTensor | ClusterTensor):
-        if not isinstance(table, (HybridTensor, _cluster_tensor())):
-            raise TypeError(f"HybridFeatureStorage wraps a HybridTensor or a ClusterTensor, got {type(table).__name__}")
-        self.table = table
+    def __init__(self, table: FeatureTable):
+        if not isinstance(table, FeatureTable):
+            raise TypeError(f"HybridFeatureStorage wraps an hmgstore table (HybridTensor, ShardedTensor, "
+                            f"DistributedTensor, ClusterTensor: any hmgstore.FeatureTable), got {type(table).__name__}")
+        self.table: FeatureTable = table
         self._whole: torch.Tensor | None = None  # a decoded or copied whole table, made once (see whole())
 
     def whole(self, key: str = "") -> torch.Tensor:
@@ -62,6 +63,10 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         if isinstance(self.table, _cluster_tensor()):
             raise KeyError(f"{key!r} is served by a ClusterTensor, whose rows live on several machines: there is no "
                            "whole table here; read rows with table[ids]")
+        if not isinstance(self.table, HybridTensor):  # another kind (ShardedTensor, DistributedTensor): read it all
+            if self._whole is None:
+                self._whole = self.table.gather(torch.arange(len(self.table))).cpu()
+            return self._whole
         if self._whole is not None:
             return self._whole
         if self.table.closed:
@@ -106,7 +111,7 @@ class PendingFetch:
 
     __slots__ = ("table", "indices", "device", "pin_memory", "_batch", "_rows", "__weakref__")
 
-    def __init__(self, table: HybridTensor, indices: torch.Tensor, device: torch.device, pin_memory: bool):
+    def __init__(self, table: FeatureTable, indices: torch.Tensor, device: torch.device, pin_memory: bool):
         self.table, self.indices, self.device, self.pin_memory = table, indices, device, pin_memory
         self._batch: _Batch | None = None
         self._rows: torch.Tensor | None = None
@@ -160,10 +165,12 @@ class _Batch:
             from hmgstore.distributed import gather_many
 
             rows = gather_many([(f.table, f.indices) for f in fetches])
-        else:
+        elif isinstance(fetches[0].table, HybridTensor):  # one launch for the batch's tables
             outs = [_pinned_staging(f) for f in fetches]
             # gather_many sets the CUDA device itself (DGL's prefetch thread starts on GPU 0).
             rows = hmgstore.gather_many([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
+        else:  # other kinds of table: each through its own gather
+            rows = [f.table.gather(f.indices) for f in fetches]
         for fetch, r in zip(fetches, rows):
             if r.device != fetch.device:
                 # Into a GPU: ordered on its current stream. Into host memory: blocking, because

@@ -32,10 +32,11 @@ from .prefetch.producer import Producer
 from .rows import placement, stats
 from .rows.placement import Placement, Tier
 from .table.files import load
+from .table.interface import FeatureTable
 from .table.sharded import ShardedTensor
 from .table.tensor import HybridTensor, gather_many
 from .util.device import resolve_device
 
 __version__ = "0.1.0"
-__all__ = ["HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline", "Producer",
-           "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]
+__all__ = ["FeatureTable", "HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline",
+           "Producer", "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]

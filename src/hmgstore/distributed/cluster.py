@@ -234,6 +234,13 @@ class ClusterTensor:
         return torch.Size((self.book.num_nodes, *self.row_shape))
 
     @property
+    def num_rows(self) -> int:
+        return self.book.num_nodes
+
+    def __len__(self) -> int:
+        return self.book.num_nodes
+
+    @property
     def machine(self) -> int:
         return self._cluster.machine
 

@@ -70,6 +70,25 @@ class DistributedTensor:
     def device(self) -> torch.device:
         return self.table.device
 
+    @property
+    def shape(self) -> torch.Size:
+        return self.table.shape
+
+    @property
+    def row_shape(self) -> torch.Size:
+        return self.table.row_shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.table.dtype
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
     def gather(self, index, **kwargs) -> torch.Tensor:
         return self.table.gather(index, **kwargs)
 

@@ -175,6 +175,19 @@ class ShardedTensor:
         return self._source.shape
 
     @property
+    def row_shape(self) -> torch.Size:
+        return self._source.shape[1:]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._source.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where ``table[idx]`` puts rows: the current GPU (the first device's type on the CPU)."""
+        return resolve_device(None) if self.devices[0].type == "cuda" else self.devices[0]
+
+    @property
     def num_rows(self) -> int:
         return self._source.shape[0]
 
