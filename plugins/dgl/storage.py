@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -17,9 +17,6 @@ import hmgstore
 from hmgstore import FeatureTable, HybridTensor, resolve_device
 
 from ._compat import import_dgl
-
-if TYPE_CHECKING:
-    from hmgstore.distributed import ClusterTensor
 
 dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 
