@@ -60,10 +60,8 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         if isinstance(self.table, _cluster_tensor()):
             raise KeyError(f"{key!r} is served by a ClusterTensor, whose rows live on several machines: there is no "
                            "whole table here; read rows with table[ids]")
-        if not isinstance(self.table, HybridTensor):  # another kind (ShardedTensor, DistributedTensor): read it all
-            if self._whole is None:
-                self._whole = self.table.gather(torch.arange(len(self.table))).cpu()
-            return self._whole
+        if not isinstance(self.table, HybridTensor):  # a ShardedTensor or DistributedTensor: its host table
+            return self.table.dense()  # type: ignore[attr-defined]  # both have dense(); no GPU holds every row
         if self._whole is not None:
             return self._whole
         if self.table.closed:

@@ -86,6 +86,10 @@ class DistributedTensor:
     def num_rows(self) -> int:
         return self.table.num_rows
 
+    def dense(self) -> torch.Tensor:
+        """The whole table as a CPU tensor: the node's host table itself (every row is there)."""
+        return self._source
+
     def __len__(self) -> int:
         return self.table.num_rows
 

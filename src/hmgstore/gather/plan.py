@@ -231,16 +231,19 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     Why. Beside a GPU-bound training step, host rows read by the CPU and
     moved by the copy engine cost the step 1-4% of its rate, where the
     zero-copy kernel, holding SMs while it waits on PCIe, costs 20%
-    (``benchmarks/results/dma-misses-h100.md``). The price is one
-    synchronisation of the gathering thread, which also checks the ids
-    (IndexError, whatever the ``check`` mode). Returns ``(None, None)`` when
+    (``benchmarks/results/dma-misses-h100.md``). The price: the gathering
+    thread waits for the ids (their range, checked here whatever the
+    ``check`` mode: IndexError), then for the division's counts and the
+    CPU's ids, read back small. Dividing on the CPU instead (the ids read
+    back whole, a mask lookup per id) cost 25 ms a papers-shaped batch on
+    the H100. Returns ``(None, None)`` when
     the CPU's share is under :data:`hmgstore.gather.cpu_share.MIN_IDS` rows.
     """
     ids = index.ids
     low, high = torch.stack(torch.aminmax(ids)).tolist() if len(ids) else (0, 0)  # the one synchronisation
     if low < 0 or high >= table.num_rows:
         check_range(ids.cpu(), table.num_rows)  # raises with the value and position
-    host_start = table.placement.bounds[-2]  # the host tier's first new id: its row r is new id host_start + r
+    host_start = table.placement.tier("host").start  # its row r is new id host_start + r (the layout applied)
     new = ids.long() if table.row_map is None else table.row_map[ids].long()
     on_host = new >= host_start
     host = on_host.nonzero().flatten()

@@ -81,7 +81,8 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     torch's caching allocator reuses a freed block only for allocations on the stream that made it, so a new
     stream for each pipeline (a user's loop builds one an epoch) left every earlier epoch's blocks unusable:
     the GPU soak on an H100 reserved 1 GB more each epoch, 5.8 GB to 38 GB in 30 epochs, with the memory
-    allocated flat (``benchmarks/results/soak-gpu-h100.md``).
+    allocated flat (``benchmarks/results/soak-gpu-h100.md``). Two pipelines iterated at once on one GPU (a
+    training and a validation loader) therefore make their batches one after the other on that stream.
     """
     if device.index not in _side_streams:
         _side_streams[device.index] = torch.cuda.Stream(device)

@@ -178,6 +178,11 @@ class ShardedTensor:
     def row_shape(self) -> torch.Size:
         return self._source.shape[1:]
 
+    def dense(self) -> torch.Tensor:
+        """The whole table as a CPU tensor: the host table itself (every row is there, pinned in place)."""
+        self.check()
+        return self._source
+
     @property
     def dtype(self) -> torch.dtype:
         return self._source.dtype

@@ -31,7 +31,6 @@ multiprocessing) is rebuilt there, around the same source, on its first use.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 from multiprocessing.reduction import ForkingPickler
@@ -406,9 +405,15 @@ def gather_many(requests: Sequence[tuple[HybridTensor, object]], *, outs=None, s
     if device.type == "cuda":
         raise_deferred(device, wait=False)  # finished launches only: no waiting
     window = fusion.current(device) if stream is None and all(o is None for o in outs) else None
-    with contextlib.ExitStack() as held:
+    entered = []  # try/finally, not ExitStack + reading(): 9 us a CPU gather_many of two tables, measured
+    try:
         for table in {id(t): t for t, _ in requests}.values():
-            held.enter_context(table.reading())
+            table._enter()
+            entered.append(table)
+            table._ready()
         if window is not None:  # recorded: written when the window ends (see hmgstore.gather.fusion)
             return window.record(requests, check)
         return plan.run(requests, outs, device, stream, check)
+    finally:
+        for table in entered:
+            table._exit()
