@@ -245,6 +245,9 @@ def drift(values: list, tolerance: float, settle: int = 1) -> dict | None:
     relative = worst / ref if ref else (0.0 if worst == 0 else None)
     exact_count = ref < 100 and isinstance(ref, int)
     flat = worst == 0 if exact_count else relative is not None and relative <= tolerance
+    if settle > 1:  # a settling cache must also stop rising: no new high in the last third (a slow leak shows)
+        last = 2 * len(values) // 3
+        flat = flat and max(values[last:], default=ref) <= max(values[settle - 1:last], default=ref)
     return {"after_epoch_1": values[0], "judged_from_epoch": settle, "reference": ref,
             "min": min(later or values), "max": max(later or values), "max_drift": relative, "flat": flat}
 

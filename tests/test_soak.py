@@ -75,3 +75,5 @@ def test_series_must_stay_flat_after_the_first_epoch():
     settled = soak.drift([5834, 6706, 7366, 7366, 7366, 7366], 0.01, settle=3)  # a cache filling, then flat
     assert settled["flat"] and settled["judged_from_epoch"] == 3 and settled["after_epoch_1"] == 5834
     assert not soak.drift([5834, 6706, 7366, 8366, 9366], 0.01, settle=3)["flat"]  # still growing: a leak
+    slow = [5834, 6706] + [7366 + 2 * k for k in range(28)]  # within 1% of the reference, but rising to the end
+    assert not soak.drift(slow, 0.01, settle=10)["flat"]
