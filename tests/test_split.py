@@ -218,6 +218,25 @@ def test_fixed_split_hands_gpu_ids_host_rows_to_the_cpu(cuda_device, compress):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["layout", "host_only", "half_share", "int32_ids"])
+def test_split_gpu_ids_in_every_table_shape(cuda_device, case):
+    """GPU ids split by the GPU in the other table shapes: a host tier in its own order (layout), no GPU tier
+    (no row map), a share below 1 (the kernel reads the rest of the host rows), int32 ids; bit-exact each."""
+    n = 80_000
+    x = random_table(n, (16,), torch.float32, seed=31)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(32))
+    kwargs = {"layout": dict(gpu_rows=order[:n // 5], layout=order), "host_only": {},
+              "half_share": dict(gpu_rows=order[:n // 5]), "int32_ids": dict(gpu_rows=order[:n // 5])}[case]
+    share = 0.5 if case == "half_share" else 1.0
+    t = hmgstore.HybridTensor(x, cuda_device, split=share, **kwargs)
+    idx = torch.randint(0, n, (40_000,), generator=torch.Generator().manual_seed(33))
+    ids = idx.to(cuda_device, torch.int32 if case == "int32_ids" else torch.int64)
+    out = torch.full((40_000, 16), float("nan"), device=cuda_device)  # poisoned
+    t.gather(ids, out=out)
+    assert_same(out.cpu(), x[idx])
+
+
+@pytest.mark.gpu
 def test_auto_split_measures_once_and_reads_the_cache(cuda_device, tmp_path, monkeypatch):
     monkeypatch.setenv("HMGSTORE_CACHE_DIR", str(tmp_path))
     x = random_table(300_000, (32,), torch.float32, seed=15)
