@@ -173,11 +173,43 @@ def test_auto_layout_on_a_copied_cached_table_is_hottest_first(data, cuda_device
 
 
 def test_several_split_shares_make_one_cache_configuration_each():
-    from hmgstore.bench.train import _with_splits, base_of
+    from hmgstore.bench.train import _with_variants, base_of, variant
 
     assert base_of("cache+pipe@none/split1.0") == "cache" and base_of("all_gpu+pipe") == "all_gpu"
     configs = ["all_gpu+pipe@none", "cache+pipe@none", "cache+pipe@4"]
-    assert _with_splits(configs, [None]) == configs and _with_splits(configs, [1.0]) == configs
-    assert _with_splits(configs, [None, 1.0]) == ["all_gpu+pipe@none", "cache+pipe@none/split0",
+    assert _with_variants(configs, "split", [None]) == configs
+    assert _with_variants(configs, "split", [1.0]) == configs
+    assert _with_variants(configs, "split", [None, 1.0]) == ["all_gpu+pipe@none", "cache+pipe@none/split0",
                                                    "cache+pipe@none/split1.0", "cache+pipe@4/split0",
                                                    "cache+pipe@4/split1.0"]
+    both = _with_variants(_with_variants(["all_gpu", "cache"], "topo", [0.2, 1.0]), "split", [None, 1.0])
+    assert both == ["all_gpu", "cache/topo0.2/split0", "cache/topo0.2/split1.0", "cache/topo1.0/split0",
+                    "cache/topo1.0/split1.0"]
+    assert variant("cache/topo0.2/split1.0", "topo", None) == 0.2
+    assert variant("cache/topo0.2/split1.0", "split", None) == 1.0
+    assert variant("cache+pipe", "topo", 0.15) == 0.15
+
+
+def test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features(tmp_path, monkeypatch):
+    """--topology-cache: each value a cache configuration of its own, and the sampler built with that share of
+    the topology's bytes as its GPU budget while the features keep --cache."""
+    import hmgstore.plugins.pyg as pyg
+    from hmgstore.bench import train
+
+    budgets = []
+    real = pyg.HybridNeighborSampler
+
+    def recording(*args, **kwargs):
+        budgets.append(kwargs.get("gpu_budget"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pyg, "HybridNeighborSampler", recording)
+    args = parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "--cache", "0.1", "--topology-cache",
+                       "0.5", "1", "--out", str(tmp_path)])
+    report = train.run(args)
+    assert list(report["configs"]) == ["cache/topo0.5", "cache/topo1.0"]
+    assert [c["topology_cache"] for c in report["configs"].values()] == [0.5, 1.0]
+    assert report["topology_cache"] == [0.5, 1.0]
+    edges = budgets[1:]  # the first sampler is the pre-sampling one, with no budget
+    assert budgets[0] is None and edges[1] == pytest.approx(2 * edges[0], abs=1)
+    assert "cache/topo0.5" in (tmp_path / "train.md").read_text()

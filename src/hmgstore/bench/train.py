@@ -75,7 +75,16 @@ from ..graph.locality import pages_touched
 from .report import header, write_report
 from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
-from .train_setup import SAGE, _graph_source, build_graph, build_loader, produced_loader, train_step, trimmable
+from .train_setup import (
+    SAGE,
+    _graph_source,
+    _topology_share,
+    build_graph,
+    build_loader,
+    produced_loader,
+    train_step,
+    trimmable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +130,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format "
                         "(hmgstore.rows.formats; the cache's GPU budget then holds that many more rows)")
+    p.add_argument("--topology-cache", type=float, nargs="+", default=[None],
+                   help="cache configurations: the share of the topology's bytes on the GPU, when it should differ "
+                        "from --cache (1.0: the whole topology; the features stay at --cache). Several values: each "
+                        "cache configuration once per value, as name/topoT. Default: --cache")
     p.add_argument("--split", type=float, nargs="+", default=[None],
                    help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
@@ -167,8 +180,10 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios, and
     beside them the step's rate on batches made beforehand and the loader's rate with no training."""
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
-    config_name, _, split_text = config.partition("/split")  # cache+pipe/split1.0: the features' host rows by the CPU
-    split = float(split_text) if split_text else (args.split[0] if base_of(config) == "cache" else None)
+    config_name = config.partition("/")[0]
+    cached = base_of(config) == "cache"
+    split = variant(config, "split", args.split[0] if cached else None)  # the features' host rows by the CPU
+    topology_cache = variant(config, "topo", _topology_share(args) if cached else None)
     name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
     max_sms = _sms(cap) if cap else args.max_sms[0]
@@ -185,7 +200,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
                                           fuse=args.fuse, sm_percent=args.sm_percent).start()
         build = time.perf_counter() - build_start
     else:
-        loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot)
+        loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot,
+                                                            topology_cache=topology_cache)
         if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
             stores[0].table(None, "x").set_split(split)
         iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
@@ -238,6 +254,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
               "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
+              "topology_cache": topology_cache,
               "step_issue_s": step_issue if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
@@ -288,7 +305,8 @@ def run(args) -> dict:
     except ImportError:
         configs = [c for c in configs if c != "stock"]
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
-    configs = _with_splits(_with_caps(configs, args.max_sms), args.split)
+    configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
+                             "split", args.split)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -299,7 +317,8 @@ def run(args) -> dict:
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
-        "host_layout": args.host_layout, "split": args.split, "configs": {},
+        "host_layout": args.host_layout, "split": args.split,
+        "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},
     }
     hot = None
     if any(c.startswith("cache") for c in configs):
@@ -332,12 +351,20 @@ def base_of(config: str) -> str:
     return config.partition("+")[0].partition("@")[0].partition("/")[0]
 
 
-def _with_splits(configs: list, splits: list) -> list:
-    """Each cache configuration once per split share (``name/split1.0``) when several are given."""
-    if len(splits) < 2:
+def _with_variants(configs: list, key: str, values: list) -> list:
+    """Each cache configuration once per value (``name/split1.0``, ``name/topo1.0``) when several are given."""
+    if len(values) < 2:
         return configs
-    return [f"{c}/split{s or 0}" if base_of(c) == "cache" else c for c in configs for s in
-            (splits if base_of(c) == "cache" else [None])]
+    return [f"{c}/{key}{v or 0}" if base_of(c) == "cache" else c for c in configs for v in
+            (values if base_of(c) == "cache" else [None])]
+
+
+def variant(config: str, key: str, default):
+    """The value a ``/keyV`` suffix of ``config`` names (``cache+pipe/topo1.0/split1.0``), else ``default``."""
+    for part in config.split("/")[1:]:
+        if part.startswith(key):
+            return float(part[len(key):])
+    return default
 
 
 def _with_caps(configs: list, caps: list) -> list:

@@ -78,7 +78,8 @@ def table_text(report: dict) -> str:
         (", TF32" if report.get("tf32") else ", float32")
     lines = [f"device: {report['device']}   graph: {g['name']} ({g['num_nodes']:,} nodes, {g['feat_dim']} features, "
              f"{g['x_gb']:.1f} GB; {g['train']:,} training nodes)   {report['model']}, batch {report['batch']}"
-             + (f", cache {report['cache']:.0%}" if gpu else "") + f"   date: {report['date']}",
+             + (f", cache {report['cache']:.0%}" if gpu else "") + _topology_cache(report, gpu)
+             + f"   date: {report['date']}",
              *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
                                   "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
              *smoke_test_lines(report), "",
@@ -144,6 +145,12 @@ def plot(report: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _topology_cache(report: dict, gpu: bool) -> str:
+    """The cache's topology share where --topology-cache set it apart from the features'."""
+    shares = [t for t in report.get("topology_cache") or [] if t is not None and t != report["cache"]]
+    return f" of the features, topology {_shares(report['topology_cache'])}" if gpu and shares else ""
 
 
 def _shares(splits) -> str:

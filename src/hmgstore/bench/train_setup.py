@@ -104,8 +104,10 @@ class Built(NamedTuple):
     build_s: float | None
 
 
-def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
-    """The loader of configuration ``base`` (stock, all_gpu, host or cache) and what it reads from."""
+def build_loader(base: str, data, csc, train, device, args, hot, topology_cache: float | None = None) -> Built:
+    """The loader of configuration ``base`` (stock, all_gpu, host or cache) and what it reads from; the cache
+    holds ``args.cache`` of the features' bytes and ``topology_cache`` (default ``args.cache``) of the
+    topology's on the GPU."""
     from ..plugins.pyg import HybridNeighborSampler, from_data
 
     progress = not args.no_progress
@@ -136,7 +138,7 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]
-            topo_budget = int(args.cache * edges)
+            topo_budget = int(_topology_share(args, topology_cache) * edges)
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
                                         gpu_budget=topo_budget, progress=progress,
                                         hot_order=None if base == "host" else
@@ -145,6 +147,14 @@ def build_loader(base: str, data, csc, train, device, args, hot) -> Built:
     if sampler is not None:
         sampler.sampler.cuda_graphs = getattr(args, "sampler_graphs", "on") == "on"
     return Built(_loader(base, data, train, args, stores, sampler), data, stores, sampler, build)
+
+
+def _topology_share(args, value: float | None = None) -> float:
+    """The cache's share of the topology's bytes on the GPU: ``value``, else the first --topology-cache, else
+    --cache."""
+    if value is None:
+        value = (getattr(args, "topology_cache", None) or [None])[0]
+    return args.cache if value is None else value
 
 
 def produced_loader(base: str, args, hot, device):
