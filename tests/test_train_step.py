@@ -213,3 +213,14 @@ def test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features(tmp
     edges = budgets[1:]  # the first sampler is the pre-sampling one, with no budget
     assert budgets[0] is None and edges[1] == pytest.approx(2 * edges[0], abs=1)
     assert "cache/topo0.5" in (tmp_path / "train.md").read_text()
+
+
+def test_hollow_graph_keeps_the_sizes_a_producer_configuration_reads():
+    from torch_geometric.data import Data
+
+    from hmgstore.bench.train import _hollow
+
+    data = Data(x=random_table(50, (7,), torch.float32, seed=1), y=torch.arange(50), num_nodes=50)
+    hollow = _hollow(data)
+    assert hollow.x.shape == (0, 7) and hollow.x.dtype == torch.float32 and hollow.num_nodes == 50
+    assert hollow.x.untyped_storage().nbytes() == 0 and hollow.y.untyped_storage().nbytes() == 0

@@ -335,7 +335,9 @@ def run(args) -> dict:
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # "high": TF32 matrix products
     try:
-        for config in configs:
+        for k, config in enumerate(configs):
+            if all(c.partition("/")[0].endswith("+proc") for c in configs[k:]) and data.x.numel():
+                data, csc = _hollow(data), None  # the producers build the graph again: not two copies at once
             log.info("%s: training %s batches", config, args.stock_batches if config == "stock" else args.batches)
             report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
             r = report["configs"][config]
@@ -345,6 +347,17 @@ def run(args) -> dict:
         torch.set_float32_matmul_precision(precision)
     write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
     return report
+
+
+def _hollow(data):
+    """``data`` without its features' and edges' storage (an empty ``x`` of the same width and dtype): what the
+    training side of a ``+proc`` configuration reads (the model's sizes), for when every configuration left
+    builds its own graph in a producer process. A papers-shaped graph's 57 GB of features would else be held
+    twice."""
+    from torch_geometric.data import Data
+
+    return Data(x=torch.empty((0, *data.x.shape[1:]), dtype=data.x.dtype), y=data.y[:0].clone(),
+                num_nodes=data.num_nodes)
 
 
 def base_of(config: str) -> str:
