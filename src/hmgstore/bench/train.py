@@ -60,6 +60,7 @@ import functools
 import gc
 import logging
 import math
+import os
 import resource
 import time
 from collections import defaultdict
@@ -190,6 +191,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     pipe = mode != ""
     reps = args.stock_batches if base == "stock" else args.batches
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    host_gb = _resident_gb()  # what earlier configurations and the graph left in this process
     build_start = time.perf_counter()
     build: float | None
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
@@ -262,6 +264,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     if mode == "proc":
         result["producer_batches_per_s"] = alone["producer"]
     result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
+    result["host_gb_at_start"] = host_gb
     if pipe:
         result["split_s"] = {"wait": load_s / reps, "train_issue": train_s / reps}
     else:
@@ -341,12 +344,23 @@ def run(args) -> dict:
             log.info("%s: training %s batches", config, args.stock_batches if config == "stock" else args.batches)
             report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
             r = report["configs"][config]
-            log.info("%-13s %7.2f batches/s  epoch %7.2f s  alone: %s", config, r["batches_per_s"], r["epoch_s"],
-                     ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items()))
+            alone = ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items())
+            log.info("%-13s %7.2f batches/s  epoch %7.2f s  alone: %s; host GB at start %s, peak %.1f", config,
+                     r["batches_per_s"], r["epoch_s"], alone,
+                     "?" if r["host_gb_at_start"] is None else f"{r['host_gb_at_start']:.1f}", r["peak_host_gb"])
     finally:
         torch.set_float32_matmul_precision(precision)
     write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
     return report
+
+
+def _resident_gb() -> float | None:
+    """This process's resident memory now, in GB (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _hollow(data):
