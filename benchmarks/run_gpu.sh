@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses strong-mps; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -220,6 +220,21 @@ for stage in "$@"; do
                  --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile \
                  --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
                grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
+    # Issue 29: the producer process under a user-level MPS daemon, beside the strong step (the loader's Python off
+    # the training thread's GIL, the two processes' kernels side by side instead of taking turns), GRAPH: 2m or papers
+    strong-mps) tag=strong-mps-${GRAPH:-2m}; g=""; [ "${GRAPH:-2m}" = papers ] && g="--graph papers:111M:1.6B"
+                export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+                if nvidia-cuda-mps-control -d; then
+                  for pct in ${MPS_PCTS:-30}; do
+                    timeout ${LIMIT:-280} python3 -m hmgstore.bench train $g --configs ${CONFIGS:-all_gpu+pipe cache+proc} \
+                      --cache 0.2 --compress int8 --batches ${BATCHES:-40} --max-sms none --sm-percent $pct ${EXTRA:-} \
+                      --no-progress --out "$OUT/$tag-$pct" 2>"$OUT/$tag-$pct.log"; rc=$?
+                    grep -E "^\||target|host GB" "$OUT/$tag-$pct.log" | tail -8
+                  done
+                  echo quit | nvidia-cuda-mps-control
+                else echo "MPS daemon did not start"; rc=1; fi
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     # Issue 31's soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
     soak) timeout 590 python3 benchmarks/soak.py ${SOAK_ARGS:-} --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
