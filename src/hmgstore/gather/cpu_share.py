@@ -42,6 +42,17 @@ each chunk waits for the GIL that the thread queueing the kernel holds
 
 The output is bit-identical to an unsplit gather; only the time differs.
 
+Finishing later. Step 3 makes the gathering thread wait for the CPU's
+reads (on the H100, ~1-1.5 ms a papers-shaped batch). Inside
+:func:`~hmgstore.gather.finish_scope.deferred_finishes` (what
+:class:`hmgstore.Pipeline` does with ``overlap_reads``) a gather returns
+at once instead: the reader thread itself, after the reads, queues the
+copies and the scatter on the copy stream and records an event there
+(:func:`finish_later`), so the loader thread samples the next batch
+meanwhile. The outputs are unwritten until that event: whoever holds the
+block's futures makes its stream wait for each one's event before anything
+reads them.
+
 The cost model. ``split="auto"`` measures both paths on the table at the
 first batch of each size class (a power of two of ids: the kernel's rate
 per row depends on how many rows it reads), and caches the share in
@@ -73,6 +84,7 @@ from typing import Any
 import torch
 
 from ..util.cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
+from . import finish_scope
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +198,8 @@ def measure(table, batch: int, key: str, run, repeats: int = 3) -> Model:
         for _ in range(repeats + 1):  # the first run warms up (kernel build, page tables, staging)
             torch.cuda.synchronize(table.device)
             start = time.perf_counter()
-            run(table, ids, out, share)
+            with finish_scope.inline():  # even in a pipeline's thread: the timing must include the reads
+                run(table, ids, out, share)
             torch.cuda.synchronize(table.device)
             best = min(best, time.perf_counter() - start)
         return best
@@ -298,6 +311,7 @@ class CpuPart:
     decode: Callable[[torch.Tensor], torch.Tensor] | None = None
     chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the read)
     staging: torch.Tensor | None = None  # pinned, the host tier's dtype
+    started: torch.cuda.Event | None = None  # on the gather's stream at start(): the copies wait for it
     landed: torch.Tensor | None = None  # the staging's copy on the GPU, when it cannot land in the output
 
 
@@ -325,34 +339,74 @@ def divide(host_ids: torch.Tensor, on_host: torch.Tensor | None, share: float
 
 def start(part: CpuPart, source: torch.Tensor, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """Queue the part's CPU reads on the thread pool (they run while the caller queues the kernel) and
-    let the copy stream wait for ``stream`` here, before the kernel, so it waits for nothing the kernel does."""
+    mark ``stream`` here, before the kernel: the copy stream waits for that mark, not for the kernel."""
     n, row_shape = len(part.ids), source.shape[1:]
     part.staging = torch.empty((n, *row_shape), dtype=source.dtype, pin_memory=True)
     if part.positions is not None or source.dtype != out.dtype or part.decode is not None:
         part.landed = torch.empty((n, *row_shape), dtype=source.dtype, device=out.device)
-    copy_stream(out.device).wait_stream(stream)  # the output and landing buffer are the gather stream's
+    # The output, landing buffer and GPU positions are the gather stream's. An event, waited for by the copy
+    # stream when the part's copies are queued: a wait queued on the shared copy stream now could land, under
+    # finish_later, before an earlier batch's copies still to be queued, and hold them behind this batch's work.
+    part.started = stream.record_event()
     part.chunks = read_chunks(source, part.ids, part.staging)
 
 
 def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """Wait for the part's CPU reads, copy each chunk over as it is read, and put the rows into ``out``
     (``[n, ...]`` on ``stream``'s GPU): straight into its first rows when they are the part's, else by a
-    scatter on ``stream``, widening half-width rows."""
+    scatter on ``stream``, widening half-width rows. ``stream`` is the current stream: the gather's, or the
+    copy stream itself when :func:`finish_later` runs this on the reader thread (then nothing waits here)."""
     side = copy_stream(out.device)
     into = part.landed if part.landed is not None else out
     with torch.cuda.stream(side):
+        assert part.started is not None  # start() marked the gather's stream
+        side.wait_event(part.started)
         for (a, b), future in part.chunks:
             future.result()
             assert part.staging is not None  # start() made it with the chunks
             into[a:b].copy_(part.staging[a:b], non_blocking=True)
         positions = part.positions if part.positions is None or part.positions.is_cuda else \
             part.positions.pin_memory().to(out.device, non_blocking=True)
-    stream.wait_stream(side)
+    if stream != side:
+        stream.wait_stream(side)
     rows = None if part.landed is None else \
         part.landed.to(out.dtype) if part.decode is None else part.decode(part.landed)
     if positions is not None:
-        positions.record_stream(stream)
+        positions.record_stream(stream)  # made on the copy stream, or (GPU ids) on the gather's
         assert rows is not None  # start() gives a part with positions a landing buffer
         out.index_copy_(0, positions, rows)
     elif rows is not None:
         out[:len(part.ids)].copy_(rows)
+
+
+def finish_later(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """:func:`finish` on the reader thread, after the part's reads, with every step on the copy stream (which
+    waits for ``stream`` since :func:`start`); its future, whose result is a CUDA event recorded on the copy
+    stream after the last step, goes into this thread's
+    :func:`~hmgstore.gather.finish_scope.deferred_finishes` list. Arguments as :func:`finish`'s; call inside
+    that block only (RuntimeError otherwise): the caller's stream must wait for the event before it reads
+    ``out``."""
+    futures = finish_scope.current()  # raises outside the block, before anything is queued
+    side = copy_stream(out.device)
+    # Lifetimes. torch's caching allocator reuses a freed block at once for work on the stream that allocated
+    # it, and after an event for the streams record_stream() added, recorded when the block is freed. ``out``
+    # and ``landed`` are the gather stream's, which does not wait for the copy stream, so without the record
+    # a batch dropped early (a pipeline stopped) or a landing buffer freed with its part could be handed to
+    # the gather stream's next allocation while the copy stream still writes or reads it. The record must
+    # precede the free, and the free's event must follow the copy stream's work: the queued task holds
+    # ``part`` and ``out`` until it has queued all of it, so the last reference goes only after that. GPU
+    # positions (GPU ids: the gather stream's) are recorded in finish(); positions uploaded there and the
+    # decoded rows are the copy stream's own, freed after their use on it; the pinned staging and position
+    # copies get an event on the copy stream from torch's host allocator at each non-blocking copy.
+    out.record_stream(side)
+    if part.landed is not None:
+        part.landed.record_stream(side)
+    futures.append(_reader.submit(_finish_on_reader, part, out, side))  # one thread: after the part's reads
+
+
+def _finish_on_reader(part: CpuPart, out: torch.Tensor, side: torch.cuda.Stream) -> torch.cuda.Event:
+    with torch.cuda.device(out.device), torch.cuda.stream(side):  # a new thread's current device is GPU 0
+        finish(part, out, side)
+        done = torch.cuda.Event()
+        done.record(side)
+    return done

@@ -29,6 +29,7 @@ from ..memory.pinned import PinnedHost
 from ..rows import placement as placement_mod
 from ..rows.ids import Index, check_pending, check_range, prepare_many
 from . import cpu_share as split_mod
+from . import finish_scope
 
 
 def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
@@ -172,7 +173,9 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
     """Queue one launch for every request on ``stream``, and the CPU's share of split tables' rows.
 
     ``shares``: per request, the CPU's share of the split gather, or None
-    to use each table's own setting.
+    to use each table's own setting. Returns once the CPU's rows are read
+    and queued, or, inside :func:`hmgstore.gather.finish_scope.deferred_finishes`,
+    at once: the CPU's rows land by the events of that block's futures.
     """
     prepared: dict = {}
     unchecked = {id(ids) for ids, _, _ in pending} if check == "deferred" else set()
@@ -197,8 +200,9 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
         described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
                      for k in packed.kept]
         deferred.deferred(device, stream, record, described)
+    later = finish_scope.deferring()  # in a pipeline's thread: the reader thread finishes, see finish_later
     for table, part, out in parts:  # the CPU's rows, read while the kernel runs
-        split_mod.finish(part, out, stream)
+        (split_mod.finish_later if later else split_mod.finish)(part, out, stream)
         if table.counter is not None:
             table.counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
     for (table, _), work in zip(requests, jobs):

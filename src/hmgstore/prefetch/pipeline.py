@@ -10,7 +10,9 @@ for it on the GPU (the training thread itself never waits for the GPU to
 finish a batch), and its tensors are marked as used by the consumer's stream
 so their memory is not reused too early. Loader workers (CPU sampling in
 other processes) keep working as before, now also overlapping the gather and
-the training.
+the training. With ``overlap_reads``, a split gather's CPU reads
+(:mod:`hmgstore.gather.cpu_share`) also overlap the next batch's sampling:
+they land on a copy stream that the consumer's stream waits for as well.
 
 An exception raised while producing a batch is raised in the training loop,
 with its traceback, at the batch where it happened (a bad GPU id, which
@@ -31,6 +33,7 @@ import torch
 
 from ..cuda.deferred import raise_deferred
 from ..cuda.gather import capped_gathers
+from ..gather.finish_scope import deferred_finishes
 from ..gather.fusion import fused
 from ..table.host_pages import batches_to_fuse
 from ..util.device import resolve_device
@@ -57,6 +60,23 @@ def _tensors(obj, seen=None):
         for store in obj.stores:
             for value in store.values():
                 yield from _tensors(value, seen)
+
+
+def check_overlap_reads(overlap_reads) -> None:
+    if overlap_reads != "auto" and not isinstance(overlap_reads, bool):
+        raise ValueError(f"overlap_reads is True, False or 'auto'; got {overlap_reads!r}")
+
+
+def reads_can_overlap(loader) -> bool:
+    """``overlap_reads="auto"``: whether nothing in ``loader`` reads a batch's gathered rows after the gather.
+
+    True for a PyG loader (``NodeLoader``, ``LinkLoader`` and their subclasses: a ``collate_fn`` that samples
+    and a ``filter_fn`` that gathers and only puts the rows on the batch) without a ``transform``, which could
+    read them before the CPU's share lands; False for anything else (a DGL loader, an unknown iterable), whose
+    own code after the gather cannot be seen.
+    """
+    return (callable(getattr(loader, "collate_fn", None)) and callable(getattr(loader, "filter_fn", None))
+            and hasattr(loader, "transform") and loader.transform is None)
 
 
 def check_max_sms(max_sms) -> None:
@@ -131,6 +151,22 @@ class Pipeline:
             ``"auto"``: as many as the loader's biggest host tier needs
             (:func:`hmgstore.table.host_pages.batches_to_fuse`, from this machine's
             measured reach, cached). Default 1 (each batch on its own).
+        overlap_reads: let the loader thread sample the next batch while the
+            CPU still reads this one's share of a split gather's rows
+            (``HybridTensor(split=...)``, :mod:`hmgstore.gather.cpu_share`):
+            each batch is made inside
+            :func:`hmgstore.gather.finish_scope.deferred_finishes`, and its
+            rows land on the copy stream, which the consumer's stream waits
+            for before the batch is yielded (an error there is raised at
+            that batch). On an H100 a papers-shaped batch's CPU read takes
+            about 1-1.5 ms, on the loader thread's critical path otherwise
+            (``benchmarks/results/strong-step-h100.md``). The price: the loader
+            must not read a batch's gathered rows after the gather, on any
+            stream, before handing the batch over (they are not written
+            yet). ``"auto"`` (default): on only where that is known to hold,
+            a PyG loader without a ``transform`` (:func:`reads_can_overlap`);
+            True: on for any loader (its code promises not to read them);
+            False: off. No effect without CUDA or a split table.
 
     Batches come out ready on the stream that is current when they are taken.
     The first :attr:`warm` batches of each pass are made in the consumer's
@@ -142,13 +178,15 @@ class Pipeline:
     warm = 2
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
-                 fuse: int = 1):
+                 fuse: int = 1, overlap_reads: bool | str = "auto"):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
         check_max_sms(max_sms)
         if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
             raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
+        check_overlap_reads(overlap_reads)
         self.loader, self.depth, self.max_sms, self.fuse = loader, depth, max_sms, fuse
+        self.overlap_reads = overlap_reads
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
         if device is not None:
@@ -177,6 +215,10 @@ class Pipeline:
             return None
         return auto_sms(self.device)
 
+    def _overlaps_reads(self) -> bool:
+        """Whether batches are made with their CPU reads finishing later (``overlap_reads``, ``"auto"`` decided)."""
+        return self.overlap_reads if isinstance(self.overlap_reads, bool) else reads_can_overlap(self.loader)
+
     def __iter__(self) -> Iterator:
         import time
 
@@ -190,22 +232,32 @@ class Pipeline:
                 self.max_sms if isinstance(self.max_sms, int) else None  # checked at construction: int or None
         if self.fuse == "auto":
             self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
+        overlap = cuda and self._overlaps_reads()
 
+        def finishes() -> contextlib.AbstractContextManager[list]:
+            """The block a batch is made in, collecting its split gathers' futures (none without overlap)."""
+            return deferred_finishes() if overlap else contextlib.nullcontext([])
+
+        # Items: (batch or _DONE, its event on the side stream, an error raised making it, the futures of its
+        # split gathers' CPU parts: their events, on the copy stream, are the batch's too).
         def make(batches) -> tuple:
             """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), capped_gathers(max_sms):
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), capped_gathers(max_sms), \
+                    finishes() as futures:
                 batch = next(batches, _DONE)
                 event = None
                 if cuda and batch is not _DONE:
                     event = torch.cuda.Event()
                     event.record(side)
-            return batch, event, None
+            return batch, event, None, futures
 
         def make_fused(batches) -> list:
             """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
             ends the group after the batches made before it, which are delivered first."""
             items, error = [], None
-            with torch.cuda.stream(side), capped_gathers(max_sms), fused(self.device, self.fuse):
+            # the window's gathers run as it closes, inside the scope (opened first, closed last)
+            with torch.cuda.stream(side), capped_gathers(max_sms), finishes() as futures, \
+                    fused(self.device, self.fuse):
                 try:
                     for _ in range(self.fuse):
                         batch = next(batches, _DONE)
@@ -216,8 +268,8 @@ class Pipeline:
                     error = err
             event = torch.cuda.Event()
             event.record(side)
-            made = [(b, None if b is _DONE else event, None) for b in items]
-            return made + ([(None, None, error)] if error is not None else [])
+            made = [(b, None if b is _DONE else event, None, futures) for b in items]  # a group's rows: together
+            return made + ([(None, None, error, [])] if error is not None else [])
 
         batches = iter(self.loader)
         first = []
@@ -227,7 +279,7 @@ class Pipeline:
                 if first[-1][0] is _DONE:
                     break
         except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
-            first.append((None, None, err))
+            first.append((None, None, err, []))
 
         def produce():
             try:
@@ -246,7 +298,7 @@ class Pipeline:
                         if item[0] is _DONE or item[2] is not None:
                             return
             except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
-                ready.put((None, None, err))
+                ready.put((None, None, err, []))
 
         worker = threading.Thread(target=produce, name="hmgstore-pipeline", daemon=True)
         worker.start()
@@ -254,7 +306,8 @@ class Pipeline:
         try:
             while True:
                 start = time.perf_counter()
-                batch, event, failure = first.pop(0) if first else ready.get()
+                batch, event, failure, parts = first.pop(0) if first else ready.get()
+                landed = [f.result() for f in parts]  # raises a batch's CPU reads' error here, at the batch
                 self.waited += time.perf_counter() - start
                 if failure is not None:
                     raise failure
@@ -266,6 +319,8 @@ class Pipeline:
                 if cuda:
                     current = torch.cuda.current_stream(self.device)
                     current.wait_event(event)
+                    for done in landed:
+                        current.wait_event(done)
                     for t in _tensors(batch):
                         if t.is_cuda:
                             t.record_stream(current)

@@ -16,7 +16,7 @@ own::
 
 The producer process (``torch.multiprocessing``, spawned) calls
 ``make_loader()`` once, then, for each pass the trainer starts, iterates it
-through :class:`hmgstore.Pipeline` (``max_sms`` and ``fuse`` are the
+through :class:`hmgstore.Pipeline` (``max_sms``, ``fuse`` and ``overlap_reads`` are the
 pipeline's; its own depth is 1) and copies each batch into a ring of ``depth + 1`` shared
 buffers (:mod:`hmgstore.prefetch.shared_ring`), ordered by CUDA events, with no host
 synchronisation between the processes in the steady state.
@@ -52,7 +52,7 @@ import torch
 
 from ..util.device import resolve_device
 from . import shared_ring as ring
-from .pipeline import check_max_sms
+from .pipeline import check_max_sms, check_overlap_reads
 from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
 
 
@@ -89,6 +89,8 @@ class Producer:
         seed: seeds torch in the producer before ``make_loader()`` (the same batches, run to run).
         max_sms: passed to the producer's :class:`hmgstore.Pipeline`.
         fuse: passed to the producer's :class:`hmgstore.Pipeline`.
+        overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (``"auto"``: on for a PyG loader
+            without a transform; a batch is packed into the ring once its CPU reads have landed).
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
     """
 
@@ -105,10 +107,12 @@ class Producer:
     _length: int | None
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
-                 max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None):
+                 max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None,
+                 overlap_reads: bool | str = "auto"):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
         check_max_sms(max_sms)
+        check_overlap_reads(overlap_reads)
         if sm_percent is not None and not 1 <= sm_percent <= 100:
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")
         if device is None and torch.cuda.is_available():
@@ -116,7 +120,7 @@ class Producer:
         self.device = resolve_device(device) if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         self.make_loader, self.depth, self.seed = make_loader, depth, seed
-        self.max_sms, self.fuse, self.sm_percent = max_sms, fuse, sm_percent
+        self.max_sms, self.fuse, self.sm_percent, self.overlap_reads = max_sms, fuse, sm_percent, overlap_reads
         self.process = None
         self.stats: dict = {}  # the producer's counts for the last full pass (batches, busy_s, waited_s)
         self.waited = 0.0  # seconds the trainer waited for batches (last pass)
@@ -134,7 +138,7 @@ class Producer:
         os.environ.update(env)  # the spawned process copies the environment at start
         try:
             self.process = ctx.Process(target=serve, name="hmgstore-producer", daemon=True, args=(
-                self.make_loader, self.device, self.depth + 1, self.seed, self.max_sms, self.fuse,
+                self.make_loader, self.device, self.depth + 1, self.seed, (self.max_sms, self.fuse, self.overlap_reads),
                 self._commands, self._results))
             self.process.start()
         except Exception as err:

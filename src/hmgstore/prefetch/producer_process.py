@@ -52,8 +52,9 @@ def raise_error(blob, text: str):
     raise err from RemoteTraceback(text)
 
 
-def serve(make_loader, device, slots, seed, max_sms, fuse, commands, results) -> None:
-    """The producer process: build the loader, then make passes as the trainer asks."""
+def serve(make_loader, device, slots, seed, options, commands, results) -> None:
+    """The producer process: build the loader, then make passes as the trainer asks. ``options``: the
+    pipeline's ``(max_sms, fuse, overlap_reads)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which ends this process
     try:
         if device.type == "cuda":
@@ -65,7 +66,7 @@ def serve(make_loader, device, slots, seed, max_sms, fuse, commands, results) ->
             length = len(loader)
         except TypeError:
             length = None
-        server = _Server(loader, device, slots, max_sms, fuse, commands, results)
+        server = _Server(loader, device, slots, options, commands, results)
         results.put(("ready", None, length, [e.ipc_handle() for e in server.filled]))
     except BaseException as err:  # noqa: BLE001 - reported to the trainer
         results.put(("error", None, *pack_error(err)))
@@ -80,9 +81,9 @@ class _Stopped(Exception):
 class _Server:
     """The producer's side of the ring."""
 
-    def __init__(self, loader, device, slots, max_sms, fuse, commands, results):
+    def __init__(self, loader, device, slots, options, commands, results):
         self.loader, self.device, self.commands, self.results = loader, device, commands, results
-        self.max_sms, self.fuse = max_sms, fuse
+        self.max_sms, self.fuse, self.overlap_reads = options
         self.cuda = device.type == "cuda"
         self.buffers = [None] * slots
         self.filled = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if self.cuda else []
@@ -156,7 +157,8 @@ class _Server:
         batches = 0
         # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring
         # on a machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process.
-        source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse)
+        source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse,
+                          overlap_reads=self.overlap_reads)
         it = cast(Generator, iter(source))  # Pipeline.__iter__ is a generator: it has close()
         try:
             while True:
