@@ -224,3 +224,18 @@ def test_hollow_graph_keeps_the_sizes_a_producer_configuration_reads():
     hollow = _hollow(data)
     assert hollow.x.shape == (0, 7) and hollow.x.dtype == torch.float32 and hollow.num_nodes == 50
     assert hollow.x.untyped_storage().nbytes() == 0 and hollow.y.untyped_storage().nbytes() == 0
+
+
+def test_overlap_and_repeat_flags_name_their_configurations(tmp_path):
+    """--overlap-reads with two values: a cache configuration each (pipelines get the setting); --repeat 2: the
+    list twice, interleaved, the second pass named /run2."""
+    from hmgstore.bench import train
+
+    assert train._repeated(["a", "b"], 2) == ["a", "b", "a/run2", "b/run2"]
+    assert train.variant("cache+pipe/overlapoff/run2", "overlap", "auto", str) == "off"
+    args = parse_args(["train", "--quick", "--no-progress", "--configs", "cache+pipe", "--overlap-reads", "on", "off",
+                       "--repeat", "2", "--out", str(tmp_path)])
+    report = train.run(args)
+    assert list(report["configs"]) == ["cache+pipe/overlapon", "cache+pipe/overlapoff", "cache+pipe/overlapon/run2",
+                                       "cache+pipe/overlapoff/run2"]
+    assert [c["overlap_reads"] for c in report["configs"].values()] == ["on", "off", "on", "off"]

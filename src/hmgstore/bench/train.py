@@ -135,6 +135,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache configurations: the share of the topology's bytes on the GPU, when it should differ "
                         "from --cache (1.0: the whole topology; the features stay at --cache). Several values: each "
                         "cache configuration once per value, as name/topoT. Default: --cache")
+    p.add_argument("--overlap-reads", choices=("auto", "on", "off"), nargs="+", default=["auto"],
+                   help="pipeline and producer: hmgstore.Pipeline's overlap_reads (a split gather's CPU reads "
+                        "finished by the reader thread while the next batch is sampled); several values: each cache "
+                        "configuration once per value, as name/overlapV")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the whole list of configurations this many times, interleaved (name/runK for K >= 2): "
+                        "the spread between runs of one configuration is the run's noise")
     p.add_argument("--split", type=float, nargs="+", default=[None],
                    help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
@@ -185,6 +192,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     cached = base_of(config) == "cache"
     split = variant(config, "split", args.split[0] if cached else None)  # the features' host rows by the CPU
     topology_cache = variant(config, "topo", _topology_share(args) if cached else None)
+    overlap = variant(config, "overlap", args.overlap_reads[0], str)
+    overlap_reads = {"on": True, "off": False}.get(overlap, overlap)
     name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
     max_sms = _sms(cap) if cap else args.max_sms[0]
@@ -197,17 +206,17 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
         loader = stores = sampler = None
         # a Producer here, else a Pipeline or the loader itself
-        iterable: Any = hmgstore.Producer(functools.partial(produced_loader, base, args, hot, device),
-                                          depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
-                                          fuse=args.fuse, sm_percent=args.sm_percent).start()
+        make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split)
+        iterable: Any = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
+                                          fuse=args.fuse, sm_percent=args.sm_percent,
+                                          overlap_reads=overlap_reads).start()
         build = time.perf_counter() - build_start
     else:
         loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot,
-                                                            topology_cache=topology_cache)
-        if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
-            stores[0].table(None, "x").set_split(split)
+                                                            topology_cache=topology_cache, split=split)
         iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
-                                     fuse=args.fuse if device.type == "cuda" else 1) if pipe else loader
+                                     fuse=args.fuse if device.type == "cuda" else 1,
+                                     overlap_reads=overlap_reads) if pipe else loader
     alone = {}
     if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
         alone["loader_main"] = _rate(loader, reps, sync, profile=_profile_path(args, config))
@@ -256,7 +265,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
               "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
-              "topology_cache": topology_cache,
+              "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache,
               "step_issue_s": step_issue if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
@@ -310,6 +319,7 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
                              "split", args.split)
+    configs = _repeated(_with_variants(configs, "overlap", args.overlap_reads), args.repeat)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -386,12 +396,18 @@ def _with_variants(configs: list, key: str, values: list) -> list:
             (values if base_of(c) == "cache" else [None])]
 
 
-def variant(config: str, key: str, default):
-    """The value a ``/keyV`` suffix of ``config`` names (``cache+pipe/topo1.0/split1.0``), else ``default``."""
+def variant(config: str, key: str, default, kind=float):
+    """The value a ``/keyV`` suffix of ``config`` names (``cache+pipe/topo1.0/split1.0``), as ``kind``, else
+    ``default``."""
     for part in config.split("/")[1:]:
         if part.startswith(key):
-            return float(part[len(key):])
+            return kind(part[len(key):])
     return default
+
+
+def _repeated(configs: list, times: int) -> list:
+    """The list ``times`` over, interleaved (drift in the machine then touches every configuration alike)."""
+    return [c if k == 1 else f"{c}/run{k}" for k in range(1, times + 1) for c in configs]
 
 
 def _with_caps(configs: list, caps: list) -> list:
