@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hmgstore
-from helpers import assert_same, random_table
+from helpers import assert_same, no_collection, random_table
 
 
 def check_context_alive(device) -> None:
@@ -168,16 +168,17 @@ def test_cpu_ids_do_not_wait_for_the_stream(pinned):
     table[warm.pin_memory() if pinned else warm]  # compilation, first pinned blocks
     torch.cuda.synchronize()
     generator = torch.Generator().manual_seed(30)
-    torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the stream the gathers queue on
-    start = time.perf_counter()
     wanted, results = [], []
-    for _ in range(20):
-        ids = torch.randint(0, 60_000, (5000,), generator=generator)
-        ids = ids.pin_memory() if pinned else ids
-        wanted.append(x[ids])
-        results.append(table.gather(ids))
-        ids.fill_(7)  # the caller reuses its buffer at once
-    spent = time.perf_counter() - start
+    with no_collection():  # an earlier test's garbage freed in here would synchronise the device
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the stream the gathers queue on
+        start = time.perf_counter()
+        for _ in range(20):
+            ids = torch.randint(0, 60_000, (5000,), generator=generator)
+            ids = ids.pin_memory() if pinned else ids
+            wanted.append(x[ids])
+            results.append(table.gather(ids))
+            ids.fill_(7)  # the caller reuses its buffer at once
+        spent = time.perf_counter() - start
     assert spent < 0.5, f"20 gathers with CPU ids waited {spent:.2f} s for the busy stream"
     torch.cuda.synchronize()
     for k, (rows, want) in enumerate(zip(results, wanted)):
@@ -195,11 +196,12 @@ def test_gather_on_a_side_stream_does_not_wait_for_the_default_stream():
         idx = torch.randint(0, 100_000, (10_000,), device="cuda")
         table[idx]  # warm-up: compilation, pinned buffers
     side.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the default stream
-    start = time.perf_counter()
-    with torch.cuda.stream(side):
-        rows = table[idx]  # CUDA ids: checked with a read-back on the side stream only
-    spent = time.perf_counter() - start
+    with no_collection():
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of work on the default stream
+        start = time.perf_counter()
+        with torch.cuda.stream(side):
+            rows = table[idx]  # CUDA ids: checked with a read-back on the side stream only
+        spent = time.perf_counter() - start
     side.synchronize()
     assert spent < 0.5, f"the gather waited {spent:.2f} s for the default stream"
     assert torch.equal(rows.cpu(), x[idx.cpu()])
