@@ -48,14 +48,14 @@ def test_auto_overlaps_reads_for_a_pyg_loader_without_a_transform_only(small_gra
 
     plain = pyg_loader(small_graph)
     assert isinstance(plain, NeighborLoader) and plain.transform is None
-    assert hmgstore.Pipeline(plain, device=None)._overlaps_reads()
+    assert hmgstore.Pipeline(plain, device=None, overlap_reads="auto")._overlaps_reads()
     assert not hmgstore.Pipeline(plain, device=None, overlap_reads=False)._overlaps_reads()
     transformed = pyg_loader(small_graph, transform=lambda batch: batch)  # could read x before its rows land
-    assert not hmgstore.Pipeline(transformed, device=None)._overlaps_reads()
+    assert not hmgstore.Pipeline(transformed, device=None, overlap_reads="auto")._overlaps_reads()
     assert hmgstore.Pipeline(transformed, device=None, overlap_reads=True)._overlaps_reads()  # the caller's word
     dataloader = torch.utils.data.DataLoader(list(range(10)))  # a collate_fn and no filter_fn: not PyG's
     for unknown in ([1, 2, 3], iter([]), dataloader):
-        assert not hmgstore.Pipeline(unknown, device=None)._overlaps_reads()
+        assert not hmgstore.Pipeline(unknown, device=None, overlap_reads="auto")._overlaps_reads()
         assert hmgstore.Pipeline(unknown, device=None, overlap_reads=True)._overlaps_reads()
 
 
@@ -174,7 +174,7 @@ def test_split_gathers_in_an_overlapping_pipeline_are_bit_exact(cuda_device, mon
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fuse", [1, 3])
-def test_a_pyg_loader_overlaps_by_default_and_stays_exact(cuda_device, monkeypatch, fuse):
+def test_a_pyg_loader_overlaps_under_auto_and_stays_exact(cuda_device, monkeypatch, fuse):
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
@@ -196,7 +196,7 @@ def test_a_pyg_loader_overlaps_by_default_and_stays_exact(cuda_device, monkeypat
         poison = torch.full((64 << 20,), float("nan"), device=cuda_device)
         del poison
     seen = 0
-    for batch in hmgstore.Pipeline(loader, depth=2, fuse=fuse):
+    for batch in hmgstore.Pipeline(loader, depth=2, fuse=fuse, overlap_reads="auto"):
         n_id = batch.n_id.cpu()
         assert_same(batch.x.cpu(), g.x[n_id])
         assert_same(batch.y.cpu(), g.y[n_id])
@@ -282,3 +282,34 @@ def test_the_cost_model_times_whole_gathers_inside_a_block(cuda_device, tmp_path
     for future in futures:
         torch.cuda.current_stream(cuda_device).wait_event(future.result(timeout=60))
     assert_same(got.cpu(), x[idx])
+
+
+def test_overlap_is_off_by_default(small_graph):
+    """Measured on an H100 not to pay (strong-step-h100.md): a PyG loader without a transform, which "auto"
+    would overlap, is not overlapped unless asked."""
+    loader = pyg_loader(small_graph)
+    assert hmgstore.Pipeline(loader, device=None).overlap_reads is False
+    assert not hmgstore.Pipeline(loader, device=None)._overlaps_reads()
+    assert hmgstore.Pipeline(loader, device=None, overlap_reads="auto")._overlaps_reads()
+
+
+@pytest.mark.gpu
+def test_close_waits_for_the_reads_still_queued(cuda_device):
+    """A table closed while a deferred finish of its gather is still queued on the reader thread (held by a
+    gate here) waits for it: close() returns only after the gate opens and the part's rows have landed."""
+    t, want = split_table(cuda_device)
+    idx = torch.randint(0, N, (100_000,), generator=torch.Generator().manual_seed(45))
+    out = torch.full((100_000, DIM), float("nan"), device=cuda_device)  # poisoned
+    gate = threading.Event()
+    split._reader.submit(gate.wait, 20)
+    try:
+        with finish_scope.deferred_finishes() as futures:
+            t.gather(idx.to(cuda_device), out=out)
+        threading.Timer(1.0, gate.set).start()
+        started = time.perf_counter()
+        t.close()
+        assert time.perf_counter() - started > 0.5 and futures[0].done()  # it waited for the gate, then the part
+    finally:
+        gate.set()
+    torch.cuda.current_stream(cuda_device).wait_event(futures[0].result(timeout=60))
+    assert_same(out.cpu(), want[idx])

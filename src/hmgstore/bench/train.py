@@ -135,7 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache configurations: the share of the topology's bytes on the GPU, when it should differ "
                         "from --cache (1.0: the whole topology; the features stay at --cache). Several values: each "
                         "cache configuration once per value, as name/topoT. Default: --cache")
-    p.add_argument("--overlap-reads", choices=("auto", "on", "off"), nargs="+", default=["auto"],
+    p.add_argument("--overlap-reads", choices=("auto", "on", "off"), nargs="+", default=["off"],
                    help="pipeline and producer: hmgstore.Pipeline's overlap_reads (a split gather's CPU reads "
                         "finished by the reader thread while the next batch is sampled); several values: each cache "
                         "configuration once per value, as name/overlapV")

@@ -83,6 +83,7 @@ from typing import Any
 
 import torch
 
+from ..cuda.runtime import synchronize
 from ..util.cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
 from . import finish_scope
 
@@ -282,6 +283,13 @@ def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chu
     return [((a, min(len(ids), a + step)),
              _reader.submit(torch.index_select, source, 0, ids[a:a + step], out=into[a:a + step]))
             for a in range(0, len(ids), step)]
+
+
+def settle(device: torch.device) -> None:
+    """Wait for every read and finish queued on the reader thread so far, then for ``device``: what a table's
+    close() does before its memory goes (a deferred finish may still read the host tier and write the GPU)."""
+    _reader.submit(int).result()  # one thread, first in first out: behind everything queued before
+    synchronize((device,))
 
 
 _copy_streams: dict[int, torch.cuda.Stream] = {}

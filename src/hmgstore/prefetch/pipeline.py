@@ -158,15 +158,17 @@ class Pipeline:
             :func:`hmgstore.gather.finish_scope.deferred_finishes`, and its
             rows land on the copy stream, which the consumer's stream waits
             for before the batch is yielded (an error there is raised at
-            that batch). On an H100 a papers-shaped batch's CPU read takes
-            about 1-1.5 ms, on the loader thread's critical path otherwise
-            (``benchmarks/results/strong-step-h100.md``). The price: the loader
-            must not read a batch's gathered rows after the gather, on any
-            stream, before handing the batch over (they are not written
-            yet). ``"auto"`` (default): on only where that is known to hold,
-            a PyG loader without a ``transform`` (:func:`reads_can_overlap`);
-            True: on for any loader (its code promises not to read them);
-            False: off. No effect without CUDA or a split table.
+            that batch). The loader must not read a batch's gathered rows
+            after the gather, on any stream, before handing the batch over
+            (they are not written yet). False (the default): off, because
+            on an H100 it did not pay (``benchmarks/results/strong-step-h100.md``:
+            2M nodes x 1024-d, int8, 20% cache, split 1.0, two runs on one
+            machine: the loader alone made 10-20% fewer batches a second
+            with it, and the epoch beside the strong step was 0.87x and
+            1.7x the one without it, inside the run-to-run noise of those
+            VMs). True: on for any loader (its code promises not to read
+            the rows); ``"auto"``: on where that is known to hold, a PyG
+            loader without a ``transform`` (:func:`reads_can_overlap`).
 
     Batches come out ready on the stream that is current when they are taken.
     The first :attr:`warm` batches of each pass are made in the consumer's
@@ -178,7 +180,7 @@ class Pipeline:
     warm = 2
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
-                 fuse: int = 1, overlap_reads: bool | str = "auto"):
+                 fuse: int = 1, overlap_reads: bool | str = False):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
         check_max_sms(max_sms)

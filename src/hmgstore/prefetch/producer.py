@@ -89,8 +89,8 @@ class Producer:
         seed: seeds torch in the producer before ``make_loader()`` (the same batches, run to run).
         max_sms: passed to the producer's :class:`hmgstore.Pipeline`.
         fuse: passed to the producer's :class:`hmgstore.Pipeline`.
-        overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (``"auto"``: on for a PyG loader
-            without a transform; a batch is packed into the ring once its CPU reads have landed).
+        overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (default False; ``"auto"``: on for
+            a PyG loader without a transform; a batch is packed into the ring once its CPU reads have landed).
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
     """
 
@@ -108,7 +108,7 @@ class Producer:
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
                  max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None,
-                 overlap_reads: bool | str = "auto"):
+                 overlap_reads: bool | str = False):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
         check_max_sms(max_sms)

@@ -373,9 +373,9 @@ class Table:
     def close(self) -> None:
         """Free the GPU tier and unregister the host memory (idempotent).
 
-        Waits for gathers in flight on this table in other threads and
-        refuses new ones (RuntimeError), then waits for the table's device,
-        so no kernel still reads what is freed.
+        Waits for gathers in flight on this table in other threads and refuses new ones (RuntimeError), then
+        for split gathers' CPU reads still queued (``overlap_reads``) and the table's device, so no thread or
+        kernel still reads what is freed.
         """
         if self._closed:
             return
@@ -387,7 +387,7 @@ class Table:
                 log.warning("hmgstore: close() has waited 10 s for a gather on another thread to finish")
                 warned = True
         if self.device.type == "cuda" and torch.cuda.is_available():
-            synchronize((self.device,))
+            cpu_share.settle(self.device)
         if self._pinned is not None and self._owner is None:
             self._pinned.release()
         self._pinned = self._gpu = self._map = self._owner = None
