@@ -173,7 +173,7 @@ def test_auto_layout_on_a_copied_cached_table_is_hottest_first(data, cuda_device
 
 
 def test_several_split_shares_make_one_cache_configuration_each():
-    from hmgstore.bench.train import _with_variants, base_of, variant
+    from hmgstore.bench.train_configs import _with_variants, base_of, variant
 
     assert base_of("cache+pipe@none/split1.0") == "cache" and base_of("all_gpu+pipe") == "all_gpu"
     configs = ["all_gpu+pipe@none", "cache+pipe@none", "cache+pipe@4"]
@@ -218,7 +218,7 @@ def test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features(tmp
 def test_hollow_graph_keeps_the_sizes_a_producer_configuration_reads():
     from torch_geometric.data import Data
 
-    from hmgstore.bench.train import _hollow
+    from hmgstore.bench.train_configs import _hollow
 
     data = Data(x=random_table(50, (7,), torch.float32, seed=1), y=torch.arange(50), num_nodes=50)
     hollow = _hollow(data)

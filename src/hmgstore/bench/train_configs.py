@@ -1,0 +1,78 @@
+"""``bench train``'s configuration names: a base (``stock``, ``all_gpu``, ``host``, ``cache``), a mode
+(``+pipe``: hmgstore.Pipeline; ``+proc``: hmgstore.Producer), a cap (``@4``, ``@none``) and variants
+(``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/run2``), each list expanded from the command line's options;
+and what the training side of a producer-only run keeps of the graph."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+
+def _sms(text: str):
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of SMs, 'auto' or 'none'; got {text!r}") from None
+
+
+def _resident_gb() -> float | None:
+    """This process's resident memory now, in GB (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _hollow(data):
+    """``data`` without its features' and edges' storage (an empty ``x`` of the same width and dtype): what the
+    training side of a ``+proc`` configuration reads (the model's sizes), for when every configuration left
+    builds its own graph in a producer process. A papers-shaped graph's 57 GB of features would else be held
+    twice."""
+    from torch_geometric.data import Data
+
+    return Data(x=torch.empty((0, *data.x.shape[1:]), dtype=data.x.dtype), y=data.y[:0].clone(),
+                num_nodes=data.num_nodes)
+
+
+def base_of(config: str) -> str:
+    return config.partition("+")[0].partition("@")[0].partition("/")[0]
+
+
+def _with_variants(configs: list, key: str, values: list) -> list:
+    """Each cache configuration once per value (``name/split1.0``, ``name/topo1.0``) when several are given."""
+    if len(values) < 2:
+        return configs
+    return [f"{c}/{key}{v or 0}" if base_of(c) == "cache" else c for c in configs for v in
+            (values if base_of(c) == "cache" else [None])]
+
+
+def variant(config: str, key: str, default, kind=float):
+    """The value a ``/keyV`` suffix of ``config`` names (``cache+pipe/topo1.0/split1.0``), as ``kind``, else
+    ``default``."""
+    for part in config.split("/")[1:]:
+        if part.startswith(key):
+            return kind(part[len(key):])
+    return default
+
+
+def _repeated(configs: list, times: int) -> list:
+    """The list ``times`` over, interleaved (drift in the machine then touches every configuration alike)."""
+    return [c if k == 1 else f"{c}/run{k}" for k in range(1, times + 1) for c in configs]
+
+
+def _with_caps(configs: list, caps: list) -> list:
+    """Each pipelined configuration once per cap (``name@cap``) when several caps are given."""
+    if len(caps) < 2:
+        return configs
+    out = []
+    for config in configs:
+        if "+" in config:
+            out += [f"{config}@{'none' if cap is None else cap}" for cap in caps]
+        else:
+            out.append(config)
+    return out
