@@ -102,6 +102,9 @@ def test_report_ratios_against_the_ceilings():
     text = table_text(report)
     assert "layers trimmed per hop, TF32" in text and "step alone" in text and "| 180.0 |" in text
     assert "0.90x the all-GPU speed" in text
+    assert "profiled run" not in text
+    report["profiled"] = True  # --profile's GPU profiles slowed the cached configurations after them
+    assert "profiled run (--profile)" in table_text(report)
 
 
 def test_quick_reports_print_no_ratios():

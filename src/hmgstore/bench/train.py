@@ -321,7 +321,7 @@ def run(args) -> dict:
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
-        "host_layout": args.host_layout, "split": args.split,
+        "host_layout": args.host_layout, "split": args.split, "profiled": bool(args.profile),
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},
     }
     hot = None

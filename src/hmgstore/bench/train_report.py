@@ -83,6 +83,9 @@ def table_text(report: dict) -> str:
              *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
                                   "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
              *smoke_test_lines(report), "",
+             *(["profiled run (--profile): on the H100 its cached configurations ran 0.5-0.9x as fast as the same "
+                "code unprofiled (strong-step-h100.md); take the timings from a run without it", ""]
+               if report.get("profiled") and gpu else []),
              f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
              f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
              f"{report.get('host_layout', 'auto')} order"
