@@ -21,8 +21,10 @@ current stream. Nothing may read those outputs before the block ends; they
 are ready on the stream current at its end (:class:`hmgstore.Pipeline` with
 ``fuse=k`` does this for ``k`` batches at a time and hands them over with
 an event). Gathers that give ``out=``, a ``stream``, or read CPU tables run
-at once, as outside a window. A gather inside a window cannot be split with
-the CPU (:mod:`hmgstore.gather.cpu_share`): the window's ids are all on the GPU.
+at once, as outside a window. A table with a fixed CPU share
+(``split=0.5``, :mod:`hmgstore.gather.cpu_share`) splits the window's whole
+job as it runs, as any gather of GPU ids; ``split="auto"`` does not split
+there (its cost model is for CPU ids).
 """
 from __future__ import annotations
 
