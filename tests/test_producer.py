@@ -368,3 +368,24 @@ def test_ctrl_c_in_the_process_group_leaves_the_producer_to_its_trainer():
         os.kill(producer.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole group
         time.sleep(0.5)
         assert sorted(b["i"] for b in producer) == list(range(6))
+
+
+def test_a_producer_without_an_mps_daemon_is_warned(tmp_path, monkeypatch, caplog):
+    """No MPS control pipe: the warning names the cost and the fix (and that sm_percent does nothing); with one
+    (a control file in $CUDA_MPS_PIPE_DIRECTORY), no warning."""
+    import logging
+
+    from hmgstore.prefetch import producer
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not producer.mps_running()
+    with caplog.at_level(logging.WARNING, logger="hmgstore.prefetch.producer"):
+        producer.warn_without_mps(30)
+    assert "no CUDA MPS daemon" in caplog.text and "nvidia-cuda-mps-control -d" in caplog.text
+    assert "sm_percent=30 has no effect" in caplog.text
+    caplog.clear()
+    (tmp_path / "control").touch()
+    assert producer.mps_running()
+    with caplog.at_level(logging.WARNING, logger="hmgstore.prefetch.producer"):
+        producer.warn_without_mps(30)
+    assert caplog.text == ""
