@@ -220,12 +220,13 @@ def test_an_error_in_a_deferred_finish_is_raised_at_its_batch(cuda_device, monke
         return queued
 
     monkeypatch.setattr(split, "read_chunks", read_chunks)
+    deferred = count_deferred(monkeypatch)
     seen = []
     with pytest.raises(OSError, match="could not be read"):
         for i, ids, out in hmgstore.Pipeline(IdsLoader(t), depth=2, overlap_reads=True):
             assert_same(out.cpu(), want[ids.cpu()])
             seen.append(i)
-    assert seen == [0, 1, 2]
+    assert seen == [0, 1, 2] and len(deferred) >= 4  # raised by a deferred finish, not by one run inline
     monkeypatch.setattr(split, "read_chunks", real)
     for _i, ids, out in hmgstore.Pipeline(IdsLoader(t, batches=2), overlap_reads=True):  # the reader goes on
         assert_same(out.cpu(), want[ids.cpu()])
@@ -313,3 +314,29 @@ def test_close_waits_for_the_reads_still_queued(cuda_device):
         gate.set()
     torch.cuda.current_stream(cuda_device).wait_event(futures[0].result(timeout=60))
     assert_same(out.cpu(), want[idx])
+
+
+def test_settle_neither_waits_for_itself_nor_fails_at_shutdown(monkeypatch):
+    """settle() (a CUDA table's close()) called on the reader thread itself returns instead of waiting behind
+    its own task; with the pool shut down (interpreter exit) it skips the wait instead of raising; before any
+    deferred finish it does not touch the pool at all."""
+    import concurrent.futures
+
+    synced = []
+    monkeypatch.setattr(split, "synchronize", lambda devices: synced.append(devices))
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(split, "_deferred_any", False)
+    idle = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmgstore-split")
+    idle.shutdown()
+    monkeypatch.setattr(split, "_reader", idle)  # submit() would raise: settle must not call it
+    split.settle(device)
+    monkeypatch.setattr(split, "_deferred_any", True)
+    split.settle(device)  # shut down: the wait is skipped, no RuntimeError
+    reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmgstore-split")
+    monkeypatch.setattr(split, "_reader", reader)
+    try:
+        reader.submit(split.settle, device).result(timeout=10)  # would wait for itself forever
+        split.settle(device)  # from another thread: waits behind the queue, then returns
+    finally:
+        reader.shutdown()
+    assert synced == [(device,)] * 4

@@ -242,3 +242,42 @@ def test_overlap_and_repeat_flags_name_their_configurations(tmp_path):
     assert list(report["configs"]) == ["cache+pipe/overlapon", "cache+pipe/overlapoff", "cache+pipe/overlapon/run2",
                                        "cache+pipe/overlapoff/run2"]
     assert [c["overlap_reads"] for c in report["configs"].values()] == ["on", "off", "on", "off"]
+
+
+def test_ratios_find_configurations_with_variants_and_modes():
+    """Suffixed names (``cache/topo1.0``, ``cache+proc@none/run2``) still count as their base and mode in the
+    targets: the best cache configuration is the fastest of every variant, the producer's issue ratio finds its
+    configuration however it is named."""
+    report = _report(**{"all_gpu+pipe@none": (100.0, {"step": 110.0, "loader_pipe": 200.0}),
+                        "cache/topo1.0": (95.0, {"step": 110.0}),
+                        "cache+proc@none/topo1.0": (90.0, {"step": 110.0})})
+    report["configs"]["cache+proc@none/topo1.0"].update(producer_batches_per_s=270.0, split_s={"train_issue": 0.004})
+    report["configs"]["all_gpu+pipe@none"]["split_s"] = {"train_issue": 0.008}
+    add_ratios(report)
+    t = report["targets"]
+    assert t["cache_vs_all_gpu"] == pytest.approx(100 / 95)  # cache/topo1.0, which the old name check missed
+    assert t["proc_issue_vs_all_gpu"] == pytest.approx(0.5) and t["producer_vs_trainer"] == pytest.approx(3.0)
+
+
+def test_variants_apply_where_they_mean_something(monkeypatch, tmp_path):
+    """--overlap-reads names pipelined cache configurations only; producer-only tails are found under caps (the
+    graph is then dropped); the pipeline gets the overlap setting the name says; --repeat must be >= 1."""
+    import hmgstore
+    from hmgstore.bench import train
+    from hmgstore.bench.train_configs import _mode
+
+    assert [_mode(c) for c in ("cache", "cache+pipe@4/run2", "cache+proc@none/topo1.0")] == ["", "pipe", "proc"]
+    seen = []
+    real = hmgstore.Pipeline
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("overlap_reads"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hmgstore, "Pipeline", recording)
+    report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "cache+pipe",
+                                   "--overlap-reads", "on", "off", "--out", str(tmp_path)]))
+    assert list(report["configs"]) == ["cache", "cache+pipe/overlapon", "cache+pipe/overlapoff"]
+    assert seen == [True, False]
+    with pytest.raises(SystemExit):
+        parse_args(["train", "--repeat", "0"])

@@ -74,7 +74,7 @@ from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
 from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone
-from .train_configs import _hollow, _repeated, _resident_gb, _sms, _with_caps, _with_variants, base_of, variant
+from .train_configs import _hollow, _mode, _repeated, _resident_gb, _sms, _with_caps, _with_variants, base_of, variant
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_setup import (
     SAGE,
@@ -139,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline and producer: hmgstore.Pipeline's overlap_reads (a split gather's CPU reads "
                         "finished by the reader thread while the next batch is sampled); several values: each cache "
                         "configuration once per value, as name/overlapV")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--repeat", type=flags.positive, default=1,
                    help="run the whole list of configurations this many times, interleaved (name/runK for K >= 2): "
                         "the spread between runs of one configuration is the run's noise")
     p.add_argument("--split", type=float, nargs="+", default=[None],
@@ -310,7 +310,9 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
                              "split", args.split)
-    configs = _repeated(_with_variants(configs, "overlap", args.overlap_reads), args.repeat)
+    pipelined = [c for c in configs if _mode(c)]  # overlap_reads is the pipeline's and the producer's
+    configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
+                                                      if c in pipelined else [c])], args.repeat)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -322,6 +324,7 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "profiled": bool(args.profile),
+        "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},
     }
     hot = None
@@ -340,9 +343,10 @@ def run(args) -> dict:
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # "high": TF32 matrix products
     try:
         for k, config in enumerate(configs):
-            if all(c.partition("/")[0].endswith("+proc") for c in configs[k:]) and data.x.numel():
+            if all(_mode(c) == "proc" for c in configs[k:]) and data.x.numel():
                 data, csc = _hollow(data), None  # the producers build the graph again: not two copies at once
-            log.info("%s: training %s batches", config, args.stock_batches if config == "stock" else args.batches)
+            reps = args.stock_batches if base_of(config) == "stock" else args.batches
+            log.info("%s: training %s batches", config, reps)
             report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
             r = report["configs"][config]
             alone = ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items())

@@ -39,6 +39,11 @@ def _hollow(data):
                 num_nodes=data.num_nodes)
 
 
+def _mode(config: str) -> str:
+    """``pipe``, ``proc`` or ``""`` of a configuration's name (``cache+proc@4/topo1.0/run2``: ``proc``)."""
+    return config.partition("/")[0].partition("@")[0].partition("+")[2]
+
+
 def base_of(config: str) -> str:
     return config.partition("+")[0].partition("@")[0].partition("/")[0]
 

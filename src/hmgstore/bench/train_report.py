@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 from .report import no_gpu_line, smoke_test, smoke_test_lines
-
-
-def _base(config: str) -> str:
-    return config.partition("@")[0].partition("+")[0]
+from .train_configs import _mode, base_of
 
 
 def _epoch(report, config):
@@ -13,9 +10,10 @@ def _epoch(report, config):
     return None if c is None else c["epoch_s"]
 
 
-def _best_config(report, base):
-    """The fastest configuration of ``base`` (any mode, any cap), or None."""
-    named = [(c["epoch_s"], n) for n, c in report["configs"].items() if _base(n) == base]
+def _best_config(report, base, mode=None):
+    """The fastest configuration of ``base`` (of ``mode``, or any; any cap and variant), or None."""
+    named = [(c["epoch_s"], n) for n, c in report["configs"].items()
+             if base_of(n) == base and (mode is None or _mode(n) == mode)]
     return min(named)[1] if named else None
 
 
@@ -32,7 +30,7 @@ def _issue(report, config):
 def _loader_vs_step(report, base):
     """The best pipelined loader alone of ``base`` over its step alone (the step's ceiling)."""
     rates = [(c["alone_batches_per_s"].get("loader_pipe"), c["alone_batches_per_s"].get("step"))
-             for n, c in report["configs"].items() if _base(n) == base]
+             for n, c in report["configs"].items() if base_of(n) == base]
     rates = [(loader, step) for loader, step in rates if loader and step]
     return max(loader / step for loader, step in rates) if rates else None
 
@@ -42,8 +40,10 @@ def add_ratios(report: dict) -> None:
         report["targets"] = {}
         return
     best_cache, best_gpu, stock = _best(report, "cache"), _best(report, "all_gpu"), _epoch(report, "stock")
-    issue, issue_gpu = _issue(report, "cache+proc"), _issue(report, "all_gpu+pipe")
-    proc = report["configs"].get("cache+proc", {})
+    best_proc, best_gpu_pipe = _best_config(report, "cache", "proc"), _best_config(report, "all_gpu", "pipe")
+    issue = _issue(report, best_proc) if best_proc else None
+    issue_gpu = _issue(report, best_gpu_pipe) if best_gpu_pipe else None
+    proc = report["configs"][best_proc] if best_proc else {}
     report["targets"] = {
         "cache_vs_all_gpu": best_cache / best_gpu if best_cache and best_gpu else None,  # epoch time, <= 1.11
         "stock_vs_cache": stock / best_cache if stock and best_cache else None,  # target >= 10

@@ -42,16 +42,8 @@ each chunk waits for the GIL that the thread queueing the kernel holds
 
 The output is bit-identical to an unsplit gather; only the time differs.
 
-Finishing later. Step 3 makes the gathering thread wait for the CPU's
-reads (on the H100, ~1-1.5 ms a papers-shaped batch). Inside
-:func:`~hmgstore.gather.finish_scope.deferred_finishes` (what
-:class:`hmgstore.Pipeline` does with ``overlap_reads``) a gather returns
-at once instead: the reader thread itself, after the reads, queues the
-copies and the scatter on the copy stream and records an event there
-(:func:`finish_later`), so the loader thread samples the next batch
-meanwhile. The outputs are unwritten until that event: whoever holds the
-block's futures makes its stream wait for each one's event before anything
-reads them.
+Finishing later: inside :func:`~hmgstore.gather.finish_scope.deferred_finishes`
+the reader thread does step 3 itself on the copy stream (:func:`finish_later`).
 
 The cost model. ``split="auto"`` measures both paths on the table at the
 first batch of each size class (a power of two of ids: the kernel's rate
@@ -70,6 +62,7 @@ splitting does not pay (small tables), the share is 0 and the split is off.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
@@ -269,6 +262,7 @@ def host_rows_of(placement) -> torch.Tensor:
 
 # ---- the CPU path ------------------------------------------------------------------------------------------------
 _reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmgstore-split")
+_deferred_any = False  # set by the first finish_later: until then settle() need not wait for the reader
 
 
 def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chunks: int = 2) -> list:
@@ -286,9 +280,13 @@ def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chu
 
 
 def settle(device: torch.device) -> None:
-    """Wait for every read and finish queued on the reader thread so far, then for ``device``: what a table's
-    close() does before its memory goes (a deferred finish may still read the host tier and write the GPU)."""
-    _reader.submit(int).result()  # one thread, first in first out: behind everything queued before
+    """Wait for every finish queued on the reader thread so far (once any was), then for ``device``: what a
+    table's close() does, so that it returns with no deferred finish of its gathers still to run. Skipped on
+    the reader thread itself (it would wait for itself) and at interpreter shutdown (the pool's exit hook has
+    run what was queued, and takes nothing new)."""
+    if _deferred_any and threading.current_thread().name.partition("_")[0] != "hmgstore-split":
+        with contextlib.suppress(RuntimeError):  # "cannot schedule new futures after interpreter shutdown"
+            _reader.submit(int).result()  # one thread, first in first out: behind everything queued before
     synchronize((device,))
 
 
@@ -389,8 +387,8 @@ def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
 
 def finish_later(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:
     """:func:`finish` on the reader thread, after the part's reads, with every step on the copy stream (which
-    waits for ``stream`` since :func:`start`); its future, whose result is a CUDA event recorded on the copy
-    stream after the last step, goes into this thread's
+    first waits for the mark :func:`start` left on ``stream``); its future, whose result is a CUDA event
+    recorded on the copy stream after the last step, goes into this thread's
     :func:`~hmgstore.gather.finish_scope.deferred_finishes` list. Arguments as :func:`finish`'s; call inside
     that block only (RuntimeError otherwise): the caller's stream must wait for the event before it reads
     ``out``."""
@@ -409,6 +407,8 @@ def finish_later(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) ->
     out.record_stream(side)
     if part.landed is not None:
         part.landed.record_stream(side)
+    global _deferred_any
+    _deferred_any = True
     futures.append(_reader.submit(_finish_on_reader, part, out, side))  # one thread: after the part's reads
 
 

@@ -8,7 +8,9 @@ thread's path before it samples the next batch. A gather inside
 ``with deferred_finishes() as futures:`` returns without waiting, and the
 block's list gets one ``concurrent.futures.Future`` per CPU part, whose
 result is a ``torch.cuda.Event`` recorded once that part's rows are in the
-output (:func:`hmgstore.gather.cpu_share.finish_later`).
+output (:func:`hmgstore.gather.cpu_share.finish_later`: the reader thread,
+after the reads, queues the copies and the scatter on the copy stream and
+records the event there).
 
 What it assumes. The outputs of such gathers are not written until their
 events: nothing may read them (on any stream, in the loader itself) before
