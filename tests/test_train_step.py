@@ -193,20 +193,25 @@ def test_several_split_shares_make_one_cache_configuration_each():
     assert variant("cache+pipe", "topo", 0.15) == 0.15
 
 
+def keyword_of_each_call(monkeypatch, module, name: str, keyword: str) -> list:
+    """``module.name`` still called, the value of its ``keyword`` argument at each call kept in the list."""
+    seen, real = [], getattr(module, name)
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get(keyword))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return seen
+
+
 def test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features(tmp_path, monkeypatch):
     """--topology-cache: each value a cache configuration of its own, and the sampler built with that share of
     the topology's bytes as its GPU budget while the features keep --cache."""
     import hmgstore.plugins.pyg as pyg
     from hmgstore.bench import train
 
-    budgets = []
-    real = pyg.HybridNeighborSampler
-
-    def recording(*args, **kwargs):
-        budgets.append(kwargs.get("gpu_budget"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pyg, "HybridNeighborSampler", recording)
+    budgets = keyword_of_each_call(monkeypatch, pyg, "HybridNeighborSampler", "gpu_budget")
     args = parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "--cache", "0.1", "--topology-cache",
                        "0.5", "1", "--out", str(tmp_path)])
     report = train.run(args)
@@ -260,14 +265,7 @@ def test_variants_apply_where_they_mean_something(monkeypatch, tmp_path):
     from hmgstore.bench.train_configs import _mode
 
     assert [_mode(c) for c in ("cache", "cache+pipe@4/run2", "cache+proc@none/topo1.0")] == ["", "pipe", "proc"]
-    seen = []
-    real = hmgstore.Pipeline
-
-    def recording(*args, **kwargs):
-        seen.append(kwargs.get("overlap_reads"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(hmgstore, "Pipeline", recording)
+    seen = keyword_of_each_call(monkeypatch, hmgstore, "Pipeline", "overlap_reads")
     report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "cache+pipe",
                                    "--overlap-reads", "on", "off", "--out", str(tmp_path)]))
     assert list(report["configs"]) == ["cache", "cache+pipe/overlapon", "cache+pipe/overlapoff"]
