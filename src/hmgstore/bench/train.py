@@ -310,9 +310,8 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
                              "split", args.split)
-    pipelined = [c for c in configs if _mode(c)]  # overlap_reads is the pipeline's and the producer's
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
-                                                      if c in pipelined else [c])], args.repeat)
+                                                      if _mode(c) else [c])], args.repeat)  # pipelines' only
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
