@@ -209,15 +209,16 @@ for stage in "$@"; do
     accuracy-step) timeout 400 python3 benchmarks/accuracy.py step >"$OUT/accuracy-step.json" 2>"$OUT/accuracy-step.log"
                    rc=$?; tail -7 "$OUT/accuracy-step.log" ;;
     # The strong step (layers trimmed per hop, TF32) with its ceilings (step alone, loader alone), papers-shaped graph,
-    # 20% cache in int8 rows, the pipeline's gathers capped at auto_sms and uncapped. FANOUT and CAPS may be set.
+    # 20% cache in int8 rows, the pipeline's gathers capped at auto_sms and uncapped. FANOUT, CAPS, CONFIGS, BATCHES,
+    # EXTRA (more flags) and LIMIT (seconds) may be set; PROFILE=1 adds --profile (it slows the cached loader).
     strong-papers) f=${FANOUT:-15,10,5}; tag=strong-papers-${f//,/-}
-                   timeout 580 python3 -m hmgstore.bench train --graph papers:111M:1.6B --fanout "$f" \
+                   timeout ${LIMIT:-580} python3 -m hmgstore.bench train --graph papers:111M:1.6B --fanout "$f" \
                      --configs ${CONFIGS:-all_gpu+pipe cache+pipe} --cache 0.2 --compress int8 --batches ${BATCHES:-30} \
-                     --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
+                     --max-sms ${CAPS:-auto none} ${EXTRA:-} ${PROFILE+--profile} --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
                    grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
     strong-2m) tag=strong-2m-${COMPRESS:-int8}
                timeout 580 python3 -m hmgstore.bench train --configs ${CONFIGS:-all_gpu+pipe cache+pipe} --cache 0.2 \
-                 --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} --profile \
+                 --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} ${PROFILE+--profile} \
                  --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
                grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
     # Issue 29: the producer process under a user-level MPS daemon, beside the strong step (the loader's Python off
