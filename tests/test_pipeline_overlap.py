@@ -212,9 +212,9 @@ def test_an_error_in_a_deferred_finish_is_raised_at_its_batch(cuda_device, monke
     def fails():
         raise OSError("the host tier could not be read")
 
-    def read_chunks(source, ids, into, chunks=2):
+    def read_chunks(source, ids, into, chunks=2, threads=None):
         reads.append(len(ids))
-        queued = real(source, ids, into, chunks)
+        queued = real(source, ids, into, chunks, threads)
         if len(reads) == 4:  # batch 3: one more piece, failing after the real ones
             queued.append(((len(ids), len(ids)), split._reader.submit(fails)))
         return queued

@@ -46,6 +46,24 @@ def test_read_chunks_copies_rows_in_order():
     assert_same(into, x[ids])
 
 
+def test_read_chunks_with_a_thread_count_reads_with_that_many():
+    """``threads``: the reader thread's own count of torch's threads, set before its reads; the rows the same."""
+    x = random_table(20_000, (5,), torch.float32, seed=4)
+    ids = torch.randint(0, 20_000, (12_000,), generator=torch.Generator().manual_seed(5))
+    before = split._reader.submit(torch.get_num_threads).result()
+    mine = torch.get_num_threads()
+    try:
+        into = torch.full((12_000, 5), float("nan"))
+        for _, future in split.read_chunks(x, ids, into, chunks=2, threads=1):
+            future.result()
+        assert_same(into, x[ids])
+        assert split._reader.submit(torch.get_num_threads).result() == 1
+        assert torch.get_num_threads() == mine  # the caller's count is its own
+    finally:
+        split._reader.submit(torch.set_num_threads, before).result()
+        torch.set_num_threads(mine)
+
+
 def fake_stat(busy_per_core: list[int], idle: int = 1000) -> str:
     lines = ["cpu  1 2 3 4 5 6 7 8 0 0"]  # the total line is not read: only the allowed cores
     lines += [f"cpu{c} {b} 0 0 {idle} 7 0 0 0 0 0" for c, b in enumerate(busy_per_core)]
@@ -124,6 +142,9 @@ def test_split_arguments_are_checked_on_the_cpu_too():
             hmgstore.HybridTensor(x, "cpu", split=bad)
     t = hmgstore.HybridTensor(x, "cpu", split="auto")  # on the CPU every row is read by the CPU already
     assert_same(t[torch.arange(10)], x[:10])
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="split_threads must be"):
+            t.set_split(0.5, threads=bad)
 
 
 def test_the_cost_model_keeps_the_fastest_share_measured():
@@ -198,7 +219,8 @@ def test_fixed_split_hands_gpu_ids_host_rows_to_the_cpu(cuda_device, compress):
     idx = torch.randint(0, 120_000, (50_000,), generator=torch.Generator().manual_seed(22))
     idx[:2] = torch.tensor([119_999, 0])
     reads, real = [], split.read_chunks
-    split.read_chunks = lambda source, ids, into, chunks=2: reads.append(len(ids)) or real(source, ids, into, chunks)
+    split.read_chunks = lambda source, ids, into, chunks=2, threads=None: reads.append(len(ids)) or \
+        real(source, ids, into, chunks, threads)
     try:
         out = torch.full((50_000, 32), float("nan"), device=cuda_device)  # poisoned
         t.gather(idx.to(cuda_device), out=out)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch_geometric.loader import NeighborLoader
 
+import hmgstore
 from helpers import assert_same, random_table
 from hmgstore.bench.__main__ import parse_args
 from hmgstore.bench.train import _with_caps, add_ratios, table_text
@@ -221,6 +222,23 @@ def test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features(tmp
     edges = budgets[1:]  # the first sampler is the pre-sampling one, with no budget
     assert budgets[0] is None and edges[1] == pytest.approx(2 * edges[0], abs=1)
     assert "cache/topo0.5" in (tmp_path / "train.md").read_text()
+
+
+def test_split_threads_name_cache_configurations_and_reach_the_table(tmp_path, monkeypatch):
+    """--split-threads: each value a cache configuration of its own (name/thrN), recorded, and handed to the
+    features' table with the split."""
+    from hmgstore.bench import train
+
+    calls = []
+    real = hmgstore.HybridTensor.set_split
+    monkeypatch.setattr(hmgstore.HybridTensor, "set_split",
+                        lambda self, split, threads=None: calls.append((split, threads)) or real(self, split, threads))
+    args = parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "--split", "1.0", "--split-threads",
+                       "2", "1", "--out", str(tmp_path)])
+    report = train.run(args)
+    assert list(report["configs"]) == ["cache/thr2", "cache/thr1"]
+    assert [c["split_threads"] for c in report["configs"].values()] == [2, 1]
+    assert (1.0, 2) in calls and (1.0, 1) in calls and report["split_threads"] == [2, 1]
 
 
 def test_hollow_graph_keeps_the_sizes_a_producer_configuration_reads():

@@ -147,6 +147,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
                         "per value, as name/splitS). Default: none, the kernel reads them")
+    p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
+                   help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
+                        "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
+                        "Default: torch's count")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
@@ -183,6 +187,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     cached = base_of(config) == "cache"
     split = variant(config, "split", args.split[0] if cached else None)  # the features' host rows by the CPU
     topology_cache = variant(config, "topo", _topology_share(args) if cached else None)
+    threads = variant(config, "thr", args.split_threads[0] if cached else None, int)  # the CPU reads' threads
     overlap = variant(config, "overlap", args.overlap_reads[0], str)
     overlap_reads = {"on": True, "off": False}.get(overlap, overlap)
     name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
@@ -197,14 +202,16 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
         loader = stores = sampler = None
         # a Producer here, else a Pipeline or the loader itself
-        make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split)
+        make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
+                                 split_threads=threads)
         iterable: Any = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
                                           fuse=args.fuse, sm_percent=args.sm_percent,
                                           overlap_reads=overlap_reads).start()
         build = time.perf_counter() - build_start
     else:
         loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot,
-                                                            topology_cache=topology_cache, split=split)
+                                                            topology_cache=topology_cache, split=split,
+                                                            split_threads=threads)
         iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
                                      fuse=args.fuse if device.type == "cuda" else 1,
                                      overlap_reads=overlap_reads) if pipe else loader
@@ -256,7 +263,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
               "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
               "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
-              "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache,
+              "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache, "split_threads": threads,
               "step_issue_s": step_issue if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
@@ -310,6 +317,7 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
                              "split", args.split)
+    configs = _with_variants(configs, "thr", args.split_threads)
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                                       if _mode(c) else [c])], args.repeat)  # pipelines' only
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
@@ -322,7 +330,8 @@ def run(args) -> dict:
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
-        "host_layout": args.host_layout, "split": args.split, "profiled": bool(args.profile),
+        "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
+        "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},
     }

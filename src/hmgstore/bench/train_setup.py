@@ -105,10 +105,11 @@ class Built(NamedTuple):
 
 
 def build_loader(base: str, data, csc, train, device, args, hot, topology_cache: float | None = None,
-                 split: float | None = None) -> Built:
+                 split: float | None = None, split_threads: int | None = None) -> Built:
     """The loader of configuration ``base`` (stock, all_gpu, host or cache) and what it reads from; the cache
     holds ``args.cache`` of the features' bytes and ``topology_cache`` (default ``args.cache``) of the
-    topology's on the GPU, and its features' table reads ``split`` of its host rows on the CPU."""
+    topology's on the GPU, and its features' table reads ``split`` of its host rows on the CPU (with
+    ``split_threads`` of torch's threads)."""
     from ..plugins.pyg import HybridNeighborSampler, from_data
 
     progress = not args.no_progress
@@ -146,7 +147,7 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
                                         hmgstore.rows.placement.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
         if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
-            stores[0].table(None, "x").set_split(split)
+            stores[0].table(None, "x").set_split(split, split_threads)
     if sampler is not None:
         sampler.sampler.cuda_graphs = getattr(args, "sampler_graphs", "on") == "on"
     return Built(_loader(base, data, train, args, stores, sampler), data, stores, sampler, build)
@@ -160,10 +161,11 @@ def _topology_share(args, value: float | None = None) -> float:
     return args.cache if value is None else value
 
 
-def produced_loader(base: str, args, hot, device, topology_cache: float | None = None, split: float | None = None):
+def produced_loader(base: str, args, hot, device, topology_cache: float | None = None, split: float | None = None,
+                    split_threads: int | None = None):
     """:func:`build_loader`'s loader, built in a producer process from the ``--graph`` spec."""
     data, csc, train, _, _ = build_graph(args.graph, args.feat_dim)
-    return build_loader(base, data, csc, train, device, args, hot, topology_cache, split).loader
+    return build_loader(base, data, csc, train, device, args, hot, topology_cache, split, split_threads).loader
 
 
 def _loader(config: str, data, train, args, stores, sampler):

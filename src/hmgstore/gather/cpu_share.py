@@ -23,22 +23,17 @@ How a split gather runs (``HybridTensor(..., split=...)``, CPU ids only):
    half-width rows); with no GPU tier the CPU's rows are the output's first
    rows and land there directly.
 
-Threads. The CPU reads use torch's intra-op pool, so ``torch.set_num_threads``
-caps them (and the process's other CPU work); sampler workers in other
-processes keep the remaining cores. An ``"auto"`` split also looks at how
-busy the machine is (:class:`CpuLoad`, from ``/proc/stat``, every
-``CpuLoad.PERIOD``): when other processes leave fewer idle cores than this
-process's main thread plus torch's threads (at most half the cores), the
-batch is read by the kernel alone, so that CPU sampler workers that are the
-training loop's bottleneck keep their cores (inside a loop fed by 12 workers
-on the 16-core H100 box, the split without this check cost 0-10% of the
-batches per second in two runs, ``benchmarks/results/split-loop-h100.md``). On the H100 box (16 cores), 4 threads
-read as fast as 16 inside a split at 128 B rows (8.0 against 8.5 ms per
-500k-id batch of a 40 GB table). CPU reads from a pool of Python threads
-(``numpy.take``, which drops the GIL) were measured first and lost: 14 ms
-median and from 10 to 22 ms, against 14 ms for the kernel alone, because
-each chunk waits for the GIL that the thread queueing the kernel holds
-(``benchmarks/probes/probe_split.py --variance``).
+Threads. The CPU reads use torch's intra-op pool: ``split_threads`` of a
+table caps them in the reader thread, else ``torch.set_num_threads`` does.
+On the 16-core H100 box 4 threads read as fast as 16 (128 B rows, 8.0 against
+8.5 ms per 500k-id batch of a 40 GB table). An ``"auto"`` split also reads
+``/proc/stat`` (:class:`CpuLoad`): when other processes leave fewer idle cores
+than this process's main thread plus torch's threads, the batch is read by
+the kernel alone, so that CPU sampler workers keep their cores (12 workers on
+that box lost 0-10% of their batches a second to the split without this check,
+``benchmarks/results/split-loop-h100.md``). Reads from a pool of Python threads
+(``numpy.take``) lost: each chunk waits for the GIL that the thread queueing
+the kernel holds (``benchmarks/probes/probe_split.py --variance``).
 
 The output is bit-identical to an unsplit gather; only the time differs.
 
@@ -46,18 +41,15 @@ Finishing later: inside :func:`~hmgstore.gather.finish_scope.deferred_finishes`
 the reader thread does step 3 itself on the copy stream (:func:`finish_later`).
 
 The cost model. ``split="auto"`` measures both paths on the table at the
-first batch of each size class (a power of two of ids: the kernel's rate
-per row depends on how many rows it reads), and caches the share in
+first batch of each size class (a power of two of ids: the kernel's rate per
+row depends on how many rows it reads) and caches the share in
 ``$HMGSTORE_CACHE_DIR/split.json`` (default ``~/.cache/hmgstore``), keyed by
-the GPU, the CPU count, the host table's size (rounded up to a power of
-two), the stored row size and dtype, torch's thread count and the batch
-class; a later table of the same kind reads the cache. The rates of the two paths
-alone give the share at which both would finish together, but neither
-rate holds at every share: the kernel reads a big table's rows faster per
-row when it gets more of them (sorted ids share pages), and both paths pay
-fixed costs per batch. So the model times the probe batch at that share
-and a few around it, beside each path alone, and keeps the fastest: where
-splitting does not pay (small tables), the share is 0 and the split is off.
+the GPU, the CPU count, the host table's size class, the stored row, torch's
+thread count and the batch class. The two paths' rates alone predict the
+share at which both finish together, but neither rate holds at every share
+(the kernel reads more rows per page when it gets more of them; both pay
+fixed costs per batch), so the probe batch is also timed at shares around
+it and the fastest is kept: 0, the split off, where splitting does not pay.
 """
 from __future__ import annotations
 
@@ -211,13 +203,17 @@ class Setting:
     """A table's split: the CPU's fixed share of host-tier rows, or ``"auto"`` and the shares measured so far.
 
     ``run``: how the table gathers at a given share (for measuring, see
-    :func:`measure`). Raises ValueError for values other than ``"auto"``
-    and shares in ``[0, 1]``.
+    :func:`measure`); ``threads``: torch's intra-op threads for the reads
+    (None: torch's count). Raises ValueError for values other than
+    ``"auto"`` and shares in ``[0, 1]``, or a count under 1.
     """
 
-    def __init__(self, value, run):
+    def __init__(self, value, run, threads: int | None = None):
         if value != "auto" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1):
             raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {value!r}")
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"split_threads must be None or a count of threads >= 1, got {threads!r}")
+        self.threads = threads
         self.value = value if value == "auto" else float(value)
         self.run = run
         self.shares: dict[int, float] = {}  # "auto": the measured share by batch size class
@@ -265,18 +261,21 @@ _reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="hmgstore-
 _deferred_any = False  # set by the first finish_later: until then settle() need not wait for the reader
 
 
-def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chunks: int = 2) -> list:
-    """Queue ``into[i] = source[ids[i]]`` on the background thread, in ``chunks`` pieces.
-
-    ``source``: the host table ([N, ...] CPU tensor); ``ids``: int64 CPU,
-    already in range; ``into``: CPU tensor of ``len(ids)`` rows. Returns
-    ``[((start, end), future)]`` in order: the first pieces can be copied to
-    the GPU while the later ones are read.
-    """
+def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chunks: int = 2,
+                threads: int | None = None) -> list:
+    """Queue ``into[i] = source[ids[i]]`` on the background thread, in ``chunks`` pieces, with ``threads`` of
+    torch's intra-op threads (None: its count). ``source``: the host table ([N, ...] CPU tensor); ``ids``: int64
+    CPU, in range; ``into``: CPU tensor of ``len(ids)`` rows. Returns ``[((start, end), future)]`` in order: the
+    first pieces can be copied to the GPU while the later ones are read."""
     step = max(MIN_IDS, -(-len(ids) // chunks))
-    return [((a, min(len(ids), a + step)),
-             _reader.submit(torch.index_select, source, 0, ids[a:a + step], out=into[a:a + step]))
+    return [((a, min(len(ids), a + step)), _reader.submit(_read, source, ids[a:a + step], into[a:a + step], threads))
             for a in range(0, len(ids), step)]
+
+
+def _read(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, threads: int | None) -> None:
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)  # the reader thread's own count (torch's is kept per thread)
+    torch.index_select(source, 0, ids, out=into)
 
 
 def settle(device: torch.device) -> None:
@@ -315,6 +314,7 @@ class CpuPart:
     ids: torch.Tensor
     positions: torch.Tensor | None
     decode: Callable[[torch.Tensor], torch.Tensor] | None = None
+    threads: int | None = None  # torch's intra-op threads for the reads (None: its count)
     chunks: list = dataclasses.field(default_factory=list)  # ((start, end), future of the read)
     staging: torch.Tensor | None = None  # pinned, the host tier's dtype
     started: torch.cuda.Event | None = None  # on the gather's stream at start(): the copies wait for it
@@ -354,7 +354,7 @@ def start(part: CpuPart, source: torch.Tensor, out: torch.Tensor, stream: torch.
     # stream when the part's copies are queued: a wait queued on the shared copy stream now could land, under
     # finish_later, before an earlier batch's copies still to be queued, and hold them behind this batch's work.
     part.started = stream.record_event()
-    part.chunks = read_chunks(source, part.ids, part.staging)
+    part.chunks = read_chunks(source, part.ids, part.staging, threads=part.threads)
 
 
 def finish(part: CpuPart, out: torch.Tensor, stream: torch.cuda.Stream) -> None:

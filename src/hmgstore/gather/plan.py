@@ -238,26 +238,33 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     (``benchmarks/results/dma-misses-h100.md``). The price: the gathering
     thread waits for the ids (their range, checked here whatever the
     ``check`` mode: IndexError), then for the division's counts and the
-    CPU's ids, read back small. Dividing on the CPU instead (the ids read
+    CPU's ids, read back small: two read-backs (the range and the host
+    rows' count in one; then the CPU's ids), where ``nonzero`` would add
+    one each. Dividing on the CPU instead (the ids read
     back whole, a mask lookup per id) cost 25 ms a papers-shaped batch on
     the H100. Returns ``(None, None)`` when
     the CPU's share is under :data:`hmgstore.gather.cpu_share.MIN_IDS` rows.
     """
     ids = index.ids
-    low, high = torch.stack(torch.aminmax(ids)).tolist() if len(ids) else (0, 0)  # the one synchronisation
-    if low < 0 or high >= table.num_rows:
-        check_range(ids.cpu(), table.num_rows)  # raises with the value and position
     host_start = table.placement.tier("host").start  # its row r is new id host_start + r (the layout applied)
-    new = ids.long() if table.row_map is None else table.row_map[ids].long()
+    n = len(ids)
+    # An id out of range must not index the row map before the check: clamped there, reported below.
+    new = ids.long() if table.row_map is None else table.row_map[ids.clamp(0, table.num_rows - 1)].long()
     on_host = new >= host_start
-    host = on_host.nonzero().flatten()
-    k = int(round(share * len(host)))
+    low, high, n_host = torch.stack([ids.min().long(), ids.max().long(), on_host.sum()]).tolist() if n else (0, 0, 0)
+    if low < 0 or high >= table.num_rows:  # the one synchronisation before the CPU's ids
+        check_range(ids.cpu(), table.num_rows)  # raises with the value and position
+    k = int(round(share * n_host))
     if k < split_mod.MIN_IDS:
         return None, None
-    cpu, rest = host[:k], torch.cat([(~on_host).nonzero().flatten(), host[k:]])
+    host = torch.nonzero_static(on_host, size=n_host).flatten()  # the count is known: no read-back
+    cpu = host[:k]
+    rest = torch.nonzero_static(~on_host, size=n - n_host).flatten()
+    if k < n_host:
+        rest = torch.cat([rest, host[k:]])
     fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
-    part = split_mod.CpuPart((new[cpu] - host_start).cpu(), cpu, decode)
+    part = split_mod.CpuPart((new[cpu] - host_start).cpu(), cpu, decode, table.split_setting.threads)
     split_mod.start(part, table.host_tier, out, stream)
     ids = ids[rest].to(table.placement.index_dtype)  # checked above: cannot wrap
     return gather.Job(ids, rest, out, table.row_map, table.num_rows, table.row_bytes, table.tiers), part
@@ -273,7 +280,7 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
     part = split_mod.CpuPart(table.host_positions((host[:k] if cpu is None else host[cpu]).to(torch.int64)),
-                             cpu, decode)
+                             cpu, decode, table.split_setting.threads)
     split_mod.start(part, table.host_tier, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
         ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
