@@ -235,7 +235,9 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     Why. Beside a GPU-bound training step, host rows read by the CPU and
     moved by the copy engine cost the step 1-4% of its rate, where the
     zero-copy kernel, holding SMs while it waits on PCIe, costs 20%
-    (``benchmarks/results/dma-misses-h100.md``). The price: the gathering
+    (``benchmarks/results/dma-misses-h100.md``); beside a step issued from
+    a thread of the same process, the forty-odd torch calls here cost it
+    more (``strong-step-h100.md``, sixth session). The price: the gathering
     thread waits for the ids (their range, checked here whatever the
     ``check`` mode: IndexError), then for the division's counts and the
     CPU's ids, read back small: two read-backs (the range and the host

@@ -117,10 +117,11 @@ class HybridTensor(Table):
             ``"auto"`` (CPU ids only) measures both paths on this kind of
             table at the first batch of each size class and caches the
             share; a float in ``(0, 1]`` fixes the CPU's share of host-tier
-            rows, GPU ids included (read back once: beside a GPU-bound
-            training step, ``1.0`` keeps the gather off the SMs); None
-            (default) reads every row with the kernel. The CPU reads use
-            torch's intra-op threads (``torch.set_num_threads`` caps them).
+            rows, GPU ids included (read back once; ``1.0`` keeps the
+            gather off the SMs, but its torch calls take the GIL from a
+            training thread: see ``docs/host-memory.md``); None (default)
+            reads every row with the kernel. The CPU reads use torch's
+            intra-op threads (``set_split(threads=)`` caps them).
 
     On the CPU, ``gpu_rows``/``gpu_budget`` are checked the same way, then
     every row is read from the source, so the same code runs with and
