@@ -143,7 +143,7 @@ def test_split_arguments_are_checked_on_the_cpu_too():
     t = hmgstore.HybridTensor(x, "cpu", split="auto")  # on the CPU every row is read by the CPU already
     assert_same(t[torch.arange(10)], x[:10])
     for bad in (0, -2, 1.5, True):
-        with pytest.raises(ValueError, match="split_threads must be"):
+        with pytest.raises(ValueError, match="split's threads must be"):
             t.set_split(0.5, threads=bad)
 
 

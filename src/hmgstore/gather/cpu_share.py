@@ -212,7 +212,7 @@ class Setting:
         if value != "auto" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1):
             raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {value!r}")
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"split_threads must be None or a count of threads >= 1, got {threads!r}")
+            raise ValueError(f"the split's threads must be None or a count >= 1, got {threads!r}")
         self.threads = threads
         self.value = value if value == "auto" else float(value)
         self.run = run
@@ -274,7 +274,7 @@ def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chu
 
 def _read(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, threads: int | None) -> None:
     if threads is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)  # the reader thread's own count (torch's is kept per thread)
+        torch.set_num_threads(threads)  # this thread's count; torch also gives it to threads started later
     torch.index_select(source, 0, ids, out=into)
 
 

@@ -156,12 +156,12 @@ class HybridTensor(Table):
     def set_split(self, split, threads: int | None = None) -> None:
         """Set the split gather (see :mod:`hmgstore.gather.cpu_share`), as the ``split`` argument does.
 
-        ``"auto"`` reads the cost model from the cache, or measures it on
-        this table at the first batch of each size class (a second or two,
-        once) and caches it; a float in ``[0, 1]`` fixes the CPU's share of
-        host-tier rows; None turns the split off. ``threads``: torch's
-        intra-op threads for the CPU's reads (None: ``torch.get_num_threads()``).
-        Raises ValueError for other values."""
+        ``"auto"`` reads the cost model from the cache, or measures it at the
+        first batch of each size class (a second or two, once) and caches it;
+        a float in ``[0, 1]`` fixes the CPU's share of host-tier rows; None
+        turns the split off. ``threads``: torch's
+        intra-op threads for the CPU's reads (None: ``torch.get_num_threads()``; set in the
+        reader thread, and torch starts later threads with it). Raises ValueError for other values."""
         setting = None if split is None else split_mod.Setting(split, plan.gather_with_share, threads)
         if setting is not None:
             setting.skipped = self.split_skipped  # the count goes on across settings
