@@ -239,6 +239,21 @@ def test_split_threads_name_cache_configurations_and_reach_the_table(tmp_path, m
     assert list(report["configs"]) == ["cache/thr2", "cache/thr1"]
     assert [c["split_threads"] for c in report["configs"].values()] == [2, 1]
     assert (1.0, 2) in calls and (1.0, 1) in calls and report["split_threads"] == [2, 1]
+    for config in report["configs"].values():  # each configuration counts its loader's and step's torch calls
+        assert config["torch_calls"]["loader"] > 10 and config["torch_calls"]["step"] > 10
+    assert "torch calls a batch: loader" in (tmp_path / "train.md").read_text()
+
+
+def test_torch_calls_counts_top_level_calls_only():
+    from hmgstore.bench.train_alone import torch_calls
+
+    x = torch.ones(3)
+    assert torch_calls(lambda: torch.ones(3).add(1).sum(), reps=4) == 3  # the inner work of each is not counted
+    assert torch_calls(lambda: (x.shape, x.dtype), reps=2) == 0  # attribute reads hand no GIL over
+    assert torch_calls(lambda: torch.nn.functional.relu(x), reps=1) == 1
+    from hmgstore.bench.train_alone import counted_calls
+
+    assert counted_calls(lambda: x.add(torch.ones(2)), "loader", reps=1) is None  # shapes differ: warned, no count
 
 
 def test_hollow_graph_keeps_the_sizes_a_producer_configuration_reads():

@@ -73,7 +73,7 @@ from ..cli import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
-from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone
+from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone, counted_calls
 from .train_configs import _hollow, _mode, _repeated, _resident_gb, _sms, _with_caps, _with_variants, base_of, variant
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_setup import (
@@ -220,8 +220,11 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         alone["loader_main"] = _rate(loader, reps, sync, profile=_profile_path(args, config))
         if pipe:
             alone["loader_pipe"] = _rate(iterable, reps, sync)
-        alone["step"], trimmed, step_issue = _step_alone(loader, data, classes, device, args, reps, sync,
-                                                         _profile_path(args, config, "step"))
+        alone["step"], trimmed, step_issue, step_calls = _step_alone(loader, data, classes, device, args, reps,
+                                                                     sync, _profile_path(args, config, "step"))
+        counted = _forever(loader)
+        calls = {"loader": counted_calls(lambda: next(counted), "loader"), "step": step_calls}  # in this thread
+        counted.close()
         if pipe and device.type == "cuda" and args.profile:
             profiled = _forever(loader)
             _gpu_profile(lambda: next(profiled), _profile_path(args, config, "loader-gpu"))
@@ -265,6 +268,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
               "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
               "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache, "split_threads": threads,
               "step_issue_s": step_issue if loader is not None else None,
+              "torch_calls": calls if loader is not None else None,
               "alone_batches_per_s": alone}
     if build is not None:
         result["build_s"] = build

@@ -6,6 +6,7 @@ from __future__ import annotations
 import cProfile
 import io
 import itertools
+import logging
 import pstats
 import time
 
@@ -23,6 +24,37 @@ def _forever(iterable):
             yield item
         if not yielded:
             raise RuntimeError("the loader yields no batch: use more training nodes or a smaller --batch-size")
+
+
+def torch_calls(fn, reps: int = 5) -> float:
+    """The torch functions and tensor methods ``fn()`` calls through Python, on average over ``reps`` calls
+    (top-level calls only; attribute reads such as ``.shape`` not counted). Each is a point where torch may
+    hand the GIL to another thread and wait to take it back: beside a training thread, a loader's count a
+    batch is what its Python costs the step (``benchmarks/results/strong-step-h100.md``)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") != "__get__":
+                Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        for _ in range(reps):
+            fn()
+    return Count.calls / reps
+
+
+def counted_calls(fn, what: str, reps: int = 5) -> float | None:
+    """:func:`torch_calls`, or None with a warning where ``fn`` fails under the counting mode (a diagnostic
+    column must not end the benchmark)."""
+    try:
+        return torch_calls(fn, reps)
+    except Exception as err:  # noqa: BLE001 - reported, and the column left empty
+        logging.getLogger(__name__).warning("could not count the %s's torch calls: %s", what, err)
+        return None
 
 
 def _rate(iterable, reps: int, sync, profile=None, warmup: int = 2) -> float:
@@ -85,10 +117,11 @@ def _gpu_profile(fn, path, reps: int = 10) -> None:
                     "such as enumerate(DataLoader) carry their kernels' time again: read the kernel rows)\n" + table)
 
 
-def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=None) -> tuple[float, bool, float]:
+def _step_alone(loader, data, classes, device, args, reps: int, sync,
+                profile=None) -> tuple[float, bool, float, float | None]:
     """The training step's own batches/s, over up to 8 batches made beforehand (its ceiling), whether its
-    layers were trimmed, and the seconds a step took to issue (its Python and launches: where this is
-    close to the step's time, the step is bound by the CPU, not the GPU)."""
+    layers were trimmed, the seconds a step took to issue (its Python and launches: where this is
+    close to the step's time, the step is bound by the CPU, not the GPU) and its :func:`torch_calls`."""
     batches = [b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
@@ -102,8 +135,10 @@ def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=No
     sync()
     rate = reps / (time.perf_counter() - start)
     trimmed = args.trim and trimmable(batches[0])
+    steps = itertools.cycle(batches)
+    calls = counted_calls(lambda: train_step(model, optimizer, next(steps), args.trim), "step", reps=2)
     if profile is not None and device.type == "cuda":
-        steps = itertools.cycle(batches)
         _gpu_profile(lambda: train_step(model, optimizer, next(steps), args.trim), profile)
     del batches
-    return rate, trimmed, issued / reps
+    sync()
+    return rate, trimmed, issued / reps, calls

@@ -102,6 +102,9 @@ def table_text(report: dict) -> str:
         split = ", ".join(f"{k} {1e3 * v:.1f}" for k, v in c["split_s"].items())
         if c.get("step_issue_s"):
             split += f"; step alone issued in {1e3 * c['step_issue_s']:.1f}"
+        calls = c.get("torch_calls") or {}
+        if calls.get("loader") is not None and calls.get("step") is not None:
+            split += f"; torch calls a batch: loader {calls['loader']:.0f}, step {calls['step']:.0f}"
         if c.get("trimmed") is False and report.get("trim", False):
             split += "; untrimmed (no per-hop counts)"
         speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
