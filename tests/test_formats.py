@@ -74,6 +74,31 @@ def test_format_names_and_refusals():
 
 
 @pytest.mark.parametrize("name", ["int8", "float8"])
+@pytest.mark.parametrize("bad, at", [(float("nan"), 0), (float("nan"), 12), (-float("inf"), 5), (float("inf"), 12)])
+def test_any_non_finite_value_of_a_row_is_found(name, bad, at):
+    """Wherever a NaN or an infinity sits in a row (first, last, among larger values), encode names that row."""
+    x = random_table(20, (13,), torch.float32, seed=3) * 1e3
+    x[9, at] = bad
+    with pytest.raises(ValueError, match="row 9 holds NaN or infinity"):
+        formats.get(name).encode(x)
+
+
+@pytest.mark.parametrize("name", ["int8", "float8"])
+def test_scaled_rows_pad_with_zero_bytes(name, monkeypatch):
+    """The bytes between a row's values and its scale, and after the scale, are zeros (files and checksums of
+    a stored table do not depend on what memory held before: fresh memory is poisoned here)."""
+    fmt = formats.get(name)
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: (lambda t: t.fill_(255) if t.dtype == torch.uint8 else t)(
+        real(*a, **k)))
+    stored = fmt.encode(random_table(30, (13,), torch.float32, seed=4) - 0.5)  # 13 values, scale at 16, pitch 32
+    monkeypatch.undo()
+    assert stored.shape == (30, 32)
+    assert not stored[:, 13:16].any() and not stored[:, 20:].any()
+    assert stored[:, 16:20].view(torch.float32).gt(0).all()  # a scale per row
+
+
+@pytest.mark.parametrize("name", ["int8", "float8"])
 def test_scaled_formats_refuse_non_finite_rows_naming_them(name):
     x = torch.ones(10, 4)
     x[7, 2] = float("inf")

