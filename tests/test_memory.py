@@ -7,6 +7,7 @@ them back.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import subprocess
@@ -240,6 +241,46 @@ class _Slices:
     def __getitem__(self, rows: slice):
         self.blocks.append((rows.start, rows.stop))
         return self.tensor[rows]
+
+
+def test_cuda_host_memory_is_freed_with_its_last_tensor_without_a_collection(monkeypatch):
+    """backing="cuda": the cudaHostAlloc block goes back the moment its last tensor goes, garbage collection
+    off (no reference cycle holds it). cudaHostAlloc/cudaFreeHost stand in as plain memory, so this runs on a
+    CPU."""
+    held, freed = {}, []
+
+    class Runtime:
+        hostAllocPortable = 1
+        CUDARuntimeError = RuntimeError
+
+        @staticmethod
+        def hostAlloc(nbytes, flags):
+            buffer = (ctypes.c_uint8 * nbytes)()
+            held[ctypes.addressof(buffer)] = buffer
+            return ctypes.addressof(buffer)
+
+        @staticmethod
+        def freeHost(ptr):
+            freed.append(ptr)
+            held.pop(ptr)
+
+    class Cupy:
+        cuda = type("cuda", (), {"runtime": Runtime})
+
+    monkeypatch.setattr(owned, "cupy", lambda: Cupy)
+    monkeypatch.setattr(owned.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(owned, "synchronize", lambda devices: None)
+    gc.disable()
+    try:
+        t = owned.empty((1000, 8), torch.float32, backing="cuda")
+        view = t[10:20]
+        assert t.data_ptr() in held and not freed and owned.page_locked_here(t.data_ptr(), t.data_ptr() + 32_000)
+        del t
+        assert not freed  # a view still holds it
+        del view
+        assert len(freed) == 1 and not held and not owned.page_locked_here(freed[0], freed[0] + 1)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("chunk_bytes, blocks", [
