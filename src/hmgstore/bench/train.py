@@ -222,9 +222,11 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
             alone["loader_pipe"] = _rate(iterable, reps, sync)
         alone["step"], trimmed, step_issue, step_calls = _step_alone(loader, data, classes, device, args, reps,
                                                                      sync, _profile_path(args, config, "step"))
-        counted = _forever(loader)
-        calls = {"loader": counted_calls(lambda: next(counted), "loader"), "step": step_calls}  # in this thread
-        counted.close()
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the timed run's draws kept
+            counted = _forever(loader)
+            next(counted)  # the iterator's set-up is not a batch's
+            calls = {"loader": counted_calls(lambda: next(counted), "loader"), "step": step_calls}  # this thread's
+            counted.close()
         if pipe and device.type == "cuda" and args.profile:
             profiled = _forever(loader)
             _gpu_profile(lambda: next(profiled), _profile_path(args, config, "loader-gpu"))
@@ -321,6 +323,8 @@ def run(args) -> dict:
         log.info("stock skipped: PyG's CPU sampler needs torch-sparse")
     configs = _with_variants(_with_variants(_with_caps(configs, args.max_sms), "topo", args.topology_cache),
                              "split", args.split)
+    if any(args.split_threads) and not any(args.split):
+        raise ValueError("--split-threads sets the threads of the CPU's reads of a split gather: give --split too")
     configs = _with_variants(configs, "thr", args.split_threads)
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                                       if _mode(c) else [c])], args.repeat)  # pipelines' only
@@ -360,6 +364,7 @@ def run(args) -> dict:
             reps = args.stock_batches if base_of(config) == "stock" else args.batches
             log.info("%s: training %s batches", config, reps)
             report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
+            gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
             r = report["configs"][config]
             alone = ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items())
             log.info("%-13s %7.2f batches/s  epoch %7.2f s  alone: %s; host GB at start %s, peak %.1f", config,

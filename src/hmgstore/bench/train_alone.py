@@ -136,7 +136,8 @@ def _step_alone(loader, data, classes, device, args, reps: int, sync,
     rate = reps / (time.perf_counter() - start)
     trimmed = args.trim and trimmable(batches[0])
     steps = itertools.cycle(batches)
-    calls = counted_calls(lambda: train_step(model, optimizer, next(steps), args.trim), "step", reps=2)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the timed run's draws kept
+        calls = counted_calls(lambda: train_step(model, optimizer, next(steps), args.trim), "step", reps=2)
     if profile is not None and device.type == "cuda":
         _gpu_profile(lambda: train_step(model, optimizer, next(steps), args.trim), profile)
     del batches
