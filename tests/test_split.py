@@ -46,22 +46,38 @@ def test_read_chunks_copies_rows_in_order():
     assert_same(into, x[ids])
 
 
-def test_read_chunks_with_a_thread_count_reads_with_that_many():
-    """``threads``: the reader thread's own count of torch's threads, set before its reads; the rows the same."""
+def test_read_chunks_with_a_thread_count_reads_with_that_many(monkeypatch):
+    """``threads``: torch's thread count in the reader thread for the reads only, set back after them (torch gives
+    threads started later the count it was last set to); the rows the same."""
     x = random_table(20_000, (5,), torch.float32, seed=4)
     ids = torch.randint(0, 20_000, (12_000,), generator=torch.Generator().manual_seed(5))
     before = split._reader.submit(torch.get_num_threads).result()
-    mine = torch.get_num_threads()
-    try:
-        into = torch.full((12_000, 5), float("nan"))
-        for _, future in split.read_chunks(x, ids, into, chunks=2, threads=1):
-            future.result()
-        assert_same(into, x[ids])
-        assert split._reader.submit(torch.get_num_threads).result() == 1
-        assert torch.get_num_threads() == mine  # the caller's count is its own
-    finally:
-        split._reader.submit(torch.set_num_threads, before).result()
-        torch.set_num_threads(mine)
+    want = 2 if before == 1 else 1  # a count the reader does not have already
+    seen = []
+    real = torch.index_select
+
+    def index_select(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", index_select)
+    into = torch.full((12_000, 5), float("nan"))
+    for _, future in split.read_chunks(x, ids, into, chunks=2, threads=want):
+        future.result()
+    monkeypatch.undo()
+    assert_same(into, x[ids])
+    assert seen == [want, want]  # each piece read with that many
+    assert split._reader.submit(torch.get_num_threads).result() == before  # and the reader's own count back
+
+
+def test_ids_are_clamped_within_their_dtype_before_a_row_map_lookup():
+    """GPU ids of a split gather index the row map before their check: clamped into the table, and int32 ids of a
+    table of more than 2**31 rows within int32 (no overflow error)."""
+    from hmgstore.gather.plan import clamped
+
+    assert clamped(torch.tensor([-5, 3, 2**31 - 1], dtype=torch.int32), 2**31 + 10).tolist() == [0, 3, 2**31 - 1]
+    assert clamped(torch.tensor([-1, 5, 99]), 10).tolist() == [0, 5, 9]
+    assert clamped(torch.tensor([7], dtype=torch.int32), 10).dtype == torch.int32
 
 
 def fake_stat(busy_per_core: list[int], idle: int = 1000) -> str:
@@ -219,18 +235,22 @@ def test_fixed_split_hands_gpu_ids_host_rows_to_the_cpu(cuda_device, compress):
     idx = torch.randint(0, 120_000, (50_000,), generator=torch.Generator().manual_seed(22))
     idx[:2] = torch.tensor([119_999, 0])
     reads, real = [], split.read_chunks
-    split.read_chunks = lambda source, ids, into, chunks=2, threads=None: reads.append(len(ids)) or \
+    split.read_chunks = lambda source, ids, into, chunks=2, threads=None: reads.append((len(ids), threads)) or \
         real(source, ids, into, chunks, threads)
     try:
         out = torch.full((50_000, 32), float("nan"), device=cuda_device)  # poisoned
         t.gather(idx.to(cuda_device), out=out)
+        t.set_split(1.0, threads=3)  # the CPU's reads with 3 of torch's threads: the same rows
+        again = torch.full((50_000, 32), float("nan"), device=cuda_device)
+        t.gather(idx.to(cuda_device), out=again)
     finally:
         split.read_chunks = real
     assert_same(out.cpu(), want[idx])
+    assert_same(again.cpu(), want[idx])
     host_rows = int((idx % 4 != 0).sum())
-    assert reads == [host_rows]  # every host-tier row through the CPU, once
-    stats = t.stats()
-    assert stats["rows"] == 50_000 and stats["tiers"]["gpu"]["rows"] == 50_000 - host_rows
+    assert reads == [(host_rows, None), (host_rows, 3)]  # every host-tier row through the CPU, once a gather
+    stats = t.stats()  # two gathers
+    assert stats["rows"] == 100_000 and stats["tiers"]["gpu"]["rows"] == 2 * (50_000 - host_rows)
     bad = idx.clone()
     bad[7] = 120_000
     with pytest.raises(IndexError, match="120000"):

@@ -89,11 +89,8 @@ def cache_path() -> Path:
 
 @dataclass(frozen=True)
 class Model:
-    """A measured cost model of one kind of table: each path's rate alone, and the best share found.
-
-    ``seconds``: the time of one probe batch at each share tried (0: the
-    kernel alone, 1: the CPU alone); ``share`` is the fastest of them.
-    """
+    """A measured cost model of one kind of table: each path's rate alone, and the best share found. ``seconds``:
+    the time of one probe batch at each share tried (0: the kernel alone, 1: the CPU alone); ``share``: the fastest."""
 
     kernel_rows_per_s: float
     cpu_rows_per_s: float
@@ -120,10 +117,10 @@ def cache_key(table, batch: int) -> str:
     size_class = batch_class(table.host_tier.nbytes)
     name = torch.cuda.get_device_name(table.device)
     stored_row = table.host_tier[:1].numel() * table.host_tier.element_size()
+    threads = getattr(table.split_setting, "threads", None) or torch.get_num_threads()  # the reads' own count
     return (f"{name}|cpus={os.cpu_count()}|table<={size_class >> 20}MiB|row={stored_row}B|"
             f"{table.host_format.name if table.host_format else str(table.dtype).removeprefix('torch.')}|"
-            f"threads={torch.get_num_threads()}|"
-            f"batch<={batch_class(batch)}")
+            f"threads={threads}|batch<={batch_class(batch)}")
 
 
 _cache_lock = threading.Lock()
@@ -229,7 +226,7 @@ class Setting:
         if size not in self.shares:
             self.shares[size] = model_for(table, size, self.run).share
         share = self.shares[size]
-        if share and not cpu_load.room_for(torch.get_num_threads()):
+        if share and not cpu_load.room_for(self.threads or torch.get_num_threads()):
             self.skipped += 1
             return 0.0
         return share
@@ -273,9 +270,15 @@ def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chu
 
 
 def _read(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, threads: int | None) -> None:
-    if threads is not None and torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)  # this thread's count; torch also gives it to threads started later
-    torch.index_select(source, 0, ids, out=into)
+    before = torch.get_num_threads()
+    change = threads is not None and threads != before  # for this read only: torch gives later threads its count
+    if threads is not None and change:
+        torch.set_num_threads(threads)
+    try:
+        torch.index_select(source, 0, ids, out=into)
+    finally:
+        if change:
+            torch.set_num_threads(before)
 
 
 def settle(device: torch.device) -> None:
@@ -301,15 +304,10 @@ def copy_stream(device: torch.device) -> torch.cuda.Stream:
 
 @dataclass
 class CpuPart:
-    """The rows of one gather that the CPU reads, and its work in flight.
-
-    ``ids``: source row ids (CPU int64); ``positions``: their output
-    positions (int64, on the CPU or already on the output's GPU), or None
-    for the first ``len(ids)`` positions;
-    ``decode``: turns the host tier's stored rows (on the GPU) into the
-    output's, or None when a dtype conversion does (rows kept as they read,
-    or half-width).
-    """
+    """The rows of one gather that the CPU reads, and its work in flight. ``ids``: source row ids (CPU int64);
+    ``positions``: their output positions (int64, on the CPU or already on the output's GPU), or None for the first
+    ``len(ids)`` positions; ``decode``: turns the host tier's stored rows (on the GPU) into the output's, or None
+    when a dtype conversion does (rows kept as they read, or half-width)."""
 
     ids: torch.Tensor
     positions: torch.Tensor | None

@@ -212,9 +212,15 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
 
 def count(table, work) -> None:
     """Add a CUDA job's rows to the table's per-tier counters (device work only, no waiting)."""
-    ids = work.ids.clamp(0, table.num_rows - 1)  # ids of a deferred check may be out of range (reported later)
+    ids = clamped(work.ids, table.num_rows)  # ids of a deferred check may be out of range (reported later)
     new = ids if table.row_map is None else table.row_map[ids]
     table.counter.add(torch.searchsorted(table.tier_starts, new.to(table.tier_starts.dtype), right=True) - 1)
+
+
+def clamped(ids: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``ids`` clamped into ``[0, num_rows)``, the bound within their dtype's range (int32 ids of a table of more
+    than 2**31 rows): safe to index a row map with before the ids are checked."""
+    return ids.clamp(0, min(num_rows, torch.iinfo(ids.dtype).max + 1) - 1)
 
 
 def table_share(table, index: Index) -> float | None:
@@ -251,7 +257,7 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     host_start = table.placement.tier("host").start  # its row r is new id host_start + r (the layout applied)
     n = len(ids)
     # An id out of range must not index the row map before the check: clamped there, reported below.
-    new = ids.long() if table.row_map is None else table.row_map[ids.clamp(0, table.num_rows - 1)].long()
+    new = ids.long() if table.row_map is None else table.row_map[clamped(ids, table.num_rows)].long()
     on_host = new >= host_start
     low, high, n_host = torch.stack([ids.min().long(), ids.max().long(), on_host.sum()]).tolist() if n else (0, 0, 0)
     if low < 0 or high >= table.num_rows:  # the one synchronisation before the CPU's ids
