@@ -84,6 +84,18 @@ def test_any_non_finite_value_of_a_row_is_found(name, bad, at):
 
 
 @pytest.mark.parametrize("name", ["int8", "float8"])
+def test_encoding_in_blocks_of_rows_gives_the_same_bytes(name, monkeypatch):
+    """Rows are quantised in blocks: any block size, one ending mid-table included, gives the same bytes."""
+    fmt = formats.get(name)
+    x = varied_table(50, (13,), seed=5)
+    monkeypatch.setattr(formats, "ENCODE_BLOCK_BYTES", 1 << 40)  # one block
+    whole = fmt.encode(x)
+    for rows in (1, 3, 7, 49):
+        monkeypatch.setattr(formats, "ENCODE_BLOCK_BYTES", rows * 4 * 13)
+        assert torch.equal(fmt.encode(x), whole), rows
+
+
+@pytest.mark.parametrize("name", ["int8", "float8"])
 def test_scaled_rows_pad_with_zero_bytes(name, monkeypatch):
     """The bytes between a row's values and its scale, and after the scale, are zeros (files and checksums of
     a stored table do not depend on what memory held before: fresh memory is poisoned here)."""

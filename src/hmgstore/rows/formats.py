@@ -87,8 +87,10 @@ class Format:
         ``first_row``: the table row of ``rows[0]``, for error messages.
         Raises ValueError for a non-float32 input, and for scaled formats a
         row holding NaN or infinity (found from each row's extremes, which
-        also give its scale: 2.3-2.5x the encode that scanned every value
-        for them, 1M rows of 128 values, 2-core VM).
+        also give its scale). Quantised in blocks of rows whose temporaries
+        stay in the CPU's caches: 4.6x the encode that scanned every value
+        and worked on all rows at once (1M rows of 128 values, 2-core VM:
+        0.24 against 1.10 s; the blocks alone 1.8x).
         """
         if rows.dtype != torch.float32:
             raise ValueError(f"stored formats keep float32 rows; got {rows.dtype}")
@@ -108,14 +110,16 @@ class Format:
                              f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
         scale = largest / self.qmax if elems else torch.ones(n)
         scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
-        q = torch.div(flat, scale[:, None]).clamp_(-self.qmax, self.qmax)  # one temporary, changed in place
-        values = q.round_().to(torch.int8) if self.element == torch.int8 else q.to(self.element)
         width, offset = elems * self.element_size, self.scale_offset(elems)
         out = torch.empty((n, self.pitch(elems)), dtype=torch.uint8)  # every byte written below, padding as zeros
-        out[:, :width] = values.view(torch.uint8).reshape(n, width)
         out[:, width:offset] = 0
         out[:, offset:offset + 4] = scale.reshape(n, 1).view(torch.uint8)
         out[:, offset + 4:] = 0
+        step = max(1, ENCODE_BLOCK_BYTES // max(1, 4 * elems))
+        for a in range(0, n, step):  # blocks whose temporaries stay in the CPU's caches
+            q = torch.div(flat[a:a + step], scale[a:a + step, None]).clamp_(-self.qmax, self.qmax)
+            values = q.round_().to(torch.int8) if self.element == torch.int8 else q.to(self.element)
+            out[a:a + step, :width] = values.view(torch.uint8).reshape(len(q), width)
         return out
 
     def decode(self, stored: torch.Tensor, row_shape) -> torch.Tensor:
@@ -128,6 +132,10 @@ class Format:
         offset = self.scale_offset(elems)
         scale = stored[:, offset:offset + 4].contiguous().view(torch.float32)
         return (values * scale).reshape(n, *row_shape)
+
+
+#: Rows :meth:`Format.encode` quantises at a time, in float32 bytes (1-4 MiB measured fastest on the 2-core VM).
+ENCODE_BLOCK_BYTES = 4 << 20
 
 
 def _elems(shape) -> int:
