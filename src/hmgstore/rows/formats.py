@@ -118,8 +118,9 @@ class Format:
         step = max(1, ENCODE_BLOCK_BYTES // max(1, 4 * elems))
         for a in range(0, n, step):  # blocks whose temporaries stay in the CPU's caches
             q = torch.div(flat[a:a + step], scale[a:a + step, None]).clamp_(-self.qmax, self.qmax)
-            values = q.round_().to(torch.int8) if self.element == torch.int8 else q.to(self.element)
-            out[a:a + step, :width] = values.view(torch.uint8).reshape(len(q), width)
+            if self.element == torch.int8:
+                q.round_()
+            out[a:a + step, :width].view(self.element).copy_(q)  # converted as .to() would, straight into place
         return out
 
     def decode(self, stored: torch.Tensor, row_shape) -> torch.Tensor:
