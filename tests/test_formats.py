@@ -95,6 +95,21 @@ def test_encoding_in_blocks_of_rows_gives_the_same_bytes(name, monkeypatch):
         assert torch.equal(fmt.encode(x), whole), rows
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_writes_into_a_given_tensor(name):
+    """``out=``: the rows written in place (a host tier's rows, no temporary), the same bytes as a new tensor;
+    a destination of the wrong shape or dtype refused."""
+    fmt = formats.get(name)
+    x = varied_table(40, (13,), seed=6)
+    want = fmt.encode(x)
+    tier = torch.full((100, *want.shape[1:]), 7, dtype=want.dtype)  # poisoned around and under the rows
+    got = fmt.encode(x, first_row=30, out=tier[30:70])
+    assert got.data_ptr() == tier[30:70].data_ptr()
+    assert torch.equal(tier[30:70].view(torch.uint8), want.view(torch.uint8))
+    with pytest.raises(ValueError, match="out must be a CPU tensor of shape"):
+        fmt.encode(x, out=tier[:39])
+
+
 @pytest.mark.parametrize("name", ["int8", "float8"])
 def test_scaled_rows_pad_with_zero_bytes(name, monkeypatch):
     """The bytes between a row's values and its scale, and after the scale, are zeros (files and checksums of

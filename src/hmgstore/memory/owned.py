@@ -175,8 +175,8 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
 
     ``src``: a CPU tensor or numpy array (a memmap is read piece by piece,
     never whole) with ``dst``'s shape; either may be strided. ``encode``:
-    instead of a dtype conversion, ``encode(rows, first_row)`` turns each
-    block of ``src`` rows (a CPU tensor) into ``dst``'s rows, whose shape
+    instead of a dtype conversion, ``encode(rows, first_row, out=dst_rows)`` writes each
+    block of ``src`` rows (a CPU tensor) as ``dst``'s rows, whose shape
     may then differ from ``src``'s past the first dimension (stored row
     formats, :mod:`hmgstore.rows.formats`). ``order``: ``dst[i] = src[order[i]]``
     (int64 CPU, a permutation: a host tier laid out by locality). Returns
@@ -196,7 +196,10 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
                                                              else order[start:end]]
             if isinstance(piece, np.ndarray):
                 piece = torch.from_numpy(np.ascontiguousarray(piece))
-            dst[start:end].copy_(piece if encode is None else encode(piece, start))
+            if encode is None:
+                dst[start:end].copy_(piece)
+            else:
+                encode(piece, start, out=dst[start:end])  # straight into place: no block-sized temporary
             bar.update((end - start) * row_bytes)
     return dst
 

@@ -81,10 +81,12 @@ class Format:
     def stored_dtype(self) -> torch.dtype:
         return torch.uint8 if self.scaled else self.element
 
-    def encode(self, rows: torch.Tensor, first_row: int = 0) -> torch.Tensor:
+    def encode(self, rows: torch.Tensor, first_row: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
         """``rows`` (float32 CPU ``[n, *row_shape]``) in this format: ``stored_shape`` of ``stored_dtype``.
 
-        ``first_row``: the table row of ``rows[0]``, for error messages.
+        ``first_row``: the table row of ``rows[0]``, for error messages;
+        ``out``: where to write them (a CPU tensor of that shape and dtype,
+        e.g. the rows of a host tier), returned; default a new tensor.
         Raises ValueError for a non-float32 input, and for scaled formats a
         row holding NaN or infinity (found from each row's extremes, which
         also give its scale). Quantised in blocks of rows whose temporaries
@@ -95,9 +97,13 @@ class Format:
         """
         if rows.dtype != torch.float32:
             raise ValueError(f"stored formats keep float32 rows; got {rows.dtype}")
-        if not self.scaled:
-            return rows.to(self.element)
         n, elems = rows.shape[0], _elems(rows.shape)
+        stored = self.stored_shape(rows.shape)
+        if out is not None and (tuple(out.shape) != stored or out.dtype != self.stored_dtype() or out.is_cuda):
+            raise ValueError(f"out must be a CPU tensor of shape {stored} and dtype {self.stored_dtype()}; got "
+                             f"{tuple(out.shape)}, {out.dtype} on {out.device}")
+        if not self.scaled:
+            return rows.to(self.element) if out is None else out.copy_(rows)
         flat = rows.reshape(n, elems)
         if elems:  # a row's largest magnitude, from its extremes: NaN or infinite exactly where the row holds one
             low, high = torch.aminmax(flat, dim=1)
@@ -112,7 +118,8 @@ class Format:
         scale = largest / self.qmax if elems else torch.ones(n)
         scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
         width, offset = elems * self.element_size, self.scale_offset(elems)
-        out = torch.empty((n, self.pitch(elems)), dtype=torch.uint8)  # every byte written below, padding as zeros
+        if out is None:
+            out = torch.empty(stored, dtype=torch.uint8)  # every byte written below, padding as zeros
         out[:, width:offset] = 0
         out[:, offset:offset + 4] = scale.reshape(n, 1).view(torch.uint8)
         out[:, offset + 4:] = 0
