@@ -271,13 +271,13 @@ def read_chunks(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, chu
 
 def _read(source: torch.Tensor, ids: torch.Tensor, into: torch.Tensor, threads: int | None) -> None:
     before = torch.get_num_threads()
-    change = threads is not None and threads != before  # for this read only: torch gives later threads its count
-    if threads is not None and change:
-        torch.set_num_threads(threads)
+    wanted = before if threads is None else threads  # for this read only: torch gives later threads its count
+    if wanted != before:
+        torch.set_num_threads(wanted)
     try:
         torch.index_select(source, 0, ids, out=into)
     finally:
-        if change:
+        if wanted != before:
             torch.set_num_threads(before)
 
 

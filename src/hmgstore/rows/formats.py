@@ -115,7 +115,7 @@ class Format:
             row = first_row + int(bad.nonzero()[0, 0])
             raise ValueError(f"row {row} holds NaN or infinity, which {self.name} rows (values scaled by the row's "
                              f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
-        scale = largest / self.qmax if elems else torch.ones(n)
+        scale = largest / self.qmax  # a zero row (or none of its values) gets scale 1 below
         scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
         width, offset = elems * self.element_size, self.scale_offset(elems)
         if out is None:

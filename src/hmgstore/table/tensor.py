@@ -161,7 +161,7 @@ class HybridTensor(Table):
         a float in ``[0, 1]`` fixes the CPU's share of host-tier rows; None
         turns the split off. ``threads``: torch's
         intra-op threads for the CPU's reads (None: ``torch.get_num_threads()``; set in the
-        reader thread, and torch starts later threads with it). Raises ValueError for other values."""
+        reader thread for its reads only, then set back). Raises ValueError for other values."""
         setting = None if split is None else split_mod.Setting(split, plan.gather_with_share, threads)
         if setting is not None:
             setting.skipped = self.split_skipped  # the count goes on across settings
