@@ -133,7 +133,83 @@ def test_train_benchmark_reports_the_ceilings(tmp_path):
         alone = c["alone_batches_per_s"]
         assert alone["step"] > 0 and alone["loader_main"] > 0 and c["trimmed"] is False
         assert ("loader_pipe" in alone) == ("+pipe" in name)
+        assert c["gpu_time"] is None  # --timeline needs a GPU
     assert (out / "profile-loader-host.txt").read_text().count("function calls") >= 1
+    # the second cap's configuration trains on the first's loader: only the pipeline differs
+    configs = report["configs"]
+    assert configs["host+pipe@auto"]["build_s"] > 0 and "loader_of" not in configs["host+pipe@auto"]
+    assert configs["host+pipe@none"]["loader_of"] == "host+pipe@auto" and "build_s" not in configs["host+pipe@none"]
+    assert "| host+pipe@auto's |" in res.stdout
+
+
+def test_a_kept_loader_is_built_once_per_key_and_closed_on_change():
+    """Kept: the same key gives the same loader, built once; another key closes the kept one's stores and
+    sampler before building its own; close() closes the last."""
+    from hmgstore.bench.train import Kept
+    from hmgstore.bench.train_setup import Built
+
+    closed = []
+
+    class Closing:
+        def __init__(self, name):
+            self.name = name
+
+        def close(self):
+            closed.append(self.name)
+
+    made = []
+
+    def make(name):
+        made.append(name)
+        return Built(f"loader {name}", None, (Closing(f"store {name}"), None), Closing(f"sampler {name}"), 1.0)
+
+    kept = Kept()
+    first, by = kept.get(("cache", 1.0), "cache+pipe@16", lambda: make("a"))
+    again, by_again = kept.get(("cache", 1.0), "cache+pipe@none", lambda: make("b"))
+    assert again is first and by == by_again == "cache+pipe@16" and made == ["a"] and closed == []
+    other, by = kept.get(("all_gpu", None), "all_gpu+pipe", lambda: make("c"))
+    assert other.loader == "loader c" and by == "all_gpu+pipe" and closed == ["store a", "sampler a"]
+    kept.close()
+    kept.close()  # twice: nothing left to close
+    assert closed == ["store a", "sampler a", "store c", "sampler c"] and kept.built is None
+
+
+def test_timeline_splits_gpu_work_by_stream():
+    """The step's streams against the loader's: summed times, the time both ran at once, the GPU's busy and
+    idle time, from a chrome trace's GPU events (other events ignored)."""
+    from hmgstore.bench.timeline import gpu_intervals, intersection, per_batch, split_by_stream, union
+
+    def kernel(stream, ts, dur, cat="kernel"):
+        return {"ph": "X", "cat": cat, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    trace = {"traceEvents": [kernel(7, 0, 10), kernel(7, 10, 5), kernel(20, 12, 6, "gpu_memcpy"),
+                             kernel(21, 30, 4), {"ph": "X", "cat": "cuda_runtime", "ts": 0, "dur": 50, "args": {}},
+                             {"ph": "i", "cat": "kernel", "ts": 1, "args": {"stream": 7}}]}
+    work = gpu_intervals(trace)
+    assert work == [(7, 0.0, 10.0), (7, 10.0, 15.0), (20, 12.0, 18.0), (21, 30.0, 34.0)]
+    assert union([(5, 8), (0, 2), (1, 3), (8, 9)]) == [(0, 3), (5, 9)]
+    assert intersection([(0, 3), (5, 9)], [(2, 6), (8, 20)]) == 1 + 1 + 1
+    m = split_by_stream(work, {7})
+    assert m == {"wall": 34.0, "step": 15.0, "loader": 10.0, "overlap": 3.0, "busy": 22.0, "idle": 12.0}
+    assert m["busy"] == m["step"] + m["loader"] - m["overlap"] and m["wall"] == m["busy"] + m["idle"]
+    alone = [(7, 100.0, 110.0), (7, 120.0, 124.0)]
+    b = per_batch(alone, 2, work, 2)  # microseconds over 2 batches -> milliseconds a batch
+    assert b["step_ms"] == pytest.approx(0.0075) and b["step_alone_ms"] == pytest.approx(0.007)
+    assert b["idle_ms"] == pytest.approx(0.006) and b["step_streams"] == [7] and b["batches"] == 2
+    assert per_batch([], 1, work, 1)["step_ms"] == 0.0  # no step streams: everything is the loader's
+    assert split_by_stream([], {7})["wall"] == 0.0
+
+
+def test_the_table_shows_gpu_time_and_kept_loaders():
+    report = _report(**{"all_gpu+pipe": (100.0, {"step": 110.0, "loader_pipe": 200.0}),
+                        "cache+pipe@16": (90.0, {"step": 110.0, "loader_pipe": 150.0}),
+                        "cache+pipe@none": (95.0, {"step": 110.0, "loader_pipe": 150.0})})
+    report["configs"]["cache+pipe@16"]["gpu_time"] = {"step_ms": 7.5, "step_alone_ms": 6.9, "loader_ms": 3.25,
+                                                      "overlap_ms": 1.0, "idle_ms": 0.5}
+    report["configs"]["cache+pipe@none"]["loader_of"] = "cache+pipe@16"
+    text = table_text(report)
+    assert "GPU ms a batch: step 7.50 (alone 6.90), loader 3.25, both at once 1.00, idle 0.50" in text
+    assert "| cache+pipe@16's |" in text
 
 
 def test_hotness_layout_orders_the_host_tier_and_gathers_the_same(data):
@@ -339,3 +415,22 @@ def test_variants_apply_where_they_mean_something(monkeypatch, tmp_path):
     assert seen == [True, False] and report["overlap_reads"] == ["on", "off"] and report["repeat"] == 1
     with pytest.raises(SystemExit):
         parse_args(["train", "--repeat", "0"])
+
+
+@pytest.mark.gpu
+def test_timeline_on_a_gpu_puts_the_step_and_the_loader_apart(tmp_path, cuda_device):
+    """--timeline: each pipelined configuration reports a batch's GPU milliseconds; the step's streams are
+    found (its kernels counted), the loader's kernels too, and busy + idle spans the window."""
+    out = tmp_path / "train"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "train", "--quick", "--no-progress", "--configs",
+                          "all_gpu+pipe", "cache+pipe", "--timeline", "3", "--out", out],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "train.json").read_text())
+    for name in ("all_gpu+pipe", "cache+pipe"):
+        g = report["configs"][name]["gpu_time"]
+        assert g["batches"] == 3 and g["step_streams"], g
+        assert g["step_ms"] > 0 and g["step_alone_ms"] > 0 and g["loader_ms"] > 0, g
+        assert g["wall_ms"] == pytest.approx(g["busy_ms"] + g["idle_ms"])
+        assert g["busy_ms"] <= g["step_ms"] + g["loader_ms"] - g["overlap_ms"] + 1e-6, g
+    assert "GPU ms a batch: step" in res.stdout

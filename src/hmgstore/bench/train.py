@@ -121,6 +121,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or 'auto' (hottest first when the host tier is copied anyway, e.g. --compress)")
     p.add_argument("--profile", action="store_true",
                    help="write a cProfile of each configuration's main-thread loader (profile-CONFIG.txt in --out)")
+    p.add_argument("--timeline", type=int, default=0, metavar="N",
+                   help="GPU: after each pipelined configuration's timed batches, profile N more (and N steps alone) "
+                        "and report a batch's GPU milliseconds: the step's kernels beside the loader and alone, the "
+                        "loader's, the time both ran at once and the GPU's idle time (hmgstore.bench.timeline)")
     p.add_argument("--sm-percent", type=int, default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
     p.add_argument("--fuse", type=int, default=1,
@@ -179,9 +183,38 @@ class PhaseTimer:
         setattr(obj, name, timed)
 
 
-def run_config(config: str, data, csc, train, classes, device, args, hot) -> dict:
+class Kept:
+    """The last configuration's loader, kept for the next one where that differs only in what the pipeline or the
+    features' split sets (a cap, a split's share or threads): a papers-shaped cache takes minutes to build.
+    Closed when a configuration needs another loader, and at the end."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.built: Any = None
+        self.config: str | None = None
+
+    def get(self, key: tuple, config: str, make) -> tuple[Any, str | None]:
+        """``(Built, the configuration that built it)``, built by ``make()`` unless the kept one has ``key``."""
+        if key != self.key:
+            self.close()
+            self.key, self.built, self.config = key, make(), config
+        return self.built, self.config
+
+    def close(self) -> None:
+        if self.built is not None:
+            for obj in (self.built.stores[0] if self.built.stores else None, self.built.sampler):
+                if obj is not None:
+                    obj.close()
+            self.key = self.built = self.config = None
+        gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
+
+
+def run_config(config: str, data, csc, train, classes, device, args, hot, kept: Kept | None = None) -> dict:
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios, and
-    beside them the step's rate on batches made beforehand and the loader's rate with no training."""
+    beside them the step's rate on batches made beforehand and the loader's rate with no training. ``kept``:
+    the loader of the previous configuration, used again where only the cap or the split differ."""
+    own = kept is None
+    kept = Kept() if kept is None else kept
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
     config_name = config.partition("/")[0]
     cached = base_of(config) == "cache"
@@ -200,6 +233,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
     build_start = time.perf_counter()
     build: float | None
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
+        kept.close()
         loader = stores = sampler = None
         # a Producer here, else a Pipeline or the loader itself
         make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
@@ -209,19 +243,26 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
                                           overlap_reads=overlap_reads).start()
         build = time.perf_counter() - build_start
     else:
-        loader, data, stores, sampler, build = build_loader(base, data, csc, train, device, args, hot,
-                                                            topology_cache=topology_cache, split=split,
-                                                            split_threads=threads)
+        # not across modes: without the pipeline, the phase timer wraps the loader's filter_fn (below)
+        built, built_by = kept.get((base, topology_cache, pipe), config, functools.partial(
+            build_loader, base, data, csc, train, device, args, hot, topology_cache=topology_cache))
+        loader, data, stores, sampler, build = built
+        if built_by != config:
+            build = None
+            log.info("%s: the loader of %s, used again", config, built_by)
+        if cached:  # the features' table only: labels are 8 B rows, not worth a read-back
+            stores[0].table(None, "x").set_split(split, threads)
         iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
                                      fuse=args.fuse if device.type == "cuda" else 1,
                                      overlap_reads=overlap_reads) if pipe else loader
     alone = {}
+    step_work = None
     if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
         alone["loader_main"] = _rate(loader, reps, sync, profile=_profile_path(args, config))
         if pipe:
             alone["loader_pipe"] = _rate(iterable, reps, sync)
-        alone["step"], trimmed, step_issue, step_calls = _step_alone(loader, data, classes, device, args, reps,
-                                                                     sync, _profile_path(args, config, "step"))
+        alone["step"], trimmed, step_issue, step_calls, step_work = _step_alone(
+            loader, data, classes, device, args, reps, sync, _profile_path(args, config, "step"))
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the timed run's draws kept
             counted = _forever(loader)
             next(counted)  # the iterator's set-up is not a batch's
@@ -259,6 +300,14 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
         train_s += time.perf_counter() - t1
     sync()
     seconds = (time.perf_counter() - start) / reps
+    gpu_time = None
+    if getattr(args, "timeline", 0) and pipe and step_work is not None:  # after the timed batches: it slows them
+        from .timeline import per_batch, profiled_intervals
+
+        def trained():
+            train_step(model, optimizer, next(it), args.trim)
+
+        gpu_time = per_batch(step_work, args.timeline, profiled_intervals(trained, args.timeline), args.timeline)
     it.close()
     if mode == "proc":
         del batch  # views into the producer's ring: released before it is closed
@@ -270,10 +319,12 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
               "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
               "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache, "split_threads": threads,
               "step_issue_s": step_issue if loader is not None else None,
-              "torch_calls": calls if loader is not None else None,
+              "torch_calls": calls if loader is not None else None, "gpu_time": gpu_time,
               "alone_batches_per_s": alone}
     if build is not None:
         result["build_s"] = build
+    elif loader is not None:
+        result["loader_of"] = kept.config  # built by an earlier configuration, used again
     if mode == "proc":
         result["producer_batches_per_s"] = alone["producer"]
     result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
@@ -301,9 +352,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot) -> dic
             result["pages_per_batch"] = sum(pages) / len(pages)
         if sampler is not None:
             result["topology_stats"] = sampler.stats()
-    for obj in (stores[0] if stores else None, sampler):
-        if obj is not None:
-            obj.close()
+    if own:
+        kept.close()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -357,20 +407,22 @@ def run(args) -> dict:
         sampler.close()
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # "high": TF32 matrix products
+    kept = Kept()
     try:
         for k, config in enumerate(configs):
             if all(_mode(c) == "proc" for c in configs[k:]) and data.x.numel():
                 data, csc = _hollow(data), None  # the producers build the graph again: not two copies at once
             reps = args.stock_batches if base_of(config) == "stock" else args.batches
             log.info("%s: training %s batches", config, reps)
-            report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot)
-            gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
+            report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot, kept)
+            gc.collect()
             r = report["configs"][config]
             alone = ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items())
             log.info("%-13s %7.2f batches/s  epoch %7.2f s  alone: %s; host GB at start %s, peak %.1f", config,
                      r["batches_per_s"], r["epoch_s"], alone,
                      "?" if r["host_gb_at_start"] is None else f"{r['host_gb_at_start']:.1f}", r["peak_host_gb"])
     finally:
+        kept.close()
         torch.set_float32_matmul_precision(precision)
     write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
     return report

@@ -118,10 +118,12 @@ def _gpu_profile(fn, path, reps: int = 10) -> None:
 
 
 def _step_alone(loader, data, classes, device, args, reps: int, sync,
-                profile=None) -> tuple[float, bool, float, float | None]:
+                profile=None) -> tuple[float, bool, float, float | None, list | None]:
     """The training step's own batches/s, over up to 8 batches made beforehand (its ceiling), whether its
     layers were trimmed, the seconds a step took to issue (its Python and launches: where this is
-    close to the step's time, the step is bound by the CPU, not the GPU) and its :func:`torch_calls`."""
+    close to the step's time, the step is bound by the CPU, not the GPU), its :func:`torch_calls` and,
+    with ``args.timeline`` on a GPU, the GPU work of ``args.timeline`` steps
+    (:func:`hmgstore.bench.timeline.profiled_intervals`)."""
     batches = [b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
@@ -140,6 +142,11 @@ def _step_alone(loader, data, classes, device, args, reps: int, sync,
         calls = counted_calls(lambda: train_step(model, optimizer, next(steps), args.trim), "step", reps=2)
     if profile is not None and device.type == "cuda":
         _gpu_profile(lambda: train_step(model, optimizer, next(steps), args.trim), profile)
+    work = None
+    if getattr(args, "timeline", 0) and device.type == "cuda":
+        from .timeline import profiled_intervals
+
+        work = profiled_intervals(lambda: train_step(model, optimizer, next(steps), args.trim), args.timeline)
     del batches
     sync()
-    return rate, trimmed, issued / reps, calls
+    return rate, trimmed, issued / reps, calls, work

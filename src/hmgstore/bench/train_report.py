@@ -105,12 +105,17 @@ def table_text(report: dict) -> str:
         calls = c.get("torch_calls") or {}
         if calls.get("loader") is not None and calls.get("step") is not None:
             split += f"; torch calls a batch: loader {calls['loader']:.0f}, step {calls['step']:.0f}"
+        if c.get("gpu_time"):
+            g = c["gpu_time"]
+            split += (f"; GPU ms a batch: step {g['step_ms']:.2f} (alone {g['step_alone_ms']:.2f}), loader "
+                      f"{g['loader_ms']:.2f}, both at once {g['overlap_ms']:.2f}, idle {g['idle_ms']:.2f}")
         if c.get("trimmed") is False and report.get("trim", False):
             split += "; untrimmed (no per-hop counts)"
         speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []
         pages = f"{c['pages_per_batch']:.0f}" if c.get("pages_per_batch") is not None else \
             "as +pipe" if "+proc" in name else "-"  # the producer's stores are not the trainer's to count
-        build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else "-"
+        build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else \
+            f"{c['loader_of']}'s" if c.get("loader_of") else "-"  # a loader kept from an earlier configuration
         hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
         cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, *_alone(c), split, *hits, pages,
                  build, f"{c.get('peak_host_gb', 0):.1f}"]
