@@ -353,6 +353,27 @@ def test_topology_statistics(placement):
         assert 0.0 < stats["hit_ratio"] < 1.0
     with pytest.raises(RuntimeError, match="not counting"):
         build(power_law_graph(), 3000, placement)[0].stats()
+    sampler.reset_stats(counting=False)  # stopped: sampling goes on, uncounted
+    assert not any(t.counting for t in sampler.topologies.values())
+    sampler.sample({None: torch.arange(0, 3000, 10)})
+    with pytest.raises(RuntimeError, match="not counting"):
+        sampler.stats()
+
+
+@pytest.mark.gpu
+def test_the_sampler_captures_its_cuda_graph_again_once_counting_stops(cuda_device):
+    """Counting samples eagerly (its graphs dropped); once it stops, a seed count's batches are captured in a
+    CUDA graph again (the second one), so a kept loader runs as fast after its statistics were read."""
+    sampler, csc = build(power_law_graph(), 3000, (cuda_device, 0.5), num_neighbors=[5, 5])
+    seeds = {None: torch.arange(0, 3000, 10, device=cuda_device)}
+    sampler.reset_stats()
+    for _ in range(3):
+        sampler.sample(seeds)
+    assert not any(sampler._graphs.values())  # counting: no graph
+    sampler.reset_stats(counting=False)
+    for _ in range(3):
+        sampler.sample(seeds)
+    assert any(sampler._graphs.values())  # captured again
 
 
 def test_presampled_hotness_beats_degree_where_training_is_concentrated():

@@ -304,6 +304,11 @@ def test_statistics_count_rows_per_tier(device):
         assert s["tiers"] == {"host": {"rows": 103, "bytes": 103 * 64}} and s["hit_ratio"] == 0.0
     table.reset_stats()
     assert table.stats()["rows"] == 0
+    table.reset_stats(counting=False)  # stopped: gathers go on, uncounted
+    assert table.counter is None
+    assert_same(table[torch.arange(0, 10)].cpu(), x[:10])
+    with pytest.raises(RuntimeError, match="not counting"):
+        table.stats()
 
 
 def test_merged_statistics():

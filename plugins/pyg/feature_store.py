@@ -319,10 +319,11 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         return [self._tensor_attr_cls(group, attr) for group, attr in self._tables]
 
     # ---- statistics -------------------------------------------------------------
-    def reset_stats(self) -> None:
-        """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.rows.stats`)."""
+    def reset_stats(self, counting: bool = True) -> None:
+        """Start counting, for every table, the rows each tier serves (see :mod:`hmgstore.rows.stats`);
+        ``counting=False``: stop counting (a gather then does no counting work)."""
         for table in [*self._tables.values(), *self._edge_tables.values()]:
-            table.reset_stats()
+            table.reset_stats(counting)
 
     def stats(self, group_name=..., attr_name=None) -> dict:
         """Every table's statistics merged (GPU hit ratio, GB/s, rows and bytes per tier); or one

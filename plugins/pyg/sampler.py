@@ -237,9 +237,10 @@ class HybridNeighborSampler(BaseSampler):
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
         return out
 
-    def reset_stats(self) -> None:
-        """Start counting the neighbour ids read from each tier of the topology."""
-        self.sampler.reset_stats()
+    def reset_stats(self, counting: bool = True) -> None:
+        """Start counting the neighbour ids read from each tier of the topology; ``counting=False``: stop (the
+        sampler's CUDA graphs are captured again: counting runs batches eagerly)."""
+        self.sampler.reset_stats(counting)
 
     def stats(self) -> dict:
         """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio (see :mod:`hmgstore.rows.stats`)."""

@@ -352,6 +352,9 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
             result["pages_per_batch"] = sum(pages) / len(pages)
         if sampler is not None:
             result["topology_stats"] = sampler.stats()
+        for counted in (stores[0] if stores else None, sampler):  # a kept loader runs on uncounted (and with
+            if counted is not None:  # its sampler's CUDA graphs: counting samples eagerly)
+                counted.reset_stats(counting=False)
     if own:
         kept.close()
     if device.type == "cuda":

@@ -339,13 +339,15 @@ class NeighborSampler:
         row, col, edge = ({et: torch.cat(p[i]) if p[i] else empty for et, p in parts.items()} for i in range(3))
         return Sample(node, row, col, edge, batch if self.disjoint else None, num_nodes_hop, num_edges_hop)
 
-    def reset_stats(self) -> None:
-        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`).
+    def reset_stats(self, counting: bool = True) -> None:
+        """Start counting, per topology, the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`);
+        ``counting=False``: stop counting.
 
-        Captured CUDA graphs are dropped: batches run eagerly while counting."""
+        Captured CUDA graphs are dropped: batches run eagerly while counting, and are captured again once
+        counting stops."""
         self._graphs.clear()
         for topo in self.topologies.values():
-            topo.reset_stats()
+            topo.reset_stats(counting)
 
     def stats(self) -> dict:
         """Every topology's statistics merged. Raises RuntimeError when not counting."""

@@ -200,9 +200,10 @@ class Topology:
         """Whether :meth:`reset_stats` started counting."""
         return self._counter is not None
 
-    def reset_stats(self) -> None:
-        """Start counting the neighbour ids read from each tier (see :mod:`hmgstore.rows.stats`)."""
-        self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device)
+    def reset_stats(self, counting: bool = True) -> None:
+        """Start counting (again, from zero) the neighbour ids read from each tier (see
+        :mod:`hmgstore.rows.stats`); ``counting=False``: stop counting."""
+        self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device) if counting else None
 
     def stats(self) -> dict:
         """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio and the sampling

@@ -307,9 +307,9 @@ class HybridTensor(Table):
         raise TypeError("iterate over a HybridTensor by indexing it with a batch of ids")
 
     # ---- statistics ------------------------------------------------------------
-    def reset_stats(self) -> None:
-        """Start counting (again, from zero) the rows each tier serves and the gathers' time."""
-        self._counter = TierCounter(self.placement.names, self.row_bytes, self.device)
+    def reset_stats(self, counting: bool = True) -> None:
+        """Start counting (again, from zero) the rows each tier serves and the gathers' time; ``False``: stop."""
+        self._counter = TierCounter(self.placement.names, self.row_bytes, self.device) if counting else None
         starts = [t.start for t in self.placement.tiers]
         self._tier_starts = torch.tensor(starts, dtype=self.placement.index_dtype, device=self.device)
 
