@@ -192,9 +192,8 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     stores = from_data(Data(x=x, edge_index=torch.randint(0, 1000, (2, 4000))), device="cuda", gpu_budget=None,
                        progress=False)  # every row in host memory: the case the auto cap is for
     table = stores[0].table(None, "x")
-    caps, grid_size = [], gather.grid_size
-    monkeypatch.setattr(gather, "grid_size", lambda i, k, tiles, cap, narrow=False: caps.append(cap) or
-                        grid_size(i, k, tiles, cap, narrow))
+    caps, run = [], gather.run
+    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: caps.append(packed.max_sms) or run(packed, *a, **k))
 
     class Loader:
         data = stores

@@ -397,15 +397,39 @@ def test_gather_many_one_launch(cuda_device, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_stream_and_max_sms(cuda_device):
+@pytest.mark.parametrize("exclusive", [True, False], ids=["whole-sms", "spread"])
+def test_stream_and_max_sms(cuda_device, monkeypatch, exclusive):
+    """A capped gather: with whole SMs (one block of EXCLUSIVE_BLOCK threads to an SM, more than half its
+    shared memory asked for) or spread thread slots; exact either way, float32 and int8 rows."""
+    import cupy
+
+    from hmgstore.cuda import gather
+
+    monkeypatch.setattr(gather, "EXCLUSIVE", exclusive)
+    launches = []
+    real = gather.run
+    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: launches.append(packed) or real(packed, *a, **k))
     x = random_table(20_000, (128,), torch.float32, seed=12)
-    t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 20_000, 3), max_sms=2)
     side = torch.cuda.Stream(cuda_device)
     idx = torch.randint(0, 20_000, (50_000,), device=cuda_device)
-    side.wait_stream(torch.cuda.current_stream(cuda_device))
-    out = t.gather(idx, stream=side)
-    side.synchronize()
-    assert_same(out, x[idx.cpu()])
+    for compress in (None, "int8"):
+        t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, 20_000, 3), max_sms=2, compress=compress)
+        want = x if compress is None else hmgstore.rows.formats.get("int8").decode(
+            hmgstore.rows.formats.get("int8").encode(x), (128,))
+        out = torch.full((50_000, 128), float("nan"), device=cuda_device)
+        side.wait_stream(torch.cuda.current_stream(cuda_device))
+        t.gather(idx, out=out, stream=side)
+        side.synchronize()
+        assert_same(out, want[idx.cpu()])
+        packed = launches[-1]
+        assert packed.max_sms == 2
+        smem = gather.exclusive_smem(cuda_device.index, compress is not None)
+        per_sm = cupy.cuda.Device(cuda_device.index).attributes["MaxSharedMemoryPerMultiprocessor"]
+        assert smem is None or smem > per_sm // 2
+        if exclusive and smem:
+            assert packed.smem == smem and packed.block == gather.EXCLUSIVE_BLOCK
+        else:
+            assert packed.smem == 0 and packed.block == gather.BLOCK
 
 
 @pytest.mark.gpu

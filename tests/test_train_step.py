@@ -142,6 +142,16 @@ def test_train_benchmark_reports_the_ceilings(tmp_path):
     assert "| host+pipe@auto's |" in res.stdout
 
 
+def test_cap_modes_are_cache_variants():
+    from hmgstore.bench.train_configs import _with_variants, variant
+
+    names = _with_variants(["all_gpu+pipe@16", "cache+pipe@16"], "cap", ["whole", "spread"])
+    assert names == ["all_gpu+pipe@16", "cache+pipe@16/capwhole", "cache+pipe@16/capspread"]
+    assert [variant(n, "cap", "whole", str) for n in names] == ["whole", "whole", "spread"]
+    args = parse_args(["train", "--cap-mode", "spread"])
+    assert args.cap_mode == ["spread"]
+
+
 def test_a_kept_loader_is_built_once_per_key_and_closed_on_change():
     """Kept: the same key gives the same loader, built once; another key closes the kept one's stores and
     sampler before building its own; close() closes the last."""

@@ -62,7 +62,6 @@ import logging
 import math
 import resource
 import time
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -73,8 +72,19 @@ from ..cli import flags
 from ..graph import presample
 from ..graph.locality import pages_touched
 from .report import header, write_report
-from .train_alone import _forever, _gpu_profile, _profile_path, _rate, _step_alone, counted_calls
-from .train_configs import _hollow, _mode, _repeated, _resident_gb, _sms, _with_caps, _with_variants, base_of, variant
+from .train_alone import PhaseTimer, _forever, _gpu_profile, _profile_path, _rate, _step_alone, counted_calls
+from .train_configs import (
+    Kept,
+    _hollow,
+    _mode,
+    _repeated,
+    _resident_gb,
+    _sms,
+    _with_caps,
+    _with_variants,
+    base_of,
+    variant,
+)
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_setup import (
     SAGE,
@@ -151,6 +161,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
                         "per value, as name/splitS). Default: none, the kernel reads them")
+    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["whole"],
+                   help="capped gathers hold whole SMs ('whole', the default: hmgstore.cuda.gather.exclusive_smem) "
+                        "or that many SMs' worth of blocks spread over the GPU ('spread', the cap before); several "
+                        "values: each cache configuration once per value, as name/capV")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
@@ -161,54 +175,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
 
-class PhaseTimer:
-    """Seconds per phase, the device synchronised at each boundary."""
-
-    def __init__(self, device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self.seconds = defaultdict(float)
-
-    def wrap(self, obj, name: str, phase: str) -> None:
-        fn = getattr(obj, name)
-
-        def timed(*args, **kwargs):
-            self.sync()
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.sync()
-                self.seconds[phase] += time.perf_counter() - start
-
-        setattr(obj, name, timed)
-
-
-class Kept:
-    """The last configuration's loader, kept for the next one where that differs only in what the pipeline or the
-    features' split sets (a cap, a split's share or threads): a papers-shaped cache takes minutes to build.
-    Closed when a configuration needs another loader, and at the end."""
-
-    def __init__(self):
-        self.key: tuple | None = None
-        self.built: Any = None
-        self.config: str | None = None
-
-    def get(self, key: tuple, config: str, make) -> tuple[Any, str | None]:
-        """``(Built, the configuration that built it)``, built by ``make()`` unless the kept one has ``key``."""
-        if key != self.key:
-            self.close()
-            self.key, self.built, self.config = key, make(), config
-        return self.built, self.config
-
-    def close(self) -> None:
-        if self.built is not None:
-            for obj in (self.built.stores[0] if self.built.stores else None, self.built.sampler):
-                if obj is not None:
-                    obj.close()
-            self.key = self.built = self.config = None
-        gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
-
-
 def run_config(config: str, data, csc, train, classes, device, args, hot, kept: Kept | None = None) -> dict:
     """Train ``config`` for ``args.batches`` timed batches; its rate, epoch time, phases and hit ratios, and
     beside them the step's rate on batches made beforehand and the loader's rate with no training. ``kept``:
@@ -216,13 +182,28 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     own = kept is None
     kept = Kept() if kept is None else kept
     torch.manual_seed(args.seed)  # every configuration: the same model, shuffles and neighbours
-    config_name = config.partition("/")[0]
     cached = base_of(config) == "cache"
     split = variant(config, "split", args.split[0] if cached else None)  # the features' host rows by the CPU
     topology_cache = variant(config, "topo", _topology_share(args) if cached else None)
     threads = variant(config, "thr", args.split_threads[0] if cached else None, int)  # the CPU reads' threads
     overlap = variant(config, "overlap", args.overlap_reads[0], str)
     overlap_reads = {"on": True, "off": False}.get(overlap, overlap)
+    from ..cuda import gather as gather_kernel
+
+    exclusive = gather_kernel.EXCLUSIVE
+    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["whole"])[0], str) == "whole"
+    try:
+        return _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
+                           topology_cache, threads, overlap, overlap_reads)
+    finally:
+        gather_kernel.EXCLUSIVE = exclusive
+        if own:
+            kept.close()
+
+
+def _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split, topology_cache, threads,
+                overlap, overlap_reads) -> dict:
+    config_name = config.partition("/")[0]
     name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
     max_sms = _sms(cap) if cap else args.max_sms[0]
@@ -355,8 +336,6 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
         for counted in (stores[0] if stores else None, sampler):  # a kept loader runs on uncounted (and with
             if counted is not None:  # its sampler's CUDA graphs: counting samples eagerly)
                 counted.reset_stats(counting=False)
-    if own:
-        kept.close()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -378,7 +357,7 @@ def run(args) -> dict:
                              "split", args.split)
     if any(args.split_threads) and not any(args.split):
         raise ValueError("--split-threads sets the threads of the CPU's reads of a split gather: give --split too")
-    configs = _with_variants(configs, "thr", args.split_threads)
+    configs = _with_variants(_with_variants(configs, "thr", args.split_threads), "cap", args.cap_mode)
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                                       if _mode(c) else [c])], args.repeat)  # pipelines' only
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
@@ -392,6 +371,7 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
+        "cap_mode": args.cap_mode,
         "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},

@@ -9,10 +9,33 @@ import itertools
 import logging
 import pstats
 import time
+from collections import defaultdict
 
 import torch
 
 from .train_setup import SAGE, train_step, trimmable
+
+
+class PhaseTimer:
+    """Seconds per phase, the device synchronised at each boundary."""
+
+    def __init__(self, device):
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.seconds = defaultdict(float)
+
+    def wrap(self, obj, name: str, phase: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*args, **kwargs):
+            self.sync()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                self.seconds[phase] += time.perf_counter() - start
+
+        setattr(obj, name, timed)
 
 
 def _forever(iterable):

@@ -1,11 +1,13 @@
 """``bench train``'s configuration names: a base (``stock``, ``all_gpu``, ``host``, ``cache``), a mode
 (``+pipe``: hmgstore.Pipeline; ``+proc``: hmgstore.Producer), a cap (``@4``, ``@none``) and variants
 (``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/run2``), each list expanded from the command line's options;
-and what the training side of a producer-only run keeps of the graph."""
+what the training side of a producer-only run keeps of the graph; and the loader kept between configurations."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+from typing import Any
 
 import torch
 
@@ -81,3 +83,29 @@ def _with_caps(configs: list, caps: list) -> list:
         else:
             out.append(config)
     return out
+
+
+class Kept:
+    """The last configuration's loader, kept for the next one where that differs only in what the pipeline or the
+    features' split sets (a cap, a split's share or threads): a papers-shaped cache takes minutes to build.
+    Closed when a configuration needs another loader, and at the end."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.built: Any = None
+        self.config: str | None = None
+
+    def get(self, key: tuple, config: str, make) -> tuple[Any, str | None]:
+        """``(Built, the configuration that built it)``, built by ``make()`` unless the kept one has ``key``."""
+        if key != self.key:
+            self.close()
+            self.key, self.built, self.config = key, make(), config
+        return self.built, self.config
+
+    def close(self) -> None:
+        if self.built is not None:
+            for obj in (self.built.stores[0] if self.built.stores else None, self.built.sampler):
+                if obj is not None:
+                    obj.close()
+            self.key = self.built = self.config = None
+        gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection

@@ -27,6 +27,10 @@ ROWS = 4
 HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 #: Extra NVRTC options; the tuning script sets launch bounds through it.
 KERNEL_OPTIONS: tuple[str, ...] = ()
+#: A capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False: the cap bounds its thread slots only.
+EXCLUSIVE = True
+#: Threads per block of a capped gather, one block to an SM.
+EXCLUSIVE_BLOCK = 1024
 
 
 def _evaluate(expr: str, known: dict[str, int]) -> int:
@@ -90,8 +94,8 @@ def vector_bytes(row_bytes: int, *addresses: int) -> int:
     return width
 
 
-def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
-    """The job's ``J_WORDS`` description and how many tiles it spans."""
+def job_words(job: Job, tile_start: int, block: int = BLOCK) -> tuple[list[int], int]:
+    """The job's ``J_WORDS`` description and how many tiles of a ``block``-thread launch it spans."""
     L = LAYOUT
     formats = {t.stored for t in job.tiers if t.stored is not None}
     if len(formats) > 1:
@@ -104,7 +108,7 @@ def job_words(job: Job, tile_start: int) -> tuple[list[int], int]:
     loads = max(job.row_bytes // vec if any(t.stored is None for t in job.tiers) else 1,
                 job.row_bytes // 4 // values if fmt is not None else 1)
     tpr_log2 = min(5, max(0, (loads - 1).bit_length()))  # team: pow2 >= loads, at most a warp
-    rows_per_tile = (BLOCK >> tpr_log2) * ROWS
+    rows_per_tile = (block >> tpr_log2) * ROWS
     tiles = -(-len(job.ids) // rows_per_tile)
     words = tier_words(job.tiers, job.map, job.num_rows, job.row_bytes)
     words[L["J_IDS"]] = job.ids.data_ptr()
@@ -187,8 +191,9 @@ _cap = threading.local()  # .value: this thread's cap on its gathers' SMs (cappe
 
 @contextlib.contextmanager
 def capped_gathers(max_sms: int | None):
-    """Within the block, every gather this thread launches holds at most ``max_sms`` SMs' worth of blocks
-    (as a table's own ``max_sms``, which still applies); None adds no cap. Caps nest (the tightest holds) and
+    """Within the block, every gather this thread launches holds at most ``max_sms`` SMs (whole SMs where
+    :func:`exclusive_smem` allows, else that many SMs' worth of blocks; as a table's own ``max_sms``, which
+    still applies); None adds no cap. Caps nest (the tightest holds) and
     stay with the thread: another thread's gathers are not capped. :class:`hmgstore.Pipeline` makes its
     batches inside one. The sampler's kernels are not capped: capping them too changed nothing on a 15% cache
     and cost 4-6% with all topology in host memory (bench train, H200, benchmarks/results/cap-scope-h200.md)."""
@@ -203,6 +208,39 @@ def capped_gathers(max_sms: int | None):
 def current_cap() -> int | None:
     """This thread's cap on its gathers' SMs (see :func:`capped_gathers`), or None."""
     return getattr(_cap, "value", None)
+
+
+_exclusive: dict[tuple, int | None] = {}
+
+
+def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
+    """Dynamic shared memory that leaves room for one block of a capped gather on an SM, or None where the
+    device cannot run such a block (the cap then bounds thread slots only, spread over SMs).
+
+    Why. A capped grid of ``k`` SMs' worth of 256-thread blocks is spread by the hardware one block to an SM,
+    over up to 8k SMs; beside a training step each of those SMs then has too few registers or too little
+    shared memory left for the step's large matrix-product blocks, which wait. A block that asks for more
+    than half an SM's shared memory has an SM to itself: a cap of ``k`` is ``k`` whole SMs, the rest whole
+    for the step. It holds ``EXCLUSIVE_BLOCK`` threads, half an SM's slots (each keeps ``ROWS`` rows in
+    flight). The kernel does not use the memory."""
+    key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
+    with _occupancy_lock:
+        if key not in _exclusive:
+            cp = cupy()
+            kernel = _kernel(device_index, narrow)
+            try:
+                with cp.cuda.Device(device_index):
+                    attributes = cp.cuda.Device(device_index).attributes
+                    smem = attributes["MaxSharedMemoryPerMultiprocessor"] // 2 + 1024
+                    fits = smem <= attributes["MaxSharedMemoryPerBlockOptin"]
+                    if fits:
+                        kernel.max_dynamic_shared_size_bytes = smem
+                        fits = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                            kernel.kernel.ptr, EXCLUSIVE_BLOCK, smem) == 1
+            except (KeyError, AttributeError, cp.cuda.driver.CUDADriverError):  # an older CuPy or device
+                fits = False
+            _exclusive[key] = smem if fits else None
+        return _exclusive[key]
 
 
 def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None, narrow: bool = False) -> int:
@@ -229,27 +267,36 @@ class Packed:
     tiles: int
     kept: list[int]
     narrow: bool = False  # some job reads a narrow tier: the kernel build that widens
+    max_sms: int | None = None  # the launch's cap: the tables' and the packing thread's (capped_gathers)
+    smem: int = 0  # a capped launch's shared memory per block (exclusive_smem), 0: none
+    block: int = BLOCK
 
 
-def pack(jobs: list[Job], device: torch.device) -> Packed | None:
+def pack(jobs: list[Job], device: torch.device, max_sms: int | None = None) -> Packed | None:
     """The launch's description, copied (asynchronously) to ``device``, or None when there is nothing to
-    copy. Host work only; :func:`run` launches it."""
+    copy; ``max_sms``: the tables' cap on its SMs, beside this thread's (:func:`capped_gathers`). Host work
+    only; :func:`run` launches it. A capped launch holds whole SMs where :func:`exclusive_smem` allows."""
     kept = [k for k, j in enumerate(jobs) if len(j.ids) and j.row_bytes]
     if not kept:
         return None
+    cap = current_cap()
+    if cap is not None:
+        max_sms = cap if max_sms is None else min(max_sms, cap)
+    narrow = any(t.stored is not None for k in kept for t in jobs[k].tiers)
+    smem = (exclusive_smem(device.index, narrow) or 0) if max_sms is not None and EXCLUSIVE else 0
+    block = EXCLUSIVE_BLOCK if smem else BLOCK
     words, tile_start = [], 0
     for k in kept:
-        w, tiles = job_words(jobs[k], tile_start)
+        w, tiles = job_words(jobs[k], tile_start, block)
         words.extend(w)
         tile_start += tiles
     table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-    narrow = any(t.stored is not None for k in kept for t in jobs[k].tiers)
-    return Packed(table, len(kept), tile_start, kept, narrow)
+    return Packed(table, len(kept), tile_start, kept, narrow, max_sms, smem, block)
 
 
-def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream, max_sms: int | None = None,
+def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
         err: torch.Tensor | None = None) -> None:
-    """Launch a :func:`pack` result on ``stream``.
+    """Launch a :func:`pack` result on ``stream``, capped as it was packed.
 
     ``err``: an int64 CUDA tensor of ``E_WORDS`` zeros where the kernel
     records the first id out of range (see gather_job.cuh), or None.
@@ -257,14 +304,15 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream, 
     if packed is None:
         return
     kernel = _kernel(device.index, packed.narrow)
-    cap = current_cap()  # the launching thread's (capped_gathers), beside the tables'
-    if cap is not None:
-        max_sms = cap if max_sms is None else min(max_sms, cap)
-    grid = grid_size(device.index, kernel, packed.tiles, max_sms, packed.narrow)
+    if packed.smem and packed.max_sms is not None:  # one block to an SM: the cap is whole SMs
+        sms = torch.cuda.get_device_properties(device.index).multi_processor_count
+        grid = max(1, min(packed.tiles, int(packed.max_sms), sms))
+    else:
+        grid = grid_size(device.index, kernel, packed.tiles, packed.max_sms, packed.narrow)
     with cupy().cuda.Device(device.index):
-        kernel((grid,), (BLOCK,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
-                                   np.int64(packed.tiles), np.uint64(0 if err is None else err.data_ptr())),
-               stream=cupy_stream(stream))
+        kernel((grid,), (packed.block,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
+                                          np.int64(packed.tiles), np.uint64(0 if err is None else err.data_ptr())),
+               stream=cupy_stream(stream), shared_mem=packed.smem)
 
 
 def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stream,
@@ -275,4 +323,4 @@ def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stre
     readable from it) and stay alive until the stream reaches this point;
     allocations made on ``stream`` through torch's caching allocator do.
     """
-    run(pack(jobs, device), device, stream, max_sms)
+    run(pack(jobs, device, max_sms), device, stream)

@@ -189,13 +189,13 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
         if part is not None:
             parts.append((table, part, out))
     caps = [t.max_sms for t, _ in requests if t.max_sms]
-    packed = gather.pack(jobs, device)
+    packed = gather.pack(jobs, device, min(caps) if caps else None)
     record = None
     if check == "sync":
         check_pending(pending)  # the range check's read-back, after the host work it overlaps
     elif pending and packed is not None:
         record = deferred.error_record(device)
-    gather.run(packed, device, stream, min(caps) if caps else None, record)
+    gather.run(packed, device, stream, record)
     if record is not None and packed is not None:  # a record is made for a packed launch only
         described = [(requests[k][0].num_rows, f"a table of shape {tuple(requests[k][0].shape)}")
                      for k in packed.kept]
