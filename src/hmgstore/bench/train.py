@@ -161,10 +161,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
                         "per value, as name/splitS). Default: none, the kernel reads them")
-    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["whole"],
-                   help="capped gathers hold whole SMs ('whole', the default: hmgstore.cuda.gather.exclusive_smem) "
-                        "or that many SMs' worth of blocks spread over the GPU ('spread', the cap before); several "
-                        "values: each cache configuration once per value, as name/capV")
+    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
+                   help="capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', the "
+                        "default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE); several values: each cache "
+                        "configuration once per value, as name/capV")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
@@ -191,7 +191,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     from ..cuda import gather as gather_kernel
 
     exclusive = gather_kernel.EXCLUSIVE
-    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["whole"])[0], str) == "whole"
+    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str) == "whole"
     try:
         return _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                            topology_cache, threads, overlap, overlap_reads)

@@ -27,8 +27,10 @@ ROWS = 4
 HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 #: Extra NVRTC options; the tuning script sets launch bounds through it.
 KERNEL_OPTIONS: tuple[str, ...] = ()
-#: A capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False: the cap bounds its thread slots only.
-EXCLUSIVE = True
+#: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
+#: thread slots, spread over SMs. Beside the strong step on the 2M graph (H100, 16 SMs) both gave the same epoch
+#: and the same step slowdown (``benchmarks/results/strong-step-h100.md``, seventh session).
+EXCLUSIVE = False
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
 
@@ -191,12 +193,12 @@ _cap = threading.local()  # .value: this thread's cap on its gathers' SMs (cappe
 
 @contextlib.contextmanager
 def capped_gathers(max_sms: int | None):
-    """Within the block, every gather this thread launches holds at most ``max_sms`` SMs (whole SMs where
-    :func:`exclusive_smem` allows, else that many SMs' worth of blocks; as a table's own ``max_sms``, which
-    still applies); None adds no cap. Caps nest (the tightest holds) and
-    stay with the thread: another thread's gathers are not capped. :class:`hmgstore.Pipeline` makes its
-    batches inside one. The sampler's kernels are not capped: capping them too changed nothing on a 15% cache
-    and cost 4-6% with all topology in host memory (bench train, H200, benchmarks/results/cap-scope-h200.md)."""
+    """Within the block, every gather this thread launches holds at most ``max_sms`` SMs' worth of blocks
+    (whole SMs with :data:`EXCLUSIVE`; as a table's own ``max_sms``, which still applies); None adds no cap.
+    Caps nest (the tightest holds) and stay with the thread: another thread's gathers are not capped.
+    :class:`hmgstore.Pipeline` makes its batches inside one. The sampler's kernels are not capped: capping
+    them too changed nothing on a 15% cache and cost 4-6% with all topology in host memory (bench train,
+    H200, benchmarks/results/cap-scope-h200.md)."""
     before = getattr(_cap, "value", None)
     _cap.value = before if max_sms is None else max_sms if before is None else min(before, max_sms)
     try:
@@ -214,15 +216,16 @@ _exclusive: dict[tuple, int | None] = {}
 
 
 def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
-    """Dynamic shared memory that leaves room for one block of a capped gather on an SM, or None where the
-    device cannot run such a block (the cap then bounds thread slots only, spread over SMs).
+    """Dynamic shared memory that leaves room for one block of a capped gather on an SM (with
+    :data:`EXCLUSIVE`), or None where the device cannot run such a block (the cap then bounds thread slots
+    only, spread over SMs).
 
     Why. A capped grid of ``k`` SMs' worth of 256-thread blocks is spread by the hardware one block to an SM,
-    over up to 8k SMs; beside a training step each of those SMs then has too few registers or too little
-    shared memory left for the step's large matrix-product blocks, which wait. A block that asks for more
-    than half an SM's shared memory has an SM to itself: a cap of ``k`` is ``k`` whole SMs, the rest whole
-    for the step. It holds ``EXCLUSIVE_BLOCK`` threads, half an SM's slots (each keeps ``ROWS`` rows in
-    flight). The kernel does not use the memory."""
+    over up to 8k SMs, where each might keep the step's large matrix-product blocks off its SM. A block that
+    asks for more than half an SM's shared memory has an SM to itself: a cap of ``k`` is ``k`` whole SMs, the
+    rest whole for the step. It holds ``EXCLUSIVE_BLOCK`` threads, half an SM's slots (each keeps ``ROWS`` rows
+    in flight). The kernel does not use the memory. Measured on the 2M graph, it changed nothing (see
+    :data:`EXCLUSIVE`); the papers-shaped graph, whose step slows more beside the gathers, is still to run."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:
