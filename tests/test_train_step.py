@@ -444,3 +444,28 @@ def test_timeline_on_a_gpu_puts_the_step_and_the_loader_apart(tmp_path, cuda_dev
         assert g["wall_ms"] == pytest.approx(g["busy_ms"] + g["idle_ms"])
         assert g["busy_ms"] <= g["step_ms"] + g["loader_ms"] - g["overlap_ms"] + 1e-6, g
     assert "GPU ms a batch: step" in res.stdout
+
+
+def test_disturbed_configurations_are_marked_and_left_out_of_the_ratios():
+    """A configuration whose step alone ran off the run's median (rate, or issue time) is marked disturbed and
+    not taken as a best; the committed papers-shaped run of 2026-11-27 has one such row (its step alone at
+    128.5 b/s, issued in 7.7 ms, against ~144 b/s and 5.2 ms)."""
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks/results/strong-step-papers-split-timeline-h100.json"
+    report = json.loads(path.read_text())
+    add_ratios(report)
+    flagged = {n for n, c in report["configs"].items() if c.get("disturbed")}
+    assert flagged == {"cache+pipe@8/split1.0"}
+    assert report["targets"]["cache_vs_all_gpu"] == pytest.approx(
+        report["configs"]["cache+pipe@8/split0"]["epoch_s"] / report["configs"]["all_gpu+pipe@none"]["epoch_s"])
+    text = table_text(report)
+    assert "| cache+pipe@8/split1.0 (disturbed) |" in text and "left out of the ratios" in text
+    # a disturbed row is never the best, even when it is the fastest
+    fast = _report(**{"all_gpu+pipe": (100.0, {"step": 140.0, "loader_pipe": 300.0}),
+                      "cache+pipe@8": (90.0, {"step": 141.0, "loader_pipe": 200.0}),
+                      "cache+pipe@16": (99.0, {"step": 100.0, "loader_pipe": 900.0})})
+    add_ratios(fast)
+    assert fast["configs"]["cache+pipe@16"]["disturbed"] and not fast["configs"]["cache+pipe@8"]["disturbed"]
+    assert fast["targets"]["cache_vs_all_gpu"] == pytest.approx(100 / 90)
+    assert fast["targets"]["loader_vs_step_cache"] == pytest.approx(200 / 141)

@@ -10,10 +10,31 @@ def _epoch(report, config):
     return None if c is None else c["epoch_s"]
 
 
+#: A configuration's step alone slower than this share of the run's median, or issued in more than this
+#: many times its median, is marked disturbed (the machine, not the code: rates moved 10-30% between
+#: configurations of one run on the H100 VM with nothing changed, strong-step-h100.md, seventh session).
+DISTURBED_RATE, DISTURBED_ISSUE = 0.95, 1.3
+
+
+def mark_disturbed(report: dict) -> None:
+    """Set ``disturbed`` on each configuration whose step alone (the same step on batches made beforehand,
+    whatever the loader) ran off the run's median: its other figures were measured on a disturbed machine."""
+    configs = [c for c in report["configs"].values() if c.get("alone_batches_per_s", {}).get("step")]
+    if len(configs) < 3:
+        return
+    rate = sorted(c["alone_batches_per_s"]["step"] for c in configs)[len(configs) // 2]
+    issues = sorted(c["step_issue_s"] for c in configs if c.get("step_issue_s"))
+    issue = issues[len(issues) // 2] if issues else None
+    for c in configs:
+        c["disturbed"] = c["alone_batches_per_s"]["step"] < DISTURBED_RATE * rate or bool(
+            issue and c.get("step_issue_s") and c["step_issue_s"] > DISTURBED_ISSUE * issue)
+
+
 def _best_config(report, base, mode=None):
-    """The fastest configuration of ``base`` (of ``mode``, or any; any cap and variant), or None."""
+    """The fastest configuration of ``base`` (of ``mode``, or any; any cap and variant) not marked disturbed,
+    or None."""
     named = [(c["epoch_s"], n) for n, c in report["configs"].items()
-             if base_of(n) == base and (mode is None or _mode(n) == mode)]
+             if base_of(n) == base and (mode is None or _mode(n) == mode) and not c.get("disturbed")]
     return min(named)[1] if named else None
 
 
@@ -30,7 +51,7 @@ def _issue(report, config):
 def _loader_vs_step(report, base):
     """The best pipelined loader alone of ``base`` over its step alone (the step's ceiling)."""
     rates = [(c["alone_batches_per_s"].get("loader_pipe"), c["alone_batches_per_s"].get("step"))
-             for n, c in report["configs"].items() if base_of(n) == base]
+             for n, c in report["configs"].items() if base_of(n) == base and not c.get("disturbed")]
     rates = [(loader, step) for loader, step in rates if loader and step]
     return max(loader / step for loader, step in rates) if rates else None
 
@@ -39,6 +60,7 @@ def add_ratios(report: dict) -> None:
     if smoke_test(report):  # tiny sizes: a smoke test, whose ratios mean nothing
         report["targets"] = {}
         return
+    mark_disturbed(report)
     best_cache, best_gpu, stock = _best(report, "cache"), _best(report, "all_gpu"), _epoch(report, "stock")
     best_proc, best_gpu_pipe = _best_config(report, "cache", "proc"), _best_config(report, "all_gpu", "pipe")
     issue = _issue(report, best_proc) if best_proc else None
@@ -117,9 +139,14 @@ def table_text(report: dict) -> str:
         build = f"{c['build_s']:.1f}" if c.get("build_s") is not None else \
             f"{c['loader_of']}'s" if c.get("loader_of") else "-"  # a loader kept from an earlier configuration
         hits = [_hits(c.get("feature_stats")), _hits(c.get("topology_stats"))] if gpu else []
-        cells = [name, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, *_alone(c), split, *hits, pages,
+        label = name + (" (disturbed)" if c.get("disturbed") else "")
+        cells = [label, f"{c['batches_per_s']:.1f}", f"{c['epoch_s']:.2f}", *speed, *_alone(c), split, *hits, pages,
                  build, f"{c.get('peak_host_gb', 0):.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(c.get("disturbed") for c in report["configs"].values()):
+        lines.append(f"\n(disturbed): its step alone ran under {DISTURBED_RATE:.0%} of the run's median rate or took "
+                     f"over {DISTURBED_ISSUE}x its median to issue: the machine was disturbed while it ran; left out "
+                     "of the ratios below")
     t = report.get("targets", {})
     targets = []
     if t.get("cache_vs_all_gpu"):
