@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses strong-mps; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps; peer-rows scale scale-papers (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -240,6 +240,10 @@ for stage in "$@"; do
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
     soak) timeout 590 python3 benchmarks/soak.py ${SOAK_ARGS:-} --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
           grep -E "^\||^#|Exact" "$OUT/soak.log" | tail -40 ;;
+    # Issue 29: the strong step's slowdown beside a capped zero-copy gather of 200k rows, by the host pages they lie
+    # in (128-5000), against the same gather from GPU memory (benchmarks/probes/probe_step_pages.py)
+    step-pages) timeout 300 python3 benchmarks/probes/probe_step_pages.py ${EXTRA:-} >"$OUT/probe_step_pages.json" \
+                  2>"$OUT/probe_step_pages.log"; rc=$?; tail -25 "$OUT/probe_step_pages.log" ;;
     # Issue 29: a batch's missed rows read by the CPU into pinned staging and copied by the copy engine, against
     # the zero-copy kernel, alone and beside a GPU-bound step (benchmarks/probes/probe_dma_misses.py)
     dma-misses) timeout 400 python3 benchmarks/probes/probe_dma_misses.py ${EXTRA:-} >"$OUT/probe_dma_misses.json" \

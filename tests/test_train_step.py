@@ -469,3 +469,27 @@ def test_disturbed_configurations_are_marked_and_left_out_of_the_ratios():
     assert fast["configs"]["cache+pipe@16"]["disturbed"] and not fast["configs"]["cache+pipe@8"]["disturbed"]
     assert fast["targets"]["cache_vs_all_gpu"] == pytest.approx(100 / 90)
     assert fast["targets"]["loader_vs_step_cache"] == pytest.approx(200 / 141)
+
+
+def test_step_pages_probe_builds_a_papers_shaped_batch_and_runs_quick():
+    """benchmarks/probes/probe_step_pages.py: its synthetic batch is laid out hop by hop as the sampler's
+    (each hop's edges point from that hop's new nodes, or earlier ones, to the hop's frontier), so the step
+    trims it; --quick runs (on a CPU: the step once, exit 0; on a GPU: tiny sizes, bit-exact gathers)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks/probes/probe_step_pages.py"
+    spec = importlib.util.spec_from_file_location("probe_step_pages", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    b = probe.papers_batch("cpu", seeds=8, fanout=(4, 3))
+    assert b.num_sampled_nodes[0] == 8 and len(b.num_sampled_edges) == 2 and trimmable(b)
+    assert b.edge_index.shape[1] == sum(b.num_sampled_edges) == 8 * 4 + b.num_sampled_nodes[1] * 3
+    assert int(b.edge_index.max()) < b.num_nodes == sum(b.num_sampled_nodes)
+    hop1 = b.edge_index[:, 32:]  # the second hop's edges end at the first hop's new nodes
+    assert bool(((hop1[1] >= 8) & (hop1[1] < 8 + b.num_sampled_nodes[1])).all())
+    assert bool((b.edge_index[1, :32] < 8).all())
+    res = subprocess.run([sys.executable, str(path), "--quick"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    if "no CUDA device" not in res.stderr:  # a GPU machine: the tiny run's report
+        assert json.loads(res.stdout)["exact"] is True
