@@ -152,6 +152,39 @@ def test_cap_modes_are_cache_variants():
     assert args.cap_mode == ["spread"]
 
 
+def test_cap_modes_run_as_pipelined_cache_variants_on_one_loader(tmp_path):
+    """--cap-mode whole spread: the pipelined cache configuration once per mode, on one loader; the
+    unpipelined one once (it has no cap); the report says whether whole SMs can be had (None on a CPU)."""
+    out = tmp_path / "capq"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "train", "--quick", "--no-progress", "--configs",
+                          "cache", "cache+pipe", "--cap-mode", "whole", "spread", "--out", out],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((out / "train.json").read_text())
+    assert list(report["configs"]) == ["cache", "cache+pipe/capwhole", "cache+pipe/capspread"]
+    assert report["configs"]["cache+pipe/capspread"]["loader_of"] == "cache+pipe/capwhole"
+    assert report["cap_mode"] == ["whole", "spread"] and report["whole_sm_launch"] is None
+
+
+def test_the_phase_timer_puts_back_what_it_wrapped():
+    """A loader timed without the pipeline, then used again, is timed through one wrapper, not two."""
+    from hmgstore.bench.train_alone import PhaseTimer
+
+    class Loader:
+        def filter_fn(self, x):
+            return x + 1
+
+    loader, timer = Loader(), PhaseTimer(torch.device("cpu"))
+    timer.wrap(loader, "filter_fn", "gather")
+    assert loader.filter_fn(1) == 2 and "filter_fn" in vars(loader) and timer.seconds["gather"] > 0
+    timer.unwrap()
+    assert "filter_fn" not in vars(loader) and loader.filter_fn(1) == 2
+    own = loader.filter_fn = lambda x: x * 10  # an instance's own attribute is put back as it was
+    timer.wrap(loader, "filter_fn", "gather")
+    timer.unwrap()
+    assert loader.filter_fn is own
+
+
 def test_a_kept_loader_is_built_once_per_key_and_closed_on_change():
     """Kept: the same key gives the same loader, built once; another key closes the kept one's stores and
     sampler before building its own; close() closes the last."""
@@ -179,9 +212,12 @@ def test_a_kept_loader_is_built_once_per_key_and_closed_on_change():
     assert again is first and by == by_again == "cache+pipe@16" and made == ["a"] and closed == []
     other, by = kept.get(("all_gpu", None), "all_gpu+pipe", lambda: make("c"))
     assert other.loader == "loader c" and by == "all_gpu+pipe" and closed == ["store a", "sampler a"]
-    kept.close()
-    kept.close()  # twice: nothing left to close
+    kept.keep_only(("all_gpu", None))  # the same key: kept
+    assert closed == ["store a", "sampler a"]
+    kept.keep_only(None)  # a producer configuration: nothing kept
     assert closed == ["store a", "sampler a", "store c", "sampler c"] and kept.built is None
+    kept.close()  # nothing left to close
+    assert len(closed) == 4
 
 
 def test_timeline_splits_gpu_work_by_stream():

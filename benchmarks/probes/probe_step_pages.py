@@ -23,7 +23,8 @@ no PCIe, the control). For each page count P, batches of --misses distinct rows 
 first P pages. The step: bench train's GraphSAGE (3 layers, hidden 256, 128-d inputs, 172 classes), trimmed
 per hop and in TF32, on one synthetic batch shaped as a papers-shaped batch (1,024 seeds, fanout 15,10,5).
 For each (source, P, cap): a thread gathers batch after batch on a side stream (capped_gathers(cap); cap 0:
-none), while the main thread runs --steps steps; each step's GPU time is taken with CUDA events on its stream.
+none), while the main thread runs --steps steps; each step's GPU time is taken with CUDA events on its stream,
+the step queued whole behind a GPU sleep first (so the events time the GPU's work, not the main thread's issue).
 Reported: the step alone (ms), the step beside the gather (ms, and / alone), the gather alone (ms a batch, and
 GB/s), the batches the gather made during the steps. The first gather of each (source, P) is checked
 bit-exact against table[ids] (output poisoned first). One JSON object on stdout, a markdown table on stderr;
@@ -80,12 +81,19 @@ def papers_batch(device, seeds: int = 1024, fanout=(15, 10, 5), feat: int = 128,
                 num_sampled_nodes=nodes, num_sampled_edges=edges)
 
 
+#: GPU cycles a step's stream sleeps before the step (about 12 ms at 1.7 GHz): the whole step is queued before
+#: the GPU reaches it, so its events time the GPU's work, not the main thread's issue (~5 ms, and slower while
+#: the gathering thread takes the GIL).
+HOLD_CYCLES = 20_000_000
+
+
 def step_ms(model, optimizer, batch, steps: int, timings: list | None = None) -> float:
-    """Median GPU time of ``steps`` steps (CUDA events on the current stream); each step's time appended to
-    ``timings``."""
+    """Median GPU time of ``steps`` steps (CUDA events on the current stream, each step queued whole behind a
+    sleep first); each step's time appended to ``timings``."""
     times = []
     for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(HOLD_CYCLES)
         start.record()
         train_step(model, optimizer, batch, trim=True)
         end.record()
@@ -134,6 +142,9 @@ def main() -> int:
 
     torch.backends.cuda.matmul.allow_tf32 = True
     width, device = args.row_bytes, torch.device("cuda", torch.cuda.current_device())
+    if args.misses > min(args.pages) * PAGE // width:
+        p.error(f"--misses {args.misses} is more than the {min(args.pages) * PAGE // width} rows of "
+                f"{min(args.pages)} pages of {width} B rows: give fewer misses or more pages")
     rows = max(args.pages) * PAGE // width
     res = {"probe": "probe_step_pages", "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__, "hmgstore": hmgstore.__version__,

@@ -10,9 +10,10 @@ the same process) or the loader's (every other stream: the pipeline's sampling, 
 - ``overlap_ms``: the time both sides ran at once;
 - ``busy_ms`` and ``idle_ms``: the GPU's time with any work, and with none, over the window.
 
-Read: ``wall = busy + idle``, ``busy = step + loader - overlap``, so a GPU-bound epoch (idle near 0) gains only
-by more overlap or fewer kernel milliseconds; idle time belongs to the CPU (the training thread's issue, the
-loader's Python and read-backs).
+Read: ``wall = busy + idle``, and ``busy <= step + loader - overlap`` (equal where no two streams of one side
+run at once; the loader's streams often do), so a GPU-bound epoch (idle near 0) gains only by more overlap or
+fewer kernel milliseconds; idle time belongs to the CPU (the training thread's issue, the loader's Python and
+read-backs).
 """
 from __future__ import annotations
 

@@ -80,6 +80,7 @@ from .train_configs import (
     _repeated,
     _resident_gb,
     _sms,
+    _whole_sm_launch,
     _with_caps,
     _with_variants,
     base_of,
@@ -162,9 +163,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
                         "per value, as name/splitS). Default: none, the kernel reads them")
     p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
-                   help="capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', the "
-                        "default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE); several values: each cache "
-                        "configuration once per value, as name/capV")
+                   help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', "
+                        "the default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's "
+                        "whole_sm_launch says whether this GPU can); several values: each pipelined cache "
+                        "configuration once per value, as name/capV (a producer process gathers spread)")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
@@ -210,11 +212,12 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     pipe = mode != ""
     reps = args.stock_batches if base == "stock" else args.batches
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    key = None if mode == "proc" else (base, topology_cache, pipe)
+    kept.keep_only(key)  # a loader not used again is closed first: not counted in what earlier ones left
     host_gb = _resident_gb()  # what earlier configurations and the graph left in this process
     build_start = time.perf_counter()
     build: float | None
     if mode == "proc":  # the loader is built again, and iterated, in the producer process
-        kept.close()
         loader = stores = sampler = None
         # a Producer here, else a Pipeline or the loader itself
         make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
@@ -225,7 +228,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
         build = time.perf_counter() - build_start
     else:
         # not across modes: without the pipeline, the phase timer wraps the loader's filter_fn (below)
-        built, built_by = kept.get((base, topology_cache, pipe), config, functools.partial(
+        built, built_by = kept.get(key, config, functools.partial(
             build_loader, base, data, csc, train, device, args, hot, topology_cache=topology_cache))
         loader, data, stores, sampler, build = built
         if built_by != config:
@@ -281,6 +284,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
         train_s += time.perf_counter() - t1
     sync()
     seconds = (time.perf_counter() - start) / reps
+    timer.unwrap()
     gpu_time = None
     if getattr(args, "timeline", 0) and pipe and step_work is not None:  # after the timed batches: it slows them
         from .timeline import per_batch, profiled_intervals
@@ -357,7 +361,8 @@ def run(args) -> dict:
                              "split", args.split)
     if any(args.split_threads) and not any(args.split):
         raise ValueError("--split-threads sets the threads of the CPU's reads of a split gather: give --split too")
-    configs = _with_variants(_with_variants(configs, "thr", args.split_threads), "cap", args.cap_mode)
+    configs = _with_variants(configs, "thr", args.split_threads)
+    configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                                       if _mode(c) else [c])], args.repeat)  # pipelines' only
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
@@ -371,7 +376,7 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
-        "cap_mode": args.cap_mode,
+        "cap_mode": args.cap_mode, "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,
         "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},

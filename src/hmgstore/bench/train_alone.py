@@ -22,9 +22,12 @@ class PhaseTimer:
     def __init__(self, device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.seconds = defaultdict(float)
+        self._wrapped: list = []
 
     def wrap(self, obj, name: str, phase: str) -> None:
+        """Time ``obj.name`` as ``phase`` until :meth:`unwrap` (an instance attribute over the method)."""
         fn = getattr(obj, name)
+        self._wrapped.append((obj, name, obj.__dict__.get(name)))
 
         def timed(*args, **kwargs):
             self.sync()
@@ -36,6 +39,15 @@ class PhaseTimer:
                 self.seconds[phase] += time.perf_counter() - start
 
         setattr(obj, name, timed)
+
+    def unwrap(self) -> None:
+        """Put back what :meth:`wrap` replaced, so a loader used again is timed once, not through two wrappers."""
+        for obj, name, own in reversed(self._wrapped):
+            if own is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+        self._wrapped.clear()
 
 
 def _forever(iterable):

@@ -85,6 +85,17 @@ def _with_caps(configs: list, caps: list) -> list:
     return out
 
 
+def _whole_sm_launch(device) -> dict | None:
+    """Whether capped gathers can hold whole SMs on ``device``: the shared memory a block asks for, per kernel
+    build (None: that build spreads its blocks), or None without a GPU."""
+    if device.type != "cuda":
+        return None
+    from ..cuda import gather as gather_kernel
+
+    return {f"{kind} rows": gather_kernel.exclusive_smem(device.index, narrow)
+            for kind, narrow in (("plain", False), ("narrow", True))}
+
+
 class Kept:
     """The last configuration's loader, kept for the next one where that differs only in what the pipeline or the
     features' split sets (a cap, a split's share or threads): a papers-shaped cache takes minutes to build.
@@ -97,10 +108,15 @@ class Kept:
 
     def get(self, key: tuple, config: str, make) -> tuple[Any, str | None]:
         """``(Built, the configuration that built it)``, built by ``make()`` unless the kept one has ``key``."""
-        if key != self.key:
-            self.close()
+        self.keep_only(key)
+        if self.built is None:
             self.key, self.built, self.config = key, make(), config
         return self.built, self.config
+
+    def keep_only(self, key: tuple | None) -> None:
+        """Close the kept loader unless it has ``key`` (None: close it whatever its key)."""
+        if self.built is not None and (key is None or key != self.key):
+            self.close()
 
     def close(self) -> None:
         if self.built is not None:
@@ -109,3 +125,5 @@ class Kept:
                     obj.close()
             self.key = self.built = self.config = None
         gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the closed tiers' blocks, for a producer process started next

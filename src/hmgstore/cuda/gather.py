@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -29,7 +30,8 @@ HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 KERNEL_OPTIONS: tuple[str, ...] = ()
 #: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
 #: thread slots, spread over SMs. Beside the strong step on the 2M graph (H100, 16 SMs) both gave the same epoch
-#: and the same step slowdown (``benchmarks/results/strong-step-h100.md``, seventh session).
+#: and the same step slowdown (``benchmarks/results/strong-step-h100.md``, seventh session; whether the whole-SM
+#: launch engaged there was not recorded: ``bench train`` now reports it as ``whole_sm_launch``).
 EXCLUSIVE = False
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
@@ -222,10 +224,13 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
 
     Why. A capped grid of ``k`` SMs' worth of 256-thread blocks is spread by the hardware one block to an SM,
     over up to 8k SMs, where each might keep the step's large matrix-product blocks off its SM. A block that
-    asks for more than half an SM's shared memory has an SM to itself: a cap of ``k`` is ``k`` whole SMs, the
-    rest whole for the step. It holds ``EXCLUSIVE_BLOCK`` threads, half an SM's slots (each keeps ``ROWS`` rows
-    in flight). The kernel does not use the memory. Measured on the 2M graph, it changed nothing (see
-    :data:`EXCLUSIVE`); the papers-shaped graph, whose step slows more beside the gathers, is still to run."""
+    asks for more than half an SM's shared memory shares its SM with no other such block (another gather
+    block, or a matrix product's large one): a cap of ``k`` holds ``k`` SMs, the others free of it (the step's
+    small kernels can still run beside it, with less L1 cache). It holds ``EXCLUSIVE_BLOCK`` threads, half an
+    SM's slots (each keeps ``ROWS`` rows in flight). The kernel does not use the memory. None also where a
+    1024-thread block does not fit (registers): a warning says so once. Measured on the 2M graph, it changed
+    nothing (see :data:`EXCLUSIVE`), in a run that did not record whether it engaged; the papers-shaped
+    graph, whose step slows more beside the gathers, is still to run."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:
@@ -240,8 +245,13 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
                         kernel.max_dynamic_shared_size_bytes = smem
                         fits = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
                             kernel.kernel.ptr, EXCLUSIVE_BLOCK, smem) == 1
-            except (KeyError, AttributeError, cp.cuda.driver.CUDADriverError):  # an older CuPy or device
+            except (KeyError, AttributeError, cp.cuda.driver.CUDADriverError) as err:  # an older CuPy or device
                 fits = False
+                logging.getLogger(__name__).debug("exclusive_smem: %r", err)
+            if not fits and EXCLUSIVE:
+                logging.getLogger(__name__).warning(
+                    "hmgstore: capped gathers cannot hold whole SMs on GPU %d (%s rows): their blocks are spread "
+                    "over SMs instead", device_index, "narrow" if narrow else "plain")
             _exclusive[key] = smem if fits else None
         return _exclusive[key]
 
