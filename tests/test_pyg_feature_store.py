@@ -19,7 +19,7 @@ from torch_geometric.data import HeteroData, TensorAttr  # noqa: E402
 from torch_geometric.loader import NeighborLoader  # noqa: E402
 
 import hmgstore  # noqa: E402
-from helpers import NUM_AUTHORS, ROW_BYTES  # noqa: E402
+from helpers import NUM_AUTHORS, ROW_BYTES, assert_same  # noqa: E402
 from hmgstore.plugins import pyg as hpyg  # noqa: E402
 from hmgstore.plugins.pyg import feature_store as pyg_feature_store  # noqa: E402
 
@@ -136,6 +136,30 @@ def test_budget_keeps_highest_in_degree_rows(data, cuda_device):
     custom = torch.arange(data.num_nodes, dtype=torch.float32)  # caller's hotness: highest ids hottest
     feature_store, _ = hpyg.from_data(data, device=cuda_device, gpu_budget=10 * ROW_BYTES, hotness=custom)
     assert sorted(feature_store.table(None, "x").placement.gpu_rows.tolist()) == list(range(1990, 2000))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_gpu_whole_keeps_the_labels_whole_on_the_gpu_out_of_the_budget(data, device):
+    """gpu_whole=("y",): the labels' table wholly in GPU memory (no host reads), its bytes taken from the budget
+    first, the features' hottest rows sharing the rest; gathers exact; on a CPU nothing to place; a name no
+    source has is refused, naming the attributes."""
+    budget = 500 * ROW_BYTES
+    store, graph_store = hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole=("y",), progress=False)
+    x, y = store.table(None, "x"), store.table(None, "y")
+    idx = torch.randint(0, data.num_nodes, (300,))
+    assert_same(store.get_tensor(None, "x", idx).cpu(), data.x[idx])
+    assert_same(store.get_tensor(None, "y", idx).cpu(), data.y[idx])
+    if device == "cuda":
+        y_bytes = data.num_nodes * data.y.element_size()
+        x_row = data.x.shape[1] * data.x.element_size()
+        assert y.num_gpu_rows == data.num_nodes and not y.reads_host
+        assert x.num_gpu_rows == (budget - y_bytes) // x_row  # what the labels left, hottest first
+        order = hmgstore.rows.placement.order_by_score(graph_store.in_degree()[None])
+        assert torch.equal(x.placement.gpu_rows, order[:x.num_gpu_rows])
+    else:
+        assert x.num_gpu_rows == y.num_gpu_rows == 0
+    with pytest.raises(ValueError, match=r"gpu_whole names \['label'\].*'x', 'y'"):
+        hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole=("label",), progress=False)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

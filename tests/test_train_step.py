@@ -164,6 +164,18 @@ def test_cap_modes_run_as_pipelined_cache_variants_on_one_loader(tmp_path):
     assert list(report["configs"]) == ["cache", "cache+pipe/capwhole", "cache+pipe/capspread"]
     assert report["configs"]["cache+pipe/capspread"]["loader_of"] == "cache+pipe/capwhole"
     assert report["cap_mode"] == ["whole", "spread"] and report["whole_sm_launch"] is None
+    assert report["labels_on_gpu"] is False
+
+
+def test_labels_on_gpu_builds_the_cache_with_its_labels_whole(tmp_path):
+    """--labels-on-gpu: the cache's loader is built with gpu_whole=("y",) (on a CPU: no GPU tier, the same rows),
+    and the report and its table say so."""
+    out = tmp_path / "lq"
+    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "train", "--quick", "--no-progress", "--configs",
+                          "cache+pipe", "--labels-on-gpu", "--out", out], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "train.json").read_text())["labels_on_gpu"] is True
+    assert "labels whole on the GPU" in res.stdout
 
 
 def test_the_phase_timer_puts_back_what_it_wrapped():

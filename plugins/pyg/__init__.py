@@ -80,7 +80,7 @@ __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "
 
 
 def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None, max_sms: int | None = None,
-              progress: bool = True, edge_attrs=None, edge_gpu_budget=None,
+              progress: bool = True, edge_attrs=None, edge_gpu_budget=None, gpu_whole=(),
               **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
 
@@ -101,7 +101,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     The default, ``"auto"``, keeps the lesser of every node table and half
     the GPU's free memory at build time
     (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None
-    keeps every row in host memory.
+    keeps every row in host memory. ``gpu_whole``: node attribute names kept
+    whole in GPU memory, first out of the budget (``("y",)``: labels).
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
     them. Raises TypeError for other inputs; ValueError when there is
@@ -144,7 +145,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
         raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
     hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
-                                                    max_sms=max_sms, progress=progress, **options)
+                                                    max_sms=max_sms, progress=progress, gpu_whole=gpu_whole,
+                                                    **options)
     if edge_sources:
         _put_edge_attributes(feature_store, graph_store, edge_sources, edge_gpu_budget, hotness, sources,
                              max_sms=max_sms, progress=progress, **options)

@@ -127,7 +127,8 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
     @classmethod
     def from_sources(cls, sources: dict, device=None, *, gpu_budget=None, hotness: dict | None = None,
-                     max_sms: int | None = None, progress: bool = True, **options) -> HybridFeatureStore:
+                     max_sms: int | None = None, progress: bool = True, gpu_whole=(),
+                     **options) -> HybridFeatureStore:
         """A store holding ``sources``: ``{(node_type or None, attr_name): host array}``.
 
         Each source is ``[num_nodes_of_type, *row_shape]`` (torch CPU tensor,
@@ -144,6 +145,12 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         row formats, :mod:`hmgstore.rows.formats`) to float32 sources only
         (labels and other attributes keep their width), and the GPU budget
         counts a compressed row's stored bytes.
+
+        ``gpu_whole``: attribute names whose tables are kept whole in GPU
+        memory on a GPU (``("y",)``: a batch's labels, read for every node of
+        it, never cross PCIe), their bytes taken from ``gpu_budget`` before
+        the hottest rows of the other tables share the rest. ValueError for a
+        name no source has.
 
         ``layout`` also takes ``"hotness"``: each node type's host tier
         kept hottest first by ``hotness``, so that a batch's rows missed by
@@ -164,23 +171,34 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             return fmt if str(source.dtype) in ("torch.float32", "float32") else None
 
         gpu_rows: dict = {}
+        whole_attrs = set(gpu_whole or ())
+        unknown = whole_attrs - {attr for _, attr in sources}
+        if unknown:
+            raise ValueError(f"gpu_whole names {sorted(unknown)}, which no source has; the attributes are "
+                             f"{sorted({attr for _, attr in sources})}")
+        cuda = store.device.type == "cuda"
         gpu_budget = placement.parse_budget(gpu_budget)  # read on every device: a typo ("16XB") fails on a CPU too
-        if gpu_budget is not None and store.device.type == "cuda":
+        if gpu_budget is not None and cuda:
             if hotness is None:
                 raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
                                  "kept on the GPU; pass hotness={node_type: score}")
             rows: dict = {}
             row_bytes: dict = {}
-            for (group, _), source in sources.items():
+            whole_bytes = 0  # the gpu_whole tables', taken from the budget first
+            for (group, attr), source in sources.items():
                 rows[group] = source.shape[0]
                 item = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
                 elems = int(np.prod(source.shape[1:], dtype=np.int64))
                 size = stored.pitch(elems) if stored is not None and narrow(source, stored) else item * elems
-                row_bytes[group] = row_bytes.get(group, 0) + size
+                if attr in whole_attrs:
+                    whole_bytes += size * source.shape[0]
+                else:
+                    row_bytes[group] = row_bytes.get(group, 0) + size
             hotness = placement.check_hotness(hotness, rows)
-            whole = sum(rows[group] * row_bytes[group] for group in rows)  # "auto": every table's share at once
-            gpu_budget = placement.resolve_budget(gpu_budget, whole, store.device)
-            gpu_rows = placement.hot_rows_under_budget(hotness, row_bytes, gpu_budget)
+            everything = whole_bytes + sum(rows[g] * row_bytes[g] for g in row_bytes)  # "auto": every table at once
+            gpu_budget = placement.resolve_budget(gpu_budget, everything, store.device)
+            gpu_rows = placement.hot_rows_under_budget({g: hotness[g] for g in row_bytes}, row_bytes,
+                                                       max(0, gpu_budget - whole_bytes)) if row_bytes else {}
         orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():
             table_dtype, table_compress = narrow(source, host_dtype), narrow(source, compress)
@@ -198,7 +216,11 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                     assert hotness is not None  # "hotness" checked above; rows on the GPU needed hotness too
                     orders[group] = placement.order_by_score(hotness[group])
                 table_layout = orders[group] if use else None
-            table = HybridTensor(source, store.device, gpu_rows=gpu_rows.get(group), max_sms=max_sms,
+            if attr in whole_attrs and cuda:  # every row in GPU memory: no host reads, so no host layout
+                table_layout = None
+            table = HybridTensor(source, store.device, max_sms=max_sms,
+                                 gpu_rows=torch.arange(source.shape[0]) if attr in whole_attrs and cuda else
+                                 gpu_rows.get(group),
                                  progress=progress, host_dtype=table_dtype, compress=table_compress,
                                  layout=table_layout, **options)
             store._add((group, attr), table)

@@ -162,6 +162,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
                         "per value, as name/splitS). Default: none, the kernel reads them")
+    p.add_argument("--labels-on-gpu", action="store_true",
+                   help="cache: the labels whole in GPU memory, out of the --cache budget (from_data's gpu_whole="
+                        "('y',)); by default they follow the features' rows, and a batch's misses read them from host")
     p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
                    help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', "
                         "the default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's "
@@ -376,7 +379,8 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
-        "cap_mode": args.cap_mode, "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,
+        "labels_on_gpu": args.labels_on_gpu, "cap_mode": args.cap_mode,
+        "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,
         "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},

@@ -111,6 +111,7 @@ def table_text(report: dict) -> str:
              f"step: {step}; pipeline: depth {report['pipeline']['depth']}, fuse {report['pipeline'].get('fuse', 1)}; "
              f"features stored as {report.get('compress') or 'float32'}, cache host tier in "
              f"{report.get('host_layout', 'auto')} order"
+             + ("; labels whole on the GPU" if report.get("labels_on_gpu") else "")
              + (f"; cache's host feature rows read by the CPU + copy engine: {_shares(report['split'])}"
                 if any(report.get("split") or []) else "")
              + ("; sampler's CUDA graphs off" if report.get("sampler_graphs") == "off" else ""), ""]

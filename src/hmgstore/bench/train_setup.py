@@ -136,7 +136,8 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
         layout = {"auto": "auto", "hotness": "hotness", "id": None}[getattr(args, "host_layout", "auto")] \
             if base == "cache" else None
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=feature_hot,
-                           compress=args.compress, progress=progress, layout=layout)
+                           compress=args.compress, progress=progress, layout=layout,
+                           gpu_whole=("y",) if base == "cache" and getattr(args, "labels_on_gpu", False) else ())
         topo_budget = None
         if base == "cache":
             edges = topology_bytes or 4 * data.edge_index.shape[1]
