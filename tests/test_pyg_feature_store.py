@@ -156,10 +156,22 @@ def test_gpu_whole_keeps_the_labels_whole_on_the_gpu_out_of_the_budget(data, dev
         assert x.num_gpu_rows == (budget - y_bytes) // x_row  # what the labels left, hottest first
         order = hmgstore.rows.placement.order_by_score(graph_store.in_degree()[None])
         assert torch.equal(x.placement.gpu_rows, order[:x.num_gpu_rows])
+        # compressed features laid out hottest first; the whole labels need no host layout
+        store, _ = hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole="y", compress="int8",
+                                  progress=False)
+        assert store.table(None, "y").layout is None and store.table(None, "x").layout is not None
+        assert_same(store.get_tensor(None, "y", idx).cpu(), data.y[idx])
+        # no budget: every feature row in host memory, the labels still whole on the GPU
+        store, _ = hpyg.from_data(data, device=device, gpu_budget=None, gpu_whole=("y",), progress=False)
+        assert store.table(None, "x").num_gpu_rows == 0 and store.table(None, "y").num_gpu_rows == data.num_nodes
+        with pytest.raises(ValueError, match="gpu_whole tables \\['y'\\] need 16,000 bytes"):
+            hpyg.from_data(data, device=device, gpu_budget=y_bytes - 1, gpu_whole=("y",), progress=False)
     else:
         assert x.num_gpu_rows == y.num_gpu_rows == 0
     with pytest.raises(ValueError, match=r"gpu_whole names \['label'\].*'x', 'y'"):
         hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole=("label",), progress=False)
+    with pytest.raises(ValueError, match=r"gpu_whole names \['label'\]"):  # a string is one name, not letters
+        hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole="label", progress=False)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -9,6 +9,7 @@ the loader's own rate, and says whether trimming and TF32 were used.
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -165,6 +166,25 @@ def test_cap_modes_run_as_pipelined_cache_variants_on_one_loader(tmp_path):
     assert report["configs"]["cache+pipe/capspread"]["loader_of"] == "cache+pipe/capwhole"
     assert report["cap_mode"] == ["whole", "spread"] and report["whole_sm_launch"] is None
     assert report["labels_on_gpu"] is False
+
+
+def test_labels_on_gpu_asks_from_data_for_whole_labels_in_the_cache_only(monkeypatch):
+    """build_loader passes gpu_whole=("y",) to from_data for the cache configuration under --labels-on-gpu, and
+    nothing for host (or without the flag)."""
+    import hmgstore.plugins.pyg as hpyg
+    from hmgstore.bench.train_setup import build_graph, build_loader
+
+    asked, real = [], hpyg.from_data
+    monkeypatch.setattr(hpyg, "from_data", lambda *a, **k: asked.append(k.get("gpu_whole")) or real(*a, **k))
+    data, csc, train, _, _ = build_graph("synthetic:2K", 8)
+    hot = SimpleNamespace(features={None: torch.rand(data.num_nodes)}, topology={None: torch.rand(data.num_nodes)})
+    for flag, base, want in ((["--labels-on-gpu"], "cache", ("y",)), (["--labels-on-gpu"], "host", ()),
+                             ([], "cache", ())):
+        args = parse_args(["train", "--quick", "--no-progress", *flag])
+        built = build_loader(base, data, csc, train, torch.device("cpu"), args, hot)
+        built.stores[0].close()
+        built.sampler.close()
+        assert asked[-1] == want, (flag, base)
 
 
 def test_labels_on_gpu_builds_the_cache_with_its_labels_whole(tmp_path):

@@ -101,8 +101,9 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     The default, ``"auto"``, keeps the lesser of every node table and half
     the GPU's free memory at build time
     (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None
-    keeps every row in host memory. ``gpu_whole``: node attribute names kept
-    whole in GPU memory, first out of the budget (``("y",)``: labels).
+    keeps every row in host memory but the ``gpu_whole`` tables. ``gpu_whole``:
+    node attribute names kept whole in GPU memory, first out of the budget
+    (``("y",)``: labels; see :meth:`HybridFeatureStore.from_sources`).
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
     them. Raises TypeError for other inputs; ValueError when there is
@@ -169,7 +170,7 @@ def _put_edge_attributes(feature_store, graph_store, edge_sources: dict, budget,
 
 
 def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None = None, device=None,
-                 gpu_budget="auto", hotness=None, max_sms: int | None = None, progress: bool = True,
+                 gpu_budget="auto", hotness=None, max_sms: int | None = None, progress: bool = True, gpu_whole=(),
                  **features) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` of a homogeneous graph from host arrays, without a ``Data``.
 
@@ -179,7 +180,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     ``x=np.load("feat.npy", mmap_mode="r"), y=labels``: each ``[num_nodes,
     ...]`` torch CPU tensor, numpy array or memmap, used in place.
     ``num_nodes`` defaults to the features' row count. ``device``,
-    ``gpu_budget`` and ``hotness`` as in :func:`from_data`. Raises ValueError
+    ``gpu_budget``, ``hotness`` and ``gpu_whole`` as in :func:`from_data`. Raises ValueError
     for a topology given twice or not at all, no features, or a feature
     whose rows are not ``num_nodes`` (naming it, both sizes and the fix).
     """
@@ -199,7 +200,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     sources = {(None, name): value for name, value in features.items()}
     hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
-                                                    max_sms=max_sms, progress=progress)
+                                                    max_sms=max_sms, progress=progress, gpu_whole=gpu_whole)
     return feature_store, graph_store
 
 

@@ -146,11 +146,12 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         (labels and other attributes keep their width), and the GPU budget
         counts a compressed row's stored bytes.
 
-        ``gpu_whole``: attribute names whose tables are kept whole in GPU
+        ``gpu_whole``: node attribute names whose tables are kept whole in GPU
         memory on a GPU (``("y",)``: a batch's labels, read for every node of
-        it, never cross PCIe), their bytes taken from ``gpu_budget`` before
-        the hottest rows of the other tables share the rest. ValueError for a
-        name no source has.
+        it, never cross PCIe), whatever ``gpu_budget`` (None included); with a
+        budget their bytes come out of it first and the hottest rows of the
+        other tables share the rest. ValueError for a name no source has, or
+        for whole tables larger than the budget.
 
         ``layout`` also takes ``"hotness"``: each node type's host tier
         kept hottest first by ``hotness``, so that a batch's rows missed by
@@ -171,7 +172,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             return fmt if str(source.dtype) in ("torch.float32", "float32") else None
 
         gpu_rows: dict = {}
-        whole_attrs = set(gpu_whole or ())
+        whole_attrs = {gpu_whole} if isinstance(gpu_whole, str) else set(gpu_whole or ())
         unknown = whole_attrs - {attr for _, attr in sources}
         if unknown:
             raise ValueError(f"gpu_whole names {sorted(unknown)}, which no source has; the attributes are "
@@ -179,9 +180,6 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         cuda = store.device.type == "cuda"
         gpu_budget = placement.parse_budget(gpu_budget)  # read on every device: a typo ("16XB") fails on a CPU too
         if gpu_budget is not None and cuda:
-            if hotness is None:
-                raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
-                                 "kept on the GPU; pass hotness={node_type: score}")
             rows: dict = {}
             row_bytes: dict = {}
             whole_bytes = 0  # the gpu_whole tables', taken from the budget first
@@ -194,17 +192,28 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                     whole_bytes += size * source.shape[0]
                 else:
                     row_bytes[group] = row_bytes.get(group, 0) + size
-            hotness = placement.check_hotness(hotness, rows)
+            if row_bytes and hotness is None:
+                raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
+                                 "kept on the GPU; pass hotness={node_type: score}")
+            ranked: dict = {}  # the types whose rows are ranked (not every attribute of theirs whole)
+            if row_bytes:
+                assert hotness is not None  # checked just above
+                ranked = placement.check_hotness(hotness, {g: rows[g] for g in row_bytes})
+                hotness = {**hotness, **ranked}
             everything = whole_bytes + sum(rows[g] * row_bytes[g] for g in row_bytes)  # "auto": every table at once
             gpu_budget = placement.resolve_budget(gpu_budget, everything, store.device)
-            gpu_rows = placement.hot_rows_under_budget({g: hotness[g] for g in row_bytes}, row_bytes,
-                                                       max(0, gpu_budget - whole_bytes)) if row_bytes else {}
+            if whole_bytes > gpu_budget:
+                raise ValueError(f"the gpu_whole tables {sorted(whole_attrs)} need {whole_bytes:,} bytes of GPU "
+                                 f"memory, more than the gpu_budget of {gpu_budget:,}: raise the budget or name fewer "
+                                 "tables")
+            gpu_rows = placement.hot_rows_under_budget(ranked, row_bytes, gpu_budget - whole_bytes) if row_bytes else {}
         orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():
             table_dtype, table_compress = narrow(source, host_dtype), narrow(source, compress)
             copied = bool(options.get("copy")) or table_dtype is not None or table_compress is not None
-            table_layout = layout
-            if isinstance(layout, str):
+            whole = attr in whole_attrs and cuda  # every row in GPU memory: no host reads, so no host layout
+            table_layout = None if whole else layout
+            if isinstance(table_layout, str):
                 if layout not in ("auto", "hotness"):
                     raise ValueError(f"layout is a permutation of the rows, 'hotness', 'auto' or None; got {layout!r}")
                 hot = gpu_rows.get(group) is not None and len(gpu_rows[group]) > 0
@@ -216,11 +225,8 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
                     assert hotness is not None  # "hotness" checked above; rows on the GPU needed hotness too
                     orders[group] = placement.order_by_score(hotness[group])
                 table_layout = orders[group] if use else None
-            if attr in whole_attrs and cuda:  # every row in GPU memory: no host reads, so no host layout
-                table_layout = None
             table = HybridTensor(source, store.device, max_sms=max_sms,
-                                 gpu_rows=torch.arange(source.shape[0]) if attr in whole_attrs and cuda else
-                                 gpu_rows.get(group),
+                                 gpu_rows=torch.arange(source.shape[0]) if whole else gpu_rows.get(group),
                                  progress=progress, host_dtype=table_dtype, compress=table_compress,
                                  layout=table_layout, **options)
             store._add((group, attr), table)

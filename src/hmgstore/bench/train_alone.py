@@ -16,6 +16,9 @@ import torch
 from .train_setup import SAGE, train_step, trimmable
 
 
+_NONE = object()  # PhaseTimer: the wrapped object had no attribute of its own by that name
+
+
 class PhaseTimer:
     """Seconds per phase, the device synchronised at each boundary."""
 
@@ -27,7 +30,7 @@ class PhaseTimer:
     def wrap(self, obj, name: str, phase: str) -> None:
         """Time ``obj.name`` as ``phase`` until :meth:`unwrap` (an instance attribute over the method)."""
         fn = getattr(obj, name)
-        self._wrapped.append((obj, name, obj.__dict__.get(name)))
+        self._wrapped.append((obj, name, obj.__dict__.get(name, _NONE)))
 
         def timed(*args, **kwargs):
             self.sync()
@@ -43,7 +46,7 @@ class PhaseTimer:
     def unwrap(self) -> None:
         """Put back what :meth:`wrap` replaced, so a loader used again is timed once, not through two wrappers."""
         for obj, name, own in reversed(self._wrapped):
-            if own is None:
+            if own is _NONE:
                 delattr(obj, name)
             else:
                 setattr(obj, name, own)

@@ -228,9 +228,9 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
     block, or a matrix product's large one): a cap of ``k`` holds ``k`` SMs, the others free of it (the step's
     small kernels can still run beside it, with less L1 cache). It holds ``EXCLUSIVE_BLOCK`` threads, half an
     SM's slots (each keeps ``ROWS`` rows in flight). The kernel does not use the memory. None also where a
-    1024-thread block does not fit (registers): a warning says so once. Measured on the 2M graph, it changed
-    nothing (see :data:`EXCLUSIVE`), in a run that did not record whether it engaged; the papers-shaped
-    graph, whose step slows more beside the gathers, is still to run."""
+    1024-thread block does not fit (registers): a capped launch under :data:`EXCLUSIVE` then warns, once.
+    Measured on the 2M graph, it changed nothing (see :data:`EXCLUSIVE`), in a run that did not record
+    whether it engaged; the papers-shaped graph, whose step slows more beside the gathers, is still to run."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:
@@ -248,12 +248,23 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
             except (KeyError, AttributeError, cp.cuda.driver.CUDADriverError) as err:  # an older CuPy or device
                 fits = False
                 logging.getLogger(__name__).debug("exclusive_smem: %r", err)
-            if not fits and EXCLUSIVE:
-                logging.getLogger(__name__).warning(
-                    "hmgstore: capped gathers cannot hold whole SMs on GPU %d (%s rows): their blocks are spread "
-                    "over SMs instead", device_index, "narrow" if narrow else "plain")
             _exclusive[key] = smem if fits else None
         return _exclusive[key]
+
+
+_spread_warned: set = set()
+
+
+def _whole_sms(device_index: int, narrow: bool) -> int:
+    """:func:`exclusive_smem` for a capped launch under :data:`EXCLUSIVE`, 0 where the blocks must spread (a
+    warning, once per GPU and kernel build, says so)."""
+    smem = exclusive_smem(device_index, narrow)
+    if smem is None and (device_index, narrow) not in _spread_warned:
+        _spread_warned.add((device_index, narrow))
+        logging.getLogger(__name__).warning(
+            "hmgstore: capped gathers cannot hold whole SMs on GPU %d (%s rows): their blocks are spread over SMs "
+            "instead", device_index, "narrow" if narrow else "plain")
+    return smem or 0
 
 
 def grid_size(device_index: int, kernel, total_tiles: int, max_sms: int | None, narrow: bool = False) -> int:
@@ -296,7 +307,7 @@ def pack(jobs: list[Job], device: torch.device, max_sms: int | None = None) -> P
     if cap is not None:
         max_sms = cap if max_sms is None else min(max_sms, cap)
     narrow = any(t.stored is not None for k in kept for t in jobs[k].tiers)
-    smem = (exclusive_smem(device.index, narrow) or 0) if max_sms is not None and EXCLUSIVE else 0
+    smem = _whole_sms(device.index, narrow) if max_sms is not None and EXCLUSIVE else 0
     block = EXCLUSIVE_BLOCK if smem else BLOCK
     words, tile_start = [], 0
     for k in kept:
