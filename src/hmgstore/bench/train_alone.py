@@ -15,7 +15,6 @@ import torch
 
 from .train_setup import SAGE, train_step, trimmable
 
-
 _NONE = object()  # PhaseTimer: the wrapped object had no attribute of its own by that name
 
 
