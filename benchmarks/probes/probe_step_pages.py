@@ -7,13 +7,15 @@ Usage: python benchmarks/probes/probe_step_pages.py [--pages 128 512 1024 2500 5
            step once on the CPU and exits 0)
 
 Context (issue 29; benchmarks/results/strong-step-h100.md, seventh session). On an H100 in a cloud VM, beside
-the strong GraphSAGE step, a papers-shaped batch's gather of ~200k missed int8 rows from 2,489 distinct 2 MiB
-host pages slowed the step's own kernels from 6.8 ms to 8.2 ms with the gathers capped at 8 SMs (6% of the SMs:
-about 0.4 ms expected); on the 2M graph, whose misses lie in 217 pages, 16 SMs cost the step about their share.
-The gather kernel's rate falls past ~1,024 pages a batch (reach-h100.md: the GPU's reach into host memory).
+the strong GraphSAGE step, a papers-shaped batch's zero-copy reads of ~100k missed int8 feature rows from 2,489
+distinct 2 MiB host pages (and of their ~100k 8 B labels, from another table) slowed the step's own kernels
+from 6.8 ms to 8.2 ms with the gathers capped at 8 SMs (6% of the SMs: about 0.4 ms expected); on the 2M graph,
+whose misses lie in 217 pages, 16 SMs cost the step about their share. The gather kernel's rate falls past
+~1,024 pages a batch (reach-h100.md: the GPU's reach into host memory).
 
 Hypothesis. The slowdown beyond the SMs' share grows with the pages a batch reads (translation misses that
-the step's own memory accesses then share), not with its rows: at a fixed 200k rows, reading them from 128
+the step's own memory accesses then share), not with its rows: at a fixed 200k rows (the batch's rows read
+from host memory, features and labels together), reading them from 128
 pages costs the step about the cap's share, from 2,500 or 5,000 pages much more. If it does not grow, the
 cause is the PCIe reads themselves, and reading the misses by the CPU (no zero-copy) is the remedy.
 
