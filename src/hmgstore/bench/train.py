@@ -230,7 +230,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
                                           overlap_reads=overlap_reads).start()
         build = time.perf_counter() - build_start
     else:
-        # not across modes: without the pipeline, the phase timer wraps the loader's filter_fn (below)
+        # kept apart by mode too: without the pipeline the phase timer times the loader (below), and puts it back
         built, built_by = kept.get(key, config, functools.partial(
             build_loader, base, data, csc, train, device, args, hot, topology_cache=topology_cache))
         loader, data, stores, sampler, build = built
