@@ -2,7 +2,7 @@
 reads, or by its rows, its SMs and the PCIe traffic alone?
 
 Usage: python benchmarks/probes/probe_step_pages.py [--pages 128 512 1024 2500 5000] [--misses 200000]
-           [--row-bytes 132] [--max-sms 8 0] [--steps 30] > probe_step_pages.json
+           [--row-bytes 132] [--max-sms 8 0] [--cap-mode spread whole] [--steps 30] > probe_step_pages.json
        python benchmarks/probes/probe_step_pages.py --quick   (tiny sizes; on a machine without CUDA it runs the
            step once on the CPU and exits 0)
 
@@ -46,6 +46,7 @@ import torch
 
 import hmgstore
 from hmgstore.bench.train_setup import SAGE, train_step
+from hmgstore.cuda import gather as gather_kernel
 from hmgstore.cuda.gather import capped_gathers
 
 PAGE = 2 << 20
@@ -127,6 +128,9 @@ def main() -> int:
     p.add_argument("--misses", type=int, default=200_000)
     p.add_argument("--row-bytes", type=int, default=132)
     p.add_argument("--max-sms", type=int, nargs="+", default=[8, 0], help="0: uncapped")
+    p.add_argument("--cap-mode", nargs="+", choices=["spread", "whole"], default=["spread"],
+                   help="how a capped gather holds its SMs: spread thread slots, or whole SMs "
+                        "(hmgstore.cuda.gather.EXCLUSIVE); each capped run is made in each mode")
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
@@ -178,7 +182,8 @@ def main() -> int:
             table.gather(ids[0], out=out)
             torch.cuda.synchronize()
             exact &= torch.equal(out.cpu(), host[ids_cpu[0]])
-            for cap in args.max_sms:
+            for cap, mode in [(c, m) for c in args.max_sms for m in (args.cap_mode if c else ["spread"])]:
+                gather_kernel.EXCLUSIVE = mode == "whole"
                 with capped_gathers(cap or None):
                     table.gather(ids[0], out=out)
                     torch.cuda.synchronize()
@@ -196,7 +201,9 @@ def main() -> int:
                 worker.join()
                 if errors:
                     raise errors[0]
-                run = {"source": name, "pages": pages, "max_sms": cap or None, "step_ms": round(beside, 3),
+                whole = bool(cap) and mode == "whole" and gather_kernel.exclusive_smem(device.index) is not None
+                run = {"source": name, "pages": pages, "max_sms": cap or None, "whole_sms": whole,
+                       "step_ms": round(beside, 3),
                        "step_vs_alone": round(beside / alone, 3), "gather_alone_ms": round(gather_ms, 3),
                        "gather_gbps": round(args.misses * width / gather_ms / 1e6, 2), "gathers_beside": made[0]}
                 res["runs"].append(run)
@@ -206,7 +213,8 @@ def main() -> int:
     log(f"\n| source | pages | cap | step ms (alone {alone:.2f}) | x alone | gather alone ms | GB/s |")
     log("|---|---:|---:|---:|---:|---:|---:|")
     for r in res["runs"]:
-        log(f"| {r['source']} | {r['pages']} | {r['max_sms'] or 'none'} | {r['step_ms']} | {r['step_vs_alone']} | "
+        cap = f"{r['max_sms']}{' whole SMs' if r['whole_sms'] else ''}" if r["max_sms"] else "none"
+        log(f"| {r['source']} | {r['pages']} | {cap} | {r['step_ms']} | {r['step_vs_alone']} | "
             f"{r['gather_alone_ms']} | {r['gather_gbps']} |")
     if not exact:
         log("a gather was not bit-exact")

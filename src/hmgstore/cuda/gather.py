@@ -169,9 +169,13 @@ def _format_flags(job: Job, fmt) -> tuple[int, int]:
     return fmt.code << L["F_FMT_SHIFT"] | (values.bit_length() - 1) << L["F_NVEC_SHIFT"], values
 
 
-def _kernel(device_index: int, narrow: bool = False):
-    """The gather kernel; ``narrow``: the build that widens narrow tiers (see gather.cu: NARROW)."""
+def _kernel(device_index: int, narrow: bool = False, whole: bool = False):
+    """The gather kernel; ``narrow``: the build that widens narrow tiers (see gather.cu: NARROW); ``whole``: the
+    build for whole-SM blocks (:func:`exclusive_smem`), its registers bounded so that one block of
+    ``EXCLUSIVE_BLOCK`` threads fits an SM (at most 64 a thread on sm80/sm90: the plain build needs more)."""
     options = (*KERNEL_OPTIONS, f"-DROWS={ROWS}", f"-DNARROW={int(narrow)}")
+    if whole:
+        options = (*options, f"-DLB_THREADS={EXCLUSIVE_BLOCK}", "-DLB_MIN_BLOCKS=1")
     return module(device_index, (HEADER, SOURCE), options).get_function("hmg_gather")
 
 
@@ -227,15 +231,17 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
     asks for more than half an SM's shared memory shares its SM with no other such block (another gather
     block, or a matrix product's large one): a cap of ``k`` holds ``k`` SMs, the others free of it (the step's
     small kernels can still run beside it, with less L1 cache). It holds ``EXCLUSIVE_BLOCK`` threads, half an
-    SM's slots (each keeps ``ROWS`` rows in flight). The kernel does not use the memory. None also where a
-    1024-thread block does not fit (registers): a capped launch under :data:`EXCLUSIVE` then warns, once.
+    SM's slots (each keeps ``ROWS`` rows in flight). The kernel does not use the memory. Such blocks run their own
+    build, its registers bounded to fit: the plain build's did not fit a 1024-thread block on the H100 (a GPU test
+    found it). None also where the block still does not fit: a capped launch under :data:`EXCLUSIVE` then warns,
+    once.
     Measured on the 2M graph, it changed nothing (see :data:`EXCLUSIVE`), in a run that did not record
     whether it engaged; the papers-shaped graph, whose step slows more beside the gathers, is still to run."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:
             cp = cupy()
-            kernel = _kernel(device_index, narrow)
+            kernel = _kernel(device_index, narrow, whole=True)
             try:
                 with cp.cuda.Device(device_index):
                     attributes = cp.cuda.Device(device_index).attributes
@@ -327,7 +333,7 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
     """
     if packed is None:
         return
-    kernel = _kernel(device.index, packed.narrow)
+    kernel = _kernel(device.index, packed.narrow, whole=bool(packed.smem))
     if packed.smem and packed.max_sms is not None:  # one block to an SM: the cap is whole SMs
         sms = torch.cuda.get_device_properties(device.index).multi_processor_count
         grid = max(1, min(packed.tiles, int(packed.max_sms), sms))
