@@ -428,6 +428,10 @@ def test_stream_and_max_sms(cuda_device, monkeypatch, exclusive):
         assert smem is None or smem > per_sm // 2
         if torch.cuda.get_device_capability(cuda_device) >= (8, 0):
             assert smem is not None  # the whole-SM build fits a 1024-thread block on an A100, H100 or H200
+        if smem:  # the whole-SM build: registers for a 1024-thread block, all shared memory preferred
+            whole = gather._kernel(cuda_device.index, compress is not None, whole=True)
+            assert whole.num_regs * gather.EXCLUSIVE_BLOCK <= 65536
+            assert whole.preferred_shared_memory_carveout == gather.CARVEOUT
         if exclusive and smem:
             assert packed.smem == smem and packed.block == gather.EXCLUSIVE_BLOCK
         else:

@@ -35,6 +35,8 @@ KERNEL_OPTIONS: tuple[str, ...] = ()
 EXCLUSIVE = False
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
+#: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
+CARVEOUT = 100
 
 
 def _evaluate(expr: str, known: dict[str, int]) -> int:
@@ -249,6 +251,9 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
                     fits = smem <= attributes["MaxSharedMemoryPerBlockOptin"]
                     if fits:
                         kernel.max_dynamic_shared_size_bytes = smem
+                        # All shared memory, little L1: the carveout the step's matrix products run with, so that
+                        # an SM need not drain to change its carveout between theirs and this block.
+                        kernel.preferred_shared_memory_carveout = CARVEOUT
                         fits = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
                             kernel.kernel.ptr, EXCLUSIVE_BLOCK, smem) == 1
             except (KeyError, AttributeError, cp.cuda.driver.CUDADriverError) as err:  # an older CuPy or device
