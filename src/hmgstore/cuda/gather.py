@@ -28,11 +28,13 @@ ROWS = 4
 HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 #: Extra NVRTC options; the tuning script sets launch bounds through it.
 KERNEL_OPTIONS: tuple[str, ...] = ()
-#: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
-#: thread slots, spread over SMs. Beside the strong step on the 2M graph (H100, 16 SMs) both gave the same epoch
-#: and the same step slowdown (``benchmarks/results/strong-step-h100.md``, seventh session; whether the whole-SM
-#: launch engaged there was not recorded: ``bench train`` now reports it as ``whole_sm_launch``).
-EXCLUSIVE = False
+#: True (the default): a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False: the cap bounds its
+#: thread slots, spread over SMs. Beside the strong step on the papers-shaped graph (H100, 20% int8 cache, labels on
+#: the GPU) whole SMs gave 115.1 / 119.7 / 115.0 batches/s at 8 / 12 / 16 SMs against 112.8 / 114.9 / 108.0 spread,
+#: the step's own kernels 7.6 ms against 7.9-8.2 (6.8 alone), in one run
+#: (``benchmarks/results/strong-step-h100.md``, eighth session). Before :data:`CARVEOUT` was set, whole SMs were
+#: as often far worse (59-99 batches/s, the GPU idle ~6.5 ms a batch).
+EXCLUSIVE = True
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
@@ -237,8 +239,7 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
     build, its registers bounded to fit: the plain build's did not fit a 1024-thread block on the H100 (a GPU test
     found it). None also where the block still does not fit: a capped launch under :data:`EXCLUSIVE` then warns,
     once.
-    Measured on the 2M graph, it changed nothing (see :data:`EXCLUSIVE`), in a run that did not record
-    whether it engaged; the papers-shaped graph, whose step slows more beside the gathers, is still to run."""
+    Measured: see :data:`EXCLUSIVE`."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:
