@@ -151,7 +151,7 @@ def test_cap_modes_are_cache_variants():
     assert [variant(n, "cap", "whole", str) for n in names] == ["whole", "whole", "spread"]
     args = parse_args(["train", "--cap-mode", "spread"])
     assert args.cap_mode == ["spread"]
-    assert parse_args(["train"]).cap_mode == ["whole"]  # the library's default (hmgstore.cuda.gather.EXCLUSIVE)
+    assert parse_args(["train"]).cap_mode == ["spread"]  # the library's default (hmgstore.cuda.gather.EXCLUSIVE)
 
 
 def test_cap_modes_run_as_pipelined_cache_variants_on_one_loader(tmp_path):

@@ -165,10 +165,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels-on-gpu", action="store_true",
                    help="cache: the labels whole in GPU memory, out of the --cache budget (from_data's gpu_whole="
                         "('y',)); by default they follow the features' rows, and a batch's misses read them from host")
-    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["whole"],
-                   help="pipelines' capped gathers hold whole SMs ('whole', the default: hmgstore.cuda.gather."
-                        "EXCLUSIVE; the report's whole_sm_launch says whether this GPU can) or that many SMs' worth "
-                        "of blocks spread over the GPU ('spread'); several values: each pipelined cache "
+    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
+                   help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', "
+                        "the default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's "
+                        "whole_sm_launch says whether this GPU can); several values: each pipelined cache "
                         "configuration once per value, as name/capV (a producer process: the library's default)")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
@@ -196,7 +196,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     from ..cuda import gather as gather_kernel
 
     exclusive = gather_kernel.EXCLUSIVE
-    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["whole"])[0], str) == "whole"
+    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str) == "whole"
     try:
         return _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                            topology_cache, threads, overlap, overlap_reads)

@@ -28,13 +28,13 @@ ROWS = 4
 HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 #: Extra NVRTC options; the tuning script sets launch bounds through it.
 KERNEL_OPTIONS: tuple[str, ...] = ()
-#: True (the default): a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False: the cap bounds its
-#: thread slots, spread over SMs. Beside the strong step on the papers-shaped graph (H100, 20% int8 cache, labels on
-#: the GPU) whole SMs gave 115.1 / 119.7 / 115.0 batches/s at 8 / 12 / 16 SMs against 112.8 / 114.9 / 108.0 spread,
-#: the step's own kernels 7.6 ms against 7.9-8.2 (6.8 alone), in one run
-#: (``benchmarks/results/strong-step-h100.md``, eighth session). Before :data:`CARVEOUT` was set, whole SMs were
-#: as often far worse (59-99 batches/s, the GPU idle ~6.5 ms a batch).
-EXCLUSIVE = True
+#: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
+#: thread slots, spread over SMs. Beside the strong step (H100, ``benchmarks/results/strong-step-h100.md``, eighth
+#: session) whole SMs take 0.3-1.1 ms off the step's own kernels in every run, but not off the epoch: with
+#: :data:`CARVEOUT` set, on the papers-shaped graph they won at 8, 12 and 16 SMs in one run (+2 to +6%) and lost
+#: at 12 and 16 in the next (-5%, -19%, the GPU idle 2.8 ms a batch); on the 2M graph they tied. Spread blocks
+#: slumped less often, so they stay the default.
+EXCLUSIVE = False
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
