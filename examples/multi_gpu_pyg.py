@@ -46,7 +46,6 @@ figures and their aggregate; ``--json`` writes them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -56,13 +55,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import torch_geometric
-from pyg_graphsage import SAGE, StepTimer  # the single-GPU example's model and timer (this script's folder)
+from pyg_graphsage import SAGE, StepTimer, evaluate, train_epoch  # the single-GPU example's (this folder)
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 from torch_geometric.loader import NeighborLoader
-from tqdm import tqdm
 
 import hmgstore
 import hmgstore.distributed as hd
@@ -103,6 +100,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     flags.add_fanout(p)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--no-trim", action="store_true",
+                   help="run every layer over the batch's whole subgraph (default: trim_to_layer drops the outer "
+                        "hops each layer no longer needs)")
+    p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls on CUDA (default: TF32 allowed)")
+    p.add_argument("--loss-every", type=flags.positive, default=25,
+                   help="show the loss every N batches (default: 25); reading it makes the training thread wait")
     flags.add_max_batches(p)
     flags.add_seed(p)
     p.add_argument("--json", default=None, help="rank 0 writes the results (aggregate and every rank's) here")
@@ -198,6 +201,17 @@ def seeds_on_several_ranks(trained: torch.Tensor) -> int:
     return int((count > 1).sum())
 
 
+def bytes_per_batch(table_stats: dict, shard: int, batches: int) -> dict[str, float]:
+    """Feature bytes a batch read from this GPU (its replica and its shard), its peers' shards (NVLink) and
+    host memory (PCIe), from the table's per-tier counters over ``batches`` batches."""
+    where = {"own_gpu": 0, "peers": 0, "host": 0}
+    for name, tier in table_stats["tiers"].items():
+        kind = ("own_gpu" if name in ("replica", f"shard{shard}") else
+                "peers" if name.startswith("shard") else "host")
+        where[kind] += tier["bytes"]
+    return {k: v / max(1, batches) for k, v in where.items()}
+
+
 def steady(epochs: list[dict]) -> list[dict]:
     """Epochs after the first, which pays for warm-up (kernel compilation, page faults); all if only one."""
     return epochs[1:] or epochs
@@ -257,7 +271,8 @@ def main(argv=None) -> dict | None:
     test_loader = NeighborLoader((feature_store, graph_store),
                                  input_nodes=graph["test_idx"].tensor_split(world)[rank], **loader_kwargs)
 
-    model = SAGE(args.feat_dim, args.hidden, num_classes, len(fanout)).to(device)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not args.no_tf32
+    model = SAGE(args.feat_dim, args.hidden, num_classes, len(fanout), trim=not args.no_trim).to(device)
     model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
@@ -265,66 +280,34 @@ def main(argv=None) -> dict | None:
     pipelined = args.pipeline == "on" or (args.pipeline is None and device.type == "cuda")
 
     def train(epoch: int) -> dict:
-        model.train()
         train_sampler.set_epoch(epoch)
         trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
-        before, batches, start, train_s = dict(timer.split()), 0, time.perf_counter(), 0.0
-        total = min(len(train_loader), args.max_batches or len(train_loader))
-        bar = tqdm(total=total, desc=f"epoch {epoch}", disable=not progress)
-        pipeline = hmgstore.Pipeline(train_loader, depth=2) if pipelined else None  # <-- hmgstore
-        loader = iter(pipeline if pipelined else train_loader)
-        while batches < total:
-            if pipelined:  # sampling and gathering of the next batches overlap this one's training
-                batch = next(loader)
-                t0 = time.perf_counter()
-            else:
-                with timer("load"):
-                    batch = next(loader)
-                with timer("to_device"):
-                    batch = batch.to(device, non_blocking=True)
-            with timer("train") if not pipelined else contextlib.nullcontext():
-                optimizer.zero_grad()
-                out = model(batch.x, batch.edge_index)[:batch.batch_size]
-                loss = F.cross_entropy(out, batch.y[:batch.batch_size])
-                loss.backward()  # DDP all-reduces the gradients here
-                optimizer.step()
-            trained[batch.input_id.to(device)] = True  # positions in train_idx of this batch's seeds
-            batches += 1
-            if pipelined:
-                train_s += time.perf_counter() - t0
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-        if pipelined:
-            loader.close()
-        bar.close()
-        seconds = time.perf_counter() - start
-        after = timer.split()
-        split = {k: after[k] - before[k] for k in after}
-        if pipelined:
-            split = {"train_s": train_s, "wait_s": pipeline.waited}
-        return {"epoch": epoch, "seconds": seconds, "batches": batches, "batches_per_s": batches / seconds,
-                "loss": loss.item(), "seeds": int(trained.sum()),
-                "seeds_on_several_ranks": seeds_on_several_ranks(trained), **split}
 
-    @torch.no_grad()
+        def mark_seeds(batch) -> None:  # positions in train_idx of this batch's seeds
+            trained[batch.input_id.to(device)] = True
+
+        pipeline = hmgstore.Pipeline(train_loader, depth=2) if pipelined else None  # <-- hmgstore
+        total = min(len(train_loader), args.max_batches or len(train_loader))
+        result = train_epoch(model, optimizer, train_loader, device, total=total, timer=timer, pipeline=pipeline,
+                             desc=f"epoch {epoch}", progress=progress, loss_every=args.loss_every,
+                             after_step=mark_seeds)
+        return {"epoch": epoch, **result, "seeds": int(trained.sum()),
+                "seeds_on_several_ranks": seeds_on_several_ranks(trained)}
+
     def test() -> float:
         """Accuracy over every rank's slice of the test ids (collective)."""
-        model.eval()
-        counts = torch.zeros(2, dtype=torch.int64, device=device)  # correct, total
-        for step, batch in enumerate(tqdm(test_loader, desc="test", disable=not progress)):
-            if step == args.max_batches:
-                break
-            batch = batch.to(device, non_blocking=True)
-            pred = model.module(batch.x, batch.edge_index)[:batch.batch_size].argmax(dim=-1)
-            counts[0] += (pred == batch.y[:batch.batch_size]).sum()
-            counts[1] += batch.batch_size
+        counts = torch.tensor(evaluate(model.module, test_loader, device, args.max_batches, progress), device=device)
         dist.all_reduce(counts)
         return int(counts[0]) / max(1, int(counts[1]))
 
     epochs = [train(epoch) for epoch in range(1, args.epochs + 1)]
+    x.table.reset_stats()  # the test pass counts the rows each tier serves (training runs uncounted)
     accuracy = test()
+    test_batches = min(len(test_loader), args.max_batches or len(test_loader))
 
-    mine = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", 0)), "device": str(device),
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    tier_bytes = bytes_per_batch(x.table.stats(), local_rank, test_batches)
+    mine = {"rank": rank, "local_rank": local_rank, "device": str(device), "bytes_per_batch": tier_bytes,
             "host": platform.node(), "train_ids": train_sampler.num_samples, "epochs": epochs,
             "steady_batches_per_s": statistics.median(e["batches_per_s"] for e in steady(epochs)),
             "steady_split_s_per_batch": {k: statistics.median(e[k] / e["batches"] for e in steady(epochs))
@@ -351,6 +334,7 @@ def main(argv=None) -> dict | None:
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
         "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
         "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
+        "trim": not args.no_trim, "tf32": not args.no_tf32,
         "topology_sharded": topology_sharded,
         "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},
                            "host": p.num_rows - p.resident_rows},
@@ -365,7 +349,8 @@ def main(argv=None) -> dict | None:
         split = r["steady_split_s_per_batch"]
         print(f"rank {r['rank']} ({r['device']}): {r['steady_batches_per_s']:.2f} batches/s, loss "
               f"{r['epochs'][-1]['loss']:.3f}; per batch "
-              + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items()))
+              + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())
+              + "; feature MB per batch from " + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["bytes_per_batch"].items()))
     total = result["aggregate"]
     where = (f"waited {total['steady_wait_ms_per_batch']:.1f} ms per batch for the pipeline" if pipelined else
              f"gather {total['steady_gather_ms_per_batch']:.1f} ms per batch")

@@ -211,6 +211,72 @@ def sampled_counts(batch) -> tuple:
     return getattr(batch, "num_sampled_nodes", None), getattr(batch, "num_sampled_edges", None)
 
 
+def train_epoch(model, optimizer, loader, device, *, total: int, timer: StepTimer, pipeline=None,
+                desc: str = "epoch", progress: bool = True, loss_every: int = 25, after_step=None) -> dict:
+    """Train on ``total`` batches; the loop both examples run (the multi-GPU one under DDP).
+
+    ``pipeline``: an ``hmgstore.Pipeline`` or ``Producer`` over ``loader``, whose batches arrive sampled and
+    gathered on the device while the previous one trains: then only the training and the loop's waits are
+    timed. Without one, each step is split into load, copy to the device and train, synchronised at each
+    boundary (nothing overlaps). ``after_step(batch)`` runs after every step. Returns the epoch's seconds,
+    batches, batches/s, last loss and per-phase seconds (``sampling_s``, ``gather_s``, ``train_s``, and
+    ``wait_s`` with a pipeline).
+    """
+    model.train()
+    before, batches, train_s = dict(timer.split()), 0, 0.0
+    bar = tqdm(total=total, desc=desc, disable=not progress)
+    start = time.perf_counter()
+    batches_in = iter(pipeline if pipeline is not None else loader)
+    while batches < total:
+        if pipeline is not None:  # phases overlap: only the training is timed (and the loop's waits, below)
+            batch = next(batches_in)
+            t0 = time.perf_counter()
+        else:
+            with timer("load"):
+                batch = next(batches_in)
+            with timer("to_device"):
+                batch = batch.to(device, non_blocking=True)
+        with timer("train") if pipeline is None else contextlib.nullcontext():
+            optimizer.zero_grad()
+            out = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size]
+            loss = F.cross_entropy(out, batch.y[:batch.batch_size])
+            loss.backward()  # under DDP, the gradients' all-reduce runs here
+            optimizer.step()
+        if after_step is not None:
+            after_step(batch)
+        batches += 1
+        bar.update()
+        if batches % loss_every == 0:  # reading the loss waits for the GPU: not every step
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        if pipeline is not None:
+            train_s += time.perf_counter() - t0
+    if pipeline is not None:
+        batches_in.close()
+    bar.close()
+    seconds = time.perf_counter() - start
+    after = timer.split()
+    split = {k: after[k] - before[k] for k in after}
+    if pipeline is not None:
+        split = {"sampling_s": 0.0, "gather_s": 0.0, "train_s": train_s, "wait_s": pipeline.waited}
+    return {"seconds": seconds, "batches": batches, "batches_per_s": batches / seconds, "loss": loss.item(),
+            **split}
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, max_batches: int | None = None, progress: bool = True) -> tuple[int, int]:
+    """``(correct, total)`` predictions of the seed nodes of ``loader``'s batches (at most ``max_batches``)."""
+    model.eval()
+    correct = total = 0
+    for step, batch in enumerate(tqdm(loader, desc="test", disable=not progress)):
+        if step == max_batches:
+            break
+        batch = batch.to(device, non_blocking=True)
+        pred = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size].argmax(dim=-1)
+        correct += int((pred == batch.y[:batch.batch_size]).sum())
+        total += batch.batch_size
+    return correct, total
+
+
 def build_loaders(args, device, graph, host_dtype):
     """``(train loader, test loader, the loaders' keyword arguments)`` as the flags ask; the stores are the
     loaders' ``data``, the sampler their ``neighbor_sampler``."""
@@ -318,59 +384,15 @@ def main(argv=None) -> dict:
         args.pipeline is None and args.sampler == "hmgstore" and device.type == "cuda" and args.features != "cpu")
 
     def train(epoch: int) -> dict:
-        model.train()
-        before, batches, start = dict(timer.split()), 0, time.perf_counter()
         total = min(len(train_loader), args.max_batches or len(train_loader))
-        bar = tqdm(total=total, desc=f"epoch {epoch}", disable=args.no_progress)
-        if pipelined:  # <-- hmgstore: the next batches are sampled and gathered while this one trains
-            pipeline = producer or hmgstore.Pipeline(train_loader, depth=2)
-            loader = iter(pipeline)
-        else:
-            loader = iter(train_loader)
-        train_s = 0.0
-        while batches < total:
-            if pipelined:  # phases overlap: only the training is timed (and the loop's waits, below)
-                batch = next(loader)
-                t0 = time.perf_counter()
-            else:
-                with timer("load"):
-                    batch = next(loader)
-                with timer("to_device"):
-                    batch = batch.to(device, non_blocking=True)
-            with timer("train") if not pipelined else contextlib.nullcontext():
-                optimizer.zero_grad()
-                out = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size]
-                loss = F.cross_entropy(out, batch.y[:batch.batch_size])
-                loss.backward()
-                optimizer.step()
-            batches += 1
-            bar.update()
-            if batches % args.loss_every == 0:  # reading the loss waits for the GPU: not every step
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-            if pipelined:
-                train_s += time.perf_counter() - t0
-        if pipelined:
-            loader.close()
-        bar.close()
-        seconds = time.perf_counter() - start
-        after = timer.split()
-        split = {k: after[k] - before[k] for k in after}
-        if pipelined:
-            split = {"sampling_s": 0.0, "gather_s": 0.0, "train_s": train_s, "wait_s": pipeline.waited}
-        return {"epoch": epoch, "seconds": seconds, "batches": batches, "batches_per_s": batches / seconds,
-                "loss": loss.item(), **split}
+        # <-- hmgstore: the next batches are sampled and gathered while this one trains
+        pipeline = (producer or hmgstore.Pipeline(train_loader, depth=2)) if pipelined else None
+        return {"epoch": epoch, **train_epoch(model, optimizer, train_loader, device, total=total, timer=timer,
+                                               pipeline=pipeline, desc=f"epoch {epoch}",
+                                               progress=not args.no_progress, loss_every=args.loss_every)}
 
-    @torch.no_grad()
     def test() -> float:
-        model.eval()
-        correct = total = 0
-        for step, batch in enumerate(tqdm(test_loader, desc="test", disable=args.no_progress)):
-            if step == args.max_batches:
-                break
-            batch = batch.to(device, non_blocking=True)
-            pred = model(batch.x, batch.edge_index, *sampled_counts(batch))[:batch.batch_size].argmax(dim=-1)
-            correct += int((pred == batch.y[:batch.batch_size]).sum())
-            total += batch.batch_size
+        correct, total = evaluate(model, test_loader, device, args.max_batches, progress=not args.no_progress)
         return correct / total
 
     epochs = [train(epoch) for epoch in range(1, args.epochs + 1)]

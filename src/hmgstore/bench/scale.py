@@ -47,7 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=256, help="GraphSAGE hidden width (default: 256)")
     p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the features (default: 2GB)")
     p.add_argument("--replicate", default="256MB", help="part of --gpu-budget replicated on every GPU")
+    p.add_argument("--topology-budget", default="all",
+                   help="GPU memory each GPU gives the topology ('all': replicated on every GPU, the default)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is warm-up (default: 3)")
+    p.add_argument("--no-trim", action="store_true",
+                   help="every layer over the batch's whole subgraph (default: the step trims per hop)")
+    p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls (default: TF32 allowed)")
     flags.add_batch_size(p, 1024, "seed nodes per GPU")
     flags.add_fanout(p)
     flags.add_max_batches(p)
@@ -83,7 +88,8 @@ def run(args) -> dict:
               "graph": args.graph,
               "num_nodes": args.num_nodes if args.graph == "synthetic" else None, "feat_dim": args.feat_dim,
               "batch_size": args.batch_size, "fanout": args.fanout, "gpu_budget": args.gpu_budget,
-              "replicate": args.replicate, "example": str(example), "runs": []}
+              "replicate": args.replicate, "trim": not args.no_trim, "tf32": not args.no_tf32,
+              "example": str(example), "runs": []}
     for n in gpu_counts(args.gpus, available):
         result = _one_run(args, example, n, out)
         total = result["aggregate"]
@@ -92,7 +98,9 @@ def run(args) -> dict:
             "train_ms": total.get("steady_train_ms_per_batch"), "wait_ms": total.get("steady_wait_ms_per_batch"),
             "sampling_ms": total.get("steady_sampling_ms_per_batch"),
             "gather_ms": total.get("steady_gather_ms_per_batch"), "test_acc": result["test_acc"],
-            "placement_rows": result["placement_rows"], "dataset": result["dataset"]})
+            "placement_rows": result["placement_rows"], "dataset": result["dataset"],
+            "bytes_per_batch": _mean_bytes_per_batch(result["ranks"]),
+            "per_rank_batches_per_s": [r["steady_batches_per_s"] for r in result["ranks"]]})
     write_report(report, out, ratios=_ratios, text_of=table_text, plot_to=_no_plot)
     return report
 
@@ -101,7 +109,8 @@ def _example_argv(args, n: int, json_path: Path) -> list[str]:
     argv = ["--graph", args.graph, "--feat-dim", str(args.feat_dim), "--hidden", str(args.hidden),
             "--gpu-budget", args.gpu_budget, "--replicate", args.replicate, "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--fanout", ",".join(map(str, args.fanout)),
-            "--seed", str(args.seed), "--json", str(json_path), "--no-progress"]
+            "--seed", str(args.seed), "--topology-budget", args.topology_budget, "--json", str(json_path),
+            "--no-progress", *(["--no-trim"] if args.no_trim else []), *(["--no-tf32"] if args.no_tf32 else [])]
     if args.graph == "synthetic":
         argv += ["--num-nodes", str(args.num_nodes)]
     if args.max_batches:
@@ -143,12 +152,22 @@ def _ranks_output(log: str) -> list[str]:
     return lines
 
 
+def _mean_bytes_per_batch(ranks: list[dict]) -> dict[str, float] | None:
+    """Feature bytes a batch read per tier (own GPU, peers, host), the mean over ranks; None from an older
+    example that did not count them."""
+    counted = [r["bytes_per_batch"] for r in ranks if "bytes_per_batch" in r]
+    if not counted:
+        return None
+    return {k: sum(c[k] for c in counted) / len(counted) for k in counted[0]}
+
+
 def _ratios(report: dict) -> None:
     base = report["runs"][0]["batches_per_s"]
     for r in report["runs"]:
         r["per_gpu_batches_per_s"] = r["batches_per_s"] / r["gpus"]
         r["x_one_gpu"] = r["batches_per_s"] / base
         r["efficiency"] = r["x_one_gpu"] / r["gpus"]
+        r["per_rank_x_one_gpu"] = [rate / base for rate in r.get("per_rank_batches_per_s", [])]
 
 
 def _data_ms(r: dict) -> tuple[float, str]:
@@ -167,17 +186,22 @@ def table_text(report: dict) -> str:
              f"{report['batch_size']} per GPU   features: {report['gpu_budget']} per GPU   date: {report['date']}",
              *no_gpu_line(report, "CPU processes over gloo, hmgstore's sampler on the CPU",
                           "GPU sampling, NVLink shards and the pipeline"), *smoke_test_lines(report), "",
-             "| GPUs | batches/s | per GPU | x 1 GPU | efficiency | train ms a step | data ms a step | data "
-             "| test acc |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| GPUs | batches/s | per GPU | x 1 GPU | efficiency | each GPU x 1 GPU | train ms a step "
+             "| data ms a step | data | MB a batch: own GPU / peers / host | test acc |",
+             "|---:|---:|---:|---:|---:|---|---:|---:|---|---|---:|"]
     for r in report["runs"]:
         data_ms, what = _data_ms(r)
         lines.append(f"| {r['gpus']} | {r['batches_per_s']:.1f} | {r['per_gpu_batches_per_s']:.1f} | "
                      f"{ratio_text(report, r['x_one_gpu'])} | {ratio_text(report, r['efficiency'])} | "
-                     f"{r['train_ms']:.1f} | {data_ms:.1f} | {what} | "
+                     f"{' '.join(f'{x:.2f}' for x in r.get('per_rank_x_one_gpu', []))} | "
+                     f"{r['train_ms']:.1f} | {data_ms:.1f} | {what} | {_tier_mb(r.get('bytes_per_batch'))} | "
                      f"{r['test_acc']:.4f} |")
     lines += ["", "Commands:", *(f"- `{r['command']}`" for r in report["runs"])]
     return "\n".join(lines)
+
+
+def _tier_mb(where: dict | None) -> str:
+    return "" if not where else " / ".join(f"{where[k] / 1e6:.1f}" for k in ("own_gpu", "peers", "host"))
 
 
 def _no_plot(report: dict, path) -> None:

@@ -171,6 +171,11 @@ class ShardedTensor:
         return self.gather(rows_only(index))
 
     @property
+    def pinned(self) -> PinnedHost | None:
+        """The source pinned for every GPU's host reads, or None when every row lives on some GPU (or on the CPU)."""
+        return self._pinned
+
+    @property
     def shape(self) -> torch.Size:
         return self._source.shape
 
