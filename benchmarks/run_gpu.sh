@@ -77,11 +77,11 @@ for stage in "$@"; do
              --epochs 2 --max-batches 40 --no-progress $extra --json "$OUT/pyg/pyg_pipeline_$budget.json" 2>&1 | tail -1 || rc=1
          done ;;
     multi) nvidia-smi topo -m; df -h /dev/shm
-           python3 -m pytest -q -s -rs tests/test_sharded.py tests/test_distributed.py tests/test_bench.py \
+           timeout ${LIMIT:-300} python3 -m pytest -q -s -rs -rfE tests/test_sharded.py tests/test_distributed.py tests/test_bench.py \
              tests/test_examples.py::test_two_cpu_processes tests/test_examples.py::test_says_how_to_start_it_without_torchrun \
              tests/test_examples.py::test_every_gpu_of_the_node \
              >"$OUT/multi.log" 2>&1; rc=$?; grep -v '^ *"' "$OUT/multi.log" | tail -40 ;;
-    peer) python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
+    peer) timeout ${LIMIT:-300} python3 -m hmgstore.bench peer --out "$OUT/peer" 2>"$OUT/peer.log"; rc=$?; tail -5 "$OUT/peer.log" ;;
     multi-pyg) mkdir -p "$OUT/pyg"
            torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
              --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-batches 30 --no-progress \
@@ -198,8 +198,9 @@ for stage in "$@"; do
                         2>"$OUT/probe_rows_small.log"; rc=$?; tail -6 "$OUT/probe_rows_small.log" ;;
     peer-rows) timeout 560 python3 benchmarks/probes/probe_peer_rows.py --out "$OUT/peer-rows" >"$OUT/peer-rows.json" \
                  2>"$OUT/peer-rows.log"; rc=$?; grep "ROWS=" "$OUT/peer-rows.log"; tail -3 "$OUT/peer-rows.log" ;;
-    scale) timeout 500 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --num-nodes 2M --epochs 2 \
-             --max-batches 100 --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?; tail -12 "$OUT/scale.log" ;;
+    scale) timeout ${LIMIT:-500} python3 -m hmgstore.bench scale --gpus ${GPUS:-1 $(nvidia-smi -L | wc -l)} --num-nodes 2M \
+             --epochs 2 --max-batches ${BATCHES:-100} ${EXTRA:-} --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?
+           tail -12 "$OUT/scale.log" ;;
     scale-papers) df -h /dev/shm; free -g | head -2
              timeout 580 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --graph papers:111M:1.6B \
                --gpu-budget 60GB --epochs 2 --max-batches 60 --out "$OUT/scale-papers" >"$OUT/scale-papers.log" 2>&1; rc=$?
