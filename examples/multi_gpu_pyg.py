@@ -87,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the feature table, e.g. 2GB")
     p.add_argument("--replicate", default="256MB",
                    help="part of --gpu-budget holding the hottest rows on every GPU; the rest holds its shard")
+    p.add_argument("--compress", default=None, choices=("int8", "float8", "bfloat16", "float16"),
+                   help="keep the features' rows in this format in every tier (GPUs and host), encoded once per "
+                        "node; --gpu-budget then counts stored bytes (default: float32 as given)")
     p.add_argument("--topology-budget", default="all",
                    help="GPU memory each GPU gives the topology for its sampler, e.g. 1GB: the adjacency lists that "
                         "do not fit are sharded over the node's GPUs (read over NVLink) and the rest read from the "
@@ -201,14 +204,15 @@ def seeds_on_several_ranks(trained: torch.Tensor) -> int:
     return int((count > 1).sum())
 
 
-def bytes_per_batch(table_stats: dict, shard: int, batches: int) -> dict[str, float]:
+def bytes_per_batch(table_stats: dict, shard: int, batches: int, stored_per_row: float = 1.0) -> dict[str, float]:
     """Feature bytes a batch read from this GPU (its replica and its shard), its peers' shards (NVLink) and
-    host memory (PCIe), from the table's per-tier counters over ``batches`` batches."""
-    where = {"own_gpu": 0, "peers": 0, "host": 0}
+    host memory (PCIe), from the table's per-tier counters over ``batches`` batches; ``stored_per_row``: stored
+    bytes a row takes per byte it reads back as (compressed rows: under 1)."""
+    where = {"own_gpu": 0.0, "peers": 0.0, "host": 0.0}
     for name, tier in table_stats["tiers"].items():
         kind = ("own_gpu" if name in ("replica", f"shard{shard}") else
                 "peers" if name.startswith("shard") else "host")
-        where[kind] += tier["bytes"]
+        where[kind] += tier["bytes"] * stored_per_row
     return {k: v / max(1, batches) for k, v in where.items()}
 
 
@@ -246,7 +250,7 @@ def main(argv=None) -> dict | None:
     num_nodes, num_classes = graph["x"].shape[0], int(graph["y"].max()) + 1
     in_degree = graph["colptr"].diff()
     x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=placement.order_by_score(in_degree),  # <-- hmgstore
-                 replicate=args.replicate, device=device, progress=progress)
+                 replicate=args.replicate, device=device, compress=args.compress, progress=progress)
     feature_store = HybridFeatureStore(device)
     feature_store.put_tensor(x.table, group_name=None, attr_name="x", index=None)
     feature_store.put_tensor(HybridTensor(graph["y"], device), group_name=None, attr_name="y", index=None)
@@ -273,7 +277,8 @@ def main(argv=None) -> dict | None:
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not args.no_tf32
     model = SAGE(args.feat_dim, args.hidden, num_classes, len(fanout), trim=not args.no_trim).to(device)
-    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                    gradient_as_bucket_view=True)  # gradients all-reduced in place, not copied
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
     timer.watch_gather(train_loader)
@@ -281,16 +286,23 @@ def main(argv=None) -> dict | None:
 
     def train(epoch: int) -> dict:
         train_sampler.set_epoch(epoch)
-        trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
+        marks: dict[torch.device, torch.Tensor] = {}
 
         def mark_seeds(batch) -> None:  # positions in train_idx of this batch's seeds
-            trained[batch.input_id.to(device)] = True
+            # marked where the ids are: copying them would wait for the GPU at every step
+            ids = batch.input_id
+            if ids.device not in marks:
+                marks[ids.device] = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=ids.device)
+            marks[ids.device][ids] = True
 
         pipeline = hmgstore.Pipeline(train_loader, depth=2) if pipelined else None  # <-- hmgstore
         total = min(len(train_loader), args.max_batches or len(train_loader))
         result = train_epoch(model, optimizer, train_loader, device, total=total, timer=timer, pipeline=pipeline,
                              desc=f"epoch {epoch}", progress=progress, loss_every=args.loss_every,
                              after_step=mark_seeds)
+        trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
+        for marked in marks.values():
+            trained |= marked.to(device)
         return {"epoch": epoch, **result, "seeds": int(trained.sum()),
                 "seeds_on_several_ranks": seeds_on_several_ranks(trained)}
 
@@ -306,7 +318,7 @@ def main(argv=None) -> dict | None:
     test_batches = min(len(test_loader), args.max_batches or len(test_loader))
 
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    tier_bytes = bytes_per_batch(x.table.stats(), local_rank, test_batches)
+    tier_bytes = bytes_per_batch(x.table.stats(), local_rank, test_batches, x.table.gpu_row_bytes / x.table.row_bytes)
     mine = {"rank": rank, "local_rank": local_rank, "device": str(device), "bytes_per_batch": tier_bytes,
             "host": platform.node(), "train_ids": train_sampler.num_samples, "epochs": epochs,
             "steady_batches_per_s": statistics.median(e["batches_per_s"] for e in steady(epochs)),
@@ -332,7 +344,8 @@ def main(argv=None) -> dict | None:
         "versions": {"torch": torch.__version__, "torch_geometric": torch_geometric.__version__,
                      "hmgstore": hmgstore.__version__},
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
-        "gpu_budget": args.gpu_budget, "replicate": args.replicate, "batch_size": args.batch_size,
+        "gpu_budget": args.gpu_budget, "replicate": args.replicate, "compress": args.compress,
+        "batch_size": args.batch_size,
         "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
         "trim": not args.no_trim, "tf32": not args.no_tf32,
         "topology_sharded": topology_sharded,

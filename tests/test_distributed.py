@@ -88,6 +88,14 @@ def test_shard_on_three_ranks(tmp_path, no_leaks):
     assert len({json.dumps(r["bounds"]) for r in reports.values()}) == 1
 
 
+def test_shard_as_int8_rows_reads_back_as_decoded(tmp_path, no_leaks):
+    codes, reports, errs = launch("shard_int8", 2, tmp_path)
+    assert codes == [0, 0], errs
+    for r in reports.values():
+        assert r["shared_equal"] and r["tiers"] == ["replica", "shard0", "shard1", "host"]
+        assert all(ok for _, ok in r["tiers_exact"].values()), r["tiers_exact"]
+
+
 def test_each_node_shards_over_its_own_ranks(tmp_path, no_leaks):
     codes, reports, errs = launch("shard", 4, tmp_path, node_of=lambda rank: rank % 2)
     assert codes == [0] * 4, errs
@@ -201,6 +209,18 @@ def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
         assert r["bad_index"]
         assert r["registered_ranges"] == 0 and r["ipc_mappings_open"] == 0
         assert r["gpu_free_lost"] < 16 << 20, f"rank {rank}: {r['gpu_free_lost']} B of GPU memory not given back"
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_distributed_int8_rows_on_every_rank(tmp_path, no_leaks):
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch("shard_int8", k, tmp_path, device="cuda", timeout=300)
+    assert codes == [0] * k, errs
+    for rank, r in reports.items():
+        assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
+        assert r["stored_pitch"] == 32  # 24 int8 values and a float32 scale, padded to 16 bytes
+        assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
 
 
 @pytest.mark.gpu

@@ -47,6 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=int, default=256, help="GraphSAGE hidden width (default: 256)")
     p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the features (default: 2GB)")
     p.add_argument("--replicate", default="256MB", help="part of --gpu-budget replicated on every GPU")
+    p.add_argument("--compress", default=None, choices=("int8", "float8", "bfloat16", "float16"),
+                   help="the features' rows in this format in every tier (--gpu-budget counts stored bytes)")
+    p.add_argument("--one-gpu-budget", default=None,
+                   help="GPU memory the 1-GPU run gives the features, in float32 rows (default: --gpu-budget "
+                        "and --compress as the other runs); e.g. 60GB for an all-GPU baseline")
     p.add_argument("--topology-budget", default="all",
                    help="GPU memory each GPU gives the topology ('all': replicated on every GPU, the default)")
     p.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is warm-up (default: 3)")
@@ -88,7 +93,8 @@ def run(args) -> dict:
               "graph": args.graph,
               "num_nodes": args.num_nodes if args.graph == "synthetic" else None, "feat_dim": args.feat_dim,
               "batch_size": args.batch_size, "fanout": args.fanout, "gpu_budget": args.gpu_budget,
-              "replicate": args.replicate, "trim": not args.no_trim, "tf32": not args.no_tf32,
+              "replicate": args.replicate, "compress": args.compress, "one_gpu_budget": args.one_gpu_budget,
+              "trim": not args.no_trim, "tf32": not args.no_tf32,
               "example": str(example), "runs": []}
     for n in gpu_counts(args.gpus, available):
         result = _one_run(args, example, n, out)
@@ -106,11 +112,15 @@ def run(args) -> dict:
 
 
 def _example_argv(args, n: int, json_path: Path) -> list[str]:
+    one_gpu_baseline = n == 1 and args.one_gpu_budget is not None  # e.g. every row in GPU memory, float32
+    budget = args.one_gpu_budget if one_gpu_baseline else args.gpu_budget
     argv = ["--graph", args.graph, "--feat-dim", str(args.feat_dim), "--hidden", str(args.hidden),
-            "--gpu-budget", args.gpu_budget, "--replicate", args.replicate, "--epochs", str(args.epochs),
+            "--gpu-budget", budget, "--replicate", args.replicate, "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--fanout", ",".join(map(str, args.fanout)),
             "--seed", str(args.seed), "--topology-budget", args.topology_budget, "--json", str(json_path),
             "--no-progress", *(["--no-trim"] if args.no_trim else []), *(["--no-tf32"] if args.no_tf32 else [])]
+    if args.compress and not one_gpu_baseline:
+        argv += ["--compress", args.compress]
     if args.graph == "synthetic":
         argv += ["--num-nodes", str(args.num_nodes)]
     if args.max_batches:

@@ -23,12 +23,14 @@ from ..cuda import check_device, peer
 from ..gather.plan import fill_rows
 from ..graph import Topology
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows import formats
 from ..rows import placement as placement_mod
 from ..rows.ids import rows_only
 from ..table.sharded import allocate_tier
 from ..table.tensor import HybridTensor
 from ..util.device import resolve_device
 from .node import Node, this_node
+from .share import share_in_group
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +156,7 @@ class DistributedTensor:
 
 
 def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: int | None = None,
-          progress: bool = True, peer_exit_timeout: float | None = 30.0) -> DistributedTensor:
+          compress=None, progress: bool = True, peer_exit_timeout: float | None = 30.0) -> DistributedTensor:
     """Shard ``source`` over the GPUs of this node, one process per GPU (collective).
 
     Every rank of the job calls it with the same table (best a
@@ -166,7 +168,12 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     or placement get a ValueError naming what differs. A pair of GPUs without
     peer access reads each other's rows from host memory, with a warning.
     ``peer_exit_timeout``: seconds this process may go on after a node peer
-    died before hmgstore ends it (None: never).
+    died before hmgstore ends it (None: never). ``compress``: ``"int8"``,
+    ``"float8"``, ``"bfloat16"`` or ``"float16"`` (:mod:`hmgstore.rows.formats`):
+    the node's first rank encodes the float32 ``source`` once into
+    node-shared memory, and every tier (shards, replica, host) keeps rows
+    in that format, decoded by the gather; ``gpu_budget`` and ``replicate``
+    then count stored bytes (int8 holds about 3.6x the rows of float32).
 
     Returns a :class:`DistributedTensor`; gather with its ``.table``.
     """
@@ -175,6 +182,12 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     state.check()
     device = resolve_device(device)
     source, read_only = as_host_tensor(source)
+    fmt, shape = formats.get(compress), tuple(source.shape)
+    if fmt is not None:  # the node's rows encoded once, by its first rank, into node-shared memory
+        if source.dtype != torch.float32:
+            raise ValueError(f"compress={compress!r} encodes float32 rows; this table is {source.dtype}")
+        source = share_in_group(source, state.group, state.ranks, state.rank, progress, stored=fmt)
+        read_only = False
     p = placement_mod.sharded(source.shape[0], hot_order, row_layout(source)[0], len(state.ranks), gpu_budget,
                               replicate)
     cuda = device.type == "cuda"
@@ -193,13 +206,15 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     if not cuda:
         result = DistributedTensor(state, source, p, None)
         # Gathers check the node's peers here too.
-        result.table = HybridTensor.from_tiers(source, "cpu", placement_mod.host_only(p.num_rows), (), owner=result)
+        result.table = HybridTensor.from_tiers(source, "cpu", placement_mod.host_only(p.num_rows), (), owner=result,
+                                               stored=fmt, shape=shape)
         state.opened(+1)
         return result
-    return _shard_cuda(state, source, read_only, p, device, [bus for _, bus, _ in everyone], max_sms, progress)
+    return _shard_cuda(state, source, read_only, p, device, [bus for _, bus, _ in everyone], max_sms, progress,
+                       fmt, shape)
 
 
-def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress) -> DistributedTensor:
+def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress, fmt, shape) -> DistributedTensor:
     me, index = state.local_rank, device.index
     row_bytes = row_layout(source)[0]
     tiers: dict[str, torch.Tensor] = {}
@@ -225,7 +240,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
         if "replica" in p.names:
             tiers["replica"] = allocate_tier(p, "replica", source, device)
             fill_rows(pinned, p.rows_of("replica"), tiers["replica"], device)
-            readable.append(p.tier("replica").bind(tiers["replica"].data_ptr(), row_bytes))
+            readable.append(p.tier("replica").bind(tiers["replica"].data_ptr(), row_bytes, fmt))
         payload: tuple[str, bytes | str] = ("ok", buffer.ipc_handle())
     except Exception as err:
         payload = ("error", f"{type(err).__name__}: {err}")
@@ -242,9 +257,9 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
         for s, ((_, handle), bus) in enumerate(zip(handles, buses)):
             tier = p.tier(f"shard{s}")
             if s == me:
-                readable.append(tier.bind(buffer.ptr, row_bytes))
+                readable.append(tier.bind(buffer.ptr, row_bytes, fmt))
                 continue
-            why = _open_peer(handle, bus, device, opened, readable, tier, row_bytes)
+            why = _open_peer(handle, bus, device, opened, readable, tier, row_bytes, fmt)
             if why is not None:
                 unreachable.append(tier.name)
                 warnings.warn(f"hmgstore: rank {state.rank} reads the rows of rank {state.ranks[s]}'s shard from "
@@ -254,7 +269,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
             pinned = None
         result = DistributedTensor(state, source, p, None, buffer=buffer, opened=opened, pinned=pinned, tiers=tiers)
         result.table = HybridTensor.from_tiers(source, device, p, readable, owner=result, pinned=pinned,
-                                               unreachable=unreachable, max_sms=max_sms)
+                                               unreachable=unreachable, max_sms=max_sms, stored=fmt, shape=shape)
     except BaseException:
         undo()
         raise
@@ -264,7 +279,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
 
 
 def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, readable: list, tier,
-               row_bytes: int) -> str | None:
+               row_bytes: int, fmt=None) -> str | None:
     """Map a peer's shard and add ``tier`` bound to it to ``readable``; returns why it cannot be read, or None."""
     ordinal = peer.local_ordinal(bus)
     if ordinal is None:
@@ -276,7 +291,7 @@ def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, read
     except Exception as err:
         return f"opening its CUDA IPC handle failed ({err})"
     opened.append(ptr)
-    readable.append(tier.bind(ptr, row_bytes))
+    readable.append(tier.bind(ptr, row_bytes, fmt))
     return None
 
 

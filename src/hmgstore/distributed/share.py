@@ -18,8 +18,9 @@ from ..memory import owned, shared
 from ..memory.pinned import as_host_tensor
 
 
-def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> torch.Tensor:
-    """:func:`share_on_node` over a known group of one node's ``ranks``."""
+def share_in_group(make, group, ranks: list[int], rank: int, progress: bool, stored=None) -> torch.Tensor:
+    """:func:`share_on_node` over a known group of one node's ``ranks``; ``stored``: a
+    :class:`~hmgstore.rows.formats.Format` the leader encodes the float32 rows in on their way in."""
     leader = rank == ranks[0]
     name: str | None = None
     table: torch.Tensor | None = None
@@ -28,9 +29,12 @@ def share_in_group(make, group, ranks: list[int], rank: int, progress: bool) -> 
     if leader:
         try:
             source, _ = as_host_tensor(make() if callable(make) else make)
-            name, table = shared.create_segment(tuple(source.shape), source.dtype)
-            owned.copy_in(table, source, progress, "sharing host table")
-            meta[0] = ("ok", name, tuple(source.shape), source.dtype)
+            shape, dtype = ((stored.stored_shape(source.shape), stored.stored_dtype()) if stored is not None
+                            else (tuple(source.shape), source.dtype))
+            name, table = shared.create_segment(shape, dtype)
+            owned.copy_in(table, source, progress, "sharing host table" + (f" as {stored.name}" if stored else ""),
+                          encode=stored.encode if stored is not None else None)
+            meta[0] = ("ok", name, tuple(table.shape), table.dtype)
         except Exception as err:  # the others must hear of it, or they wait for the table forever
             meta[0], error = ("error", f"{type(err).__name__}: {err}"), err
             if name is not None:

@@ -151,24 +151,32 @@ class Table:
 
     @classmethod
     def from_tiers(cls: type[_T], source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
-                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None) -> _T:
+                   pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None, stored=None,
+                   shape=None) -> _T:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
         ``tiers``: the resident tiers ``device`` reads, bound to their
         addresses as seen from it (:meth:`hmgstore.rows.placement.Tier.bind`);
         ``pinned``: the source pinned for ``device``, when some rows are read
         from the host; ``unreachable``: names of resident tiers ``device``
-        cannot read, whose rows it reads from the host instead. ``owner``
+        cannot read, whose rows it reads from the host instead; ``stored``:
+        the :class:`~hmgstore.rows.formats.Format` every tier keeps rows in
+        (``source`` is then that stored host tier of a float32 table of
+        ``shape``), or None. ``owner``
         must have ``check()``, which raises when the view can no longer be
         read (a gather calls it first); the view's :meth:`close` leaves the
         memory to the owner. On the CPU, pass ``tiers=()``.
         """
         self = cls.__new__(cls)
-        self._setup(source, resolve_device(device), max_sms, False)
+        if stored is None:
+            self._setup(source, resolve_device(device), max_sms, False)
+        else:
+            self._setup(source, resolve_device(device), max_sms, False, host_format=stored, gpu_format=stored,
+                        dtype=torch.float32, shape=shape)
         self.placement, self._owner, self._pinned = placement, owner, pinned
         bound = {t.name: t for t in tiers}
         if pinned is not None:
-            bound["host"] = placement.tier("host").bind(pinned.address, pinned.pitch)
+            bound["host"] = placement.tier("host").bind(pinned.address, pinned.pitch, stored)
             self._host_address = pinned.address if pinned.tensor is self._source else None
         # A tier without an address (a peer this GPU cannot read) is never addressed: the map sends no row there.
         self._tiers = tuple(bound.get(t.name, t) for t in placement.tiers) if self.device.type == "cuda" else ()
