@@ -45,7 +45,8 @@ def _signature(source: torch.Tensor, p: placement_mod.Placement) -> tuple:
     for rows in p.resident:
         placed = zlib.crc32(rows.numpy().tobytes(), placed)
     n = source.shape[0]
-    sample = source[torch.linspace(0, n - 1, min(n, CHECKSUM_ROWS)).long()] if n else source[:0]
+    k = min(n, CHECKSUM_ROWS)  # rows spread evenly, in int64 (float32 spacing rounds past 2**24 rows)
+    sample = source[torch.arange(k) * (n - 1) // max(1, k - 1)] if n else source[:0]
     data = zlib.crc32(sample.contiguous().view(torch.uint8).numpy().tobytes())
     return tuple(source.shape), str(source.dtype), p.names, p.bounds, placed, data
 
