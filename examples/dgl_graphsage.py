@@ -183,7 +183,7 @@ def main():
     if not args.no_hmgstore:
         hot = {}
         if args.gpu_budget:  # the most-cited rows stay on the GPU, the rest are read from pinned host memory
-            hot = dict(gpu_budget=args.gpu_budget, hot_order=hmgstore.rows.placement.order_by_score(g.in_degrees()))
+            hot = dict(gpu_budget=args.gpu_budget, hot_order=hmgstore.hotness.order_by_score(g.in_degrees()))
         table = hmgstore.HybridTensor(data.x, device, **hot)
         # ------------------------------------------------------------------ hmgstore: the one-line swap
         attach(g, {"feat": table, "label": data.y}, device=device)

@@ -67,7 +67,7 @@ from hmgstore import HybridTensor
 from hmgstore import data as datasets
 from hmgstore.cli import flags
 from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, HybridNeighborSampler, to_csc
-from hmgstore.rows import placement
+from hmgstore.rows import hotness
 
 TORCHRUN = "torchrun --standalone --nproc-per-node NUM_GPUS examples/multi_gpu_pyg.py [options]"
 
@@ -249,7 +249,7 @@ def main(argv=None) -> dict | None:
     graph = shared_graph(args)
     num_nodes, num_classes = graph["x"].shape[0], int(graph["y"].max()) + 1
     in_degree = graph["colptr"].diff()
-    x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=placement.order_by_score(in_degree),  # <-- hmgstore
+    x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=hotness.order_by_score(in_degree),  # <-- hmgstore
                  replicate=args.replicate, device=device, compress=args.compress, progress=progress)
     feature_store = HybridFeatureStore(device)
     feature_store.put_tensor(x.table, group_name=None, attr_name="x", index=None)
@@ -263,8 +263,8 @@ def main(argv=None) -> dict | None:
     train_sampler = DistributedSampler(range(len(graph["train_idx"])), num_replicas=world, rank=rank,
                                        shuffle=True, seed=args.seed, drop_last=True)
     whole = args.topology_budget == "all"
-    budget = None if device.type != "cuda" else 2**62 if whole else placement.parse_bytes(args.topology_budget)
-    replicate = 0 if whole or budget is None else (placement.parse_bytes(args.topology_replicate)
+    budget = None if device.type != "cuda" else 2**62 if whole else hotness.parse_bytes(args.topology_budget)
+    replicate = 0 if whole or budget is None else (hotness.parse_bytes(args.topology_replicate)
                                                    if args.topology_replicate else budget // 4)
     neighbor_sampler = HybridNeighborSampler((feature_store, graph_store), fanout, device=device,  # <-- hmgstore
                                              gpu_budget=budget, shard_topology=not whole,

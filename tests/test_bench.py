@@ -29,6 +29,7 @@ from hmgstore.bench.report import write_report
 from hmgstore.cli import flags
 from hmgstore.graph import parse_fanout
 from hmgstore.rows import placement
+from hmgstore.rows.hotness import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU shows")
@@ -215,8 +216,8 @@ def test_defaults_parse():
     args = build_parser().parse_args(["peer"])
     assert args.benchmark == "peer"
     assert args.row_bytes == [128, 256, 512, 1024, 2048, 4096]
-    assert placement.parse_bytes(args.shard_bytes) == 2 * 2**30
-    assert placement.parse_bytes(args.copy_bytes) == 2**30
+    assert parse_bytes(args.shard_bytes) == 2 * 2**30
+    assert parse_bytes(args.copy_bytes) == 2**30
     assert args.batch_size == 500_000 and args.gpus is None and args.out == "bench-out/peer"
     assert not args.no_gate and not args.quick and args.reps > 1
 
@@ -227,7 +228,7 @@ def test_options_parse():
                                       "--max-batch-mib", "64", "--copy-bytes", "256MiB"])
     assert args.row_bytes == [128, 4096] and args.shard_bytes == "1GB" and args.batch_size == 1000
     assert args.reps == 3 and args.gpus == [0, 2] and args.out == "x/y" and args.no_gate
-    assert args.max_batch_mib == 64 and placement.parse_bytes(args.copy_bytes) == 256 * 2**20
+    assert args.max_batch_mib == 64 and parse_bytes(args.copy_bytes) == 256 * 2**20
 
 
 def test_gather_still_parses():

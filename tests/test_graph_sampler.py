@@ -378,7 +378,7 @@ def test_the_sampler_captures_its_cuda_graph_again_once_counting_stops(cuda_devi
 
 def test_presampled_hotness_beats_degree_where_training_is_concentrated():
     from hmgstore.graph import hit_ratio, presample
-    from hmgstore.rows import placement
+    from hmgstore.rows import hotness
 
     n = 20_000
     ei = power_law_graph(n, 200_000, seed=5)
@@ -389,14 +389,12 @@ def test_presampled_hotness_beats_degree_where_training_is_concentrated():
     measured = presample(sampler, train, batch_size=64, generator=torch.Generator().manual_seed(3),
                          progress=False)  # another epoch, other shuffles and draws
     cache = n // 20  # 5%
-    by_presample = placement.order_by_score(hot.features[None])[:cache]
+    by_presample = hotness.order_by_score(hot.features[None])[:cache]
     out_degree = torch.bincount(ei[0], minlength=n)  # how often a node is someone's neighbour
-    by_degree = placement.order_by_score(out_degree)[:cache]
+    by_degree = hotness.order_by_score(out_degree)[:cache]
     assert hit_ratio(measured.features[None], by_presample) > hit_ratio(measured.features[None], by_degree)
     with pytest.raises(TypeError, match="NeighborSampler"):
         presample(object(), train)
-    with pytest.raises(AttributeError, match="moved to hmgstore.graph.presample"):
-        placement.presample(sampler, train)  # where it used to be: the error says where it went
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"),

@@ -2,39 +2,39 @@
 import pytest
 import torch
 
-from hmgstore.rows import placement
+from hmgstore.rows import hotness, placement
 
 
 @pytest.mark.parametrize("text, value", [(1000, 1000), ("8GB", 8 * 10**9), ("512 MiB", 512 * 2**20),
                                          ("1.5e3", 1500), ("2gib", 2 * 2**30), ("0", 0)])
 def test_parse_bytes(text, value):
-    assert placement.parse_bytes(text) == value
+    assert hotness.parse_bytes(text) == value
 
 
 @pytest.mark.parametrize("bad", ["eight GB", "8 parsecs", -1, True, "1e400", float("inf"), float("nan"), "1..2GB"])
 def test_parse_bytes_refuses(bad):
     with pytest.raises(ValueError):
-        placement.parse_bytes(bad)
+        hotness.parse_bytes(bad)
 
 
 def test_nan_hotness_is_refused():
     with pytest.raises(ValueError, match="row 1 is NaN"):
-        placement.order_by_score(torch.tensor([1.0, float("nan"), 3.0]))
+        hotness.order_by_score(torch.tensor([1.0, float("nan"), 3.0]))
     with pytest.raises(ValueError, match="NaN"):
-        placement.hot_rows_under_budget({"a": torch.tensor([float("nan"), 1.0]), "b": torch.tensor([2.0])},
+        hotness.hot_rows_under_budget({"a": torch.tensor([float("nan"), 1.0]), "b": torch.tensor([2.0])},
                                         {"a": 4, "b": 4}, 100)
 
 
 def test_order_by_score_is_stable_and_hottest_first():
-    assert placement.order_by_score(torch.tensor([1, 5, 5, 0, 3])).tolist() == [1, 2, 4, 0, 3]
+    assert hotness.order_by_score(torch.tensor([1, 5, 5, 0, 3])).tolist() == [1, 2, 4, 0, 3]
     with pytest.raises(ValueError):
-        placement.order_by_score(torch.ones(2, 2))
+        hotness.order_by_score(torch.ones(2, 2))
 
 
 def test_by_hotness_takes_what_fits():
     order = torch.tensor([9, 3, 7, 1])
-    assert placement.by_hotness(order, 250, row_bytes=100).tolist() == [9, 3]
-    assert placement.by_hotness(order, "1KB", row_bytes=100).tolist() == [9, 3, 7, 1]
+    assert hotness.by_hotness(order, 250, row_bytes=100).tolist() == [9, 3]
+    assert hotness.by_hotness(order, "1KB", row_bytes=100).tolist() == [9, 3, 7, 1]
 
 
 def test_by_ids_renumbers_into_contiguous_tiers():
@@ -61,15 +61,15 @@ def test_by_ids_refuses_bad_ids():
 
 def test_hot_rows_under_budget():
     hot = {"a": torch.tensor([5.0, 1.0, 9.0]), "b": torch.tensor([7, 0])}
-    rows = placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 115)
+    rows = hotness.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 115)
     assert rows["a"].tolist() == [2] and rows["b"].tolist() == [0]  # 9 (a2), then 7 (b0): 110 bytes
-    rows = placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, "1KB")
+    rows = hotness.hot_rows_under_budget(hot, {"a": 10, "b": 100}, "1KB")
     assert rows["a"].tolist() == [2, 0, 1] and rows["b"].tolist() == [0, 1]
-    assert all(len(r) == 0 for r in placement.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 0).values())
+    assert all(len(r) == 0 for r in hotness.hot_rows_under_budget(hot, {"a": 10, "b": 100}, 0).values())
     score = torch.rand(100)
-    order = placement.order_by_score(score)
-    assert torch.equal(placement.hot_rows_under_budget({None: score}, {None: 8}, 80)[None],
-                       placement.by_hotness(order, 80, 8))
+    order = hotness.order_by_score(score)
+    assert torch.equal(hotness.hot_rows_under_budget({None: score}, {None: 8}, 80)[None],
+                       hotness.by_hotness(order, 80, 8))
 
 
 def test_sharded_deals_hot_rows_in_turn():

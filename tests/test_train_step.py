@@ -21,7 +21,7 @@ from hmgstore.bench.__main__ import parse_args
 from hmgstore.bench.train import _with_caps, add_ratios, table_text
 from hmgstore.bench.train_setup import SAGE, train_step, trimmable
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
-from hmgstore.rows import placement
+from hmgstore.rows import hotness
 
 
 def _loader(data, fanout, seed=0, **kwargs):
@@ -302,7 +302,7 @@ def test_hotness_layout_orders_the_host_tier_and_gathers_the_same(data):
         fs, _ = from_data(data, device="cpu", gpu_budget="1KB", hotness=hot, layout=layout, progress=False)
         stores[layout] = fs
     table = stores["hotness"].table(None, "x")
-    assert torch.equal(table.layout, placement.order_by_score(hot))
+    assert torch.equal(table.layout, hotness.order_by_score(hot))
     assert stores["auto"].table(None, "x").layout is None and stores[None].table(None, "x").layout is None
     idx = torch.randint(0, data.num_nodes, (300,), generator=torch.Generator().manual_seed(5))
     assert_same(table[idx], data.x[idx])
@@ -324,7 +324,7 @@ def test_auto_layout_on_a_copied_cached_table_is_hottest_first(data, cuda_device
     auto, _ = from_data(data, device=cuda_device, gpu_budget=budget, hotness=hot, compress="int8", progress=False)
     plain, _ = from_data(data, device=cuda_device, gpu_budget=budget, hotness=hot, compress="int8", layout=None,
                          progress=False)
-    assert torch.equal(auto.table(None, "x").layout, placement.order_by_score(hot))
+    assert torch.equal(auto.table(None, "x").layout, hotness.order_by_score(hot))
     assert plain.table(None, "x").layout is None and auto.table(None, "y").layout is None  # y is not copied
     idx = torch.randint(0, data.num_nodes, (5000,), device=cuda_device)
     assert_same(auto.table(None, "x")[idx], plain.table(None, "x")[idx])

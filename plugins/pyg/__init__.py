@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from torch_geometric.data import Data, HeteroData
 
-from hmgstore.rows import placement
+from hmgstore.rows.hotness import hotness_or_in_degree, parse_budget
 from hmgstore.util.device import resolve_device
 
 from .attributes import (
@@ -218,17 +218,17 @@ def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, in
 def _ranks_rows(gpu_budget, hotness, device) -> bool:
     """Whether a store needs its nodes' hotness: a budget given (a typo raises here, on every device), except
     the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: in-degree unused)."""
-    budget = placement.parse_budget(gpu_budget)
+    budget = parse_budget(gpu_budget)
     if budget is None:
         return False
     return hotness is not None or budget != "auto" or resolve_device(device).type == "cuda"
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
-    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.rows.placement.hotness_or_in_degree`)."""
+    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.hotness.hotness_or_in_degree`)."""
     rows = {group: source.shape[0] for (group, _), source in sources.items()}
     if hotness is not None and not isinstance(hotness, dict):
         if list(rows) != [None]:
             raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
         hotness = {None: hotness}
-    return placement.hotness_or_in_degree(hotness, graph_store.in_degree(), rows)
+    return hotness_or_in_degree(hotness, graph_store.in_degree(), rows)

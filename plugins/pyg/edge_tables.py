@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import torch
 
 from hmgstore import HybridTensor
-from hmgstore.rows import placement
+from hmgstore.rows import budget, formats
 
 _queued = threading.local()  # .rides: {id(store): Ride}
 
@@ -80,47 +79,33 @@ class EdgeTables:
 
     def put_edge_tables(self, sources: dict, *, gpu_budget=None, hotness: dict | None = None,
                         max_sms: int | None = None, progress: bool = True, **options) -> None:
-        """Store edge attributes: ``sources`` is ``{(edge_type, attr_name): host array [num_edges, ...]}``.
+        """Store edge attributes, each a HybridTensor on the store's device.
 
-        Each source (torch CPU tensor, numpy array or memmap, used in place
-        unless ``copy``/``host_dtype`` ask for a copy) becomes a HybridTensor
-        on the store's device. ``gpu_budget`` (bytes or ``"8GB"``, CUDA
-        only): GPU memory for the hottest edge rows of every edge type,
-        ranked by ``hotness[edge_type]``, a score per edge [num_edges]
-        (higher is hotter), required with a budget. ``options``: as
-        :meth:`from_sources` takes them (``layout`` does not apply to edges
-        and is ignored); ``host_dtype`` and ``compress`` apply to float32
-        sources only. Raises ValueError for a budget without hotness, a
-        score of the wrong length, or two attributes of one edge type with
-        different row counts.
+        Args:
+            sources: ``{(edge_type, attr_name): host array [num_edges, ...]}`` (torch CPU tensor, numpy array
+                or memmap, used in place unless ``copy``/``host_dtype`` ask for a copy).
+            gpu_budget: GPU memory (bytes, ``"8GB"`` or ``"auto"``; CUDA only) for the hottest edge rows of
+                every edge type (:func:`hmgstore.rows.budget.resident_rows`).
+            hotness: edge type -> score per edge [num_edges] (higher is hotter), required with a budget.
+            max_sms: passed to every table, as is ``progress``.
+            progress: show progress bars while tables are pinned or copied.
+            **options: as :meth:`HybridFeatureStore.from_sources` takes them (``layout`` does not apply to
+                edges and is ignored); ``host_dtype`` and ``compress`` apply to float32 sources only.
+
+        Raises:
+            ValueError: for a budget without hotness, a score of the wrong length, or two attributes of one
+                edge type with different row counts.
         """
-        from hmgstore.rows import formats
-
         options.pop("layout", None)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
-
-        def narrow(source, fmt):
-            return fmt if str(source.dtype) in ("torch.float32", "float32") else None
-
-        gpu_rows: dict = {}
-        if gpu_budget is not None and self.device.type == "cuda":
-            if hotness is None:
-                raise ValueError("an edge GPU budget needs a hotness per edge type (a score per edge)")
-            rows: dict = {}
-            row_bytes: dict = {}
-            stored = formats.get(compress)
-            for (edge_type, _), source in sources.items():
-                rows[edge_type] = source.shape[0]
-                elems = int(torch.Size(source.shape[1:]).numel())
-                item = torch.empty(0, dtype=_torch_dtype(source)).element_size()
-                size = stored.pitch(elems) if stored is not None and narrow(source, stored) else item * elems
-                row_bytes[edge_type] = row_bytes.get(edge_type, 0) + size
-            checked = placement.check_hotness(hotness, rows)
-            gpu_rows = placement.hot_rows_under_budget(checked, row_bytes, gpu_budget)
+        stored = formats.get(compress)
+        costs = [budget.Cost(edge_type, source.shape[0], budget.row_bytes(source, float32_only(source, stored)))
+                 for (edge_type, _), source in sources.items()]
+        gpu_rows = budget.resident_rows(costs, gpu_budget, self.device, hotness, what="edge type")
         for (edge_type, name), source in sources.items():
             table = HybridTensor(source, self.device, gpu_rows=gpu_rows.get(edge_type), max_sms=max_sms,
-                                 progress=progress, host_dtype=narrow(source, host_dtype),
-                                 compress=narrow(source, compress), **options)
+                                 progress=progress, host_dtype=float32_only(source, host_dtype),
+                                 compress=float32_only(source, compress), **options)
             self.put_edge_table(table, edge_type, name)
 
     def put_edge_table(self, table, edge_type, attr_name: str) -> None:
@@ -152,11 +137,10 @@ class EdgeTables:
                            f"it holds {sorted(self._edge_tables, key=str)}") from None
 
 
-def _torch_dtype(source) -> torch.dtype:
-    """The torch dtype of a torch tensor or numpy array's elements."""
-    if isinstance(source, torch.Tensor):
-        return source.dtype
-    return torch.from_numpy(np.empty(0, dtype=source.dtype)).dtype
+def float32_only(source, fmt):
+    """``fmt`` (a ``host_dtype`` or ``compress`` setting) for a float32 ``source``, None for any other: labels
+    and other attributes keep their width."""
+    return fmt if str(source.dtype) in ("torch.float32", "float32") else None
 
 
 def edge_hotness(graph_store, node_hotness: dict, edge_types) -> dict:

@@ -38,14 +38,14 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
 from hmgstore import HybridTensor, gather_many, resolve_device
-from hmgstore.rows import formats, placement, stats
+from hmgstore.rows import budget, formats, stats
+from hmgstore.rows.hotness import order_by_score
 
-from .edge_tables import EdgeTables, take_queued
+from .edge_tables import EdgeTables, float32_only, take_queued
 from .ranges import as_range, read_range
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,29 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
     # set_ makes the view contiguous without a stride; torch's stubs ask for one
     return torch.empty(0, dtype=dtype).set_(torch.UntypedStorage._new_shared(nbytes), 0, shape)  # type: ignore[call-overload]
+
+
+def _host_layout(layout, group, copied: bool, gpu_rows: dict, hotness: dict | None, orders: dict):
+    """The host layout of a node type's table for :meth:`HybridFeatureStore.from_sources`' ``layout``.
+
+    ``"hotness"`` orders the host tier hottest first; ``"auto"`` does so where the host tier is ``copied``
+    anyway and the type keeps rows on the GPU; a permutation or None is passed on. ``orders`` caches one sort
+    of the scores per node type. Raises ValueError for another string, and for ``"hotness"`` without hotness.
+    """
+    if not isinstance(layout, str):
+        return layout
+    if layout not in ("auto", "hotness"):
+        raise ValueError(f"layout is a permutation of the rows, 'hotness', 'auto' or None; got {layout!r}")
+    if layout == "hotness" and hotness is None:
+        raise ValueError("layout='hotness' needs hotness={node_type: score} and a gpu_budget on a GPU "
+                         "(it orders the host tier by the same scores that choose the GPU's rows)")
+    hot = gpu_rows.get(group) is not None and len(gpu_rows[group]) > 0
+    if not (layout == "hotness" or (hot and copied)):
+        return None
+    if group not in orders:
+        assert hotness is not None  # "hotness" checked above; rows on the GPU needed hotness too
+        orders[group] = order_by_score(hotness[group])
+    return orders[group]
 
 
 def _whole(table: HybridTensor) -> torch.Tensor:
@@ -129,102 +152,61 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     def from_sources(cls, sources: dict, device=None, *, gpu_budget=None, hotness: dict | None = None,
                      max_sms: int | None = None, progress: bool = True, gpu_whole=(),
                      **options) -> HybridFeatureStore:
-        """A store holding ``sources``: ``{(node_type or None, attr_name): host array}``.
+        """A store holding ``sources``, the hottest rows of every node type kept on the GPU under one budget.
 
-        Each source is ``[num_nodes_of_type, *row_shape]`` (torch CPU tensor,
-        numpy array or memmap; used in place, never copied on the host).
-        ``gpu_budget`` (bytes or ``"8GB"``; CUDA only; ``"auto"``: the
-        lesser of all the tables' bytes and half the GPU's free memory,
-        :func:`hmgstore.rows.hotness.resolve_budget`) keeps the hottest rows
-        by ``hotness`` (node type -> score [num_nodes], higher is hotter)
-        resident on the GPU; a row of a type costs all its attributes' bytes
-        (:func:`hmgstore.rows.placement.hot_rows_under_budget`). ``max_sms``,
-        ``progress`` and the host-memory ``options`` (``copy``,
-        ``host_dtype``, ``compress``, ``layout``, ``backing``, ``split``) are
-        passed to every HybridTensor; ``host_dtype`` and ``compress`` (stored
-        row formats, :mod:`hmgstore.rows.formats`) to float32 sources only
-        (labels and other attributes keep their width), and the GPU budget
-        counts a compressed row's stored bytes.
+        Args:
+            sources: ``{(node_type or None, attr_name): host array}``, each ``[num_nodes_of_type, *row_shape]``
+                (torch CPU tensor, numpy array or memmap; used in place, never copied on the host).
+            device: where gathered rows go (None: the current GPU, or the CPU).
+            gpu_budget: bytes (int or ``"8GB"``) of GPU memory for the hottest rows by ``hotness``, a row of a
+                type costing all its attributes' (stored) bytes; ``"auto"``: the lesser of all the tables' bytes
+                and half the GPU's free memory; None: no resident rows. CUDA only, read on every device
+                (:func:`hmgstore.rows.budget.resident_rows`).
+            hotness: node type -> score per node (higher is hotter), needed with a budget.
+            max_sms: passed to every HybridTensor, as is ``progress``.
+            progress: show progress bars while tables are pinned or copied.
+            gpu_whole: node attribute names whose tables are kept whole in GPU memory on a GPU (``("y",)``:
+                a batch's labels never cross PCIe), whatever ``gpu_budget`` (None included); with a budget
+                their bytes come out of it first.
+            **options: host memory of every table (``copy``, ``host_dtype``, ``compress``, ``layout``,
+                ``backing``, ``split``), as HybridTensor takes them; ``host_dtype`` and ``compress`` apply to
+                float32 sources only. ``layout`` also takes ``"hotness"`` (each node type's host tier hottest
+                first, so that the rows the GPU tier misses lie in few 2 MiB host pages) and ``"auto"`` (the
+                default: ``"hotness"`` for the tables whose host tier is copied anyway and that keep rows on
+                the GPU, id order for the rest).
 
-        ``gpu_whole``: node attribute names whose tables are kept whole in GPU
-        memory on a GPU (``("y",)``: a batch's labels, read for every node of
-        it, never cross PCIe), whatever ``gpu_budget`` (None included); with a
-        budget their bytes come out of it first and the hottest rows of the
-        other tables share the rest. ValueError for a name no source has, or
-        for whole tables larger than the budget.
+        Returns:
+            The store.
 
-        ``layout`` also takes ``"hotness"``: each node type's host tier
-        kept hottest first by ``hotness``, so that a batch's rows missed by
-        the GPU tier (the next hottest) lie in few 2 MiB host pages; and
-        ``"auto"`` (the default): ``"hotness"`` for the tables whose host tier
-        is copied anyway (``copy``, ``host_dtype``, ``compress``) and that
-        keep rows on the GPU, id order for the rest (pinned in place, no
-        copy). Hottest first took a papers100M-shaped batch's int8 misses
-        from 7,623 host pages to a few hundred and the loader from 139-141
-        to 169-185 batches/s on an H100 (issue 29's probe).
+        Raises:
+            ValueError: for a ``gpu_whole`` name no source has, whole tables larger than the budget, a budget
+                or ``layout="hotness"`` without ``hotness``, and an unknown ``layout``; and what HybridTensor
+                raises for unusable sources.
+
+        Example:
+            >>> store = HybridFeatureStore.from_sources({(None, "x"): x, (None, "y"): y}, "cuda",
+            ...                                         gpu_budget="2GB", hotness={None: in_degree},
+            ...                                         gpu_whole=("y",))  # doctest: +SKIP
         """
         store = cls(device)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
         layout = options.pop("layout", "auto")
-        stored = formats.get(compress)
-
-        def narrow(source, fmt):
-            return fmt if str(source.dtype) in ("torch.float32", "float32") else None
-
-        gpu_rows: dict = {}
         whole_attrs = {gpu_whole} if isinstance(gpu_whole, str) else set(gpu_whole or ())
         unknown = whole_attrs - {attr for _, attr in sources}
         if unknown:
             raise ValueError(f"gpu_whole names {sorted(unknown)}, which no source has; the attributes are "
                              f"{sorted({attr for _, attr in sources})}")
         cuda = store.device.type == "cuda"
-        gpu_budget = placement.parse_budget(gpu_budget)  # read on every device: a typo ("16XB") fails on a CPU too
-        if gpu_budget is not None and cuda:
-            rows: dict = {}
-            row_bytes: dict = {}
-            whole_bytes = 0  # the gpu_whole tables', taken from the budget first
-            for (group, attr), source in sources.items():
-                rows[group] = source.shape[0]
-                item = source.element_size() if isinstance(source, torch.Tensor) else np.dtype(source.dtype).itemsize
-                elems = int(np.prod(source.shape[1:], dtype=np.int64))
-                size = stored.pitch(elems) if stored is not None and narrow(source, stored) else item * elems
-                if attr in whole_attrs:
-                    whole_bytes += size * source.shape[0]
-                else:
-                    row_bytes[group] = row_bytes.get(group, 0) + size
-            if row_bytes and hotness is None:
-                raise ValueError("gpu_budget needs a hotness per node type (e.g. in-degree) to choose the rows "
-                                 "kept on the GPU; pass hotness={node_type: score}")
-            ranked: dict = {}  # the types whose rows are ranked (not every attribute of theirs whole)
-            if row_bytes:
-                assert hotness is not None  # checked just above
-                ranked = placement.check_hotness(hotness, {g: rows[g] for g in row_bytes})
-                hotness = {**hotness, **ranked}
-            everything = whole_bytes + sum(rows[g] * row_bytes[g] for g in row_bytes)  # "auto": every table at once
-            gpu_budget = placement.resolve_budget(gpu_budget, everything, store.device)
-            if whole_bytes > gpu_budget:
-                raise ValueError(f"the gpu_whole tables {sorted(whole_attrs)} need {whole_bytes:,} bytes of GPU "
-                                 f"memory, more than the gpu_budget of {gpu_budget:,}: raise the budget or name fewer "
-                                 "tables")
-            gpu_rows = placement.hot_rows_under_budget(ranked, row_bytes, gpu_budget - whole_bytes) if row_bytes else {}
+        stored = formats.get(compress)
+        costs = [budget.Cost(group, source.shape[0], budget.row_bytes(source, float32_only(source, stored)),
+                             attr in whole_attrs, attr) for (group, attr), source in sources.items()]
+        gpu_rows = budget.resident_rows(costs, gpu_budget, store.device, hotness)
         orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():
-            table_dtype, table_compress = narrow(source, host_dtype), narrow(source, compress)
-            copied = bool(options.get("copy")) or table_dtype is not None or table_compress is not None
+            table_dtype, table_compress = float32_only(source, host_dtype), float32_only(source, compress)
             whole = attr in whole_attrs and cuda  # every row in GPU memory: no host reads, so no host layout
-            table_layout = None if whole else layout
-            if isinstance(table_layout, str):
-                if layout not in ("auto", "hotness"):
-                    raise ValueError(f"layout is a permutation of the rows, 'hotness', 'auto' or None; got {layout!r}")
-                hot = gpu_rows.get(group) is not None and len(gpu_rows[group]) > 0
-                if layout == "hotness" and hotness is None:
-                    raise ValueError("layout='hotness' needs hotness={node_type: score} and a gpu_budget on a GPU "
-                                     "(it orders the host tier by the same scores that choose the GPU's rows)")
-                use = layout == "hotness" or (hot and copied)
-                if use and group not in orders:  # one sort of the scores per node type, not one per table
-                    assert hotness is not None  # "hotness" checked above; rows on the GPU needed hotness too
-                    orders[group] = placement.order_by_score(hotness[group])
-                table_layout = orders[group] if use else None
+            copied = bool(options.get("copy")) or table_dtype is not None or table_compress is not None
+            table_layout = None if whole else _host_layout(layout, group, copied, gpu_rows, hotness, orders)
             table = HybridTensor(source, store.device, max_sms=max_sms,
                                  gpu_rows=torch.arange(source.shape[0]) if whole else gpu_rows.get(group),
                                  progress=progress, host_dtype=table_dtype, compress=table_compress,

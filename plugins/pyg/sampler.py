@@ -38,7 +38,7 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
-from hmgstore.rows import placement
+from hmgstore.rows import hotness
 
 from .graph_store import CSCGraphStore, to_csc
 
@@ -94,7 +94,7 @@ def _budgets(gpu_budget, edges: dict, device=None) -> dict:
     if gpu_budget is None or isinstance(gpu_budget, dict):
         return dict(gpu_budget or {})
     needed = sum(8 * csc.num_edges for csc in edges.values())
-    total = placement.resolve_budget(gpu_budget, needed, device if device is not None else "cpu")
+    total = hotness.resolve_budget(gpu_budget, needed, device if device is not None else "cpu")
     weights = {et: max(1, csc.num_edges) for et, csc in edges.items()}
     whole = sum(weights.values())
     return {et: total * w // whole for et, w in weights.items()}

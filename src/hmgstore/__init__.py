@@ -12,8 +12,9 @@ The package, by layer (lowest first; a folder imports only its own layer and tho
 - ``cuda``: kernels and launches, the only place that imports CuPy (lazily);
 - ``memory``: host memory, pinned for zero-copy reads, owned (cudaHostAlloc
   or huge pages) and shared by a node; ``util``: device, timing, progress;
-- ``rows``: ids checked (``ids``), stored formats, hotness, which row lives
-  where (``placement``), per-tier counters (``stats``);
+- ``rows``: ids checked (``ids``), stored formats, hotness and GPU budgets
+  (``hotness``), which row lives where (``placement``), per-tier counters
+  (``stats``);
 - ``gather``: one gather's plan and launch, the CPU's share, fused batches;
 - ``table``: :class:`HybridTensor` and :func:`gather_many`, tables from files
   (:func:`load`), :class:`ShardedTensor` (several GPUs of one process);
@@ -29,7 +30,7 @@ Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 from .cuda.deferred import raise_deferred
 from .prefetch.pipeline import Pipeline
 from .prefetch.producer import Producer
-from .rows import placement, stats
+from .rows import hotness, placement, stats
 from .rows.placement import Placement, Tier
 from .table.files import load
 from .table.interface import FeatureTable
@@ -39,4 +40,4 @@ from .util.device import resolve_device
 
 __version__ = "0.1.0"
 __all__ = ["FeatureTable", "HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline",
-           "Producer", "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]
+           "Producer", "hotness", "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]

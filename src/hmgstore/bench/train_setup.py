@@ -145,7 +145,7 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
                                         gpu_budget=topo_budget, progress=progress,
                                         hot_order=None if base == "host" else
-                                        hmgstore.rows.placement.order_by_score(hot.topology[None]))
+                                        hmgstore.hotness.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
         if split and base == "cache":  # the features' table only: labels are 8 B rows, not worth a read-back
             stores[0].table(None, "x").set_split(split, split_threads)

@@ -22,18 +22,15 @@ from .runtime import cupy, cupy_stream, kernel_source, module
 #: Threads per block. Chosen by benchmarks/probes/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
 #: 256 matched 512 within noise and beat 128.
 BLOCK = 256
-#: Rows each team copies per tile, so every thread keeps this many loads in flight (see gather.cu).
-#: 4 lifted the GPU tier from 0.55 to 0.76 of index_select at 512 B rows (benchmarks/NOTES.md, step 5).
+#: Rows each team copies per tile, so every thread keeps this many loads in flight (see gather.cu); 4 brought the
+#: GPU tier's reads close to index_select's (benchmarks/NOTES.md).
 ROWS = 4
 HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 #: Extra NVRTC options; the tuning script sets launch bounds through it.
 KERNEL_OPTIONS: tuple[str, ...] = ()
 #: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
-#: thread slots, spread over SMs. Beside the strong step (H100, ``benchmarks/results/strong-step-h100.md``, eighth
-#: session) whole SMs take 0.3-1.1 ms off the step's own kernels in every run, but not off the epoch: with
-#: :data:`CARVEOUT` set, on the papers-shaped graph they won at 8, 12 and 16 SMs in one run (+2 to +6%) and lost
-#: at 12 and 16 in the next (-5%, -19%, the GPU idle 2.8 ms a batch); on the 2M graph they tied. Spread blocks
-#: slumped less often, so they stay the default.
+#: thread slots, spread over SMs. Whole SMs sped up the training step's kernels but not the epoch, where they varied
+#: more from run to run than spread blocks (``benchmarks/results/strong-step-h100.md``).
 EXCLUSIVE = False
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
@@ -210,11 +207,18 @@ def capped_gathers(max_sms: int | None):
     them too changed nothing on a 15% cache and cost 4-6% with all topology in host memory (bench train,
     H200, benchmarks/results/cap-scope-h200.md)."""
     before = getattr(_cap, "value", None)
-    _cap.value = before if max_sms is None else max_sms if before is None else min(before, max_sms)
+    _cap.value = tightest_cap(before, max_sms)
     try:
         yield
     finally:
         _cap.value = before
+
+
+def tightest_cap(*caps: int | None) -> int | None:
+    """The SM cap that holds where several apply (tables' ``max_sms``, a pipeline's, this thread's): the smallest
+    given, None when none is. Every cap is merged here."""
+    given = [cap for cap in caps if cap is not None]
+    return min(given) if given else None
 
 
 def current_cap() -> int | None:
@@ -308,16 +312,15 @@ class Packed:
     block: int = BLOCK
 
 
-def pack(jobs: list[Job], device: torch.device, max_sms: int | None = None) -> Packed | None:
+def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | None:
     """The launch's description, copied (asynchronously) to ``device``, or None when there is nothing to
-    copy; ``max_sms``: the tables' cap on its SMs, beside this thread's (:func:`capped_gathers`). Host work
-    only; :func:`run` launches it. A capped launch holds whole SMs where :func:`exclusive_smem` allows."""
+    copy; ``caps``: the tables' caps on its SMs (None: no cap), merged with this thread's (:func:`capped_gathers`)
+    by :func:`tightest_cap`. Host work only; :func:`run` launches it. A capped launch holds whole SMs where
+    :func:`exclusive_smem` allows."""
     kept = [k for k, j in enumerate(jobs) if len(j.ids) and j.row_bytes]
     if not kept:
         return None
-    cap = current_cap()
-    if cap is not None:
-        max_sms = cap if max_sms is None else min(max_sms, cap)
+    max_sms = tightest_cap(*caps, current_cap())
     narrow = any(t.stored is not None for k in kept for t in jobs[k].tiers)
     smem = _whole_sms(device.index, narrow) if max_sms is not None and EXCLUSIVE else 0
     block = EXCLUSIVE_BLOCK if smem else BLOCK

@@ -21,7 +21,7 @@ One node, which holds the whole table:
 
 Several machines (the job's nodes), each holding its partition of the graph:
 
-- :class:`PartitionBook` (:mod:`.book`) says which machine owns each node
+- :class:`PartitionBook` (:mod:`.partition_book`) says which machine owns each node
   and at which row of its partition (range, hash or a given assignment).
 - :func:`partition` (:mod:`.parts`; command ``python -m
   hmgstore.cli.partition``) writes one part per machine: the book, the part's

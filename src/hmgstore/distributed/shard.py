@@ -24,8 +24,8 @@ from ..gather.plan import fill_rows
 from ..graph import Topology
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows import formats
-from ..rows import placement as placement_mod
 from ..rows.ids import rows_only
+from ..rows.placement import Placement, host_only, sharded
 from ..table.sharded import allocate_tier
 from ..table.tensor import HybridTensor
 from ..util.device import resolve_device
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 CHECKSUM_ROWS = 64
 
 
-def _signature(source: torch.Tensor, p: placement_mod.Placement) -> tuple:
+def _signature(source: torch.Tensor, p: Placement) -> tuple:
     """What every rank of a node must agree on: the table's shape and dtype, the placement, and a
     checksum of the placement's resident rows and of the bytes of rows spread through the table."""
     placed = 0
@@ -189,8 +189,8 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
             raise ValueError(f"compress={compress!r} encodes float32 rows; this table is {source.dtype}")
         source = share_in_group(source, state.group, state.ranks, state.rank, progress, stored=fmt)
         read_only = False
-    p = placement_mod.sharded(source.shape[0], hot_order, row_layout(source)[0], len(state.ranks), gpu_budget,
-                              replicate)
+    p = sharded(source.shape[0], hot_order, row_layout(source)[0], len(state.ranks), gpu_budget,
+                replicate)
     cuda = device.type == "cuda"
     if cuda:
         check_device(device)
@@ -207,7 +207,7 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     if not cuda:
         result = DistributedTensor(state, source, p, None)
         # Gathers check the node's peers here too.
-        result.table = HybridTensor.from_tiers(source, "cpu", placement_mod.host_only(p.num_rows), (), owner=result,
+        result.table = HybridTensor.from_tiers(source, "cpu", host_only(p.num_rows), (), owner=result,
                                                stored=fmt, shape=shape)
         state.opened(+1)
         return result

@@ -26,10 +26,9 @@ import torch
 
 from ..cuda import deferred, gather, order
 from ..memory.pinned import PinnedHost
-from ..rows import placement as placement_mod
 from ..rows.ids import Index, check_pending, check_range, prepare_many
-from . import cpu_share as split_mod
-from . import finish_scope
+from ..rows.placement import host_only
+from . import cpu_share, finish_scope
 
 
 def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.Tensor]:
@@ -159,7 +158,7 @@ def fill_rows(pinned: PinnedHost, rows: torch.Tensor, out: torch.Tensor, device:
     if not len(rows):
         return
     num_rows = pinned.tensor.shape[0]
-    host = placement_mod.host_only(num_rows)
+    host = host_only(num_rows)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device)
         ids = rows.to(device, host.index_dtype)
@@ -188,8 +187,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
         jobs.append(work or job(table, index, out, prepared, id(index.ids) not in unchecked))
         if part is not None:
             parts.append((table, part, out))
-    caps = [t.max_sms for t, _ in requests if t.max_sms]
-    packed = gather.pack(jobs, device, min(caps) if caps else None)
+    packed = gather.pack(jobs, device, *(t.max_sms or None for t, _ in requests))  # a cap of 0: none
     record = None
     if check == "sync":
         check_pending(pending)  # the range check's read-back, after the host work it overlaps
@@ -202,7 +200,7 @@ def gather_cuda(requests, indices, results, pending, check, device, stream, shar
         deferred.deferred(device, stream, record, described)
     later = finish_scope.deferring()  # in a pipeline's thread: the reader thread finishes, see finish_later
     for table, part, out in parts:  # the CPU's rows, read while the kernel runs
-        (split_mod.finish_later if later else split_mod.finish)(part, out, stream)
+        (cpu_share.finish_later if later else cpu_share.finish)(part, out, stream)
         if table.counter is not None:
             table.counter.rows[-1] += len(part.ids)  # served by the host tier, through the CPU
     for (table, _), work in zip(requests, jobs):
@@ -263,7 +261,7 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     if low < 0 or high >= table.num_rows:  # the one synchronisation before the CPU's ids
         check_range(ids.cpu(), table.num_rows)  # raises with the value and position
     k = int(round(share * n_host))
-    if k < split_mod.MIN_IDS:
+    if k < cpu_share.MIN_IDS:
         return None, None
     host = torch.nonzero_static(on_host, size=n_host).flatten()  # the count is known: no read-back
     cpu = host[:k]
@@ -272,8 +270,8 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
         rest = torch.cat([rest, host[k:]])
     fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
-    part = split_mod.CpuPart((new[cpu] - host_start).cpu(), cpu, decode, table.split_setting.threads)
-    split_mod.start(part, table.host_tier, out, stream)
+    part = cpu_share.CpuPart((new[cpu] - host_start).cpu(), cpu, decode, table.split_setting.threads)
+    cpu_share.start(part, table.host_tier, out, stream)
     ids = ids[rest].to(table.placement.index_dtype)  # checked above: cannot wrap
     return gather.Job(ids, rest, out, table.row_map, table.num_rows, table.row_bytes, table.tiers), part
 
@@ -282,14 +280,14 @@ def split_job(table, index: Index, out: torch.Tensor, share: float, stream):
     """The kernel's job and the CPU's part of a split gather, or ``(None, None)`` when too few rows."""
     host = index.host
     assert host is not None  # the split for CPU ids: gather_cuda takes split_job_gpu_ids for the others
-    k, cpu, rest = split_mod.divide(host, table.split_setting.on_host(table.placement), share)
+    k, cpu, rest = cpu_share.divide(host, table.split_setting.on_host(table.placement), share)
     if not k:
         return None, None
     fmt = table.host_format
     decode = None if fmt is None or not fmt.scaled else (lambda rows: fmt.decode(rows, table.row_shape))
-    part = split_mod.CpuPart(table.host_positions((host[:k] if cpu is None else host[cpu]).to(torch.int64)),
+    part = cpu_share.CpuPart(table.host_positions((host[:k] if cpu is None else host[cpu]).to(torch.int64)),
                              cpu, decode, table.split_setting.threads)
-    split_mod.start(part, table.host_tier, out, stream)
+    cpu_share.start(part, table.host_tier, out, stream)
     if rest is None:  # every row on the host: the kernel reads positions k..n
         ids, positions = index.ids[k:], torch.arange(k, len(index.ids), device=table.device)
     else:

@@ -11,7 +11,7 @@ training seeds and counts, per node type:
 - ``topology``: every node whose adjacency list is read (a batch's nodes but
   those found by the last hop).
 
-``placement.order_by_score(counts)`` turns either into a ``hot_order``.
+``hotness.order_by_score(counts)`` turns either into a ``hot_order``.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from .. import cuda
 from ..cuda.gather import tier_words
 from ..cuda.runtime import synchronize
 from ..memory.pinned import CHUNK_BYTES, PinnedHost
-from ..rows import placement
+from ..rows import hotness
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from ..util.progress import tqdm
@@ -112,10 +112,10 @@ class Topology:
         self.tail: torch.Tensor | None = None
         self.tail_start = self.num_edges
         if hot_order is not None:  # checked on every device, so a CPU run fails as a GPU run would
-            hot_order = placement.check_order(hot_order, self.num_dst, hint="it orders destination nodes; "
-                                              "hmgstore.rows.placement.order_by_score(score) turns a score per node "
-                                              "(a degree, a count) into one")
-        gpu_budget = placement.parse_budget(gpu_budget)  # a typo fails on a CPU machine too
+            hot_order = hotness.check_order(hot_order, self.num_dst, hint="it orders destination nodes; "
+                                            "hmgstore.hotness.order_by_score(score) turns a score per node "
+                                            "(a degree, a count) into one")
+        gpu_budget = hotness.parse_budget(gpu_budget)  # a typo fails on a CPU machine too
         if self.device.type == "cpu":
             self.colptr = csc.colptr
             return
@@ -130,19 +130,19 @@ class Topology:
     def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, place_chunks) -> None:
         device, item = self.device, self.row.element_size()
         self.colptr = colptr.to(device)
-        budget = placement.resolve_budget(gpu_budget, self.num_edges * item, device) or 0
+        budget = hotness.resolve_budget(gpu_budget, self.num_edges * item, device) or 0
         degree = colptr.diff()
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
             return
         if place_chunks is not None:
-            order = placement.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
+            order = hotness.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
             self._build_chunked(colptr, budget, order, progress, place_chunks)
             return
         self._pinned = PinnedHost(self.row, device, progress=progress)
         if budget < item:
             return
-        order = placement.order_by_score(degree) if hot_order is None else hot_order
+        order = hotness.order_by_score(degree) if hot_order is None else hot_order
         fits = int((degree[order].cumsum(0) * item <= budget).sum())
         hot = order[:fits]
         sizes = degree[hot]

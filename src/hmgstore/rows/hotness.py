@@ -179,7 +179,7 @@ def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) 
 
 
 _SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=score, or through "
-                "hmgstore.rows.placement.order_by_score(score) as hot_order")
+                "hmgstore.hotness.order_by_score(score) as hot_order")
 
 
 def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCORES_HINT) -> torch.Tensor:

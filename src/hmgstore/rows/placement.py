@@ -13,9 +13,9 @@ Policies: :func:`for_table` (rows by id, or the hottest rows under a GPU
 budget), :func:`sharded` (hot rows replicated and dealt over several GPUs)
 and :func:`hot_rows_under_budget` (several tables, e.g. node types, sharing
 one budget). Adapters pass hotness and budgets through to these. Budgets,
-hot orders and scores are read and checked in :mod:`hmgstore.rows.hotness`,
-whose functions are public here too (``hmgstore.rows.placement.order_by_score``).
-This module only computes ids; it does not touch tables' data.
+hot orders and scores are read and checked in :mod:`hmgstore.rows.hotness`
+(public as ``hmgstore.hotness``). This module only computes ids; it does not
+touch tables' data.
 """
 from __future__ import annotations
 
@@ -24,18 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hotness import (  # noqa: F401
-    by_hotness,
-    check_hotness,
-    check_order,
-    check_score,
-    hot_rows_under_budget,
-    hotness_or_in_degree,
-    order_by_score,
-    parse_budget,
-    parse_bytes,
-    resolve_budget,
-)
+from .hotness import by_hotness, check_order, check_score, order_by_score, parse_bytes, resolve_budget
 from .ids import as_tensor, check_range
 
 
@@ -80,7 +69,7 @@ class Placement:
     GPUs ``replica, shard0 .. shard{k-1}, host`` (empty tiers are left out,
     except shards). ``host_layout``: old ids in the order the host tier
     keeps its rows (a permutation: rows used together laid out together,
-    :mod:`hmgstore.locality`), or None for id order. The new-id map is
+    :mod:`hmgstore.graph.locality`), or None for id order. The new-id map is
     derived where it is used: see :meth:`new_of_old`.
     """
 
@@ -289,7 +278,7 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     """
     if hot_order is None:
         raise ValueError("a sharded table needs hot_order, the row ids hottest first (e.g. "
-                         "hmgstore.rows.placement.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
+                         "hmgstore.hotness.order_by_score(in_degree)); torch.arange(N) keeps rows in id order")
     if gpu_budget is None:
         raise ValueError("a sharded table needs gpu_budget, the bytes each GPU gives to the table (e.g. '20GB')")
     if num_shards < 1 or num_shards > 8:
@@ -298,7 +287,7 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     if rep_bytes > budget:
         raise ValueError(f"replicate ({rep_bytes} B) must fit in gpu_budget ({budget} B): replicated rows "
                          "take part of each GPU's budget")
-    order = check_order(hot_order, num_rows, hint="hmgstore.rows.placement.order_by_score(score) turns a score per row "
+    order = check_order(hot_order, num_rows, hint="hmgstore.hotness.order_by_score(score) turns a score per row "
                                                    "(a degree, a count) into one")
     per_gpu = budget // row_bytes if row_bytes else 0
     rep = min(rep_bytes // row_bytes if row_bytes else 0, per_gpu, len(order))
@@ -307,9 +296,3 @@ def sharded(num_rows: int, hot_order, row_bytes: int, num_shards: int, gpu_budge
     resident += [(f"shard{s}", spread[s::num_shards]) for s in range(num_shards)]
     return _stack(num_rows, resident)
 
-
-def __getattr__(name: str):
-    if name == "presample":  # it runs a sampler, so it lives with the sampler, a layer above this one
-        raise AttributeError("hmgstore.rows.placement.presample moved to hmgstore.graph.presample (same arguments): "
-                             "from hmgstore.graph import presample")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

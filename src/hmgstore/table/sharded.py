@@ -25,15 +25,16 @@ from ..cuda import check_device, peer
 from ..cuda.runtime import synchronize
 from ..gather.plan import fill_rows
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..rows import placement as placement_mod
+from ..rows.hotness import check_score, order_by_score
 from ..rows.ids import rows_only
+from ..rows.placement import Placement, host_only, sharded
 from ..util.device import resolve_device
 from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
 
 
-def allocate_tier(placement: placement_mod.Placement, tier: str, source: torch.Tensor, device: torch.device):
+def allocate_tier(placement: Placement, tier: str, source: torch.Tensor, device: torch.device):
     """An empty ``[rows of tier, *row_shape]`` tensor on ``device``; a clear error when it does not fit."""
     rows = len(placement.rows_of(tier))
     try:
@@ -48,11 +49,11 @@ def allocate_tier(placement: placement_mod.Placement, tier: str, source: torch.T
 def _hot_order(num_rows: int, hot_order, hotness):
     """Row ids hottest first, as :class:`~hmgstore.HybridTensor` reads its arguments: ``hot_order`` as given
     (checked by the placement), ``hotness`` scores ordered hottest first, or, with neither, id order. Raises
-    ValueError for both, and what :func:`~hmgstore.rows.placement.check_score` raises for bad scores."""
+    ValueError for both, and what :func:`~hmgstore.hotness.check_score` raises for bad scores."""
     if hot_order is not None and hotness is not None:
         raise ValueError("pass hot_order (row ids, hottest first) or hotness (a score per row), not both")
     if hotness is not None:
-        return placement_mod.order_by_score(placement_mod.check_score(hotness, num_rows))
+        return order_by_score(check_score(hotness, num_rows))
     return torch.arange(num_rows) if hot_order is None else hot_order
 
 
@@ -71,7 +72,7 @@ class ShardedTensor:
         hot_order: row ids hottest first; rows not listed stay on the host.
         hotness: instead of ``hot_order``, a score per row (``[N]``, any real
             dtype, higher is hotter), ordered with
-            :func:`hmgstore.rows.placement.order_by_score`.
+            :func:`hmgstore.hotness.order_by_score`.
         replicate: bytes of each GPU's budget holding the hottest rows on
             every GPU (no peer read for them); the rest of the budget holds
             that GPU's shard.
@@ -94,15 +95,15 @@ class ShardedTensor:
         if len(kinds) > 1:
             raise ValueError("shard over GPUs or over the CPU, not both")
         order = _hot_order(self._source.shape[0], hot_order, hotness)
-        self.placement = placement_mod.sharded(self._source.shape[0], order, row_layout(self._source)[0],
-                                               len(self.devices), gpu_budget, replicate)
+        self.placement = sharded(self._source.shape[0], order, row_layout(self._source)[0],
+                                 len(self.devices), gpu_budget, replicate)
         self._closed = False
         self._pinned: PinnedHost | None = None
         self._tiers: dict[tuple[int, str], torch.Tensor] = {}  # (device index, tier) -> rows on that GPU
         self.views: dict[torch.device, HybridTensor] = {}
         self.peer_access: dict[tuple[int, int], bool] = {}
         if kinds == {"cpu"}:
-            host = placement_mod.host_only(self._source.shape[0])
+            host = host_only(self._source.shape[0])
             self.views = {self.devices[0]: HybridTensor.from_tiers(self._source, "cpu", host, (), owner=self)}
             return
         try:

@@ -36,8 +36,7 @@ from ..gather import cpu_share, plan
 from ..memory import owned
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows import formats
-from ..rows import placement as placement_mod
-from ..rows.placement import Placement, Tier
+from ..rows.placement import Placement, Tier, check_layout
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 
@@ -64,7 +63,7 @@ class Table:
         and whose table shape is ``shape`` (needed for scaled formats).
         ``gpu_format``: the format the GPU tier keeps rows in (None: the
         table's dtype). ``layout``: old ids in the order the host tier keeps
-        them (a permutation, :mod:`hmgstore.locality`); a table's own source
+        them (a permutation, :mod:`hmgstore.graph.locality`); a table's own source
         is then copied in that order, a stored host tier is in it already.
         """
         self.device = device
@@ -72,7 +71,7 @@ class Table:
         self._source, self._read_only = as_host_tensor(source)
         row_layout(self._source)  # unusable layouts raise before any copy
         if layout is not None:
-            layout = placement_mod.check_layout(layout, self._source.shape[0] if shape is None else shape[0])
+            layout = check_layout(layout, self._source.shape[0] if shape is None else shape[0])
         if dtype is None:  # the caller's own table: rows as they read
             self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
             if host_format is not None:

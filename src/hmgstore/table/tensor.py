@@ -38,12 +38,11 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 
 from ..cuda.deferred import raise_deferred
-from ..gather import cpu_share as split_mod
-from ..gather import fusion, plan
+from ..gather import cpu_share, fusion, plan
 from ..memory import owned
 from ..rows import formats
-from ..rows import placement as placement_mod
 from ..rows.ids import CHECKS, normalize, rows_only
+from ..rows.placement import for_table
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from . import pickling
@@ -80,7 +79,7 @@ class HybridTensor(Table):
             only those the budget takes; float ids raise TypeError).
         hotness: instead of ``hot_order``, a score per row (``[N]``, any real
             dtype, higher is hotter: in-degree, access counts), ordered with
-            :func:`hmgstore.rows.placement.order_by_score`.
+            :func:`hmgstore.hotness.order_by_score`.
         max_sms: cap the gather at this many SMs' worth of resident blocks, so
             that concurrent training kernels keep the rest of the GPU.
         progress: show a progress bar while pinning or copying large tables.
@@ -145,9 +144,9 @@ class HybridTensor(Table):
                          split=None) -> None:
         """Decide the placement (a GPU budget counts stored bytes), build the tiers, then the statistics and split
         settings."""
-        self.placement = placement_mod.for_table(self.num_rows, self.gpu_row_bytes, self.device, gpu_rows=gpu_rows,
-                                                 gpu_budget=gpu_budget, hot_order=hot_order, hotness=hotness,
-                                                 host_layout=self._layout)
+        self.placement = for_table(self.num_rows, self.gpu_row_bytes, self.device, gpu_rows=gpu_rows,
+                                   gpu_budget=gpu_budget, hot_order=hot_order, hotness=hotness,
+                                   host_layout=self._layout)
         self._build()
         if stats:
             self.reset_stats()
@@ -162,7 +161,7 @@ class HybridTensor(Table):
         turns the split off. ``threads``: torch's
         intra-op threads for the CPU's reads (None: ``torch.get_num_threads()``; set in the
         reader thread for its reads only, then set back). Raises ValueError for other values."""
-        setting = None if split is None else split_mod.Setting(split, plan.gather_with_share, threads)
+        setting = None if split is None else cpu_share.Setting(split, plan.gather_with_share, threads)
         if setting is not None:
             setting.skipped = self.split_skipped  # the count goes on across settings
         if setting is None or not setting.value or self.device.type != "cuda" or not self._reads_host:
@@ -346,8 +345,8 @@ def _rebuild(state: dict) -> HybridTensor:
     table._setup(pickling.source_of(state), resolve_device(state["device"]), state["max_sms"], False,
                  dtype=state["dtype"], shape=state["shape"], host_format=formats.get(state["format"]),
                  gpu_format=formats.get(state["gpu_format"]), layout=state["layout"])
-    table.placement = placement_mod.for_table(table.num_rows, table.gpu_row_bytes, table.device,
-                                              gpu_rows=state["gpu_rows"], host_layout=table.layout)
+    table.placement = for_table(table.num_rows, table.gpu_row_bytes, table.device,
+                                gpu_rows=state["gpu_rows"], host_layout=table.layout)
     if state["closed"]:
         table._closing = table._closed = True
     elif table.device.type == "cuda" or state["unusable"]:
