@@ -92,9 +92,10 @@ def test_heterogeneous_loader_matches_ndata(small_graph, idtype, num_workers):
 
 def test_one_gather_per_batch(small_graph, monkeypatch):
     calls = []
-    gather_many = hmgstore.gather_many
-    monkeypatch.setattr(hmgstore, "gather_many",
-                        lambda requests, **kw: calls.append(len(requests)) or gather_many(requests, **kw))
+    gather_batch = hmgstore.HybridTensor.gather_batch  # the table kind's batch gather: one gather_many
+    monkeypatch.setattr(hmgstore.HybridTensor, "gather_batch",
+                        staticmethod(lambda requests, **kw: calls.append(len(requests))
+                                     or gather_batch(requests, **kw)))
     g, features = _heterogeneous(small_graph, torch.int64)
     hdgl.attach(g, features)
     sampler = dgl.dataloading.NeighborSampler(
@@ -134,9 +135,10 @@ def test_fetch_returns_waitable_rows(small_graph, idtype, pin_memory):
 
 def test_fetches_of_a_thread_gather_together_and_threads_stay_apart(small_graph, monkeypatch):
     calls = []
-    gather_many = hmgstore.gather_many
-    monkeypatch.setattr(hmgstore, "gather_many",
-                        lambda requests, **kw: calls.append(len(requests)) or gather_many(requests, **kw))
+    gather_batch = hmgstore.HybridTensor.gather_batch  # the table kind's batch gather: one gather_many
+    monkeypatch.setattr(hmgstore.HybridTensor, "gather_batch",
+                        staticmethod(lambda requests, **kw: calls.append(len(requests))
+                                     or gather_batch(requests, **kw)))
     g = hdgl.attach(_homogeneous(small_graph, torch.int64), {"feat": small_graph.x, "label": small_graph.y})
     feat, label = g.get_node_storage("feat"), g.get_node_storage("label")
     ids = torch.arange(10)

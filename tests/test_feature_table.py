@@ -9,7 +9,8 @@ from helpers import random_table
 from hmgstore.distributed.cluster import ClusterTensor
 from hmgstore.distributed.shard import DistributedTensor
 
-MEMBERS = ("shape", "row_shape", "dtype", "device", "num_rows", "__len__", "gather", "__getitem__", "close")
+MEMBERS = ("shape", "row_shape", "dtype", "device", "num_rows", "__len__", "gather", "__getitem__", "gather_batch",
+           "close")
 
 
 def test_every_table_kind_answers_the_interface():
@@ -25,6 +26,18 @@ def test_every_table_kind_answers_the_interface():
     for cls in (DistributedTensor, ClusterTensor):  # built by process groups: their members, checked on the class
         assert not [m for m in MEMBERS if not hasattr(cls, m)], cls.__name__
     assert not isinstance(x, hmgstore.FeatureTable)  # a plain tensor is data to wrap, not a table
+
+
+def test_each_kind_gathers_a_batch_of_its_tables_with_its_own_hook():
+    x = random_table(300, (8,), torch.float32, seed=1)
+    y = random_table(300, (2,), torch.int64, seed=2)
+    for kind in (lambda t: hmgstore.HybridTensor(t, "cpu"), lambda t: hmgstore.ShardedTensor(t, ["cpu"], gpu_budget=0)):
+        tables = [kind(x), kind(y)]
+        idx = [torch.tensor([5, 299, 5]), torch.tensor([0, 1])]
+        out = torch.full((2, 2), -1, dtype=torch.int64)
+        rows = tables[0].gather_batch(list(zip(tables, idx)), outs=[None, out])
+        assert torch.equal(rows[0], x[idx[0]]) and torch.equal(rows[1], y[idx[1]])
+        assert rows[1] is out or torch.equal(out, y[idx[1]])  # written into the buffer given
 
 
 def test_dgl_reads_a_sharded_table_through_the_interface():

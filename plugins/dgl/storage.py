@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-import hmgstore
 from hmgstore import FeatureTable, HybridTensor, resolve_device
 
 from ._compat import import_dgl
@@ -156,16 +155,11 @@ class _Batch:
     def _gather(self) -> None:
         fetches = [f for f in (ref() for ref in self._fetches) if f is not None]
         self._fetches = []
-        if isinstance(fetches[0].table, _cluster_tensor()):  # one exchange among the machines for the batch
-            from hmgstore.distributed import gather_many
-
-            rows = gather_many([(f.table, f.indices) for f in fetches])
-        elif isinstance(fetches[0].table, HybridTensor):  # one launch for the batch's tables
-            outs = [_pinned_staging(f) for f in fetches]
-            # gather_many sets the CUDA device itself (DGL's prefetch thread starts on GPU 0).
-            rows = hmgstore.gather_many([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
-        else:  # other kinds of table: each through its own gather
-            rows = [f.table.gather(f.indices) for f in fetches]
+        # One kind of table per batch (see _record): its own batch gather, e.g. one launch for HybridTensors, one
+        # exchange among machines for ClusterTensors. It sets the CUDA device itself (DGL's prefetch thread
+        # starts on GPU 0).
+        outs = [_pinned_staging(f) for f in fetches]
+        rows = fetches[0].table.gather_batch([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
         for fetch, r in zip(fetches, rows):
             if r.device != fetch.device:
                 # Into a GPU: ordered on its current stream. Into host memory: blocking, because

@@ -248,6 +248,12 @@ class ClusterTensor:
         """Rows of global node ids ``ids``; :func:`gather_many` for one table (collective)."""
         return gather_many([(self, ids)])[0]
 
+    @staticmethod
+    def gather_batch(requests, *, outs=None, stream=None) -> list[torch.Tensor]:
+        """:func:`gather_many` (one exchange, collective): :class:`hmgstore.FeatureTable`'s batch hook. The rows
+        come back as new tensors on the tables' device: ``outs`` and ``stream`` are not used."""
+        return gather_many(requests)
+
     def __getitem__(self, ids) -> torch.Tensor:
         """``table[ids]``: :meth:`gather` (collective); one index only, as for :class:`~hmgstore.HybridTensor`
         (``t[3, 1]`` raises TypeError saying how to index, on this rank, before any exchange)."""

@@ -26,6 +26,7 @@ from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows import formats
 from ..rows.ids import rows_only
 from ..rows.placement import Placement, host_only, sharded
+from ..table.interface import gather_each
 from ..table.sharded import allocate_tier
 from ..table.tensor import HybridTensor
 from ..util.device import resolve_device
@@ -98,6 +99,8 @@ class DistributedTensor:
 
     def gather(self, index, **kwargs) -> torch.Tensor:
         return self.table.gather(index, **kwargs)
+
+    gather_batch = staticmethod(gather_each)  # one request at a time (hmgstore.FeatureTable's batch hook)
 
     def __getitem__(self, index) -> torch.Tensor:
         """``table[index]``: rows ``index``; one index only, as for :class:`~hmgstore.HybridTensor`

@@ -29,6 +29,7 @@ from ..rows.hotness import check_score, order_by_score
 from ..rows.ids import rows_only
 from ..rows.placement import Placement, host_only, sharded
 from ..util.device import resolve_device
+from .interface import gather_each
 from .tensor import HybridTensor
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ class ShardedTensor:
         if device is None and len(self.views) == 1:
             device = next(iter(self.views))
         return self.on(device).gather(index, **kwargs)
+
+    gather_batch = staticmethod(gather_each)  # one request at a time (hmgstore.FeatureTable's batch hook)
 
     def __getitem__(self, index) -> torch.Tensor:
         """``table[index]``: :meth:`gather` into the default device; one index only, as for

@@ -256,6 +256,11 @@ class HybridTensor(Table):
                 self._exit()
         return gather_many([(self, index)], outs=[out], stream=stream, check=check)[0]
 
+    @staticmethod
+    def gather_batch(requests, *, outs=None, stream=None) -> list[torch.Tensor]:
+        """:func:`gather_many` (one launch): :class:`~hmgstore.FeatureTable`'s batch hook."""
+        return gather_many(requests, outs=outs, stream=stream)
+
     def __getitem__(self, index) -> torch.Tensor:
         """``table[index]``: :meth:`gather` of rows ``index``. One index only: ``t[3, 1]`` (torch's element
         ``x[3, 1]``) raises TypeError saying how to index (``t[[3, 1]]`` rows, ``t[3][1]`` an element)."""
