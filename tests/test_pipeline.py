@@ -223,16 +223,32 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     assert caps == [None, 2] and torch.equal(got.cpu(), x[:10])
 
 
-def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped():
-    """max_sms='auto' caps only where a table reads host memory: tables whole on the GPU gather uncapped."""
+def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped(monkeypatch):
+    """max_sms='auto' caps only where a table reads host memory: tables whole on the GPU gather uncapped. The
+    pipeline learns a loader's tables from the finders adapters register."""
     from types import SimpleNamespace
 
-    def store(*host):
-        tables = {i: SimpleNamespace(placement=SimpleNamespace(has_host_tier=h)) for i, h in enumerate(host)}
-        return SimpleNamespace(tables=lambda: tables)
+    from hmgstore.prefetch import pipeline
 
-    on_gpu = hmgstore.Pipeline(SimpleNamespace(data=(store(False, False), None)), device=None)
-    assert on_gpu._auto_sms() is None
+    monkeypatch.setattr(pipeline, "_finders", [])
+    loader = SimpleNamespace(tables=[SimpleNamespace(placement=SimpleNamespace(has_host_tier=False))] * 2)
+    pipeline.register_table_finder(lambda loader: getattr(loader, "tables", None))
+    pipeline.register_table_finder(lambda loader: pytest.fail("the first finder that knows the loader answers"))
+    assert pipeline.tables_of(loader) == loader.tables
+    assert hmgstore.Pipeline(loader, device=None)._auto_sms() is None
+
+
+def test_the_pyg_adapter_tells_the_pipeline_its_stores_tables():
+    pytest.importorskip("torch_geometric")
+    from types import SimpleNamespace
+
+    from hmgstore.plugins.pyg import from_tensors
+    from hmgstore.prefetch.pipeline import tables_of
+
+    store, graph = from_tensors(edge_index=torch.tensor([[0, 1], [1, 2]]), x=torch.randn(3, 4), y=torch.arange(3),
+                                device="cpu", progress=False)
+    assert {id(t) for t in tables_of(SimpleNamespace(data=(store, graph)))} == {id(t) for t in store.tables().values()}
+    assert tables_of(SimpleNamespace(data=None)) == []
 
 
 @pytest.mark.gpu

@@ -42,6 +42,7 @@ import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
 from hmgstore import HybridTensor, gather_many, resolve_device
+from hmgstore.prefetch.pipeline import register_table_finder
 from hmgstore.rows import budget, formats, stats
 from hmgstore.rows.hotness import order_by_score
 
@@ -357,3 +358,15 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         rows = ", ".join(f"{k}: {tuple(t.shape)}" for k, t in self._tables.items())
         edges = "".join(f", edge {k}: {tuple(t.shape)}" for k, t in self._edge_tables.items())
         return f"HybridFeatureStore(device={self.device}, {rows}{edges})"
+
+
+def loader_tables(loader) -> list | None:
+    """The tables of the :class:`HybridFeatureStore` a PyG loader reads (``loader.data``, a store pair), or None
+    for a loader over no such store: how :class:`hmgstore.Pipeline` finds them (``max_sms="auto"``,
+    ``fuse="auto"``)."""
+    data = getattr(loader, "data", None)
+    stores = [s for s in (data if isinstance(data, (tuple, list)) else [data]) if isinstance(s, HybridFeatureStore)]
+    return [table for store in stores for table in store.tables().values()] if stores else None
+
+
+register_table_finder(loader_tables)

@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -87,9 +87,34 @@ def check_max_sms(max_sms) -> None:
 
 def auto_sms(device: torch.device) -> int:
     """The pipeline's default cap on its gathers' SMs: one SM in 32 of ``device``'s, at least 4 (4 on an H100
-    or H200: bench train on the H200 was as fast or faster at 4 as at 8 in every case measured,
-    benchmarks/results/producer-h200.md)."""
+    or H200, where 4 was as fast as 8: benchmarks/results/producer-h200.md)."""
     return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 32)
+
+
+#: Functions that find the hmgstore tables a loader gathers from (see :func:`register_table_finder`).
+_finders: list[Callable[[object], list | None]] = []
+
+
+def register_table_finder(finder: Callable[[object], list | None]) -> None:
+    """Teach :class:`Pipeline` where a kind of loader keeps its hmgstore tables (for ``max_sms="auto"`` and
+    ``fuse="auto"``).
+
+    Args:
+        finder: ``finder(loader)`` returns the tables (HybridTensors) the loader gathers from, or None for a
+            loader it does not know. A framework adapter registers one for its loaders, once.
+    """
+    if finder not in _finders:
+        _finders.append(finder)
+
+
+def tables_of(loader) -> list:
+    """The hmgstore tables ``loader`` gathers from, as the first finder that knows the loader says; ``[]`` when
+    none does (the tables cannot be told)."""
+    for finder in _finders:
+        found = finder(loader)
+        if found is not None:
+            return list(found)
+    return []
 
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
@@ -99,10 +124,10 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The one side stream every :class:`Pipeline` on ``device`` makes its batches on, epoch after epoch.
 
     torch's caching allocator reuses a freed block only for allocations on the stream that made it, so a new
-    stream for each pipeline (a user's loop builds one an epoch) left every earlier epoch's blocks unusable:
-    the GPU soak on an H100 reserved 1 GB more each epoch, 5.8 GB to 38 GB in 30 epochs, with the memory
-    allocated flat (``benchmarks/results/soak-gpu-h100.md``). Two pipelines iterated at once on one GPU (a
-    training and a validation loader) therefore make their batches one after the other on that stream.
+    stream for each pipeline (a user's loop builds one an epoch) would leave every earlier epoch's blocks
+    unusable, the memory reserved growing each epoch (``benchmarks/results/soak-gpu-h100.md``). Two pipelines
+    iterated at once on one GPU (a training and a validation loader) therefore make their batches one after
+    the other on that stream.
     """
     if device.index not in _side_streams:
         _side_streams[device.index] = torch.cuda.Stream(device)
@@ -112,69 +137,57 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
 class Pipeline:
     """Iterate ``loader`` with up to ``depth`` batches prepared ahead on a side stream.
 
+    Batches come out ready on the stream that is current when they are taken.
+    The first :attr:`warm` batches of each pass are made in the consumer's
+    thread before the background thread starts, so that one-off work (kernel
+    compilation, the sampler's CUDA-graph capture) runs while nothing else
+    uses the GPU.
+
     Args:
         loader: any iterable of batches (a PyG ``NeighborLoader``, a DGL
             ``DataLoader``, ...); it may be iterated several times (epochs).
         depth: batches prepared ahead (1 or more).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).
-        max_sms: cap the gathers that make a batch at this many SMs'
-            worth of blocks (:func:`hmgstore.cuda.gather.capped_gathers`),
-            leaving the rest to training. Only the batches' gathers are
-            capped, not the training thread's own. None (the default): no
-            cap but the tables' own. Beside a fast training step (layers
-            trimmed per hop, TF32) the cap only slowed the epoch, on an H100
-            (benchmarks/results/strong-step-h100.md), 20% int8 cache: 2M
-            nodes x 1024-d, 100.8 batches/s uncapped against 64.6 at 4 SMs;
-            papers100M-shaped graph, 82.1 against 80.4 (all in GPU memory,
-            119.7 against 104.7, though a run's first configuration, the
-            capped one there, read up to 16% slower with identical
-            settings). ``"auto"``: :func:`auto_sms`, one SM in 32 (4 on
-            an H100 or H200), where a table the loader gathers from reads
-            host memory (no cap where every table is whole on the GPU): the
-            better choice beside a slow step when most rows cross PCIe, as
-            measured before with every layer over every node in float32. A gather
-            that reads host memory over PCIe waits on the link, not on its
-            SMs: uncapped, its blocks hold SMs the training step needs (bench
-            train, H200, 15% cache of 8.2 GB: 29.6 batches/s
-            uncapped, 30.2 at 48 SMs, 38.5 at 16, 41.8 at 8, 44.5 at 4,
-            against 49.2 all in GPU memory, which the cap does not slow;
-            every feature read from the host: 40.1 at 8, 42.0 at 4). A
-            table's own tighter ``max_sms`` still holds. The sampler's
-            kernels are not capped (see
-            ``capped_gathers`` for why).
-        fuse: make this many batches at a time and gather their rows
-            together, one kernel job per table (:mod:`hmgstore.gather.fusion`): big
-            host tables read several times faster per row in launches of
-            more rows. Costs the memory of ``fuse`` batches' features and
-            delays the first batch of each group by the group's sampling.
-            ``"auto"``: as many as the loader's biggest host tier needs
-            (:func:`hmgstore.table.host_pages.batches_to_fuse`, from this machine's
-            measured reach, cached). Default 1 (each batch on its own).
+        max_sms: cap the gathers that make a batch at this many SMs' worth of
+            blocks (:func:`hmgstore.cuda.gather.capped_gathers`), leaving the
+            rest to training; the training thread's own gathers and the
+            sampler's kernels are not capped, and a table's own tighter
+            ``max_sms`` still holds. None (the default): no cap but the
+            tables' own. ``"auto"``: :func:`auto_sms` where a table the loader
+            gathers from reads host memory (:func:`tables_of`), no cap where
+            every table is whole on the GPU. A gather that reads host memory
+            waits on PCIe, not on its SMs, so a cap helps beside a slow step
+            and costs beside a fast one (layers trimmed per hop, TF32):
+            ``benchmarks/results/strong-step-h100.md``.
+        fuse: make this many batches at a time and gather their rows together,
+            one kernel job per table (:mod:`hmgstore.gather.fusion`): big host
+            tables read several times faster per row in launches of more rows.
+            Costs the memory of ``fuse`` batches' features and delays the first
+            batch of each group by the group's sampling. ``"auto"``: as many as
+            the loader's biggest host tier needs
+            (:func:`hmgstore.table.host_pages.batches_to_fuse`, from this
+            machine's measured reach, cached). Default 1.
         overlap_reads: let the loader thread sample the next batch while the
             CPU still reads this one's share of a split gather's rows
             (``HybridTensor(split=...)``, :mod:`hmgstore.gather.cpu_share`):
             each batch is made inside
             :func:`hmgstore.gather.finish_scope.deferred_finishes`, and its
-            rows land on the copy stream, which the consumer's stream waits
-            for before the batch is yielded (an error there is raised at
-            that batch). The loader must not read a batch's gathered rows
-            after the gather, on any stream, before handing the batch over
-            (they are not written yet). False (the default): off, because
-            on an H100 it did not pay (``benchmarks/results/strong-step-h100.md``:
-            2M nodes x 1024-d, int8, 20% cache, split 1.0, two runs on one
-            machine: the loader alone made 10-20% fewer batches a second
-            with it, and the epoch beside the strong step was 0.87x and
-            1.7x the one without it, inside the run-to-run noise of those
-            VMs). True: on for any loader (its code promises not to read
-            the rows); ``"auto"``: on where that is known to hold, a PyG
-            loader without a ``transform`` (:func:`reads_can_overlap`).
+            rows land on the copy stream, which the consumer's stream waits for
+            before the batch is yielded (an error there is raised at that
+            batch). The loader must not read a batch's gathered rows after the
+            gather, on any stream, before handing the batch over. False (the
+            default): off, since it did not pay on an H100
+            (``benchmarks/results/strong-step-h100.md``). True: on for any
+            loader; ``"auto"``: on where that is known to hold, a PyG loader
+            without a ``transform`` (:func:`reads_can_overlap`).
 
-    Batches come out ready on the stream that is current when they are taken.
-    The first :attr:`warm` batches of each pass are made in the consumer's
-    thread before the background thread starts, so that one-off work (kernel
-    compilation, the sampler's CUDA-graph capture) runs while nothing else
-    uses the GPU.
+    Raises:
+        ValueError: for a ``depth``, ``max_sms``, ``fuse`` or ``overlap_reads`` out of range.
+
+    Example:
+        >>> for batch in hmgstore.Pipeline(loader, depth=2, max_sms="auto"):  # doctest: +SKIP
+        ...     loss = model(batch.x, batch.edge_index)
     """
 
     warm = 2
@@ -199,20 +212,10 @@ class Pipeline:
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # a loader without len() raises TypeError, as torch's do
 
-    def _tables(self) -> list:
-        """The hmgstore tables the loader gathers from (for ``fuse="auto"``)."""
-        data = getattr(self.loader, "data", None)
-        stores: list[Any] = list(data) if isinstance(data, (tuple, list)) else [data]
-        tables = []
-        for store in stores:
-            if callable(getattr(store, "tables", None)):  # hmgstore's PyG feature store
-                tables += list(store.tables().values())
-        return tables
-
     def _auto_sms(self) -> int | None:
         """``max_sms="auto"``: :func:`auto_sms` where a table of the loader reads host memory (or the tables
-        cannot be told: not a PyG loader over hmgstore's stores), else no cap."""
-        tables = self._tables()
+        cannot be told: see :func:`tables_of`), else no cap."""
+        tables = tables_of(self.loader)
         if tables and not any(t.placement.has_host_tier for t in tables):
             return None
         return auto_sms(self.device)
@@ -221,88 +224,26 @@ class Pipeline:
         """Whether batches are made with their CPU reads finishing later (``overlap_reads``, ``"auto"`` decided)."""
         return self.overlap_reads if isinstance(self.overlap_reads, bool) else reads_can_overlap(self.loader)
 
-    def __iter__(self) -> Iterator:
-        import time
-
+    def _maker(self) -> _Maker:
+        """How this pass makes its batches: the cap, the fusing and the overlap decided for ``self.device``."""
         cuda = self.device is not None and self.device.type == "cuda"
-        side = side_stream(self.device) if cuda else None
-        ready: queue.Queue = queue.Queue(maxsize=self.depth)
-        stop = threading.Event()
         max_sms: int | None = None
         if cuda:
             max_sms = self._auto_sms() if self.max_sms == "auto" else \
                 self.max_sms if isinstance(self.max_sms, int) else None  # checked at construction: int or None
         if self.fuse == "auto":
-            self.fuse = batches_to_fuse(self._tables(), self.device) if cuda else 1
-        overlap = cuda and self._overlaps_reads()
+            self.fuse = batches_to_fuse(tables_of(self.loader), self.device) if cuda else 1
+        return _Maker(self.device if cuda else None, max_sms, self.fuse, cuda and self._overlaps_reads())
 
-        def finishes() -> contextlib.AbstractContextManager[list]:
-            """The block a batch is made in, collecting its split gathers' futures (none without overlap)."""
-            return deferred_finishes() if overlap else contextlib.nullcontext([])
-
-        # Items: (batch or _DONE, its event on the side stream, an error raised making it, the futures of its
-        # split gathers' CPU parts: their events, on the copy stream, are the batch's too).
-        def make(batches) -> tuple:
-            """The next batch of ``batches`` made on the side stream, with its event; _DONE at the end."""
-            with torch.cuda.stream(side) if cuda else contextlib.nullcontext(), capped_gathers(max_sms), \
-                    finishes() as futures:
-                batch = next(batches, _DONE)
-                event = None
-                if cuda and batch is not _DONE:
-                    event = torch.cuda.Event()
-                    event.record(side)
-            return batch, event, None, futures
-
-        def make_fused(batches) -> list:
-            """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
-            ends the group after the batches made before it, which are delivered first."""
-            items, error = [], None
-            # the window's gathers run as it closes, inside the scope (opened first, closed last)
-            with torch.cuda.stream(side), capped_gathers(max_sms), finishes() as futures, \
-                    fused(self.device, self.fuse):
-                try:
-                    for _ in range(self.fuse):
-                        batch = next(batches, _DONE)
-                        items.append(batch)
-                        if batch is _DONE:
-                            break
-                except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
-                    error = err
-            event = torch.cuda.Event()
-            event.record(side)
-            made = [(b, None if b is _DONE else event, None, futures) for b in items]  # a group's rows: together
-            return made + ([(None, None, error, [])] if error is not None else [])
-
-        batches = iter(self.loader)
-        first = []
-        try:
-            for _ in range(self.warm):
-                first.append(make(batches))
-                if first[-1][0] is _DONE:
-                    break
-        except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
-            first.append((None, None, err, []))
-
-        def produce():
-            try:
-                if cuda:
-                    torch.cuda.set_device(self.device)
-                if first and (first[-1][0] is _DONE or first[-1][2] is not None):
-                    return
-                while not stop.is_set():
-                    for item in make_fused(batches) if cuda and self.fuse > 1 else [make(batches)]:
-                        while not stop.is_set():
-                            try:
-                                ready.put(item, timeout=0.1)
-                                break
-                            except queue.Full:
-                                continue
-                        if item[0] is _DONE or item[2] is not None:
-                            return
-            except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
-                ready.put((None, None, err, []))
-
-        worker = threading.Thread(target=produce, name="hmgstore-pipeline", daemon=True)
+    def __iter__(self) -> Iterator:
+        maker = self._maker()
+        maker.batches = iter(self.loader)
+        cuda = maker.cuda
+        first = maker.warm_up(self.warm)
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+        worker = threading.Thread(target=_produce, args=(maker, first, ready, stop), name="hmgstore-pipeline",
+                                  daemon=True)
         worker.start()
         self.waited = 0.0
         try:
@@ -315,7 +256,6 @@ class Pipeline:
                     raise failure
                 if batch is _DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
-
                         raise_deferred(self.device)
                     return
                 if cuda:
@@ -335,3 +275,91 @@ class Pipeline:
                 except queue.Empty:
                     pass
             worker.join()
+
+
+class _Maker:
+    """Makes one pass's batches on the side stream of ``device`` (None: on the CPU, no streams).
+
+    Items: ``(batch or _DONE, its event on the side stream, an error raised making it, the futures of its split
+    gathers' CPU parts)``: the futures' events, on the copy stream, are the batch's too.
+    """
+
+    batches: Iterator  # the loader's iterator for this pass, set once the pass's settings are decided
+
+    def __init__(self, device: torch.device | None, max_sms: int | None, fuse: int, overlap: bool):
+        self.device, self.max_sms, self.fuse, self.overlap = device, max_sms, fuse, overlap
+        self.cuda = device is not None
+        self.side = side_stream(device) if device is not None else None
+
+    def finishes(self) -> contextlib.AbstractContextManager[list]:
+        """The block a batch is made in, collecting its split gathers' futures (none without overlap)."""
+        return deferred_finishes() if self.overlap else contextlib.nullcontext([])
+
+    def one(self) -> tuple:
+        """The next batch made on the side stream, with its event; _DONE at the end."""
+        with torch.cuda.stream(self.side) if self.cuda else contextlib.nullcontext(), \
+                capped_gathers(self.max_sms), self.finishes() as futures:
+            batch = next(self.batches, _DONE)
+            event = None
+            if self.cuda and batch is not _DONE:
+                event = torch.cuda.Event()
+                event.record(self.side)
+        return batch, event, None, futures
+
+    def group(self) -> list:
+        """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
+        ends the group after the batches made before it, which are delivered first."""
+        items, error = [], None
+        # the window's gathers run as it closes, inside the scope (opened first, closed last)
+        with torch.cuda.stream(self.side), capped_gathers(self.max_sms), self.finishes() as futures, \
+                fused(self.device, self.fuse):
+            try:
+                for _ in range(self.fuse):
+                    batch = next(self.batches, _DONE)
+                    items.append(batch)
+                    if batch is _DONE:
+                        break
+            except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
+                error = err
+        event = torch.cuda.Event()
+        event.record(self.side)
+        made = [(b, None if b is _DONE else event, None, futures) for b in items]  # a group's rows: together
+        return made + ([(None, None, error, [])] if error is not None else [])
+
+    def next_items(self) -> list:
+        """The next item, or the next group's items when batches are fused."""
+        return self.group() if self.cuda and self.fuse > 1 else [self.one()]
+
+    def warm_up(self, count: int) -> list:
+        """The first ``count`` items, made in the calling thread (an error or the end stops early)."""
+        first: list = []
+        try:
+            for _ in range(count):
+                first.append(self.one())
+                if first[-1][0] is _DONE:
+                    break
+        except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
+            first.append((None, None, err, []))
+        return first
+
+
+def _produce(maker: _Maker, first: list, ready: queue.Queue, stop: threading.Event) -> None:
+    """The background thread: the pass's items after the warm ones into ``ready``, until the end, an error or
+    ``stop``."""
+    try:
+        if maker.cuda:
+            torch.cuda.set_device(maker.device)
+        if first and (first[-1][0] is _DONE or first[-1][2] is not None):
+            return
+        while not stop.is_set():
+            for item in maker.next_items():
+                while not stop.is_set():
+                    try:
+                        ready.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if item[0] is _DONE or item[2] is not None:
+                    return
+    except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
+        ready.put((None, None, err, []))
