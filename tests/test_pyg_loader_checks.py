@@ -154,3 +154,20 @@ def test_the_example_says_how_to_get_pyg_sampler(no_pyg_sampler, capsys):
                           "--device", "cpu"])
         message = str(stop.value.code)
         assert "make pyg-sampler" in message and "\n" not in message
+
+
+def test_importing_the_adapter_leaves_pygs_loaders_alone_until_hmgstore_objects_are_built():
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from torch_geometric.data import Data\n"
+        "from torch_geometric.loader import LinkNeighborLoader, NeighborLoader\n"
+        "import hmgstore.plugins.pyg as hpyg\n"
+        "wrapped = lambda: [hasattr(c.__init__, '__hmgstore_original__') for c in (NeighborLoader, LinkNeighborLoader)]\n"
+        "assert wrapped() == [False, False], wrapped()\n"
+        "hpyg.HybridNeighborSampler(Data(edge_index=torch.tensor([[0, 1], [1, 2]]), num_nodes=3), [2])\n"
+        "assert wrapped() == [True, True], wrapped()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

@@ -26,7 +26,9 @@ Graphs partitioned over several machines: :mod:`hmgstore.plugins.pyg.cluster`
 :func:`cluster_loader`).
 
 Stock ``NeighborLoader``/``LinkNeighborLoader`` calls over these objects are
-checked when the loader is built (:mod:`hmgstore.plugins.pyg.loader_checks`):
+checked when the loader is built (:mod:`hmgstore.plugins.pyg.loader_checks`,
+installed into PyG's two loader classes when the first store or sampler is
+built, not on import):
 options that differ from a ``HybridNeighborSampler``'s warn; store inputs that
 PyG asserts on (no ``input_nodes``, a plain ``edge_label_index``) read as with
 a ``Data``; without pyg-lib or torch-sparse the stores sample with
@@ -66,13 +68,8 @@ from .edge_features import EdgeFeatures, edge_features
 from .edge_tables import edge_hotness
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
-from .loader_checks import install as _install_loader_checks
 from .loader_checks import pyg_sampler_available
 from .sampler import HybridNeighborSampler
-
-# PyG's loaders keep no options of a custom sampler and assert on store inputs a Data would read: their
-# constructors are checked while hmgstore's objects are involved (see hmgstore.plugins.pyg.loader_checks).
-_install_loader_checks()
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
            "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",

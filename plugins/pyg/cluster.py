@@ -39,7 +39,7 @@ from hmgstore.distributed import (
     this_cluster,
 )
 
-from .graph_store import CSCGraphStore
+from .graph_store import CSCGraphStore, check_loaders
 
 
 class ClusterFeatureStore(FeatureStore):
@@ -55,6 +55,7 @@ class ClusterFeatureStore(FeatureStore):
 
     def __init__(self, tables: dict[str, ClusterTensor]):
         super().__init__()
+        check_loaders()
         if not tables or not all(isinstance(t, ClusterTensor) for t in tables.values()):
             raise TypeError("ClusterFeatureStore takes {attr_name: ClusterTensor}, at least one")
         self._tables = dict(tables)

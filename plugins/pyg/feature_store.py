@@ -47,6 +47,7 @@ from hmgstore.rows import budget, formats, stats
 from hmgstore.rows.hotness import order_by_score
 
 from .edge_tables import EdgeTables, float32_only, take_queued
+from .graph_store import check_loaders
 from .ranges import as_range, read_range
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
     def __init__(self, device=None):
         super().__init__()
+        check_loaders()
         self.device = resolve_device(device)
         self._tables: dict[Key, HybridTensor] = {}
         self._edge_tables: dict[Key, HybridTensor] = {}  # (edge_type, attr_name) -> rows in edge-id order

@@ -37,8 +37,20 @@ def pyg_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tenso
     return index_sort(col, max_value=num_dst)
 
 
+def check_loaders() -> None:
+    """Install the checks of PyG's loaders built over hmgstore's objects (:mod:`.loader_checks`), once.
+
+    Called where such an object is built (the stores, and the CSC every ``HybridNeighborSampler`` builds), so
+    that importing the adapter leaves PyG's loaders alone until they can meet hmgstore's objects.
+    """
+    from .loader_checks import install
+
+    install()
+
+
 def to_csc(edge_index, layout, size=None, is_sorted: bool = False) -> CSC:
     """:func:`hmgstore.graph.to_csc` with PyG's edge order (see :func:`pyg_sort`)."""
+    check_loaders()  # the topology of a HybridNeighborSampler or a CSCGraphStore: a loader may be next
     return _to_csc(edge_index, layout, size, is_sorted, sort=pyg_sort)
 
 
@@ -55,6 +67,7 @@ class CSCGraphStore(GraphStore):
 
     def __init__(self):
         super().__init__()
+        check_loaders()
         self._edges: dict = {}  # edge type (None when homogeneous) -> CSC
 
     # ---- PyG's CRUD ---------------------------------------------------------

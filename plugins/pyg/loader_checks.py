@@ -20,8 +20,9 @@ pair and :class:`~hmgstore.plugins.pyg.HybridNeighborSampler` unchanged, but
 
 No call reaches hmgstore's objects while such a loader is built, and by the
 first batch the loader's options are gone, so the one place to look is the
-loader's constructor: :func:`install` (run when :mod:`hmgstore.plugins.pyg`
-is imported) wraps ``NeighborLoader.__init__`` and
+loader's constructor: :func:`install` (run when the first of hmgstore's
+stores, or a ``HybridNeighborSampler``, is built; importing
+:mod:`hmgstore.plugins.pyg` alone changes nothing) wraps ``NeighborLoader.__init__`` and
 ``LinkNeighborLoader.__init__``. The wrapper acts only when the sampler is a
 ``HybridNeighborSampler`` or the data an hmgstore store pair (a
 :class:`HybridFeatureStore`, :class:`ClusterFeatureStore` or
