@@ -165,7 +165,8 @@ def test_importing_the_adapter_leaves_pygs_loaders_alone_until_hmgstore_objects_
         "from torch_geometric.data import Data\n"
         "from torch_geometric.loader import LinkNeighborLoader, NeighborLoader\n"
         "import hmgstore.plugins.pyg as hpyg\n"
-        "wrapped = lambda: [hasattr(c.__init__, '__hmgstore_original__') for c in (NeighborLoader, LinkNeighborLoader)]\n"
+        "loaders = (NeighborLoader, LinkNeighborLoader)\n"
+        "wrapped = lambda: [hasattr(c.__init__, '__hmgstore_original__') for c in loaders]\n"
         "assert wrapped() == [False, False], wrapped()\n"
         "hpyg.HybridNeighborSampler(Data(edge_index=torch.tensor([[0, 1], [1, 2]]), num_nodes=3), [2])\n"
         "assert wrapped() == [True, True], wrapped()\n")
