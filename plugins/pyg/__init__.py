@@ -51,6 +51,7 @@ from torch_geometric.data import Data, HeteroData
 from hmgstore.rows.hotness import hotness_or_in_degree, parse_budget
 from hmgstore.util.device import resolve_device
 
+from . import graph_store as _graph_store
 from .attributes import (
     check_edge_attributes,
     check_features,
@@ -68,8 +69,11 @@ from .edge_features import EdgeFeatures, edge_features
 from .edge_tables import edge_hotness
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
 from .graph_store import CSC, CSCGraphStore, to_csc
+from .loader_checks import install as _install_loader_checks
 from .loader_checks import pyg_sampler_available
 from .sampler import HybridNeighborSampler
+
+_graph_store.install_loader_checks = _install_loader_checks  # run when the first store or sampler is built
 
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
            "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",

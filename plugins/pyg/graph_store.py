@@ -20,6 +20,8 @@ Everything lives in host memory (PyG samples on the CPU).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch_geometric.data import EdgeAttr, GraphStore
 from torch_geometric.data.graph_store import EdgeLayout
@@ -37,15 +39,18 @@ def pyg_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tenso
     return index_sort(col, max_value=num_dst)
 
 
+#: What :func:`check_loaders` runs: :func:`hmgstore.plugins.pyg.loader_checks.install`, set by the package
+#: (that module imports this one, so it cannot be imported from here).
+install_loader_checks: Callable[[], None] = lambda: None
+
+
 def check_loaders() -> None:
     """Install the checks of PyG's loaders built over hmgstore's objects (:mod:`.loader_checks`), once.
 
     Called where such an object is built (the stores, and the CSC every ``HybridNeighborSampler`` builds), so
     that importing the adapter leaves PyG's loaders alone until they can meet hmgstore's objects.
     """
-    from .loader_checks import install
-
-    install()
+    install_loader_checks()
 
 
 def to_csc(edge_index, layout, size=None, is_sorted: bool = False) -> CSC:
