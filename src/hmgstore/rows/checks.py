@@ -120,13 +120,14 @@ def inverse(order: torch.Tensor) -> torch.Tensor:
     return position
 
 
-def keywords(function: str, given: dict, accepted) -> None:
-    """Refuse keywords ``function`` does not take, naming ``function`` (the one the user called) and the
-    closest accepted spelling. Raises TypeError."""
+def keywords(function: str, given: dict, accepted, named=()) -> None:
+    """Refuse keywords of ``given`` (a function's ``**options``) that are not ``accepted``, naming
+    ``function`` (the one the user called, not the one the options travel to) and the closest spelling among
+    ``accepted`` and ``named`` (the function's own named parameters). Raises TypeError."""
     unknown = [k for k in given if k not in accepted]
     if not unknown:
         return
     name = unknown[0]
-    close = difflib.get_close_matches(name, list(accepted), n=1)
+    close = difflib.get_close_matches(name, [*accepted, *named], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(sorted(accepted))}"
     raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
