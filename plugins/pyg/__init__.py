@@ -230,9 +230,11 @@ def _ranks_rows(gpu_budget, hotness, device) -> bool:
     """Whether a store needs its nodes' hotness: a budget given (a typo raises here, on every device), except
     the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: in-degree unused)."""
     budget = placement.parse_budget(gpu_budget)
+    if hotness is not None:  # the caller's scores are checked on every device, with or without a budget
+        return True
     if budget is None:
         return False
-    return hotness is not None or budget != "auto" or resolve_device(device).type == "cuda"
+    return budget != "auto" or resolve_device(device).type == "cuda"
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
