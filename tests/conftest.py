@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, settings
 from hmgstore import data as datasets
 from hmgstore import memory
 
-
 # Property tests (hypothesis): "ci" (the default, what make test runs) keeps each property to a few dozen
 # cases so the suite stays within its 5 minutes on 2 cores; "long" (HYPOTHESIS_PROFILE=long) runs 20x more
 # cases of each, with fresh random cases every run, for a deeper run before a release. A failure prints the

@@ -155,7 +155,8 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
 
 
 def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray, torch.Tensor, dict]:
-    """``(labels [N], edge_index int64 [2, E], split as int64 id tensors)`` after checking what ogb read against the node count.
+    """``(labels [N], edge_index int64 [2, E], split as int64 id tensors)``, after checking what ogb read
+    against the node count.
 
     The node count (``num-node-list``) must be a non-negative integer; the
     features must have one row per node, the labels one per node (a label

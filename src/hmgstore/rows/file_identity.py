@@ -101,6 +101,10 @@ def _base(array: np.memmap) -> np.memmap:
     return array
 
 
+#: The identity recorded for each mapped file, by the id of its base memmap, while that memmap lives.
+_recorded: dict[int, FileIdentity] = {}
+
+
 def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
     """The identity of ``array``'s file as recorded when a table was first built over it (now, if never).
 
@@ -109,7 +113,7 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
     :class:`FileChangedError` when it was replaced or is gone.
     """
     base = _base(array)
-    recorded = getattr(base, "_hmgstore_identity", None)
+    recorded = _recorded.get(id(base))
     if recorded is None or refresh:
         if refresh and hasattr(array, "flush"):
             array.flush()
@@ -120,7 +124,9 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
                 from None
         if recorded is not None and (recorded.device, recorded.inode) != (now.device, now.inode):
             raise FileChangedError(f"{array.filename} was replaced by another file since a table was built over it")
-        base._hmgstore_identity = recorded = now
+        if id(base) not in _recorded:  # forgotten with the mapping (ids are reused once it is gone)
+            weakref.finalize(base, _recorded.pop, id(base), None)
+        _recorded[id(base)] = recorded = now
     return recorded
 
 
@@ -152,9 +158,10 @@ class LiveFile:
 def watch(source) -> LiveFile | None:
     """For a memmap ``source``: record its file's identity (:func:`identity_of`) and return a
     :class:`LiveFile` over it; None for any other source (nothing can change under it)."""
-    if not isinstance(source, np.memmap) or getattr(source, "filename", None) is None:
+    filename = getattr(source, "filename", None)
+    if not isinstance(source, np.memmap) or filename is None:
         return None
     identity_of(source)
     base = _base(source)
     end = np.lib.array_utils.byte_bounds(source)[1] - base.__array_interface__["data"][0]
-    return LiveFile(str(Path(source.filename)), base.offset + end)
+    return LiveFile(str(Path(filename)), base.offset + end)

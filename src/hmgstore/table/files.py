@@ -17,6 +17,7 @@ integers, so a huge shape cannot wrap); a raw file read with ``shape[0] ==
 """
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import os
@@ -333,7 +334,7 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     that is not a permutation of the rows, and as :class:`HybridTensor`
     does for the placement arguments.
     """
-    checks.keywords("hmgstore.load", kwargs, LOAD_OPTIONS, named=("dtype", "shape", "offset", "key", "host_dtype", "backing", "progress"))
+    checks.keywords("hmgstore.load", kwargs, LOAD_OPTIONS, named=inspect.signature(load).parameters)
     device = resolve_device(device)
     host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype,
                 backing=owned.chosen(backing, device), progress=progress)
