@@ -188,6 +188,13 @@ def get(spec) -> Format | None:
     return FORMATS[name]
 
 
+def check_table(dtype: torch.dtype, fmt: Format | None) -> None:
+    """Refuse a stored format ``fmt`` for a table of ``dtype`` other than float32 (ValueError); None: nothing."""
+    if fmt is not None and dtype != torch.float32:
+        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
+                         "Convert it first (x.float()), or keep its rows as they are")
+
+
 def for_tiers(host_dtype, compress):
     """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
     host, both = get(host_dtype), get(compress)

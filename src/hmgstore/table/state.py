@@ -75,7 +75,7 @@ class Table:
             layout = placement_mod.check_layout(layout, self._source.shape[0] if shape is None else shape[0])
         if dtype is None:  # the caller's own table: rows as they read
             self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
-            _check_format(self._dtype, host_format)
+            formats.check_table(self._dtype, host_format)
             if host_format is not None or copy or layout is not None:
                 fmt = host_format
                 stored = owned.empty(fmt.stored_shape(self._shape) if fmt else self._shape,
@@ -89,15 +89,14 @@ class Table:
             self._dtype = dtype
             if host_format is None and self._source.dtype != dtype:
                 host_format = formats.get(self._source.dtype)
-            _check_format(dtype, host_format)
+            formats.check_table(dtype, host_format)
             self._shape = tuple(shape) if shape is not None else tuple(self._source.shape)
             if host_format is not None and tuple(self._source.shape) != host_format.stored_shape(self._shape):
                 raise ValueError(f"a {host_format.name} host tier of a {self._shape} table has shape "
                                  f"{host_format.stored_shape(self._shape)}, not {tuple(self._source.shape)}")
         if gpu_format is not None and gpu_format != host_format:
             raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
-        self._format, self._gpu_format = host_format, gpu_format
-        self._file = file_identity.watch(self._given)  # a memmap's file: checked at every gather (see _ready)
+        self._format, self._gpu_format, self._file = host_format, gpu_format, file_identity.watch(self._given)
         self._layout = layout
         self._host_pos: torch.Tensor | None = None  # host position of each old id, once asked for (see host_positions)
         self.row_bytes = math.prod(self._shape[1:]) * torch.empty(0, dtype=self._dtype).element_size()
@@ -367,7 +366,7 @@ class Table:
         """Raise if a gather cannot read this table now; build it first if it was unpickled."""
         if self._deferred is not None:
             self._build_deferred()
-        if self._file is not None:  # one fstat: a file cut short under the table raises here, not SIGBUS
+        if self._file is not None:  # a memmap's file: one fstat, so a file cut short raises here, not SIGBUS
             self._file.check()
         if self._owner is not None:
             self._owner.check()  # e.g. a sharded table whose peer process died raises here
@@ -419,9 +418,3 @@ class Table:
 
 
 _deferred_lock = threading.Lock()
-
-
-def _check_format(dtype: torch.dtype, fmt) -> None:
-    if fmt is not None and dtype != torch.float32:
-        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
-                         "Convert it first (x.float()), or keep its rows as they are")
