@@ -363,7 +363,8 @@ def main(argv=None) -> dict | None:
         print(f"rank {r['rank']} ({r['device']}): {r['steady_batches_per_s']:.2f} batches/s, loss "
               f"{r['epochs'][-1]['loss']:.3f}; per batch "
               + ", ".join(f"{k[:-2]} {1e3 * v:.1f} ms" for k, v in split.items())
-              + "; feature MB per batch from " + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["bytes_per_batch"].items()))
+              + "; feature MB per batch from "
+              + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in r["bytes_per_batch"].items()))
     total = result["aggregate"]
     where = (f"waited {total['steady_wait_ms_per_batch']:.1f} ms per batch for the pipeline" if pipelined else
              f"gather {total['steady_gather_ms_per_batch']:.1f} ms per batch")

@@ -12,9 +12,20 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 from hmgstore import data as datasets
 from hmgstore import memory
+
+# Property tests (hypothesis): "ci" (the default, what make test runs) keeps each property to a few dozen
+# cases so the suite stays within its 5 minutes on 2 cores; "long" (HYPOTHESIS_PROFILE=long) runs 20x more
+# cases of each, with fresh random cases every run, for a deeper run before a release. A failure prints the
+# case and a blob to replay it (@reproduce_failure).
+_QUIET = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=30, deadline=None, suppress_health_check=_QUIET, derandomize=True,
+                          print_blob=True)
+settings.register_profile("long", max_examples=600, deadline=None, suppress_health_check=_QUIET, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _has_cuda() -> bool:

@@ -26,6 +26,9 @@ that the same thread recorded for the same table device and stream, in one
 that was current when they were recorded. So a batch's features and labels
 cost one gather, and the results are ready on the caller's stream.
 
+Import it before DGL: ``import dgl`` first fails on such a torch, inside DGL,
+with ``ModuleNotFoundError: No module named 'torchdata.datapipes'`` (or
+``Cannot find DGL C++ graphbolt library``), before hmgstore can step in.
 Importing this package imports DGL, first replacing ``dgl.graphbolt`` by a
 stub when GraphBolt cannot load on this torch (DGL 2.1 on torch > 2.2; see
 :mod:`._compat`). A plain ``import dgl`` on such a torch fails (``No module

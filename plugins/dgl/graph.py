@@ -47,8 +47,11 @@ class HybridDGLGraph(dgl.DGLGraph):
         """Where DGL fetches edge feature ``key`` of ``etype`` from: the attached table, else ``edata``."""
         attached = self.__dict__.get("_hmgstore_edge_storages")
         if attached:
-            storage = attached.get((key, self.canonical_etypes[self.get_etype_id(etype)]))
+            canonical = self.canonical_etypes[self.get_etype_id(etype)]
+            storage = attached.get((key, canonical))
             if storage is not None:
+                _same_rows(storage, self.num_edges(canonical), f"edge feature {key!r} of edge type {canonical}",
+                           "edges")
                 if any(k == key for k, _ in getattr(self, "_gpu_caches", {}).get("edge", {})):
                     raise ValueError(f"edge feature {key!r} is served by hmgstore, which does not work with DGL's "
                                      "gpu_cache (it needs fetch() to return a tensor)")
@@ -62,6 +65,7 @@ class HybridDGLGraph(dgl.DGLGraph):
             name = self.ntypes[self.get_ntype_id(ntype)]
             storage = attached.get((key, name))
             if storage is not None:
+                _same_rows(storage, self.num_nodes(name), f"node feature {key!r} of node type {name!r}", "nodes")
                 if (key, name) in getattr(self, "_gpu_caches", {}).get("node", {}):
                     raise ValueError(
                         f"node feature {key!r} is served by hmgstore, which does not work with DGL's "
@@ -75,6 +79,15 @@ class HybridDGLGraph(dgl.DGLGraph):
         edges = sorted(self.__dict__.get("_hmgstore_edge_storages", {}), key=str)
         return (f"{super().__repr__()}\n      hmgstore node features (key, ntype)={attached}"
                 + (f"\n      hmgstore edge features (key, etype)={edges}" if edges else ""))
+
+
+def _same_rows(storage, count: int, what: str, unit: str) -> None:
+    """Refuse to serve a table whose rows no longer match the graph (changed in place after ``attach``)."""
+    rows = storage.table.shape[0]
+    if rows != count:
+        raise ValueError(f"the graph has {count} {unit} now, but the table attached for {what} has {rows} rows: "
+                         f"the graph changed after attach (g.remove_nodes, g.add_edges, ...), so its ids no longer "
+                         "name the table's rows. Call attach(g, ...) again with tables for the graph as it is")
 
 
 def _node_type(graph, ntype, key: str) -> str:
@@ -127,7 +140,10 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
     other keys keep coming from ``g.ndata``. Calling ``attach`` again adds or
     replaces keys. Raises TypeError for other graph or table types and
     ValueError for unknown node types or a row count that does not match the
-    graph; nothing changes then.
+    graph; nothing changes then. A graph changed in place afterwards
+    (``g.remove_nodes``, ``g.add_edges``) so that an attached table's rows
+    no longer match its nodes or edges makes the next fetch of that feature
+    raise ValueError (attach the tables again).
     """
     if type(graph) not in (dgl.DGLGraph, HybridDGLGraph):
         raise TypeError(f"attach takes a dgl.DGLGraph (not a block or subclass), got {type(graph).__name__}")

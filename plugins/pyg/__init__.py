@@ -46,8 +46,11 @@ options (workers, ``pin_memory``, ``PrefetchLoader``) are discussed in
 """
 from __future__ import annotations
 
+import inspect
+
 from torch_geometric.data import Data, HeteroData
 
+from hmgstore.rows import checks
 from hmgstore.rows.hotness import hotness_or_in_degree, parse_budget
 from hmgstore.util.device import resolve_device
 
@@ -78,6 +81,10 @@ _graph_store.install_loader_checks = _install_loader_checks  # run when the firs
 __all__ = ["from_data", "from_tensors", "HybridFeatureStore", "CSCGraphStore", "CSC", "HybridNeighborSampler",
            "ResidentTensor", "resident", "to_csc", "ClusterFeatureStore", "ClusterNeighborSampler", "EqualBatches",
            "edge_features", "EdgeFeatures", "cluster_loader", "pyg_sampler_available"]
+
+
+#: The host-memory options :func:`from_data` passes to every table (:meth:`HybridFeatureStore.from_sources`).
+TABLE_OPTIONS = ("copy", "host_dtype", "compress", "layout", "backing", "split")
 
 
 def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None, max_sms: int | None = None,
@@ -111,8 +118,13 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     nothing to store, or naming an attribute whose rows match neither its
     node count nor (edge attributes) its edge count, with both sizes and the
     fix; KeyError for a name in ``attrs`` that ``Data`` lacks; and whatever
-    HybridTensor raises for unusable sources.
+    HybridTensor raises for unusable sources. A keyword ``from_data`` does
+    not take raises TypeError naming it (and the closest one it takes);
+    ``device="cuda"`` where torch sees no GPU raises RuntimeError saying
+    what to do, before any table is built.
     """
+    checks.keywords("from_data", options, TABLE_OPTIONS, named=inspect.signature(from_data).parameters)
+    device = resolve_device(device)
     edge_sources = {}
     if isinstance(data, HeteroData):
         graph_store = CSCGraphStore()
@@ -220,9 +232,11 @@ def _ranks_rows(gpu_budget, hotness, device) -> bool:
     """Whether a store needs its nodes' hotness: a budget given (a typo raises here, on every device), except
     the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: in-degree unused)."""
     budget = parse_budget(gpu_budget)
+    if hotness is not None:  # the caller's scores are checked on every device, with or without a budget
+        return True
     if budget is None:
         return False
-    return hotness is not None or budget != "auto" or resolve_device(device).type == "cuda"
+    return budget != "auto" or resolve_device(device).type == "cuda"
 
 
 def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:

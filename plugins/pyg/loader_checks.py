@@ -36,6 +36,12 @@ stores, or a ``HybridNeighborSampler``, is built; importing
   None (or ``(None, None)``) is every edge in the order it was put. On
   heterogeneous stores, where no default is clear, it raises ValueError
   naming the node or edge types and what to pass;
+- on stores that hold edge tables (:func:`from_data` of a ``Data`` with
+  ``edge_attr``, or ``put_edge_tables``), puts the edge rows on every batch
+  as a ``Data`` would (``batch.edge_attr``): the hooks of
+  :func:`edge_features`, around the loader's own ``transform`` and
+  ``transform_sampler_output``, unless ``**edge_features(stores)`` was
+  passed already;
 - without pyg-lib and torch-sparse, where the loader would build PyG's own
   sampler, samples with a CPU ``HybridNeighborSampler`` given the loader's
   options (a warning says so; draws differ from PyG's), or, for what that
@@ -72,6 +78,7 @@ from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
 
 from .cluster import ClusterFeatureStore
+from .edge_features import EdgeFeatures, edge_features
 from .feature_store import HybridFeatureStore
 from .graph_store import CSCGraphStore
 from .sampler import HybridNeighborSampler
@@ -241,8 +248,21 @@ def _check(loader_name: str, args: dict) -> None:
         _input_nodes(args, data)
     else:
         _edge_label_index(args, data)
+    _edge_attributes(args, data)
     if sampler is None and not pyg_sampler_available():
         args["neighbor_sampler"] = _sampler_for_missing_pyg(loader_name, args)
+
+
+def _edge_attributes(args: dict, data) -> None:
+    """Stores holding edge tables: their rows ride on every batch (``batch.edge_attr``, ...) as they do from a
+    ``Data``, through :func:`edge_features`' hooks, wrapped around the caller's own ``transform`` and
+    ``transform_sampler_output``; already given (``**edge_features(stores)``): left as they are."""
+    feature_store = data[0]
+    tables = feature_store.edge_tables() if callable(getattr(feature_store, "edge_tables", None)) else {}
+    if not tables or isinstance(args.get("transform"), EdgeFeatures):
+        return
+    args.update(edge_features(data, transform=args.get("transform"),
+                              transform_sampler_output=args.get("transform_sampler_output")))
 
 
 # ---- installing the check -----------------------------------------------------------------------

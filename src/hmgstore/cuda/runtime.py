@@ -47,7 +47,13 @@ def synchronize(devices) -> None:
 
 
 def check_device(device: torch.device) -> None:
-    """Raise a clear error if ``device`` (a CUDA device) cannot be used."""
+    """Raise a clear error if ``device`` (a CUDA device) cannot be used: no GPU, no such GPU, no CuPy."""
+    check_visible(device)
+    cupy()
+
+
+def check_visible(device: torch.device) -> None:
+    """Raise RuntimeError saying what to do when torch sees no GPU, or not GPU ``device.index``."""
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"device {device} was asked for, but torch sees no CUDA GPU "
@@ -55,7 +61,6 @@ def check_device(device: torch.device) -> None:
             "Install a CUDA build of torch on a GPU machine, or pass device='cpu'.")
     if device.index is not None and device.index >= torch.cuda.device_count():
         raise RuntimeError(f"device {device} does not exist: torch sees {torch.cuda.device_count()} GPU(s)")
-    cupy()
 
 
 def kernel_source(*names: str) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..memory import owned
+from ..rows import checks
 from .community import NodeGraph
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,10 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     papers100M), and the official split as int64 id tensors. The first call
     on raw files makes ogb write ``processed/data_processed`` (the folder must
     be writable); later calls read that. Raises FileNotFoundError when the
-    files are absent (see :func:`check_present`), ImportError without ogb.
+    files are absent (see :func:`check_present`), ImportError without ogb,
+    and ValueError naming the dataset's folder when the files disagree with
+    each other (:func:`_checked`: the node count, features, labels, edges
+    and split ids are all checked before any is trusted).
     """
     try:
         from ogb.nodeproppred import NodePropPredDataset
@@ -130,9 +134,7 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
         dataset = NodePropPredDataset(name, root=str(root))
         split = dataset.get_idx_split()
     graph, labels = dataset[0]
-    if graph["node_feat"] is None:
-        raise ValueError(f"{name} has no node features")
-    labels = np.asarray(labels).reshape(graph["num_nodes"], -1)[:, 0]
+    labels, edge_index, split = _checked(folder, graph, labels, split)
     if labels.dtype.kind == "f":  # papers100M: NaN marks unlabelled nodes
         labels = np.where(np.isnan(labels), -1, labels)
     features = graph["node_feat"]
@@ -144,11 +146,50 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
         x = torch.from_numpy(np.ascontiguousarray(features))  # CSV reads are column-major
     del graph["node_feat"]
     return NodeGraph(
-        edge_index=torch.from_numpy(np.ascontiguousarray(graph["edge_index"], dtype=np.int64)),
+        edge_index=edge_index,
         x=x,
         y=torch.from_numpy(labels.astype(np.int64)),
-        train_idx=torch.from_numpy(np.array(split["train"], dtype=np.int64)),
-        val_idx=torch.from_numpy(np.array(split["valid"], dtype=np.int64)),
-        test_idx=torch.from_numpy(np.array(split["test"], dtype=np.int64)),
+        train_idx=split["train"], val_idx=split["valid"], test_idx=split["test"],
         num_classes=int(dataset.num_classes),
     )
+
+
+def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray, torch.Tensor, dict]:
+    """``(labels [N], edge_index int64 [2, E], split as int64 id tensors)``, after checking what ogb read
+    against the node count.
+
+    The node count (``num-node-list``) must be a non-negative integer; the
+    features must have one row per node, the labels one per node (a label
+    file with more or fewer rows is refused, never reshaped), every edge must
+    join two nodes, and every split id must be an integer node id (floats
+    are refused, never truncated). Raises ValueError naming ``folder``.
+    """
+    where = f"{folder}"
+    n = graph.get("num_nodes")
+    try:
+        n = checks.count(n, "num_nodes")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: the node count (raw/num-node-list) is not a node count: {err}") from None
+    features = graph.get("node_feat")
+    if features is None:
+        raise ValueError(f"{where} has no node features (raw/node-feat)")
+    if features.ndim != 2 or features.shape[0] != n:
+        raise ValueError(f"{where}: the node features (raw/node-feat) have shape {tuple(features.shape)}, not one "
+                         f"row per node of the {n} the dataset says (raw/num-node-list)")
+    labels = np.asarray(labels)
+    if labels.ndim not in (1, 2) or labels.shape[0] != n or (labels.ndim == 2 and labels.shape[1] != 1):
+        raise ValueError(f"{where}: the labels (raw/node-label) have shape {tuple(labels.shape)}, not one label per "
+                         f"node of the {n} the dataset says (raw/num-node-list)")
+    labels = labels.reshape(n)
+    edges = np.asarray(graph.get("edge_index"))
+    if edges.ndim != 2 or edges.shape[0] != 2 or (edges.size and edges.dtype.kind not in "iu"):
+        raise ValueError(f"{where}: the edges (raw/edge) have shape {tuple(edges.shape)} of {edges.dtype}, not "
+                         "[2, E] integer node ids")
+    edge_index = torch.from_numpy(np.ascontiguousarray(edges, dtype=np.int64))
+    checks.id_list(edge_index.reshape(-1), "the edges (raw/edge)", n, source=where)
+    ids = {}
+    for part in ("train", "valid", "test"):
+        if part not in split:
+            raise ValueError(f"{where}: the split has no {part!r} ids (split/<name>/{part}.csv.gz)")
+        ids[part] = checks.id_list(np.asarray(split[part]).reshape(-1), f"the {part} split", n, source=where)
+    return labels, edge_index, ids

@@ -33,6 +33,8 @@ import torch
 
 from ..graph.csc import CSC, to_csc
 from ..memory.pinned import as_host_tensor
+from ..rows import checks
+from ..rows.file_identity import FileIdentity
 from ..rows.ids import check_range
 from ..table.files import load, npy_layout, read
 from ..table.tensor import HybridTensor
@@ -128,7 +130,9 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     parts' folders. Raises FileExistsError for a folder that holds anything
     without ``overwrite`` (before writing), ValueError for attributes or
     graphs whose node count is not the book's, IndexError for edges naming
-    nodes beyond it; whatever fails, ``out_dir`` is left as it was.
+    nodes beyond it; TypeError, ValueError or IndexError for ``split`` ids
+    that are not integer node ids of the book (:func:`hmgstore.rows.checks.id_list`);
+    whatever fails, ``out_dir`` is left as it was.
     """
     n = book.num_nodes
     tables = _features(features, n)
@@ -136,12 +140,13 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     split = {} if split is None else split
     if not all(isinstance(name, str) and name.isidentifier() for name in split):
         raise ValueError(f"split names become file names: use letters, digits and _, got {list(split)}")
+    split = {name: checks.id_list(ids, f"split {name!r}", n) for name, ids in split.items()}  # before writing
     with new_folder(out_dir, overwrite=overwrite) as new:
         _write_parts(tables, csc, book, new, progress)
         if split:
             (new / "split").mkdir()
             for name, ids in split.items():
-                np.save(new / "split" / f"{name}.npy", torch.as_tensor(ids).cpu().numpy())
+                np.save(new / "split" / f"{name}.npy", ids.numpy())
     return [part_dir(out_dir, m) for m in range(book.num_machines)]
 
 
@@ -225,7 +230,9 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     missing part, ValueError naming the file when one does not match its
     book or ``meta.json`` (a shape, dtype or length; a colptr that does not
     rise from 0 to the number of edges; a source outside the book), is cut
-    short or damaged.
+    short or damaged, and :class:`~hmgstore.rows.file_identity.FileChangedError`
+    (a ValueError) naming a file replaced or rewritten between the check
+    of its header and the read of its rows (another writer in the folder).
     """
     folder = part_dir(out_dir, machine)
     if not (folder / "meta.json").is_file():
@@ -240,10 +247,10 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                          f"has {book.num_machines} machines, {book.num_nodes} nodes"
                          + (f", {book.sizes[machine]} in part {machine}" if machine < book.num_machines else ""))
     nodes, edges = meta["part_nodes"], meta["part_edges"]
-    for name, attr in meta["features"].items():
-        _expect(folder / "features" / f"{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
-    _expect(folder / "colptr.npy", (nodes + 1,), "torch.int64")
-    _expect(folder / "row.npy", (edges,), "torch.int64")
+    checked = [_expect(folder / "features" / f"{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
+               for name, attr in meta["features"].items()]
+    checked += [_expect(folder / "colptr.npy", (nodes + 1,), "torch.int64"),
+                _expect(folder / "row.npy", (edges,), "torch.int64")]
     features = {}
     if share:
         def read_once(path):  # the machine's first rank reads; every rank maps the same pages
@@ -256,6 +263,8 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
         colptr, row = ((read_once if share else lambda p: read(p, progress=progress))(folder / name)
                        for name in ("colptr.npy", "row.npy"))
         _check_topology(folder, colptr, row, book.num_nodes)
+        for identity in checked:  # each file is still the one whose header was checked: not replaced meanwhile
+            identity.check("load_partition checked its header against meta.json")
     except BaseException:
         for table in features.values():
             table.close()
@@ -282,8 +291,10 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def _expect(path: Path, shape: tuple, dtype: str) -> None:
-    """Refuse a .npy file whose header gives another shape or dtype than the part's book and meta.json."""
+def _expect(path: Path, shape: tuple, dtype: str) -> FileIdentity:
+    """Refuse a .npy file whose header gives another shape or dtype than the part's book and meta.json; the
+    identity of the file checked (:mod:`hmgstore.rows.file_identity`), to check again once it is read."""
+    identity = FileIdentity.of(path)
     found_shape, found_dtype = npy_layout(path)
     try:
         found = str(torch.from_numpy(np.empty(0, found_dtype)).dtype)  # meta.json names torch dtypes
@@ -292,6 +303,7 @@ def _expect(path: Path, shape: tuple, dtype: str) -> None:
     if found_shape != tuple(shape) or found != dtype:
         raise ValueError(f"{path} should hold shape {tuple(shape)} of {dtype} (from the part's book and meta.json), "
                          f"found {found_shape} of {found}; the part is damaged or from another partition")
+    return identity
 
 
 def _check_topology(folder: Path, colptr: torch.Tensor, row: torch.Tensor, num_nodes: int) -> None:

@@ -32,6 +32,7 @@ import math
 import torch
 from torch.utils.data import Sampler
 
+from ..rows import checks
 from ..util.progress import tqdm
 from .csc import CSC, to_csc
 from .sampler import NeighborSampler
@@ -138,11 +139,14 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
     ``seeds`` in their own order in runs of ``batch_size``. Rows that the
     same batches read then sit together: the layout pays off for batches
     made the same way (locality-aware ones), not for a fresh random order.
+    Raises TypeError for another sampler or non-integer seeds, IndexError
+    for seeds that are not nodes, ValueError for ``batch_size`` under 1.
     """
     if not isinstance(sampler, NeighborSampler) or sampler.hetero:
         raise TypeError("coaccess_order takes a homogeneous hmgstore.graph.NeighborSampler")
-    seeds = torch.as_tensor(seeds).to(torch.int64).cpu()
     n = sampler.num_nodes[None]
+    seeds = checks.id_list(seeds, "seeds", n)
+    batch_size = checks.count(batch_size, "batch_size", at_least=1)
     if batches is None:
         batches = [torch.arange(a, min(a + batch_size, len(seeds))) for a in range(0, len(seeds), batch_size)]
     first = torch.full((n,), math.inf, dtype=torch.float64, device=sampler.device)
@@ -153,13 +157,15 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
 
 
 def parts_of(layout: torch.Tensor, part_rows: int) -> torch.Tensor:
-    """The part of each node (int64 [N]): runs of ``part_rows`` consecutive rows of ``layout``."""
-    if part_rows < 1:
-        raise ValueError(f"part_rows must be at least 1, got {part_rows}")
-    layout = torch.as_tensor(layout).to(torch.int64)
-    part = torch.empty_like(layout)
-    part[layout] = torch.arange(len(layout)) // part_rows
-    return part
+    """The part of each node (int64 [N]): runs of ``part_rows`` consecutive rows of ``layout``.
+
+    ``layout``: a permutation of ``range(N)`` (:func:`hmgstore.rows.checks.permutation`).
+    Raises ValueError for a layout that repeats or leaves out a node and
+    for ``part_rows`` under 1, TypeError for non-integers, IndexError for
+    ids out of range."""
+    part_rows = checks.count(part_rows, "part_rows", at_least=1)
+    layout = checks.permutation(layout, len(layout), "layout")  # every node once: no part left unwritten
+    return checks.inverse(layout) // part_rows
 
 
 def rows_per_page(row_bytes: int) -> int:
@@ -169,12 +175,18 @@ def rows_per_page(row_bytes: int) -> int:
 
 def pages_touched(ids: torch.Tensor, row_bytes: int, layout: torch.Tensor | None = None) -> int:
     """Distinct 2 MiB host pages that rows ``ids`` (old ids) occupy in a table of ``row_bytes`` rows kept in
-    ``layout`` order (None: id order)."""
-    ids = torch.as_tensor(ids).to(torch.int64).cpu()
+    ``layout`` order (None: id order).
+
+    ``ids``: integer ids (any 1-D integer tensor, array or list);
+    ``layout``: a permutation of the table's rows. Raises as
+    :func:`hmgstore.rows.checks.permutation` and
+    :func:`hmgstore.rows.checks.id_list` do: never reads a position the
+    layout does not give."""
     if layout is not None:
-        position = torch.empty(len(layout), dtype=torch.int64)
-        position[torch.as_tensor(layout).to(torch.int64)] = torch.arange(len(layout))
-        ids = position[ids]
+        layout = checks.permutation(layout, len(layout), "layout")  # every row once: no position left unwritten
+        ids = checks.inverse(layout)[checks.id_list(ids, "ids", len(layout))]
+    else:
+        ids = checks.id_list(ids, "ids", 2**62)  # no table to bound them: non-negative integers
     return int(torch.unique(ids // rows_per_page(row_bytes)).numel())
 
 
@@ -202,8 +214,8 @@ class LocalityBatchSampler(Sampler):
         nodes = torch.as_tensor(input_nodes)
         nodes = nodes.nonzero().flatten() if nodes.dtype == torch.bool else nodes.to(torch.int64).reshape(-1)
         node_part = torch.as_tensor(node_part).to(torch.int64).reshape(-1)
-        if batch_size < 1 or window < 1:
-            raise ValueError(f"batch_size and window must be at least 1, got {batch_size} and {window}")
+        batch_size = checks.count(batch_size, "batch_size", at_least=1)
+        window = checks.count(window, "window", at_least=1)
         if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= len(node_part)):
             raise ValueError(f"node_part has {len(node_part)} entries; input node {int(nodes.max())} has none")
         part = node_part[nodes]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rows import checks
 from ..util.progress import tqdm
 from .sampler import NeighborSampler
 
@@ -39,13 +40,22 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     ``sampler``: a :class:`hmgstore.graph.NeighborSampler` (or anything with
     a ``.sampler`` that is one, such as the PyG adapter); ``seeds``: the
     training node ids (of ``node_type`` on heterogeneous graphs), shuffled
-    into batches of ``batch_size`` each epoch with ``generator``.
+    into batches of ``batch_size`` each epoch with ``generator``. No seeds
+    make no batches (``Hotness.batches == 0``, every count 0). Raises
+    TypeError for another sampler or non-integer seeds, IndexError for seeds
+    that are not nodes of ``node_type``, ValueError for an unknown
+    ``node_type``, ``batch_size`` under 1 or negative ``epochs``.
     """
     core = getattr(sampler, "sampler", sampler)
     if not isinstance(core, NeighborSampler):
         raise TypeError(f"presample takes a hmgstore NeighborSampler (or its PyG adapter), "
                         f"got {type(sampler).__name__}")
-    seeds = torch.as_tensor(seeds).reshape(-1).cpu()
+    if node_type not in core.num_nodes:
+        raise ValueError(f"node_type {node_type!r} is not a node type of the sampler's graph: {list(core.num_nodes)}")
+    seeds = checks.id_list(torch.as_tensor(seeds).reshape(-1) if isinstance(seeds, torch.Tensor) else seeds,
+                           "seeds", core.num_nodes[node_type])
+    epochs = checks.count(epochs, "epochs")
+    batch_size = checks.count(batch_size, "batch_size", at_least=1)
     device = core.device
     features = {nt: torch.zeros(n, dtype=torch.int64, device=device) for nt, n in core.num_nodes.items()}
     topology = {nt: torch.zeros(n, dtype=torch.int64, device=device) for nt, n in core.num_nodes.items()}
@@ -54,7 +64,7 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     with tqdm(total=total, desc="pre-sampling hotness", unit="batch", disable=not progress, leave=False) as bar:
         for _ in range(epochs):
             order = seeds[torch.randperm(len(seeds), generator=generator)]
-            for batch in order.split(batch_size):
+            for batch in order.split(batch_size) if len(order) else ():  # no seeds: no batch
                 out = core.sample({node_type: batch})
                 for nt, nodes in out.node.items():
                     ones = torch.ones_like(nodes)

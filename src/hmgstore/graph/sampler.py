@@ -114,6 +114,7 @@ class NeighborSampler:
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
             raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
         self.replace, self.disjoint, self.generator, self.dedup = replace, disjoint, generator, dedup
+        self._max_degree: dict = {}  # edge type -> its largest in-degree, once a fanout needs it
         dense = self.device.type == "cpu" and not disjoint  # CPU relabelling without sorts (see .relabel)
         self._dense = {nt: DenseMaps(n) for nt, n in self.num_nodes.items() if dense and n <= DENSE_MAX_NODES}
         self.cuda_graphs = cuda_graphs
@@ -182,8 +183,16 @@ class NeighborSampler:
         return self._sample_synced(keys, draws)
 
     def _fanout(self, et, hop: int) -> int:
+        """Hop ``hop``'s fanout of ``et``; without replacement at most the largest in-degree, which is what a
+        node gets anyway (min(k, degree)): a fanout of 2**31 on a small graph sizes no 2**31 slots."""
         fanout = self.num_neighbors[et]
-        return fanout[hop] if hop < len(fanout) else 0
+        k = fanout[hop] if hop < len(fanout) else 0
+        if k > 0 and not self.replace:
+            if et not in self._max_degree:
+                colptr = getattr(self.topologies[et], "colptr", None)
+                self._max_degree[et] = int(colptr.diff().max()) if colptr is not None and len(colptr) > 1 else k
+            k = min(k, self._max_degree[et])
+        return k
 
     def _ends(self, et) -> tuple:
         return (et[0], et[-1]) if self.hetero else (None, None)

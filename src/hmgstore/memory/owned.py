@@ -199,7 +199,8 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
             if encode is None:
                 dst[start:end].copy_(piece)
             else:
-                encode(piece, start, out=dst[start:end])  # straight into place: no block-sized temporary
+                ids = start if order is None else order[start:end]  # the caller's ids, for error messages
+                encode(piece, ids, out=dst[start:end])  # straight into place: no block-sized temporary
             bar.update((end - start) * row_bytes)
     return dst
 

@@ -68,9 +68,13 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     that later ``set_()``, ``.data = ...`` or ``requires_grad_()`` on the
     caller's tensor do not reach it. Read-only numpy arrays (e.g. memmaps
     opened with ``mode="r"``) are wrapped without a copy; hmgstore never
-    writes to them. Raises TypeError for CUDA tensors and other types.
+    writes to them. Raises TypeError for CUDA tensors, sparse tensors (with
+    the fix: ``source.to_dense()``) and other types.
     """
     if isinstance(source, torch.Tensor):
+        if source.layout != torch.strided:  # sparse rows have no place in memory a kernel could read
+            raise TypeError(f"the source table is a {source.layout} tensor; a table reads dense rows in place: "
+                            "pass source.to_dense() (a copy of all its values)")
         if source.device.type != "cpu":
             raise TypeError(
                 f"the source table must live in host memory, got a tensor on {source.device}; "

@@ -35,6 +35,7 @@ from ..cuda.deferred import raise_deferred
 from ..cuda.gather import capped_gathers
 from ..gather.finish_scope import deferred_finishes
 from ..gather.fusion import fused
+from ..rows import checks
 from ..table.host_pages import batches_to_fuse
 from ..util.device import resolve_device
 
@@ -79,10 +80,9 @@ def reads_can_overlap(loader) -> bool:
             and hasattr(loader, "transform") and loader.transform is None)
 
 
-def check_max_sms(max_sms) -> None:
-    if max_sms != "auto" and max_sms is not None and (not isinstance(max_sms, int) or isinstance(max_sms, bool)
-                                                      or max_sms < 1):
-        raise ValueError(f"max_sms is a number of SMs (at least 1), 'auto' or None; got {max_sms!r}")
+def check_max_sms(max_sms):
+    """``max_sms`` checked by the tables' own rule, with ``"auto"`` (ValueError); integers become ints."""
+    return checks.sm_cap(max_sms, allow_auto=True)
 
 
 def auto_sms(device: torch.device) -> int:
@@ -146,6 +146,8 @@ class Pipeline:
     Args:
         loader: any iterable of batches (a PyG ``NeighborLoader``, a DGL
             ``DataLoader``, ...); it may be iterated several times (epochs).
+            A one-shot iterator (a generator) gives one epoch: iterating
+            the Pipeline again raises RuntimeError saying so.
         depth: batches prepared ahead (1 or more).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).
@@ -196,7 +198,7 @@ class Pipeline:
                  fuse: int = 1, overlap_reads: bool | str = False):
         if depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
-        check_max_sms(max_sms)
+        max_sms = check_max_sms(max_sms)
         if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
             raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
         check_overlap_reads(overlap_reads)
@@ -208,6 +210,7 @@ class Pipeline:
             device = resolve_device(device)
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
+        self._one_pass_done = False  # a one-shot iterator (a generator) was iterated once
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # a loader without len() raises TypeError, as torch's do
@@ -237,7 +240,14 @@ class Pipeline:
 
     def __iter__(self) -> Iterator:
         maker = self._maker()
-        maker.batches = iter(self.loader)
+        batches = iter(self.loader)
+        if batches is self.loader and self._one_pass_done:  # a generator: the first pass used it up
+            raise RuntimeError(f"Pipeline's loader is a one-shot iterator ({type(self.loader).__name__}), which its "
+                               "first epoch used up: a second epoch would yield no batches. Pass an iterable that "
+                               "starts again (a DataLoader, a list), or build a new Pipeline over a new iterator "
+                               "each epoch")
+        self._one_pass_done = batches is self.loader
+        maker.batches = batches
         cuda = maker.cuda
         first = maker.warm_up(self.warm)
         ready: queue.Queue = queue.Queue(maxsize=self.depth)

@@ -132,7 +132,7 @@ class Producer:
                  overlap_reads: bool | str = False):
         if depth < 1:
             raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
-        check_max_sms(max_sms)
+        max_sms = check_max_sms(max_sms)
         check_overlap_reads(overlap_reads)
         if sm_percent is not None and not 1 <= sm_percent <= 100:
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")

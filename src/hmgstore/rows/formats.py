@@ -81,10 +81,14 @@ class Format:
     def stored_dtype(self) -> torch.dtype:
         return torch.uint8 if self.scaled else self.element
 
-    def encode(self, rows: torch.Tensor, first_row: int = 0, out: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, rows: torch.Tensor, first_row: int | torch.Tensor = 0,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """``rows`` (float32 CPU ``[n, *row_shape]``) in this format: ``stored_shape`` of ``stored_dtype``.
 
-        ``first_row``: the table row of ``rows[0]``, for error messages;
+        ``first_row``: the caller's row id of ``rows[0]`` (rows in id order),
+        or the caller's id of every row (int64 ``[n]``: rows written by id,
+        or copied in a layout's order), for error messages, which name the
+        caller's row id, never a position;
         ``out``: where to write them (a CPU tensor of that shape and dtype,
         e.g. the rows of a host tier), returned; default a new tensor.
         Raises ValueError for a non-float32 input, and for scaled formats a
@@ -112,11 +116,16 @@ class Format:
             largest = torch.zeros(n)
         bad = ~torch.isfinite(largest)
         if bool(bad.any()):
-            row = first_row + int(bad.nonzero()[0, 0])
+            at = int(bad.nonzero()[0, 0])
+            row = int(first_row[at]) if isinstance(first_row, torch.Tensor) else first_row + at
             raise ValueError(f"row {row} holds NaN or infinity, which {self.name} rows (values scaled by the row's "
                              f"largest magnitude) cannot store; clean the table, or store it as bfloat16")
         scale = largest / self.qmax  # a zero row (or none of its values) gets scale 1 below
         scale = torch.where(scale > 0, scale.clamp(min=MIN_SCALE), torch.ones_like(scale))
+        # A row near FLT_MAX: qmax * scale, rounded, may pass FLT_MAX and decode as infinity. One float32 below
+        # (twice at most) keeps qmax * scale finite; its values then clamp to qmax, a few ulps under the original.
+        for _ in range(2):
+            scale = torch.where(torch.isinf(scale * self.qmax), torch.nextafter(scale, torch.zeros(())), scale)
         width, offset = elems * self.element_size, self.scale_offset(elems)
         if out is None:
             out = torch.empty(stored, dtype=torch.uint8)  # every byte written below, padding as zeros
@@ -177,6 +186,13 @@ def get(spec) -> Format | None:
         raise ValueError(f"unknown stored row format {spec!r}; use one of {', '.join(FORMATS)} "
                          "(or torch.bfloat16 / torch.float16)")
     return FORMATS[name]
+
+
+def check_table(dtype: torch.dtype, fmt: Format | None) -> None:
+    """Refuse a stored format ``fmt`` for a table of ``dtype`` other than float32 (ValueError); None: nothing."""
+    if fmt is not None and dtype != torch.float32:
+        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
+                         "Convert it first (x.float()), or keep its rows as they are")
 
 
 def for_tiers(host_dtype, compress):

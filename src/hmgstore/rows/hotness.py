@@ -154,17 +154,21 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
 def check_hotness(hotness: dict, num_rows: dict) -> dict:
     """``hotness`` as tensors, after checking each group's score has one entry per row.
 
-    ``num_rows``: group -> rows of that group. Raises ValueError naming the
-    group that is missing or has the wrong length.
+    ``num_rows``: group -> rows of that group. Each score is checked as
+    :func:`check_score` checks it, on every device. Raises ValueError naming
+    the group that is missing, unknown or has the wrong length or rank,
+    TypeError for scores that are not real numbers.
     """
+    unknown = [g for g in hotness if g not in num_rows]
+    if unknown:
+        raise ValueError(f"hotness names node type {unknown[0]!r}, which has no node attributes here; the types "
+                         f"are {list(num_rows)}")
     checked = {}
     for group, count in num_rows.items():
         if group not in hotness:
             raise ValueError(f"no hotness for node type {group!r}; pass one score per node of every type")
-        score = torch.as_tensor(hotness[group])
-        if score.numel() != count:
-            raise ValueError(f"hotness of node type {group!r} has {score.numel()} entries for {count} nodes")
-        checked[group] = score
+        what = "hotness" if group is None else f"hotness of node type {group!r}"
+        checked[group] = check_score(hotness[group], count, what)
     return checked
 
 
@@ -174,7 +178,7 @@ def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) 
     ``in_degree``: group -> int64 [rows]; ``num_rows``: group -> rows of the group.
     """
     if hotness is not None:
-        return {g: torch.as_tensor(v) for g, v in hotness.items()}
+        return check_hotness(hotness, num_rows)  # the caller's scores: checked on every device
     return {g: in_degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in num_rows.items()}
 
 
@@ -220,8 +224,9 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
 def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
     """``score``, one real number per row (higher is hotter), as a 1-D CPU tensor, after checking it.
 
-    Raises ValueError for another shape (NaN scores: :func:`order_by_score`),
-    TypeError for what is not real numbers.
+    Raises ValueError for another shape and for NaN scores, TypeError for
+    what is not real numbers; on every device, whether or not a budget uses
+    the scores.
     """
     try:
         score = torch.as_tensor(score).cpu()
@@ -235,4 +240,7 @@ def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
     if score.numel() != num_rows:
         raise ValueError(f"{what} has {score.numel()} entries for {num_rows} rows; give one score per row "
                          "(0 for rows never touched)")
+    if score.is_floating_point() and bool(torch.isnan(score).any()):
+        raise ValueError(f"{what}: the score of row {int(torch.isnan(score).nonzero()[0, 0])} is NaN; give every "
+                         "row a number (0 for rows never touched)")
     return score.to(torch.uint8) if score.dtype == torch.bool else score

@@ -17,6 +17,7 @@ integers, so a huge shape cannot wrap); a raw file read with ``shape[0] ==
 """
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 import os
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from ..memory import owned
+from ..rows import checks
 from ..util.device import resolve_device
 from ..util.progress import tqdm
 from .tensor import HybridTensor
@@ -104,15 +106,22 @@ def _check_size(path: Path, start: int, shape: tuple, np_dtype: np.dtype, exact:
 def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
          host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True) -> torch.Tensor:
     """The table stored at ``path`` as a CPU tensor on owned memory (see :func:`load` for the arguments)."""
-    path = Path(path)
+    path = _as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
     suffix = path.suffix.lower()
     if suffix in (".pt", ".pth"):
         if dtype is not None or shape is not None:
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
+        if not (type(offset) is int and offset == 0):
+            raise ValueError(f"{path.name} is a torch file: offset= (the byte a raw file's rows start at) does not "
+                             f"apply; drop offset={offset!r}")
         return _read_torch(path, key, host_dtype, backing, progress)
-    if suffix == ".npy" and dtype is None and shape is None:
+    if key is not None:
+        raise ValueError(f"key= picks a tensor of a .pt file's dict; {path.name} is not a torch file: drop "
+                         f"key={key!r}")
+    if suffix == ".npy":
+        _npy_arguments_agree(path, dtype, shape, offset)
         return _read_npy(path, host_dtype, backing, progress)
     if dtype is None or shape is None:
         raise ValueError(f"cannot tell the layout of {path.name}: pass dtype= and shape= (the first size may be "
@@ -120,6 +129,43 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
     np_dtype = np.dtype(dtype) if not isinstance(dtype, torch.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
     shape, offset = _raw_layout(path, shape, np_dtype, offset)
     return _read_raw(path, offset, shape, np_dtype, host_dtype, backing, progress)
+
+
+def _as_path(path) -> Path:
+    """``path`` as a Path; arrays and tensors are refused with the call that takes them (TypeError)."""
+    if isinstance(path, (np.ndarray, torch.Tensor)):
+        what = "an np.memmap" if isinstance(path, np.memmap) else f"a {type(path).__name__}"
+        raise TypeError(f"hmgstore.load reads a file by its path, and got {what}; build a table over an array "
+                        "or memmap with hmgstore.HybridTensor(x, device), or pass the file's path")
+    try:
+        return Path(path)
+    except TypeError:
+        raise TypeError(f"hmgstore.load takes a file path (str or os.PathLike), got {type(path).__name__}") from None
+
+
+def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
+    """A .npy file describes itself: ``dtype=``, ``shape=`` and ``offset=`` that disagree with its header are
+    refused (ValueError naming the file and both values), never obeyed; ones that agree are accepted."""
+    if not (type(offset) is int and offset == 0):
+        raise ValueError(f"{path.name} is a .npy file, whose rows start where its header ends; offset= is for raw "
+                         f"binary files: drop offset={offset!r}")
+    if dtype is None and shape is None:
+        return
+    found_shape, _, found_dtype, _, _ = _npy_checked(path)
+    if dtype is not None:
+        wanted = torch.empty(0, dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+        if wanted != found_dtype:
+            raise ValueError(f"{path.name} is a .npy file whose header says dtype {found_dtype}; dtype={wanted} "
+                             "disagrees. A .npy file describes itself: drop dtype= (convert the table after "
+                             "loading if you need another dtype)")
+    if shape is not None:
+        given = tuple(shape)
+        same = len(given) == len(found_shape) and all(
+            g == f or (k == 0 and g == -1) for k, (g, f) in enumerate(zip(given, found_shape)))
+        if not same:
+            raise ValueError(f"{path.name} is a .npy file whose header says shape {found_shape}; shape={given} "
+                             "disagrees. A .npy file describes itself: drop shape= (reshape the rows after "
+                             "loading if you need another shape)")
 
 
 def _raw_layout(path: Path, shape, np_dtype: np.dtype, offset) -> tuple[tuple[int, ...], int]:
@@ -270,13 +316,36 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     into the table's memory, under a progress bar; no second copy is made.
     ``host_dtype``: keep float32 rows half-width on the host (see
     :class:`HybridTensor`). ``device`` and ``kwargs`` (``gpu_rows``,
-    ``gpu_budget``, ``hot_order``, ``max_sms``, ``stats``) are as for
-    :class:`HybridTensor`. Raises FileNotFoundError for a missing file and
-    ValueError for a file that does not hold what it says (too short, an
-    unknown layout, a dict without ``key``).
+    ``gpu_budget``, ``hot_order``, ``hotness``, ``max_sms``, ``stats``,
+    ``split``, ``layout``) are as for :class:`HybridTensor`: with ``layout``
+    the file's rows (in id order) are put in layout order, and ids stay the
+    caller's (``t[i]`` is the file's row ``i``).
+
+    Contract: a file that describes itself is believed over the arguments.
+    ``dtype=``/``shape=`` given for a ``.npy`` file must agree with its
+    header (``shape[0]`` may be -1), and ``offset=`` applies to raw files
+    only, ``key=`` to ``.pt`` files only: anything else is refused with a
+    ValueError naming the file, never obeyed. Raises TypeError for a
+    ``path`` that is an array, memmap or tensor (build a
+    :class:`HybridTensor` over it instead) and for a keyword ``load`` does
+    not take; FileNotFoundError for a missing file; ValueError for a file
+    that does not hold what it says (too short, bytes left over, a header
+    that lies, an unknown layout, a dict without ``key``), for a ``layout``
+    that is not a permutation of the rows, and as :class:`HybridTensor`
+    does for the placement arguments.
     """
+    checks.keywords("hmgstore.load", kwargs, LOAD_OPTIONS, named=inspect.signature(load).parameters)
     device = resolve_device(device)
     host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype,
                 backing=owned.chosen(backing, device), progress=progress)
     table_dtype = torch.float32 if host_dtype is not None else host.dtype
-    return HybridTensor.over_host_tier(host, device, table_dtype, progress=progress, **kwargs)
+    layout = kwargs.pop("layout", None)
+    if layout is not None:  # the file holds rows in id order; the host tier keeps them in layout order
+        layout = checks.permutation(layout, host.shape[0], "layout")
+        host = owned.copy_in(owned.empty(host.shape, host.dtype, owned.chosen(backing, device), zero=False), host,
+                             progress, "putting rows in layout order", order=layout)
+    return HybridTensor.over_host_tier(host, device, table_dtype, layout=layout, progress=progress, **kwargs)
+
+
+#: The keywords :func:`load` passes on to the table (as :class:`HybridTensor` takes them).
+LOAD_OPTIONS = ("gpu_rows", "gpu_budget", "hot_order", "hotness", "max_sms", "stats", "split", "layout")

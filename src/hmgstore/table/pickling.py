@@ -15,6 +15,8 @@ import logging
 
 import numpy as np
 
+from ..rows import file_identity
+
 log = logging.getLogger(__name__)
 
 
@@ -38,16 +40,24 @@ def state_of(table, given, unusable: str | None, for_process: bool) -> dict:
 def sendable_source(table, given, for_process: bool):
     """The table's source, in a form that is safe and cheap to send.
 
-    - A memmap travels as its file name and is opened again (no copy).
+    - A memmap travels as its file name and the file's identity
+      (:mod:`hmgstore.rows.file_identity`, recorded when the table was
+      built) and is opened again (no copy) after the receiver checks that
+      the file is still the one recorded; a changed file is refused with
+      :class:`~hmgstore.rows.file_identity.FileChangedError` naming it.
+    - A copy-on-write memmap (``mode="c"``) travels as its rows: its edits
+      live in this process's memory only, and the file does not hold them.
     - torch's multiprocessing moves a tensor's memory into shared memory in
       place, unless it is shared already; that would pull pinned pages out
       from under this table (its kernels would read freed memory), so a
       pinned source that is not shared travels as a copy.
     - Otherwise the source itself (plain pickle copies its bytes).
     """
+    source = table.host_tier
+    if isinstance(given, np.memmap) and given.filename is not None and given.mode == "c":
+        return source.clone()  # the edits are in this process's pages only
     if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
         return MemmapSpec.of(given)
-    source = table.host_tier
     pinned = table.pinned is not None and (table.pinned.registered or table.pinned.owner_pinned)
     if for_process and pinned and not source.is_shared():
         if source.nbytes >= 1 << 30:
@@ -67,9 +77,10 @@ def source_of(state: dict):
 class MemmapSpec:
     """A memmap's file, layout and mode, to open it again in another process."""
 
-    def __init__(self, filename, dtype, shape, offset, mode, order):
+    def __init__(self, filename, dtype, shape, offset, mode, order, identity=None):
         self.filename, self.dtype, self.shape, self.offset, self.mode, self.order = \
             filename, dtype, shape, offset, mode, order
+        self.identity = identity  # the file as the table was built over it (a writable one: as of sending)
 
     @classmethod
     def of(cls, array: np.memmap) -> MemmapSpec:
@@ -79,8 +90,12 @@ class MemmapSpec:
         # Offset of this view from the file's start: the memmap's own offset plus the view's.
         view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
-        return cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C")
+        identity = file_identity.identity_of(array, refresh=array.mode != "r")  # its own writes are not changes
+        return cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C", identity)
 
     def open(self) -> np.memmap:
+        """The memmap again, after checking the file is the one the table was built over (FileChangedError)."""
+        if self.identity is not None:
+            self.identity.check("a table was built over it and sent to this process")
         return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset, shape=self.shape,
                          order=self.order)

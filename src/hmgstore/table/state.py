@@ -35,7 +35,7 @@ from ..cuda.runtime import synchronize
 from ..gather import cpu_share, plan
 from ..memory import owned
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..rows import formats
+from ..rows import checks, file_identity, formats
 from ..rows.placement import Placement, Tier, check_layout
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
@@ -74,8 +74,7 @@ class Table:
             layout = check_layout(layout, self._source.shape[0] if shape is None else shape[0])
         if dtype is None:  # the caller's own table: rows as they read
             self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
-            if host_format is not None:
-                _check_format(self._dtype, host_format)
+            formats.check_table(self._dtype, host_format)
             if host_format is not None or copy or layout is not None:
                 fmt = host_format
                 stored = owned.empty(fmt.stored_shape(self._shape) if fmt else self._shape,
@@ -89,19 +88,18 @@ class Table:
             self._dtype = dtype
             if host_format is None and self._source.dtype != dtype:
                 host_format = formats.get(self._source.dtype)
-            if host_format is not None:
-                _check_format(dtype, host_format)
+            formats.check_table(dtype, host_format)
             self._shape = tuple(shape) if shape is not None else tuple(self._source.shape)
             if host_format is not None and tuple(self._source.shape) != host_format.stored_shape(self._shape):
                 raise ValueError(f"a {host_format.name} host tier of a {self._shape} table has shape "
                                  f"{host_format.stored_shape(self._shape)}, not {tuple(self._source.shape)}")
         if gpu_format is not None and gpu_format != host_format:
             raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
-        self._format, self._gpu_format = host_format, gpu_format
+        self._format, self._gpu_format, self._file = host_format, gpu_format, file_identity.watch(self._given)
         self._layout = layout
         self._host_pos: torch.Tensor | None = None  # host position of each old id, once asked for (see host_positions)
         self.row_bytes = math.prod(self._shape[1:]) * torch.empty(0, dtype=self._dtype).element_size()
-        self.max_sms = max_sms
+        self.max_sms = checks.sm_cap(max_sms)  # what Pipeline takes, but "auto"
         self._progress = progress
         self._pinned: PinnedHost | None = None
         self._gpu: torch.Tensor | None = None
@@ -193,10 +191,8 @@ class Table:
         or their places in the table's layout."""
         if self._layout is None:
             return ids
-        if self._host_pos is None:
-            pos = torch.empty(self.num_rows, dtype=torch.int64)
-            pos[self._layout] = torch.arange(self.num_rows)
-            self._host_pos = pos
+        if self._host_pos is None:  # the layout is a permutation, checked at build: every position is written
+            self._host_pos = checks.inverse(self._layout)
         return self._host_pos[ids]
 
     @property
@@ -321,7 +317,7 @@ class Table:
         return self._split
 
     def why_not_sendable(self) -> str | None:
-        """Why a copy of this table in another process could not gather (None: it can), as that process says it."""
+        """Why a copy of this table in another process could not gather (None: it can), in that process's words."""
         if self._owner is not None:
             return (f"this table is a view of {self._owner!r}, whose GPU memory belongs to the process that built "
                     "it; build the sharded table in each process that gathers (hmgstore.distributed.shard under "
@@ -369,6 +365,8 @@ class Table:
         """Raise if a gather cannot read this table now; build it first if it was unpickled."""
         if self._deferred is not None:
             self._build_deferred()
+        if self._file is not None:  # a memmap's file: one fstat, so a file cut short raises here, not SIGBUS
+            self._file.check()
         if self._owner is not None:
             self._owner.check()  # e.g. a sharded table whose peer process died raises here
         if self._host_address is not None and self._source.data_ptr() != self._host_address:
@@ -397,7 +395,7 @@ class Table:
             cpu_share.settle(self.device)
         if self._pinned is not None and self._owner is None:
             self._pinned.release()
-        self._pinned = self._gpu = self._map = self._owner = None
+        self._pinned = self._gpu = self._map = self._owner = self._file = None
         self._tiers = ()
         self._closed = True
 
@@ -419,9 +417,3 @@ class Table:
 
 
 _deferred_lock = threading.Lock()
-
-
-def _check_format(dtype: torch.dtype, fmt) -> None:
-    if dtype != torch.float32:
-        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
-                         "Convert it first (x.float()), or keep its rows as they are")

@@ -286,14 +286,14 @@ class HybridTensor(Table):
         try:
             self._ready()
             ids = normalize(index, self.num_rows, torch.device("cpu")).ids
-            rows = torch.as_tensor(value).to("cpu", self._dtype)
+            rows = torch.as_tensor(value).detach().to("cpu", self._dtype)  # a value requiring grad: its numbers
             try:
                 rows = rows.expand(len(ids), *self.row_shape)
             except RuntimeError:
                 raise ValueError(f"a value of shape {tuple(rows.shape)} does not broadcast to the {len(ids)} rows "
                                  f"written, {(len(ids), *self.row_shape)}") from None
             fmt = self._format
-            host_rows = (fmt.encode(rows.contiguous()) if fmt else rows).contiguous()
+            host_rows = (fmt.encode(rows.contiguous(), ids) if fmt else rows).contiguous()
             at = self.host_positions(ids)
             self._source.index_copy_(0, at, host_rows)
             if self._pinned is not None and self._pinned.tensor is not self._source:  # a small table's pinned copy

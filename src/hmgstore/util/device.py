@@ -3,19 +3,24 @@ from __future__ import annotations
 
 import torch
 
+from ..cuda.runtime import check_visible
+
 
 def resolve_device(device) -> torch.device:
     """The device a table lives on: ``None`` means the current GPU, or the CPU without one.
 
-    A bare ``"cuda"`` gets the current GPU's index. Raises ValueError for
-    device types other than cpu and cuda.
+    A bare ``"cuda"`` gets the current GPU's index. Every public entry
+    point that takes a ``device`` resolves it here first, so each says the
+    same thing. Raises ValueError for device types other than cpu and cuda,
+    and RuntimeError saying what to do for a CUDA device where torch sees no
+    GPU (or not that one).
     """
     if device is None:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
+    if device.type == "cuda":
+        check_visible(device)  # before torch's own "not compiled with CUDA" from deep inside a call
     if device.type == "cuda" and device.index is None:
-        if not torch.cuda.is_available():
-            return device  # check_device explains
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"hmgstore tables live on 'cpu' or 'cuda' devices, not {device}")

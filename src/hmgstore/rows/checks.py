@@ -1,0 +1,133 @@
+"""The checks public entry points share: counts and sizes, id lists, permutations, keywords.
+
+An entry point states its contract by calling these at its boundary, before
+any work, so every entry point that takes a batch size, an SM cap, a list
+of node ids or a row order refuses the same inputs with the same words.
+The range check of ids itself is :func:`hmgstore.rows.ids.check_range` (the
+one range check); scores and hot orders are :mod:`hmgstore.rows.hotness`;
+files are :mod:`hmgstore.rows.file_identity`.
+
+The errors follow one rule: TypeError for the wrong kind of value (a float,
+a bool or a string where an integer goes; float ids, which would be
+truncated), ValueError for the right kind with a wrong value (a count under
+its minimum, a permutation that repeats a row, ids of the wrong rank),
+IndexError for ids out of range. Ids read from a file are the file's fault,
+not the caller's: with ``source=`` (the file's name) every refusal is a
+ValueError naming it.
+"""
+from __future__ import annotations
+
+import difflib
+import operator
+
+import numpy as np
+import torch
+
+from .ids import as_tensor, check_range
+
+
+def count(value, name: str, *, at_least: int = 0) -> int:
+    """``value`` as a Python int after checking it is an integer (not a bool) and at least ``at_least``.
+
+    Accepts Python and numpy integers and 0-d integer tensors. Raises
+    TypeError for floats (``2.5``, also ``2.0``), strings, bools and None;
+    ValueError for a value under ``at_least``.
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} takes an integer, got the bool {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} takes an integer, got {value!r} ({type(value).__name__})") from None
+    if n < at_least:
+        raise ValueError(f"{name} must be at least {at_least}, got {n}")
+    return n
+
+
+def sm_cap(max_sms, *, allow_auto: bool = False) -> int | str | None:
+    """A cap on the SMs a gather holds: None (no cap), an integer >= 1, or ``"auto"`` where ``allow_auto``.
+
+    What :class:`hmgstore.HybridTensor` and :class:`hmgstore.Pipeline` take as
+    ``max_sms``. Raises ValueError for 0, negative numbers, floats, strings
+    and bools, with what is accepted.
+    """
+    if max_sms is None or (allow_auto and max_sms == "auto"):
+        return max_sms
+    accepted = "a number of SMs (at least 1), 'auto' or None" if allow_auto else "a number of SMs (at least 1) or None"
+    try:
+        return count(max_sms, "max_sms", at_least=1)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_sms is {accepted}; got {max_sms!r}") from None
+
+
+def id_list(ids, name: str, num_rows: int, *, source: str | None = None) -> torch.Tensor:
+    """``ids`` as 1-D int64 CPU ids after checking every one: integers, one dimension, each in ``[0, num_rows)``.
+
+    ``ids``: integer tensor, numpy array or list (repeats allowed). Raises
+    TypeError for floats (never truncated), bools and other non-integers,
+    ValueError for another rank, IndexError naming the first id out of
+    range; with ``source`` (the file the ids came from), ValueError naming
+    ``source`` in every case.
+    """
+    try:
+        if isinstance(ids, np.ndarray) and ids.dtype.kind not in "iu":
+            raise TypeError(f"{name} holds {ids.dtype} values; ids are integers (floats are never truncated)")
+        if isinstance(ids, torch.Tensor) and (ids.dtype.is_floating_point or ids.dtype.is_complex
+                                              or ids.dtype == torch.bool):
+            raise TypeError(f"{name} holds {ids.dtype} values; ids are integers (floats are never truncated)")
+        if isinstance(ids, (list, tuple)) and any(isinstance(v, (bool, float)) for v in ids):
+            raise TypeError(f"{name} holds non-integers ({[v for v in ids if isinstance(v, (bool, float))][0]!r}); "
+                            "ids are integers")
+        tensor, _ = as_tensor(ids, num_rows) if not isinstance(ids, (list, tuple)) or len(ids) else \
+            (torch.empty(0, dtype=torch.int64), (0,))
+        if tensor.dim() != 1:
+            raise ValueError(f"{name} must be 1-D ids, got shape {tuple(tensor.shape)}")
+        tensor = tensor.to("cpu", torch.int64)
+        try:
+            check_range(tensor, num_rows)
+        except IndexError as err:
+            raise IndexError(f"{name}: {err}") from None
+    except (TypeError, ValueError, IndexError) as err:
+        if source is None:
+            raise
+        raise ValueError(f"{source}: {err}; the file is damaged or belongs to another graph") from None
+    return tensor
+
+
+def permutation(order, num_rows: int, name: str = "layout") -> torch.Tensor:
+    """``order`` as int64 CPU ids after checking it is a permutation of ``range(num_rows)``: every row once.
+
+    Raises TypeError for non-integer values, ValueError for another length
+    or rank and naming a row listed twice (or one never listed), IndexError
+    for ids out of range. Functions that invert an order (``position[order]
+    = arange``) call this first: otherwise the positions of rows the order
+    never lists would be whatever the memory held.
+    """
+    order = id_list(order, name, num_rows)
+    if len(order) != num_rows:
+        raise ValueError(f"{name} lists every row once: {num_rows} ids, got {len(order)}")
+    seen = torch.bincount(order, minlength=num_rows)
+    if bool((seen != 1).any()):
+        row = int((seen != 1).nonzero()[0, 0])
+        raise ValueError(f"{name} lists every row once; row {row} is listed {int(seen[row])} times")
+    return order
+
+
+def inverse(order: torch.Tensor) -> torch.Tensor:
+    """The position of each row in ``order``, a permutation already checked by :func:`permutation`."""
+    position = torch.empty_like(order)  # every entry written: order lists each row once
+    position[order] = torch.arange(len(order), dtype=order.dtype)
+    return position
+
+
+def keywords(function: str, given: dict, accepted, named=()) -> None:
+    """Refuse keywords of ``given`` (a function's ``**options``) that are not ``accepted``, naming
+    ``function`` (the one the user called, not the one the options travel to) and the closest spelling among
+    ``accepted`` and ``named`` (the function's own named parameters). Raises TypeError."""
+    unknown = [k for k in given if k not in accepted]
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(name, [*accepted, *named], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(sorted(accepted))}"
+    raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")

@@ -1,0 +1,213 @@
+"""Contracts of what reads files: generated files, cut files and arguments that disagree with them.
+
+Each property holds for every generated case: :func:`hmgstore.load` returns
+exactly the rows written, or raises the documented error (ValueError naming
+the file, TypeError for what is not a path or a keyword it takes), never
+another file's rows, a header read as rows or a crash. File identity: a
+table over a memmap refuses a replaced, rewritten or truncated file
+(:mod:`hmgstore.rows.file_identity`). The number of cases is the hypothesis
+profile's (tests/conftest.py: ``HYPOTHESIS_PROFILE=long`` for a deeper run).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import timeit
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hmgstore
+from hmgstore.rows import file_identity
+from hmgstore.rows.file_identity import FileChangedError, FileIdentity
+
+DTYPES = [np.float32, np.float64, np.int64, np.int32, np.int16, np.uint8, np.float16, np.bool_]
+
+
+@st.composite
+def tables(draw, max_rows: int = 12):
+    """A small table of any dtype hmgstore holds and rank 1-3."""
+    dtype = draw(st.sampled_from(DTYPES))
+    shape = (draw(st.integers(0, max_rows)), *draw(st.lists(st.integers(1, 4), min_size=0, max_size=2)))
+    values = np.random.default_rng(draw(st.integers(0, 2**16))).integers(0, 100, size=shape)
+    return values.astype(dtype)
+
+
+def same(table: hmgstore.HybridTensor, expected: np.ndarray) -> bool:
+    got = table[:].numpy()
+    return got.shape == expected.shape and got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("contracts")
+
+
+# ---- class 1: arguments that disagree with a self-describing file ---------------------------------------
+@given(tables(), st.data())
+def test_npy_arguments_are_checked_against_the_header_never_obeyed(folder, array, data):
+    path = folder / "t.npy"
+    np.save(path, array)
+    wrong_dtype = data.draw(st.sampled_from([d for d in DTYPES if np.dtype(d) != array.dtype]))
+    other_shape = data.draw(st.lists(st.integers(-1, 20), min_size=1, max_size=3).map(tuple))
+    for kwargs in ({"dtype": wrong_dtype}, {"dtype": wrong_dtype, "shape": array.shape}, {"offset": 128},
+                   {"offset": data.draw(st.integers(1, 10**6))}, {"key": "x"}):
+        with pytest.raises(ValueError, match=r"t\.npy"):
+            hmgstore.load(path, "cpu", progress=False, **kwargs)
+    agrees = len(other_shape) == array.ndim and all(
+        g == f or (k == 0 and g == -1) for k, (g, f) in enumerate(zip(other_shape, array.shape)))
+    if agrees:  # arguments that say what the header says are accepted: exactly the rows
+        assert same(hmgstore.load(path, "cpu", shape=other_shape, progress=False), array)
+    else:
+        with pytest.raises(ValueError, match=r"t\.npy.*header says shape"):
+            hmgstore.load(path, "cpu", shape=other_shape, progress=False)
+    agreeing = {"dtype": array.dtype, "shape": (-1, *array.shape[1:])}
+    assert same(hmgstore.load(path, "cpu", progress=False, **agreeing), array)
+    assert same(hmgstore.load(path, "cpu", progress=False), array)
+
+
+def test_the_listed_cases_of_disagreeing_arguments(folder):
+    x = np.arange(2000 * 16, dtype=np.float32).reshape(2000, 16)
+    np.save(folder / "x.npy", x)
+    with pytest.raises(ValueError, match=r"x\.npy.*\(2000, 16\).*shape=\(-1, 8\)"):
+        hmgstore.load(folder / "x.npy", "cpu", shape=(-1, 8), progress=False)
+    with pytest.raises(ValueError, match=r"x\.npy.*float32.*dtype=float64"):
+        hmgstore.load(folder / "x.npy", "cpu", dtype=np.float64, progress=False)
+    with pytest.raises(TypeError, match=r"np\.memmap.*HybridTensor\(x, device\)"):
+        hmgstore.load(np.load(folder / "x.npy", mmap_mode="r"), "cpu")
+    with pytest.raises(TypeError, match=r"path.*got int"):
+        hmgstore.load(3, "cpu")
+    with pytest.raises(TypeError, match=r"hmgstore\.load\(\).*'gpu_bugdet'.*did you mean 'gpu_budget'"):
+        hmgstore.load(folder / "x.npy", "cpu", gpu_bugdet=100)
+    torch.save(torch.from_numpy(x), folder / "x.pt")
+    with pytest.raises(ValueError, match=r"x\.pt.*offset"):
+        hmgstore.load(folder / "x.pt", "cpu", offset=8, progress=False)
+
+
+@given(st.integers(1, 40), st.data())
+def test_load_with_a_layout_keeps_the_callers_ids(folder, rows, data):
+    x = np.random.default_rng(rows).standard_normal((rows, 3)).astype(np.float32)
+    np.save(folder / "l.npy", x)
+    perm = torch.tensor(data.draw(st.permutations(range(rows))))
+    table = hmgstore.load(folder / "l.npy", "cpu", layout=perm, progress=False)
+    ids = torch.tensor(data.draw(st.lists(st.integers(0, rows - 1), max_size=20)), dtype=torch.int64)
+    assert torch.equal(table[ids], torch.from_numpy(x)[ids])  # the file's row i for id i, whatever the layout
+    assert torch.equal(table.layout, perm)
+    bad = perm.clone()
+    bad[0] = bad[-1] if rows > 1 else rows  # a repeated row, or one out of range
+    with pytest.raises((ValueError, IndexError), match="layout"):
+        hmgstore.load(folder / "l.npy", "cpu", layout=bad, progress=False)
+
+
+# ---- files cut at every length, headers that lie ---------------------------------------------------------
+@given(tables(max_rows=6), st.data())
+def test_npy_cut_anywhere_is_refused_by_name(folder, array, data):
+    np.save(folder / "whole.npy", array)
+    content = (folder / "whole.npy").read_bytes()
+    length = data.draw(st.integers(0, len(content)))
+    (folder / "cut.npy").write_bytes(content[:length])
+    if length == len(content):
+        assert same(hmgstore.load(folder / "cut.npy", "cpu", progress=False), array)
+    else:
+        with pytest.raises(ValueError, match=r"cut\.npy"):
+            hmgstore.load(folder / "cut.npy", "cpu", progress=False)
+
+
+@given(tables(max_rows=6), st.integers(0, 64), st.data())
+def test_raw_files_read_whole_rows_after_offset_or_refuse(folder, array, offset, data):
+    path = folder / "r.bin"
+    path.write_bytes(b"\x07" * offset + array.tobytes())
+    if array.ndim < 2:
+        array = array.reshape(-1, 1)
+    extra = data.draw(st.integers(0, 3))  # bytes appended: rows no longer whole unless the row is 1 byte
+    with open(path, "ab") as f:
+        f.write(b"\x01" * extra)
+    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:]))
+    shape = (-1, *array.shape[1:])
+    if extra % row_bytes:
+        with pytest.raises(ValueError, match=r"r\.bin.*left over"):
+            hmgstore.load(path, "cpu", dtype=array.dtype, shape=shape, offset=offset, progress=False)
+    else:
+        got = hmgstore.load(path, "cpu", dtype=array.dtype, shape=shape, offset=offset, progress=False)[:].numpy()
+        assert got[:len(array)].tobytes() == array.tobytes() and len(got) == len(array) + extra // row_bytes
+
+
+# ---- class 2: file identity over time ---------------------------------------------------------------------
+def memmap_table(path: Path, rows: int = 1000, mode: str = "r"):
+    np.save(path, np.arange(rows * 8, dtype=np.float32).reshape(rows, 8))
+    return hmgstore.HybridTensor(np.load(path, mmap_mode=mode), "cpu")
+
+
+def test_a_reopened_table_refuses_a_replaced_or_rewritten_file(folder):
+    path = folder / "m.npy"
+    table = memmap_table(path)
+    sent = pickle.dumps(table)
+    assert torch.equal(pickle.loads(sent)[[3]], table[[3]])  # the same file: reopened
+    np.save(folder / "other.npy", np.zeros((1000, 8), dtype=np.float32))
+    os.replace(folder / "other.npy", path)  # another file renamed into its place, same size
+    with pytest.raises(FileChangedError, match=r"m\.npy changed.*another inode"):
+        pickle.loads(sent)
+    table = memmap_table(path)
+    sent = pickle.dumps(table)
+    with open(path, "r+b") as f:  # rewritten in place: same inode and size, other rows
+        f.seek(200)
+        f.write(b"\xff" * 16)
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(FileChangedError, match=r"m\.npy changed.*(mtime|checksum)"):
+        pickle.loads(sent)
+
+
+def test_a_writable_memmap_table_is_sent_with_its_own_writes(folder):
+    table = memmap_table(folder / "w.npy", mode="r+")
+    table[[5]] = torch.full((1, 8), 7.0)
+    other = pickle.loads(pickle.dumps(table))  # its own writes are not a change
+    assert torch.equal(other[[5]], torch.full((1, 8), 7.0))
+
+
+def test_a_copy_on_write_memmap_travels_as_its_rows(folder):
+    path = folder / "c.npy"
+    np.save(path, np.ones((50, 4), dtype=np.float32))
+    array = np.load(path, mmap_mode="c")
+    array[2] = -5.0  # in this process's pages only
+    table = hmgstore.HybridTensor(array, "cpu")
+    assert torch.equal(pickle.loads(pickle.dumps(table))[[2]], torch.full((1, 4), -5.0))
+
+
+def test_a_file_cut_short_under_a_live_table_is_refused_at_the_next_gather(folder):
+    path = folder / "t.npy"
+    table = memmap_table(path, rows=4000)
+    assert table[[3999]].shape == (1, 8)
+    os.truncate(path, 4096)
+    with pytest.raises(RuntimeError, match=r"t\.npy was cut short under a live table.*copy=True"):
+        table[[3999]]
+    with pytest.raises(RuntimeError, match="cut short"):
+        table.gather(torch.tensor([0]))
+    copied = hmgstore.HybridTensor(np.load(folder / "m.npy", mmap_mode="r"), "cpu", copy=True)
+    assert file_identity.watch(copied.source) is None  # a copy has no file to watch
+
+
+def test_one_fstat_per_gather_costs_little_next_to_a_gather(folder):
+    """The measured reason for checking every gather: the fstat is a small share of the smallest gather."""
+    table = memmap_table(folder / "f.npy", rows=1000)
+    live = file_identity.watch(np.load(folder / "f.npy", mmap_mode="r"))
+    ids = torch.arange(0, 1000, 7)
+    fstat = min(timeit.repeat(live.check, number=2000, repeat=3)) / 2000
+    gather = min(timeit.repeat(lambda: table[ids], number=200, repeat=3)) / 200
+    assert fstat < gather, (fstat, gather)
+
+
+def test_identities_name_what_changed(folder):
+    path = folder / "i.bin"
+    path.write_bytes(b"a" * 10000)
+    before = FileIdentity.of(path)
+    before.check()
+    path.write_bytes(b"a" * 9999)
+    with pytest.raises(FileChangedError, match=r"i\.bin.*size went from 10000 to 9999"):
+        before.check()
+    os.remove(path)
+    with pytest.raises(FileChangedError, match=r"i\.bin.*gone"):
+        before.check()

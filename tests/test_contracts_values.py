@@ -1,0 +1,242 @@
+"""Contracts of what takes ids, orders, sizes and values: the shared checkers and the entry points that use them.
+
+Generated inputs (hypothesis) of every kind: integers and what only looks
+like one (floats, bools, strings), ids of the wrong dtype or rank, orders
+that are not permutations, degenerate graphs (no edges, one node) and sizes
+(0 seeds, fanouts of 2**31), rows of extreme values under every stored
+format. Each property is the exact result or the documented error, never a
+crash, a hang or uninitialised memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hmgstore
+from hmgstore.graph import NeighborSampler, Topology, locality, presample, to_csc
+from hmgstore.rows import checks, formats
+
+FLT_MAX = float(torch.finfo(torch.float32).max)
+
+#: What only looks like an integer, and what is no integer at all.
+NOT_INTEGERS = st.one_of(st.floats(allow_nan=True), st.booleans(), st.text(max_size=3), st.none(),
+                         st.just(np.float32(2.0)), st.just(torch.tensor(2.5)), st.just(torch.tensor(True)))
+
+
+# ---- the checkers ---------------------------------------------------------------------------------------
+@given(st.one_of(st.integers(-2**40, 2**40), st.integers(-5, 5).map(np.int64), st.integers(-5, 5).map(torch.tensor)),
+       st.integers(0, 3))
+def test_count_takes_integers_at_least_its_minimum(value, at_least):
+    if int(value) < at_least:
+        with pytest.raises(ValueError, match=f"n must be at least {at_least}"):
+            checks.count(value, "n", at_least=at_least)
+    else:
+        assert checks.count(value, "n", at_least=at_least) == int(value)
+
+
+@given(NOT_INTEGERS)
+def test_count_refuses_what_is_not_an_integer(value):
+    with pytest.raises(TypeError, match="n takes an integer"):
+        checks.count(value, "n")
+
+
+@given(st.one_of(st.integers(-3, 200), NOT_INTEGERS, st.just("auto")))
+def test_a_table_and_a_pipeline_take_the_same_max_sms(value):
+    ok_table = value is None or (type(value) is int and value >= 1)
+    x = torch.zeros(4, 2)
+    if ok_table:
+        assert hmgstore.HybridTensor(x, "cpu", max_sms=value).max_sms == value
+        assert hmgstore.Pipeline([], device="cpu", max_sms=value).max_sms == value
+        return
+    with pytest.raises(ValueError, match="max_sms is a number of SMs"):
+        hmgstore.HybridTensor(x, "cpu", max_sms=value)
+    if value != "auto":
+        with pytest.raises(ValueError, match="max_sms is a number of SMs"):
+            hmgstore.Pipeline([], device="cpu", max_sms=value)
+
+
+@given(st.integers(0, 30), st.data())
+def test_permutations_are_accepted_exactly(n, data):
+    order = data.draw(st.lists(st.integers(-2, n + 1), min_size=0, max_size=n + 2))
+    is_perm = sorted(order) == list(range(n))
+    if is_perm:
+        checked = checks.permutation(order, n)
+        assert checked.tolist() == order
+        assert torch.equal(checks.inverse(checked)[checked], torch.arange(n))
+    else:
+        with pytest.raises((ValueError, IndexError), match="layout"):
+            checks.permutation(order, n)
+
+
+@given(st.sampled_from([torch.float32, torch.float64, torch.bool, torch.complex64]), st.integers(0, 5))
+def test_id_lists_refuse_non_integers_and_name_a_file(dtype, n):
+    ids = torch.zeros(n, dtype=dtype)
+    with pytest.raises(TypeError, match="ids are integers"):
+        checks.id_list(ids, "seeds", 10)
+    with pytest.raises(ValueError, match="split.npy.*ids are integers"):
+        checks.id_list(ids, "seeds", 10, source="split.npy")
+    with pytest.raises(ValueError, match="1-D"):
+        checks.id_list(torch.zeros(2, 2, dtype=torch.int64), "seeds", 10)
+    with pytest.raises(IndexError, match="seeds: index 10 at position 1"):
+        checks.id_list([0, 10], "seeds", 10)
+
+
+def test_a_misspelt_keyword_names_the_function_called():
+    with pytest.raises(TypeError, match=r"f\(\) got an unexpected keyword argument 'gpu_bugdet'; did you mean "
+                                        r"'gpu_budget'"):
+        checks.keywords("f", {"gpu_bugdet": 1}, ("copy",), named=("gpu_budget",))
+    with pytest.raises(TypeError, match="it takes copy, split"):
+        checks.keywords("f", {"zzz": 1}, ("split", "copy"))
+    checks.keywords("f", {"copy": True}, ("copy",))
+
+
+# ---- class 3: scores checked on every device ------------------------------------------------------------
+@given(st.integers(1, 20), st.integers(0, 25), st.booleans())
+def test_hotness_is_checked_on_the_cpu_with_or_without_a_budget(rows, length, nan):
+    score = torch.rand(length)
+    if nan and length:
+        score[length // 2] = float("nan")
+    ok = length == rows and not (nan and length)
+    for budget in ("auto", 64):
+        if ok:
+            hmgstore.HybridTensor(torch.zeros(rows, 2), "cpu", gpu_budget=budget, hotness=score)
+        else:
+            with pytest.raises(ValueError, match="hotness"):
+                hmgstore.HybridTensor(torch.zeros(rows, 2), "cpu", gpu_budget=budget, hotness=score)
+
+
+# ---- class 4: permutations where one is required --------------------------------------------------------
+@given(st.integers(1, 40), st.integers(1, 8), st.data())
+def test_locality_helpers_read_only_positions_a_layout_gives(n, part_rows, data):
+    layout = data.draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))
+    if sorted(layout) == list(range(n)):
+        part = locality.parts_of(torch.tensor(layout), part_rows)
+        assert torch.equal(part[torch.tensor(layout)], torch.arange(n) // part_rows)  # exact, every call
+        ids = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), max_size=10)), dtype=torch.int64)
+        pages = locality.pages_touched(ids, 1 << 20, torch.tensor(layout))
+        position = {row: k for k, row in enumerate(layout)}
+        assert pages == len({position[int(i)] // 2 for i in ids})
+    else:
+        with pytest.raises(ValueError, match="layout lists every row once"):
+            locality.parts_of(torch.tensor(layout), part_rows)
+        with pytest.raises(ValueError, match="layout lists every row once"):
+            locality.pages_touched(torch.tensor([0]), 128, torch.tensor(layout))
+    with pytest.raises(ValueError, match="layout lists every row once: 3 ids, got 2"):
+        checks.permutation(torch.empty(2, dtype=torch.int64).fill_(0), 3)
+
+
+# ---- class 5: degenerate sizes --------------------------------------------------------------------------
+@st.composite
+def small_graphs(draw):
+    n = draw(st.integers(1, 12))
+    edges = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40))
+    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t()
+    return n, edge_index
+
+
+@given(small_graphs(), st.sampled_from([0, 1, 3, 2**31, 2**40]), st.data())
+def test_a_node_gets_min_k_degree_neighbours(graph, k, data):
+    n, edge_index = graph
+    csc = to_csc(edge_index, "coo", size=(n, n))
+    sampler = NeighborSampler({None: Topology(csc, "cpu")}, {None: n}, [k],
+                              generator=torch.Generator().manual_seed(0))
+    seeds = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True)), dtype=torch.int64)
+    out = sampler.sample({None: seeds})
+    degree = csc.colptr.diff()
+    counts = torch.bincount(out.col[None], minlength=len(seeds))[:len(seeds)] if len(seeds) else torch.zeros(0)
+    assert torch.equal(counts.to(torch.int64), torch.minimum(degree[seeds], torch.tensor(k)))
+
+
+@given(small_graphs(), st.integers(0, 3), st.integers(1, 5))
+def test_presampling_no_seeds_makes_no_batches(graph, epochs, batch_size):
+    n, edge_index = graph
+    sampler = NeighborSampler({None: Topology(to_csc(edge_index, "coo", size=(n, n)), "cpu")}, {None: n}, [2])
+    hot = presample(sampler, torch.empty(0, dtype=torch.int64), epochs=epochs, batch_size=batch_size, progress=False)
+    assert hot.batches == 0 and int(hot.features[None].sum()) == 0
+    hot = presample(sampler, torch.arange(n), epochs=epochs, batch_size=batch_size, progress=False)
+    assert hot.batches == epochs * -(-n // batch_size)
+    for bad in (0, -1, 2.5):
+        with pytest.raises((ValueError, TypeError), match="batch_size"):
+            presample(sampler, torch.arange(n), batch_size=bad, progress=False)
+    with pytest.raises(TypeError, match="seeds.*integers"):
+        presample(sampler, torch.tensor([0.5]), progress=False)
+
+
+@given(st.integers(0, 3))
+def test_batch_sizes_under_one_are_refused_by_name(batch_size):
+    nodes = torch.arange(10)
+    if batch_size < 1:
+        with pytest.raises(ValueError, match="batch_size must be at least 1"):
+            locality.LocalityBatchSampler(nodes, torch.zeros(10, dtype=torch.int64), batch_size)
+    else:
+        batches = list(locality.LocalityBatchSampler(nodes, torch.zeros(10, dtype=torch.int64), batch_size))
+        assert sorted(i for b in batches for i in b) == list(range(10))
+    with pytest.raises(TypeError, match="batch_size takes an integer"):
+        locality.LocalityBatchSampler(nodes, torch.zeros(10, dtype=torch.int64), 2.0)
+
+
+def test_a_pipeline_over_a_generator_says_so_at_its_second_epoch():
+    pipeline = hmgstore.Pipeline((b for b in range(3)), device="cpu")
+    assert list(pipeline) == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="one-shot iterator.*second epoch"):
+        list(pipeline)
+    again = hmgstore.Pipeline([0, 1], device="cpu")
+    assert list(again) == list(again) == [0, 1]
+
+
+# ---- class 6: compressed rows at the extremes -----------------------------------------------------------
+EXTREMES = st.sampled_from([FLT_MAX, -FLT_MAX, FLT_MAX / 2, 1.0, 0.0, -0.0, 1e-38, -1e-45, 3e38, 1e-30, 448.0])
+
+
+@given(st.sampled_from(["int8", "float8", "bfloat16", "float16"]),
+       st.lists(st.lists(EXTREMES, min_size=3, max_size=3), min_size=1, max_size=6))
+def test_every_format_decodes_extremes_to_finite_normal_floats(name, rows):
+    fmt = formats.get(name)
+    x = torch.tensor(rows, dtype=torch.float32)
+    decoded = fmt.decode(fmt.encode(x), (3,))
+    if fmt.scaled:
+        assert bool(torch.isfinite(decoded).all())
+        nonzero = decoded[decoded != 0].abs()
+        assert bool((nonzero >= torch.finfo(torch.float32).tiny).all())  # normal floats or zero
+        largest = x.abs().amax(dim=1, keepdim=True)
+        assert bool(((decoded - x).abs() <= largest / fmt.qmax + 1e-30).all())  # within a step of the row's scale
+    else:
+        assert torch.equal(decoded, x.to(fmt.element).float())
+
+
+@given(st.sampled_from(["int8", "float8"]), st.integers(2, 12), st.data())
+def test_a_non_finite_row_is_named_by_the_callers_id(name, n, data):
+    bad = data.draw(st.integers(0, n - 1))
+    x = torch.rand(n, 4)
+    x[bad, 1] = data.draw(st.sampled_from([float("nan"), float("inf"), -float("inf")]))
+    perm = torch.tensor(data.draw(st.permutations(range(n))))
+    with pytest.raises(ValueError, match=f"row {bad} holds NaN or infinity"):
+        hmgstore.HybridTensor(x, "cpu", compress=name, layout=perm)
+    table = hmgstore.HybridTensor(torch.rand(n, 4), "cpu", compress=name)
+    ids = torch.tensor(data.draw(st.permutations(range(n))))[:2]
+    value = torch.rand(2, 4)
+    value[1, 0] = float("nan")
+    with pytest.raises(ValueError, match=f"row {int(ids[1])} holds NaN"):
+        table[ids] = value
+
+
+# ---- class 7: types and lifecycle -----------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support")
+def test_a_sparse_source_gets_the_right_advice():
+    for sparse in (torch.eye(4).to_sparse(), torch.eye(4).to_sparse_csr()):
+        with pytest.raises(TypeError, match=r"sparse.*source\.to_dense\(\)"):
+            hmgstore.HybridTensor(sparse, "cpu")
+
+
+@given(st.sampled_from([None, "int8", "bfloat16"]))
+def test_writing_a_value_that_requires_grad_leaves_the_table_usable(compress):
+    table = hmgstore.HybridTensor(torch.zeros(6, 3), "cpu", compress=compress)
+    value = torch.ones(2, 3, requires_grad=True)
+    table[[1, 4]] = value * 2
+    for _ in range(2):  # every later gather works, and carries no gradient
+        rows = table[[1, 4, 0]]
+        assert not rows.requires_grad
+        assert torch.equal(rows, torch.tensor([[2.0] * 3, [2.0] * 3, [0.0] * 3]))
