@@ -12,7 +12,6 @@ standing for each GPU.
 """
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 INDEX = RESULTS / "README.md"
 #: A path the documents cite: under benchmarks/ or examples/, or a result file's bare name (it names its device).
-CITED = re.compile(r"`((?:benchmarks|examples)/[^`\s]+|[\w.{},*-]+-(?:h100|h200|cpu)[\w.{},*-]*\.(?:json|jsonl|md|log|png|txt))`")
+CITED = re.compile(r"`((?:benchmarks|examples)/[^`\s]+"
+                   r"|[\w.{},*-]+-(?:h100|h200|cpu)[\w.{},*-]*\.(?:json|jsonl|md|log|png|txt))`")
 
 
 def expand(pattern: str) -> list[str]:

@@ -9,7 +9,6 @@ if __package__ in (None, ""):  # run as a folder: import the package `research` 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hmgstore.bench.__main__ import Suite, main  # noqa: E402
-
 from research import PROG, hotness, reach, remote  # noqa: E402
 
 # argparse %-formats these help texts: a percent sign is written %%

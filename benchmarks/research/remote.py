@@ -153,8 +153,9 @@ def _rank(args) -> dict:
         if cluster.num_machines < 2:
             raise SystemExit("the remote benchmark needs at least 2 machines (torchrun --nnodes 2, or "
                              "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
-        report = {**header("remote", device, quick=getattr(args, "quick", False), prog=PROG), "machines": cluster.num_machines,
-                  "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch_size, "sizes": []}
+        report = {**header("remote", device, quick=getattr(args, "quick", False), prog=PROG),
+                  "machines": cluster.num_machines, "ranks_per_machine": len(cluster.machines[0]),
+                  "batch": args.batch_size, "sizes": []}
         for row_bytes in args.row_bytes if "rows" in args.what else []:
             report["sizes"].append(_one_size(args, row_bytes, device, cluster, hmgstore, hd))
         if "train" in args.what:

@@ -1,4 +1,4 @@
-"""``benchmarks/research remote``'s training half: GraphSAGE batches/s on several machines against one holding everything.
+"""The remote benchmark's training half: GraphSAGE batches/s on several machines against one holding everything.
 
 Every rank builds the same synthetic graph (``--graph``, ``--feat-dim``,
 seeded), then, in the same run:
@@ -116,7 +116,6 @@ def _machines(args, g, device, cluster) -> float:
     from torch.nn.parallel import DistributedDataParallel
 
     import hmgstore.distributed as hd
-
     from hmgstore.plugins.pyg import ClusterFeatureStore, ClusterNeighborSampler, cluster_loader
 
     rank, world = dist.get_rank(), dist.get_world_size()
