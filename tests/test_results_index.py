@@ -88,3 +88,15 @@ def test_the_check_sees_a_missing_citation():
     text = "see `benchmarks/results/gone-h100.json` and `gone-h200.md`, and `benchmarks/NOTES.md`"
     assert CITED.findall(text) == ["benchmarks/results/gone-h100.json", "gone-h200.md", "benchmarks/NOTES.md"]
     assert not matches(ROOT, "benchmarks/results/gone-h100.json") and not matches(RESULTS, "gone-h200.md")
+
+
+def test_the_performance_page_is_short_and_every_section_names_its_command_and_file():
+    page = (ROOT / "docs" / "performance.md").read_text()
+    assert len(page.splitlines()) <= 150
+    sections = page.split("\n## ")[1:]
+    assert len(sections) >= 4 and sections[0].startswith("What to set")
+    for section in sections[1:]:
+        title = section.splitlines()[0]
+        assert re.search(r"`(?:python|torchrun) [^`]+`", section), f"{title}: no command"
+        files = [f for f in CITED.findall(section) if not f.startswith(("benchmarks/", "examples/"))]
+        assert files and all(matches(RESULTS, f) for f in files), f"{title}: no result file, or a missing one"
