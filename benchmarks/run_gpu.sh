@@ -48,7 +48,7 @@ for stage in "$@"; do
     train) timeout 300 python3 -m hmgstore.bench train --out "$OUT/train" 2>"$OUT/train.log"; rc=$?; tail -4 "$OUT/train.log"
            timeout 150 python3 -m hmgstore.bench train --configs cache+pipe host+pipe --max-sms 32 --out "$OUT/train-sm32" \
              2>"$OUT/train-sm32.log"; tail -4 "$OUT/train-sm32.log" ;;
-    hotness) timeout 420 python3 -m hmgstore.bench hotness --out "$OUT/hotness" 2>"$OUT/hotness.log"; rc=$?
+    hotness) timeout 420 python3 benchmarks/research hotness --out "$OUT/hotness" 2>"$OUT/hotness.log"; rc=$?
              tail -12 "$OUT/hotness.log" ;;
     gather-host) timeout 560 python3 -m hmgstore.bench gather --row-bytes 128 256 512 1024 4096 --reps 10 --slow-reps 3 \
                    --out "$OUT/gather" 2>"$OUT/gather.log"; rc=$?; tail -2 "$OUT/gather.log" ;;
@@ -86,9 +86,9 @@ for stage in "$@"; do
            torchrun --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" examples/multi_gpu_pyg.py --num-nodes 2000000 \
              --feat-dim 512 --gpu-budget 512MB --replicate 128MB --epochs 1 --max-batches 30 --no-progress \
              --json "$OUT/pyg/multi_gpu_pyg.json" >"$OUT/multi-pyg.log" 2>&1; rc=$?; tail -30 "$OUT/multi-pyg.log" ;;
-    reach) timeout 560 python3 -m hmgstore.bench reach --no-progress --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?
+    reach) timeout 560 python3 benchmarks/research reach --no-progress --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?
            tail -40 "$OUT/reach.log" ;;
-    reach-quick) timeout 200 python3 -m hmgstore.bench reach --table-gb 4 --pages 16 256 1024 2048 --no-progress \
+    reach-quick) timeout 200 python3 benchmarks/research reach --table-gb 4 --pages 16 256 1024 2048 --no-progress \
                    --out "$OUT/reach" 2>"$OUT/reach.log"; rc=$?; tail -30 "$OUT/reach.log" ;;
     compress) timeout 560 python3 benchmarks/probes/probe_compress.py >"$OUT/probe_compress.json" 2>"$OUT/probe_compress.log"
               rc=$?; cat "$OUT/probe_compress.log" ;;
@@ -150,7 +150,7 @@ for stage in "$@"; do
                 else echo "MPS daemon did not start"; rc=1; fi
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
                 find "$OUT" -name 'train.png' -delete; find "$OUT" -name 'train.md' -delete; rm -f "$OUT/last.log" ;;
-    remote-train) timeout 300 python3 -m hmgstore.bench remote --what train --device cpu --no-progress \
+    remote-train) timeout 300 python3 benchmarks/research remote --what train --device cpu --no-progress \
                     --out "$OUT/remote-train" 2>"$OUT/remote-train.log"; rc=$?; tail -8 "$OUT/remote-train.log"
                   rm -f "$OUT/remote-train/remote.png" ;;
     train-graphs) rc=0  # the sampler's CUDA-graph replays in the pipeline thread against eager launches
@@ -222,7 +222,7 @@ for stage in "$@"; do
                  --compress ${COMPRESS:-int8} --batches ${BATCHES:-30} --max-sms ${CAPS:-auto none} ${EXTRA:-} ${PROFILE+--profile} \
                  --no-progress --out "$OUT/$tag" 2>"$OUT/$tag.log"; rc=$?
                grep -E "^\||target|step:" "$OUT/$tag.log" | tail -12 ;;
-    # Issue 29: the producer process under a user-level MPS daemon, beside the strong step (the loader's Python off
+    # The producer process under a user-level MPS daemon, beside the strong step (the loader's Python off
     # the training thread's GIL, the two processes' kernels side by side instead of taking turns), GRAPH: 2m or papers
     strong-mps) tag=strong-mps-${GRAPH:-2m}; g=""; [ "${GRAPH:-2m}" = papers ] && g="--graph papers:111M:1.6B"
                 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
@@ -237,15 +237,15 @@ for stage in "$@"; do
                   echo quit | nvidia-cuda-mps-control
                 else echo "MPS daemon did not start"; rc=1; fi
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
-    # Issue 31's soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
+    # The soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
     soak) timeout 590 python3 benchmarks/soak.py ${SOAK_ARGS:-} --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
           grep -E "^\||^#|Exact" "$OUT/soak.log" | tail -40 ;;
-    # Issue 29: the strong step's slowdown beside a capped zero-copy gather of 200k rows, by the host pages they lie
+    # The strong step's slowdown beside a capped zero-copy gather of 200k rows, by the host pages they lie
     # in (128-5000), against the same gather from GPU memory (benchmarks/probes/probe_step_pages.py)
     step-pages) timeout 300 python3 benchmarks/probes/probe_step_pages.py ${EXTRA:-} >"$OUT/probe_step_pages.json" \
                   2>"$OUT/probe_step_pages.log"; rc=$?; tail -25 "$OUT/probe_step_pages.log" ;;
-    # Issue 29: a batch's missed rows read by the CPU into pinned staging and copied by the copy engine, against
+    # A batch's missed rows read by the CPU into pinned staging and copied by the copy engine, against
     # the zero-copy kernel, alone and beside a GPU-bound step (benchmarks/probes/probe_dma_misses.py)
     dma-misses) timeout 400 python3 benchmarks/probes/probe_dma_misses.py ${EXTRA:-} >"$OUT/probe_dma_misses.json" \
                   2>"$OUT/probe_dma_misses.log"; rc=$?; tail -30 "$OUT/probe_dma_misses.log" ;;

@@ -2,7 +2,7 @@
 
 The command line: every help text, the shared flags of :mod:`hmgstore.cli.flags`
 on every benchmark, ``--quick`` and the CPU sizes filling only the options
-not given, and the commands recorded in ``benchmarks/`` still parsing.
+not given (the commands recorded in ``benchmarks/`` are parsed in test_research.py).
 Without a GPU each benchmark says so once and shows CPU figures, not
 columns of ``-``. ``peer``: arguments, GPU selection, sizing, id choice, a
 CPU dry run, the report. Its CUDA parts (start gate, concurrent timing, peer
@@ -12,7 +12,6 @@ standing for each GPU.
 """
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +21,9 @@ import torch
 
 import hmgstore
 from hmgstore import HybridTensor
-from hmgstore.bench import hotness, peer, peer_report, peer_work, reach, sample
+from hmgstore.bench import peer, peer_report, peer_work, sample
 from hmgstore.bench.__main__ import BENCHMARKS, build_parser, main, parse_args
-from hmgstore.bench.gather import _fill
+from hmgstore.bench.gather import distinct_ids, hashed_buffer
 from hmgstore.bench.report import write_report
 from hmgstore.cli import flags
 from hmgstore.graph import parse_fanout
@@ -67,7 +66,12 @@ def test_help_of_the_command_and_of_every_benchmark(capsys):
         assert "usage: python -m hmgstore.bench" in capsys.readouterr().out
     res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "--help"], capture_output=True, text=True,
                          timeout=120)
-    assert res.returncode == 0 and "1-20% of the nodes" in res.stdout, res.stderr[-2000:]
+    assert res.returncode == 0 and all(name in res.stdout for name in BENCHMARKS), res.stderr[-2000:]
+
+
+def test_the_command_holds_the_user_facing_set():
+    """Research benchmarks (hotness, reach, remote) run from benchmarks/research, outside the wheel."""
+    assert set(BENCHMARKS) == {"gather", "sample", "train", "peer", "scale"}
 
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
@@ -76,9 +80,8 @@ def test_every_benchmark_speaks_the_shared_flags(name):
     assert args.batch_size == 77 and not args.no_progress
     assert parse_args([name, "--batch", "78", "--no-progress"]).batch_size == 78  # commands written before
     assert parse_args([name, "--no-progress"]).no_progress
-    if name != "reach":  # reach draws its pages with the library's own fixed seed (hmgstore.table.host_pages.measure)
-        assert parse_args([name]).seed == 0 and parse_args([name, "--seed", "5"]).seed == 5
-    if name in ("sample", "hotness", "train"):
+    assert parse_args([name]).seed == 0 and parse_args([name, "--seed", "5"]).seed == 5
+    if name in ("sample", "train"):
         assert parse_args([name]).fanout == parse_fanout(flags.DEFAULT_FANOUT) == [15, 10, 5]
         assert parse_args([name, "--fanout", "5,3"]).fanout == [5, 3]
 
@@ -92,8 +95,6 @@ def test_quick_fills_only_the_options_not_given():
     assert args.batch_size == 64 and args.graphs == [("power-law", 20_000, 200_000)] and args.batches == 3
     args = parse_args(["train", "--quick", "--graph", "synthetic:3K"])
     assert args.graph == "synthetic:3K" and args.batch_size == 256 and args.feat_dim == 32
-    assert parse_args(["reach", "--quick", "--reps", "4"]).reps == 4
-    assert parse_args(["remote", "--quick", "--row-bytes", "256"]).row_bytes == [256]
 
 
 @no_gpu_only
@@ -102,25 +103,11 @@ def test_without_a_gpu_options_not_given_take_the_cpu_sizes():
     assert args.batch_size == 50_000 and args.table_gib == 0.125 and args.row_bytes == [128, 512, 4096]
     assert parse_args(["gather", "--batch-size", "1000"]).batch_size == 1000
     assert parse_args(["train"]).configs == ["stock", "host", "host+pipe"]
-    assert parse_args(["reach"]).table_gb == 1 and parse_args(["reach", "--table-gb", "2"]).table_gb == 2
-
-
-def test_commands_recorded_in_the_results_still_parse():
-    recorded = set()
-    for path in [*(ROOT / "benchmarks" / "results").glob("*.md"), ROOT / "benchmarks" / "NOTES.md"]:
-        for m in re.finditer(r"`+python -m hmgstore\.bench ([^`]+)`", path.read_text()):
-            recorded.add(" ".join(m.group(1).split()))
-    assert len(recorded) > 15 and any("--batch " in c for c in recorded)
-    for command in recorded:
-        build_parser().parse_args(shlex.split(command))  # exits (fails the test) on an unknown option
-    assert build_parser().parse_args(["gather", "--big-table-gb", "0"]).sweep_gb == []
 
 
 @pytest.mark.parametrize("name, module, attr, extra", [
     ("gather", hmgstore, "HybridTensor", ["--row-bytes", "64", "--variants", "hmg_host"]),
     ("sample", sample, "Topology", ["--variants", "hmg_cpu"]),
-    ("hotness", hotness, "presample", ["--cache", "0.1"]),
-    ("reach", reach, "measure", ["--row-bytes", "128", "--pages", "4"]),
 ])
 def test_no_progress_reaches_every_progress_bar(name, module, attr, extra, tmp_path, monkeypatch):
     seen, real = [], getattr(module, attr)
@@ -161,57 +148,7 @@ def test_gather_benchmark_runs_on_cpu(tmp_path):
     assert (out / "gather.png").stat().st_size > 0 and (out / "gather.md").is_file()
 
 
-def test_hotness_benchmark_compares_orders_on_a_second_epoch(tmp_path):
-    out = tmp_path / "hotness"
-    res = _bench("hotness", "--quick", "--cache", "0.05", "0.5", "--no-progress", "--out", out)
-    if not torch.cuda.is_available():
-        _assert_cpu_output(res.stdout)
-    graph = json.loads((out / "hotness.json").read_text())["graphs"][0]
-    assert graph["train_nodes"] == 2000 and graph["batches_per_epoch"] == 8
-    small, half = graph["hit_ratio"]["0.05"], graph["hit_ratio"]["0.5"]
-    for order in ("presample", "in_degree", "out_degree"):
-        for kind in ("features", "topology"):
-            assert 0 <= small[order][kind] <= half[order][kind] <= 1  # a larger cache never holds less
-    # the seeds of every batch are training nodes: half the nodes, hottest first by pre-sampling, hold them all
-    assert half["presample"]["features"] > half["in_degree"]["features"]
-    assert (out / "hotness.md").is_file() and (out / "hotness.png").stat().st_size > 0
-
-
 # ---- peer: arguments and GPU selection ------------------------------------------------
-def test_remote_benchmark_runs_two_simulated_machines_on_cpu(tmp_path):
-    """Rows from the other machine, checked bit for bit inside the benchmark, against all_to_all."""
-    out = tmp_path / "remote"
-    res = _bench("remote", "--quick", "--device", "cpu", "--no-progress", "--out", out, timeout=240)
-    if not torch.cuda.is_available():
-        _assert_cpu_output(res.stdout)
-    report = json.loads((out / "remote.json").read_text())
-    assert report["machines"] == 2 and [s["row_bytes"] for s in report["sizes"]] == [128, 1024]
-    for size in report["sizes"]:
-        assert set(size["variants"]) == {"remote", "mixed", "all_to_all"}
-        assert all(v["gbps"] > 0 and v["x_all_to_all"] > 0 for v in size["variants"].values())
-    assert "all_to_all GB/s" in res.stdout and "remote rows" in (out / "remote.md").read_text()
-    train = report["train"]  # GraphSAGE on the two machines against one holding the whole graph, same run
-    assert train["ranks"] == 2 and train["nodes"] == 4000 and train["batches"] == 3 and train["fanout"] == [5, 3]
-    assert train["one_machine_batches_per_s"] > 0 and train["per_rank_batches_per_s"] > 0
-    assert train["speedup"] == pytest.approx(train["all_ranks_batches_per_s"] / train["one_machine_batches_per_s"])
-    assert train["efficiency"] == pytest.approx(train["speedup"] / 2)
-    assert "| partitioned, 2 ranks |" in res.stdout and "one machine holding everything" in res.stdout
-
-
-def test_remote_benchmark_trains_alone_when_asked(tmp_path):
-    out = tmp_path / "remote"
-    res = _bench("remote", "--quick", "--what", "train", "--device", "cpu", "--no-progress", "--out", out,
-                 timeout=240)
-    report = json.loads((out / "remote.json").read_text())
-    assert report["sizes"] == [] and report["train"]["ranks"] == 2 and "row B" not in res.stdout
-
-
-def test_remote_benchmark_needs_two_machines(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "hmgstore.bench", "remote", "--machines", "1", "--out",
-                          str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0 and "at least 2" in res.stderr
-
-
 def test_defaults_parse():
     args = build_parser().parse_args(["peer"])
     assert args.benchmark == "peer"
@@ -338,6 +275,17 @@ def test_pattern_is_distinct_non_zero_and_seeded():
     assert not torch.equal(a, b)
 
 
+def test_hashed_buffer_words_all_differ_and_ids_are_distinct_and_seeded():
+    """The probes' and benchmarks' table data: a gather returning another row than asked for must show."""
+    words = hashed_buffer(8 * 1000 + 5).view(torch.int64)
+    assert len(words) == 1000 and len(torch.unique(words)) == 1000 and (words[1:] != 0).all()
+    assert hashed_buffer(7).numel() == 0
+    a, b = distinct_ids(50, 20, 3, "cpu", seed=1), distinct_ids(50, 20, 3, "cpu", seed=1)
+    assert all(torch.equal(x, y) and len(torch.unique(x)) == 20 and x.max() < 50 for x, y in zip(a, b))
+    assert not torch.equal(a[0], distinct_ids(50, 20, 1, "cpu", seed=2)[0])
+    assert sorted(distinct_ids(5, 9, 1, "cpu")[0].tolist()) == [0, 1, 2, 3, 4]
+
+
 # ---- the whole benchmark on the CPU, each "GPU" a CPU device -----------------------
 def _cpu_run(k=3, row_bytes=(64, 256)):
     runner = peer_work.Runner(["cpu"] * k, reps=2, warmup=1)
@@ -345,7 +293,7 @@ def _cpu_run(k=3, row_bytes=(64, 256)):
               "device_names": ["cpu"] * k, "peer_access": [(0, 1, True)], "start_mode": runner.start_mode,
               "peer_memcpy": {"bytes": 1 << 16}, "sizes": []}
     report["peer_memcpy"]["start"] = peer.peer_memcpy(runner, 1 << 16)
-    buf = _fill(k * (1 << 16))
+    buf = hashed_buffer(k * (1 << 16))
     for rb in row_bytes:
         sz = peer.sizing(rb, k, 1 << 16, 300, 1 << 20, round_bytes=1 << 16)
         cols = rb // 4
@@ -379,7 +327,7 @@ def test_cpu_dry_run_checks_and_times_every_variant(tmp_path):
 
 def test_check_catches_an_unwritten_or_wrong_output():
     runner = peer_work.Runner(["cpu"] * 2, reps=1, warmup=0)
-    x = _fill(64 * 16).view(64, 4)
+    x = hashed_buffer(64 * 16).view(64, 4)
     outs = [torch.empty(8, 4), torch.empty(8, 4)]
     ids = [[torch.arange(8)], [torch.arange(8, 16)]]
     view = HybridTensor(x, "cpu")
@@ -400,7 +348,7 @@ def test_check_catches_an_unwritten_or_wrong_output():
 def test_index_select_copy_delivers_grouped_rows_on_cpu():
     k, rb = 4, 16
     n = 4 * 50
-    x = _fill(n * rb).view(n, rb // 4)
+    x = hashed_buffer(n * rb).view(n, rb // 4)
     p = placement.sharded(n, torch.randperm(n, generator=torch.Generator().manual_seed(0)), rb, k, 50 * rb)
     shards = [x[p.rows_of(f"shard{j}")] for j in range(k)]
     batches = [peer.remote_batch(p, g, 30, torch.Generator().manual_seed(g)) for g in range(k)]
@@ -562,7 +510,7 @@ def _scale_report(quick: bool) -> dict:
 
 def test_quick_reports_are_smoke_tests_without_ratios():
     """``bench scale --quick`` printed an efficiency of 10.20: tiny sizes time overheads, not rates."""
-    from hmgstore.bench import remote, remote_train, scale
+    from hmgstore.bench import scale
     from hmgstore.bench.report import SMOKE_TEST_LINE
 
     quick, full = scale.table_text(_scale_report(True)), scale.table_text(_scale_report(False))
@@ -570,18 +518,6 @@ def test_quick_reports_are_smoke_tests_without_ratios():
     assert "10.20" not in quick and "20.40" not in quick and quick.count(SMOKE_TEST_LINE) == 1
     row = next(line for line in quick.splitlines() if line.startswith("| 2 |"))
     assert row.split("|")[4:6] == [" n/a ", " n/a "]  # x 1 GPU, efficiency
-    train = {"graph": "synthetic", "nodes": 4000, "edges": 40000, "feat_dim": 16, "fanout": [5, 3],
-             "batch_per_rank": 64, "batches": 3, "threads_per_rank": 1, "one_machine_batches_per_s": 10.0,
-             "per_rank_batches_per_s": 30.0, "all_ranks_batches_per_s": 60.0, "speedup": 6.0, "efficiency": 3.0,
-             "ranks": 2}
-    report = {**_scale_report(True), "benchmark": "remote", "machines": 2, "ranks_per_machine": 1, "batch": 64,
-              "sizes": [{"row_bytes": 128, "variants": {n: {"gbps": g, "x_all_to_all": g / 0.1} for n, g in
-                                                        (("remote", 0.5), ("mixed", 0.7), ("all_to_all", 0.1))}}],
-              "train": train}
-    text = remote.table_text(report)
-    # six cells, and the smoke-test line
-    assert "5.00" not in text and "6.00" not in text and "3.00" not in text and text.count("n/a") == 6 + 1
-    assert "6.00" in "\n".join(remote_train.table_lines(train))  # a full run's report keeps its ratios
 
 
 def test_quick_runs_say_they_are_smoke_tests(tmp_path):

@@ -136,7 +136,7 @@ def test_named_benchmarks_exist(benchmark):
 
 @pytest.mark.parametrize("module", sorted(set(re.findall(r"python -m (hmgstore[\w.]*)", ALL))))
 def test_named_modules_exist(module):
-    """``python -m hmgstore.X`` in a document: the module is there (module paths moved in issue 32)."""
+    """``python -m hmgstore.X`` in a document: the module is there (a module that moves leaves no stale command)."""
     assert importlib.util.find_spec(module) is not None, f"the documents name python -m {module}, which is not there"
 
 

@@ -1,4 +1,4 @@
-"""hmgstore.table.host_pages and ``python -m hmgstore.bench reach``: rates against pages per batch, the knee, the cost
+"""hmgstore.table.host_pages and ``python benchmarks/research reach``: rates against pages per batch, the knee, the cost
 per page.
 
 The curve arithmetic is checked on made-up times; the measurement itself runs on the CPU here (the CPU path
@@ -7,6 +7,8 @@ alone) and, with the gpu marker, with the kernel, whose every probe gather is ch
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,7 +71,10 @@ def test_calibration_measures_once_and_caches(tmp_path, monkeypatch, cuda_device
 def test_bench_reach_runs_on_this_machine(tmp_path, capsys):
     from hmgstore.bench.__main__ import main
 
-    main(["reach", "--quick", "--no-progress", "--out", str(tmp_path)])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from research.__main__ import RESEARCH
+
+    main(["reach", "--quick", "--no-progress", "--out", str(tmp_path)], RESEARCH)
     text = capsys.readouterr().out
     report = json.loads((tmp_path / "reach.json").read_text())
     assert "knee at" in text and report["summary"]["128"]

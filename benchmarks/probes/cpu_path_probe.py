@@ -21,7 +21,7 @@ import time
 import torch
 
 import hmgstore
-from hmgstore.bench.gather import _fill
+from hmgstore.bench.gather import hashed_buffer
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=31)
     p.add_argument("--batch", type=int, default=50_000)
     args = p.parse_args()
-    buf = _fill(8 * args.batch * 4096)
+    buf = hashed_buffer(8 * args.batch * 4096)
     for row_bytes, nbytes in ((128, 2**27), (512, 8 * args.batch * 512), (4096, 8 * args.batch * 4096)):
         cols = row_bytes // 4
         probe(buf[: nbytes // row_bytes * cols].view(-1, cols), row_bytes, args)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import hmgstore
-from hmgstore.bench.gather import _fill
+from hmgstore.bench.gather import hashed_buffer
 from hmgstore.bench.timing import median_seconds
 
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25
@@ -51,7 +51,7 @@ def main():
     print("THP:", res["thp"])
     nbytes = 2 << 30
     variants = {}
-    plain = _fill(nbytes)
+    plain = hashed_buffer(nbytes)
     variants["registered_plain"] = plain
     variants["cudaHostAlloc_copy"] = plain.pin_memory()
     thp = torch.empty_like(plain)
@@ -59,7 +59,7 @@ def main():
     thp.copy_(plain)  # first touch after the advice: faults in huge pages where THP allows
     res["madv_collapse_errno"] = madvise(thp, MADV_COLLAPSE)
     variants["registered_thp"] = thp
-    collapsed = _fill(nbytes)
+    collapsed = hashed_buffer(nbytes)
     res["collapse_after_errno"] = madvise(collapsed, MADV_COLLAPSE)
     variants["registered_collapsed_after_fill"] = collapsed
     res["rows"] = []

@@ -25,7 +25,7 @@ import torch
 
 import hmgstore
 from hmgstore import cuda
-from hmgstore.bench.gather import _fill
+from hmgstore.bench.gather import hashed_buffer
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
 from hmgstore.cuda import gather as kernel
 
@@ -54,7 +54,7 @@ def main():
     cp = cuda.cupy()
     naive = cp.RawKernel(NAIVE, "naive")
     limit = h2d_limit_gbps(dev)
-    buf = _fill(int(args.table_gib * 2**30))
+    buf = hashed_buffer(int(args.table_gib * 2**30))
     res = {"h2d_limit_gbps": limit, "rows": []}
     print(f"H2D limit {limit:.1f} GB/s")
     stream = torch.cuda.current_stream(dev)

@@ -21,7 +21,7 @@ import torch
 
 import hmgstore
 from hmgstore import cuda
-from hmgstore.bench.gather import _fill, _ids, table_bytes
+from hmgstore.bench.gather import distinct_ids, hashed_buffer, table_bytes
 from hmgstore.bench.timing import h2d_limit_gbps, median_seconds
 from hmgstore.cuda import gather as kernel
 from hmgstore.rows.ids import check_range
@@ -39,7 +39,7 @@ def main():
     p.add_argument("--table-gib", type=float, default=2.0)
     args = p.parse_args()
     dev = torch.device("cuda", 0)
-    buf = _fill(table_bytes(4096, args.table_gib, args.batch))
+    buf = hashed_buffer(table_bytes(4096, args.table_gib, args.batch))
     res = {"device": torch.cuda.get_device_name(dev), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "h2d_limit_gbps": h2d_limit_gbps(dev), "batch": args.batch}
     lines = [f"# gather tuning, {res['device']}, {res['date']}", "",
@@ -50,7 +50,7 @@ def main():
         cols = row_bytes // 4
         x = buf[: table_bytes(row_bytes, args.table_gib, args.batch) // 4].view(-1, cols)
         t = hmgstore.HybridTensor(x, dev, gpu_rows=torch.arange(len(x)) if gpu else None, progress=False)
-        return t, _ids(len(x), args.batch, 4, dev)
+        return t, distinct_ids(len(x), args.batch, 4, dev)
 
     # 1. sorted vs unsorted
     lines += ["## 1. address order (host tier)", "", "| row B | unsorted GB/s | sorted GB/s |", "|---:|---:|---:|"]

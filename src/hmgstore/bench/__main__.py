@@ -1,23 +1,56 @@
-"""Command line: ``python -m hmgstore.bench {gather,peer,sample,hotness,train,scale,remote,reach} [options]``.
+"""Command line: ``python -m hmgstore.bench {gather,sample,train,peer,scale} [options]``.
 
-Every benchmark shares the flags of :mod:`hmgstore.cli.flags` (``--batch-size``,
-``--fanout``, ``--seed``, ``--no-progress``). A benchmark module may hold two
-lists of options, written as on the command line: ``CPU``, its sizes for a
-machine without a GPU, and ``QUICK``, the tiny sizes of ``--quick``.
-:func:`parse_args` gives them to every option the command line leaves out
-(``QUICK`` over ``CPU``), so that ``--quick --table-gib 0.5`` keeps its 0.5.
+The benchmarks a user runs on their own machine (research probes live in the
+repository's ``benchmarks/``, whose ``benchmarks/research`` runner reuses this
+command line through :class:`Suite`). Every benchmark shares the flags of
+:mod:`hmgstore.cli.flags` (``--batch-size``, ``--fanout``, ``--seed``,
+``--no-progress``). A benchmark module may hold two lists of options, written
+as on the command line: ``CPU``, its sizes for a machine without a GPU, and
+``QUICK``, the tiny sizes of ``--quick``. :func:`parse_args` gives them to
+every option the command line leaves out (``QUICK`` over ``CPU``), so that
+``--quick --table-gib 0.5`` keeps its 0.5.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
-from . import gather, hotness, peer, reach, remote, sample, scale, train
+from . import gather, peer, sample, scale, train
 
-BENCHMARKS = {"gather": gather, "peer": peer, "sample": sample, "hotness": hotness, "train": train,
-              "scale": scale, "remote": remote, "reach": reach}
+BENCHMARKS = {"gather": gather, "sample": sample, "train": train, "peer": peer, "scale": scale}
+# argparse %-formats these help texts: a percent sign is written %%
+HELPS = {
+    "gather": "random-row gathers vs PCIe limit and baselines",
+    "sample": "neighbour sampling: topology on the GPU, zero-copy from the host, cached; vs PyG's and "
+              "DGL's CPU samplers",
+    "train": "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
+             "a pre-sampled cache, each with and without the pipeline",
+    "peer": "gathers of rows held by other GPUs, all GPUs at once (2+ GPUs), vs peer memcpy and "
+            "index_select + copy",
+    "scale": "GraphSAGE batches/s on 1 and N GPUs (examples/multi_gpu_pyg.py under torchrun): the speed-up "
+             "and the efficiency per GPU",
+}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A command of several benchmarks: its name as typed (``prog``), its modules by name, one help line each.
+
+    A module offers ``add_arguments(parser)`` and ``run(args) -> report`` (a dict whose ``"_table_text"`` is
+    printed), and may offer ``CPU`` and ``QUICK`` (see :func:`parse_args`).
+    """
+
+    prog: str
+    benchmarks: dict[str, ModuleType]
+    helps: dict[str, str]
+    description: str = ""
+
+
+USER = Suite("python -m hmgstore.bench", BENCHMARKS, HELPS, (__doc__ or "").split("\n\n")[0])
 
 
 class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -29,30 +62,13 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser(*, defaults: bool = True) -> argparse.ArgumentParser:
-    """The parser of every benchmark. ``defaults=False``: options left out are left out of the namespace too
-    (how :func:`parse_args` tells what the command line wrote)."""
-    parser = argparse.ArgumentParser(prog="python -m hmgstore.bench", description=__doc__.split("\n\n")[0])
+def build_parser(*, defaults: bool = True, suite: Suite = USER) -> argparse.ArgumentParser:
+    """The parser of every benchmark of ``suite``. ``defaults=False``: options left out are left out of the
+    namespace too (how :func:`parse_args` tells what the command line wrote)."""
+    parser = argparse.ArgumentParser(prog=suite.prog, description=suite.description)
     sub = parser.add_subparsers(dest="benchmark", required=True)
-    # argparse %-formats these help texts: a percent sign is written %%
-    helps = {
-        "gather": "random-row gathers vs PCIe limit and baselines",
-        "peer": "gathers of rows held by other GPUs, all GPUs at once (2+ GPUs), vs peer memcpy and "
-                "index_select + copy",
-        "sample": "neighbour sampling: topology on the GPU, zero-copy from the host, cached; vs PyG's and "
-                  "DGL's CPU samplers",
-        "hotness": "cache hit ratios: pre-sampled hotness against degree order, at 1-20%% of the nodes",
-        "train": "GraphSAGE epochs end to end: stock PyG, all on the GPU, hmgstore from the host and with "
-                 "a pre-sampled cache, each with and without the pipeline",
-        "scale": "GraphSAGE batches/s on 1 and N GPUs (examples/multi_gpu_pyg.py under torchrun): the speed-up "
-                 "and the efficiency per GPU",
-        "reach": "gather rates against the distinct 2 MiB host pages a batch touches: the knee and the cost "
-                 "per page, kernel and CPU path",
-        "remote": "rows fetched from other machines (torch.distributed), against all_to_all; launches "
-                  "simulated machines on this host unless run under torchrun",
-    }
-    for name, text in helps.items():
-        module = BENCHMARKS[name]
+    for name, text in suite.helps.items():
+        module = suite.benchmarks[name]
         p = sub.add_parser(name, help=text, description=(module.__doc__ or "").split("\n\n")[0],
                            formatter_class=_Defaults)
         module.add_arguments(p)
@@ -80,42 +96,45 @@ def _epilog(parser: argparse.ArgumentParser, module) -> str | None:
     return " ".join(lines) or None
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The options of a benchmark's command line ``argv`` (None: ``sys.argv[1:]``).
+def parse_args(argv=None, suite: Suite = USER) -> argparse.Namespace:
+    """The options of a benchmark's command line ``argv`` (None: ``sys.argv[1:]``) in ``suite``.
 
     Options it leaves out take the benchmark's ``QUICK`` values (with
     ``--quick``), else its ``CPU`` values (on a machine without a GPU), else
     their defaults. Exits with argparse's message on a bad command line.
     """
-    args = build_parser().parse_args(argv)
-    module = BENCHMARKS[args.benchmark]
-    written = _written(argv)
+    args = build_parser(suite=suite).parse_args(argv)
+    module = suite.benchmarks[args.benchmark]
+    written = _written(argv, suite)
     fill = []
     if not torch.cuda.is_available():
         fill.append(getattr(module, "CPU", []))
     if getattr(args, "quick", False):
         fill.append(getattr(module, "QUICK", []))
     for options in fill:
-        values = build_parser().parse_args([args.benchmark, *options])
-        for name in _written([args.benchmark, *options]) - written:
+        values = build_parser(suite=suite).parse_args([args.benchmark, *options])
+        for name in _written([args.benchmark, *options], suite) - written:
             setattr(args, name, getattr(values, name))
     return args
 
 
-def _written(argv) -> set[str]:
+def _written(argv, suite: Suite) -> set[str]:
     """Names (dests) of the options that the command line ``argv`` writes, whatever their values."""
-    return set(vars(build_parser(defaults=False).parse_args(argv))) - {"benchmark"}
+    return set(vars(build_parser(defaults=False, suite=suite).parse_args(argv))) - {"benchmark"}
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def main(argv=None, suite: Suite = USER) -> None:
+    """Run the benchmark that ``argv`` (None: ``sys.argv[1:]``) names in ``suite``; print its table and where
+    its files went. Exits with argparse's message on a bad command line."""
+    args = parse_args(argv, suite)
     # The benchmarks' own progress lines; the library's INFO logs (a DGL stub, a split's measured share) are
     # not the reader's business here, its warnings are.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    logging.getLogger("hmgstore.bench").setLevel(logging.INFO)
+    for module in suite.benchmarks.values():
+        logging.getLogger(module.__name__.rpartition(".")[0]).setLevel(logging.INFO)
     if hasattr(args, "seed"):
         torch.manual_seed(args.seed)
-    report = BENCHMARKS[args.benchmark].run(args)
+    report = suite.benchmarks[args.benchmark].run(args)
     print(report.pop("_table_text"))
     print(f"\nwritten under {args.out}")
 

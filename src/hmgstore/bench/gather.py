@@ -111,8 +111,13 @@ def _one_table(text: str) -> list[float]:
     return [gb] if gb > 0 else []
 
 
-def _fill(nbytes: int) -> torch.Tensor:
-    """A float32 buffer of ``nbytes`` with no zero runs (a cheap hash of the position)."""
+def hashed_buffer(nbytes: int) -> torch.Tensor:
+    """A CPU float32 tensor of ``nbytes // 8 * 2`` elements whose every 8-byte word differs (a cheap hash of its
+    position): rows viewed from it are never all zeros, so a gather that returns wrong rows cannot pass its check.
+
+    The benchmarks' and the probes' one source of table data (``benchmarks/probes/``); ``nbytes`` < 8 gives an
+    empty tensor.
+    """
     buf = torch.empty(nbytes // 8 * 2, dtype=torch.float32)
     words = buf.view(torch.int64)
     torch.arange(words.numel(), out=words)
@@ -120,8 +125,9 @@ def _fill(nbytes: int) -> torch.Tensor:
     return buf
 
 
-def _ids(num_rows: int, batch: int, sets: int, device, seed: int = 0) -> list[torch.Tensor]:
-    """``sets`` batches of ``batch`` distinct random ids (int64, on ``device``); ``seed``: ``--seed``."""
+def distinct_ids(num_rows: int, batch: int, sets: int, device, seed: int = 0) -> list[torch.Tensor]:
+    """``sets`` batches of ``batch`` distinct random ids in ``[0, num_rows)`` (int64, on ``device``), the same for
+    the same ``seed`` (``--seed``). With ``batch > num_rows`` each set holds all ``num_rows`` ids, shuffled."""
     g = torch.Generator(device).manual_seed(1234 + seed)  # 1234: the ids of the results recorded before --seed
     return [torch.randperm(num_rows, generator=g, device=device)[:batch] for _ in range(sets)]
 
@@ -143,7 +149,7 @@ def run_size(buf: torch.Tensor, buf_gpu: torch.Tensor | None, row_bytes: int, nb
     cols = row_bytes // 4
     x = buf[: nbytes // row_bytes * cols].view(-1, cols)
     n = x.shape[0]
-    ids_dev = _ids(n, args.batch_size, 4, device, args.seed)
+    ids_dev = distinct_ids(n, args.batch_size, 4, device, args.seed)
     ids_cpu = [i.cpu() for i in ids_dev]
     useful = args.batch_size * row_bytes
     cuda = device.type == "cuda"
@@ -249,7 +255,7 @@ def run(args) -> dict:
     if any(rb % 4 for rb in (*args.row_bytes, *args.sweep_row_bytes)):
         raise SystemExit(f"row sizes must be multiples of 4, got {args.row_bytes} and {args.sweep_row_bytes}")
     sizes = {rb: table_bytes(rb, args.table_gib, args.batch_size) for rb in args.row_bytes}
-    buf = _fill(max(sizes.values()))
+    buf = hashed_buffer(max(sizes.values()))
     buf_gpu = buf.to(device) if device.type == "cuda" else None
     for row_bytes, nbytes in sizes.items():
         report["sizes"].append(run_size(buf, buf_gpu, row_bytes, nbytes, args, device, chosen))
@@ -257,7 +263,7 @@ def run(args) -> dict:
     torch.cuda.empty_cache() if device.type == "cuda" else None
     gc.collect()
     for gb in (args.sweep_gb if device.type == "cuda" else []):
-        big = _fill(int(gb * 1e9))
+        big = hashed_buffer(int(gb * 1e9))
         for row_bytes in args.sweep_row_bytes:
             nbytes = big.numel() * 4 // row_bytes * row_bytes
             report["sweep"].append(run_size(big, None, row_bytes, nbytes, args, device,

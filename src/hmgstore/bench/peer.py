@@ -58,7 +58,7 @@ from .. import cuda
 from ..cli import flags
 from ..cuda import peer as cuda_peer
 from ..rows.placement import Placement, parse_bytes
-from .gather import _fill
+from .gather import hashed_buffer
 from .peer_report import add_ratios, plot, table_text
 from .peer_work import WARMUP, Runner, copy_work, gather_work, ids_copy_work, index_select_copy_work
 from .report import write_report
@@ -231,7 +231,7 @@ def _pattern(nbytes: int, seed: int, device) -> torch.Tensor:
     """``nbytes`` (a multiple of 8) of distinct non-zero words, different for every seed, as uint8."""
     n = nbytes // 8
     words = torch.arange(1, n + 1, dtype=torch.int64, device=device)
-    words.add_(seed * n).mul_(-7046029254386353131)  # the golden-ratio hash of gather._fill
+    words.add_(seed * n).mul_(-7046029254386353131)  # the golden-ratio hash of gather.hashed_buffer
     return words.view(torch.uint8)
 
 
@@ -344,7 +344,7 @@ def run(args) -> dict:
     }
     report["peer_memcpy"]["start"] = peer_memcpy(runner, copy_bytes)
     torch.cuda.empty_cache()
-    buf = _fill(max(s.num_rows * s.row_bytes for s in sizes))
+    buf = hashed_buffer(max(s.num_rows * s.row_bytes for s in sizes))
     for sz in sizes:
         report["sizes"].append(run_size(runner, buf, sz, args.seed, progress=not args.no_progress))
         gc.collect()

@@ -56,16 +56,17 @@ SMOKE_TEST_LINE = ("smoke test (--quick): tiny sizes check that every variant ru
                    "--quick to measure.")
 
 
-def header(benchmark: str, device, quick: bool = False) -> dict:
-    """What every report starts with: the benchmark, its command line, the date, the device and versions;
-    ``quick``: a ``--quick`` run, marked ``smoke_test`` (see :func:`ratio_text`)."""
+def header(benchmark: str, device, quick: bool = False, prog: str = "python -m hmgstore.bench") -> dict:
+    """What every report starts with: the benchmark, its command line (``prog`` and this process's arguments),
+    the date, the device and versions; ``quick``: a ``--quick`` run, marked ``smoke_test`` (see
+    :func:`ratio_text`)."""
     import torch
 
     import hmgstore
 
     return {
         "benchmark": benchmark,
-        "command": "python -m hmgstore.bench " + " ".join(sys.argv[1:]),
+        "command": f"{prog} " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,

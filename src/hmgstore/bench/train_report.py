@@ -11,8 +11,8 @@ def _epoch(report, config):
 
 
 #: A configuration's step alone slower than this share of the run's median, or issued in more than this
-#: many times its median, is marked disturbed (the machine, not the code: rates moved 10-30% between
-#: configurations of one run on the H100 VM with nothing changed, strong-step-h100.md, seventh session).
+#: many times its median, is marked disturbed: the machine, not the code (on a cloud VM the same step's rate
+#: moved 10-30% between configurations of one run, benchmarks/results/strong-step-h100.md).
 DISTURBED_RATE, DISTURBED_ISSUE = 0.95, 1.3
 
 

@@ -1,4 +1,4 @@
-"""``bench remote``'s training half: GraphSAGE batches/s on several machines against one holding everything.
+"""The remote benchmark's training half: GraphSAGE batches/s on several machines against one holding everything.
 
 Every rank builds the same synthetic graph (``--graph``, ``--feat-dim``,
 seeded), then, in the same run:
@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..cli import flags
-from ..data import synthetic
-from .report import ratio_text
-from .train_setup import SAGE
+from hmgstore.bench.report import ratio_text
+from hmgstore.bench.train_setup import SAGE
+from hmgstore.cli import flags
+from hmgstore.data import synthetic
 
 #: --quick's training sizes (added to remote.QUICK).
 QUICK = ["--graph", "synthetic:4000", "--feat-dim", "16", "--fanout", "5,3", "--train-batch", "64",
@@ -57,7 +57,7 @@ def graph_of(spec: str, feat_dim: int, seed: int):
     """The ``--graph`` spec's graph (every rank makes the same one)."""
     kind, _, nodes = spec.partition(":")
     if kind != "synthetic" or not nodes:
-        raise SystemExit(f"--graph {spec!r}: bench remote trains on synthetic:NODES graphs")
+        raise SystemExit(f"--graph {spec!r}: benchmarks/research remote trains on synthetic:NODES graphs")
     return synthetic(num_nodes=flags.count(nodes), avg_degree=10, feat_dim=feat_dim, seed=seed)
 
 
@@ -96,7 +96,7 @@ def _one_machine(args, g, device) -> float:
     from torch_geometric.data import Data
     from torch_geometric.loader import NeighborLoader
 
-    from ..plugins.pyg import HybridNeighborSampler, from_data
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
     stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device=device, progress=False)
     sampler = HybridNeighborSampler(stores, args.fanout, device=device, progress=False)
@@ -116,8 +116,7 @@ def _machines(args, g, device, cluster) -> float:
     from torch.nn.parallel import DistributedDataParallel
 
     import hmgstore.distributed as hd
-
-    from ..plugins.pyg import ClusterFeatureStore, ClusterNeighborSampler, cluster_loader
+    from hmgstore.plugins.pyg import ClusterFeatureStore, ClusterNeighborSampler, cluster_loader
 
     rank, world = dist.get_rank(), dist.get_world_size()
     book = hd.PartitionBook.hash(g.num_nodes, cluster.num_machines)

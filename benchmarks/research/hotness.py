@@ -1,4 +1,4 @@
-"""``python -m hmgstore.bench hotness``: cache hit ratios of pre-sampled hotness against degree order.
+"""``python benchmarks/research hotness``: cache hit ratios of pre-sampled hotness against degree order.
 
 For each graph, one epoch over the training seeds is pre-sampled
 (:func:`hmgstore.graph.presample`) and gives a hotness order; a second epoch,
@@ -33,18 +33,20 @@ from typing import Any
 
 import torch
 
-from ..cli import flags
-from ..cli.flags import count as _count
-from ..data import power_law_csc
-from ..graph import Hotness, NeighborSampler, Topology, presample
-from ..graph.presample import hit_ratio
-from ..rows.placement import order_by_score
-from .report import header, no_gpu_line, smoke_test_lines, write_report
+from hmgstore.bench.report import header, no_gpu_line, smoke_test_lines, write_report
+from hmgstore.cli import flags
+from hmgstore.cli.flags import count as _count
+from hmgstore.data import power_law_csc
+from hmgstore.graph import Hotness, NeighborSampler, Topology, presample
+from hmgstore.graph.presample import hit_ratio
+from hmgstore.rows.placement import order_by_score
+
+from . import PROG
 
 log = logging.getLogger(__name__)
 
 ORDERS = ("presample", "in_degree", "out_degree")
-#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+#: Sizes for a machine without a GPU, and for --quick (see hmgstore.bench.__main__.parse_args).
 CPU = ["--graphs", "200K:2M:0.1"]
 QUICK = ["--graphs", "20K:200K:0.1", "--batch-size", "256"]
 
@@ -133,7 +135,7 @@ def run(args) -> dict:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     report = {
-        **header("hotness", device, quick=getattr(args, "quick", False)),
+        **header("hotness", device, quick=getattr(args, "quick", False), prog=PROG),
         "fanout": ",".join(map(str, args.fanout)), "batch": args.batch_size, "skew": args.skew,
         "source_skew": args.source_skew,
         "cache": args.cache, "graphs": [],

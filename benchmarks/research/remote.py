@@ -1,4 +1,4 @@
-"""``python -m hmgstore.bench remote``: rows fetched from other machines, against all_to_all in the same run.
+"""``python benchmarks/research remote``: rows fetched from other machines, against all_to_all in the same run.
 
 Every rank holds its machine's partition of a table (range book, one
 machine's rows per partition) and gathers batches of ``--batch-size`` random
@@ -24,7 +24,7 @@ synchronisation); figures are medians over ``--reps`` rounds. Without
 ``--ranks-per-machine`` ranks on this host itself, each simulated machine
 told apart by ``HMGSTORE_NODE_ID`` (CPU: gloo; with that many GPUs: NCCL,
 one GPU per rank). Under ``torchrun`` on real machines, it runs as one of
-the ranks: ``torchrun --nnodes 2 --nproc-per-node K -m hmgstore.bench
+the ranks: ``torchrun --nnodes 2 --nproc-per-node K benchmarks/research
 remote``.
 """
 from __future__ import annotations
@@ -42,12 +42,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..cli import flags
-from . import remote_train
-from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
+from hmgstore.bench.report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
+from hmgstore.cli import flags
+
+from . import PROG, remote_train
 
 DEFAULT_ROW_BYTES = [128, 512, 1024, 4096]
-#: --quick: tiny sizes (see __main__.parse_args).
+#: --quick: tiny sizes (see hmgstore.bench.__main__.parse_args).
 QUICK = ["--row-bytes", "128", "1024", "--machine-mib", "4", "--batch-size", "5000", "--reps", "3",
          *remote_train.QUICK]
 
@@ -100,7 +101,8 @@ def _launch(args) -> dict:
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "LOCAL_RANK": str(rank % args.ranks_per_machine),
                "HMGSTORE_NODE_ID": f"machine{rank // args.ranks_per_machine}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "hmgstore.bench", "remote", *_argv(args)], env=env,
+        runner = str(Path(__file__).resolve().parent)  # benchmarks/research: its __main__ runs this benchmark
+        procs.append(subprocess.Popen([sys.executable, runner, "remote", *_argv(args)], env=env,
                                       stdout=subprocess.DEVNULL))  # rank 0's table is printed here, once
     while any(p.poll() is None for p in procs):  # once one rank fails, the others would wait for it: end them
         if any(p.poll() not in (None, 0) for p in procs):
@@ -151,8 +153,9 @@ def _rank(args) -> dict:
         if cluster.num_machines < 2:
             raise SystemExit("the remote benchmark needs at least 2 machines (torchrun --nnodes 2, or "
                              "HMGSTORE_NODE_ID set apart on one host): remote rows need another machine")
-        report = {**header("remote", device, quick=getattr(args, "quick", False)), "machines": cluster.num_machines,
-                  "ranks_per_machine": len(cluster.machines[0]), "batch": args.batch_size, "sizes": []}
+        report = {**header("remote", device, quick=getattr(args, "quick", False), prog=PROG),
+                  "machines": cluster.num_machines, "ranks_per_machine": len(cluster.machines[0]),
+                  "batch": args.batch_size, "sizes": []}
         for row_bytes in args.row_bytes if "rows" in args.what else []:
             report["sizes"].append(_one_size(args, row_bytes, device, cluster, hmgstore, hd))
         if "train" in args.what:

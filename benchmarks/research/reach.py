@@ -16,12 +16,14 @@ import argparse
 
 import torch
 
-from ..cli import flags
-from ..table.host_pages import Reach, measure
-from .report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
+from hmgstore.bench.report import header, no_gpu_line, ratio_text, smoke_test_lines, write_report
+from hmgstore.cli import flags
+from hmgstore.table.host_pages import Reach, measure
+
+from . import PROG
 
 PAGES = (64, 256, 1024, 4096, 16384)
-#: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
+#: Sizes for a machine without a GPU, and for --quick (see hmgstore.bench.__main__.parse_args).
 CPU = ["--table-gb", "1"]
 QUICK = ["--table-gb", "0.125", "--pages", "4", "16", "32", "--batch-size", "20000", "--reps", "2"]
 
@@ -45,7 +47,7 @@ def run(args) -> dict:
     reach = measure(device, table_bytes=int(args.table_gb * 1e9) // 8 * 8, row_bytes=args.row_bytes,
                     pages=args.pages, batch=args.batch_size, reps=args.reps, cpu=not args.no_cpu or not gpu,
                     progress=not args.no_progress)
-    report = header("reach", device, quick=getattr(args, "quick", False))
+    report = header("reach", device, quick=getattr(args, "quick", False), prog=PROG)
     report.update(reach.to_dict())
     report["device"] = report["device"] if gpu else "cpu"
     report["batch"] = args.batch_size
