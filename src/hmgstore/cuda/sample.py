@@ -36,13 +36,26 @@ def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjo
             np.int32(disjoint), _p(key), _p(index), _p(pos)), pos.device)
 
 
+def weighted(topology, nodes, lohi, max_seeds: int, counts, ends, num_dst: int, disjoint: bool, key, pos, keys,
+             replace: bool, index=None) -> None:
+    """Positions drawn by weighted sampling (``hmg_sample_weighted``) into the seeds' slots of ``pos``;
+    ``keys``: float64 scratch as long as ``pos`` (unused with replacement)."""
+    launch(FILES, "hmg_sample_weighted", max_seeds,
+           (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
+            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), _p(topology.gpu_weight),
+            np.uint64(topology.host_weight_address), np.int64(topology.gpu_edges), _p(topology.weight_tiers),
+            np.int64(topology.chunk), _p(topology.weight_tail), np.int64(topology.tail_start), np.int32(replace),
+            _p(pos), _p(keys)), pos.device)
+
+
 def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key,
-         num_dst: int, disjoint: bool, nbr, eid, seed_local, index=None) -> None:
-    """Every slot's neighbour key, edge id and seed's local id, read from the topology's tiers."""
+         num_dst: int, disjoint: bool, nbr, eid, seed_local, index=None, given: bool = False) -> None:
+    """Every slot's neighbour key, edge id and seed's local id, read from the topology's tiers (``given``:
+    the drawn positions are in ``pos`` already, from :func:`weighted`)."""
     launch(FILES, "hmg_sample_read", max_slots,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
             np.int64(max_slots), _p(pos), _p(topology.gpu_row), np.uint64(topology.host_address),
             np.int64(topology.gpu_edges), np.int32(topology.index_bytes == 8), np.int32(replace),
             _p(key), np.int64(num_dst), np.int64(topology.num_src), np.int32(disjoint), _p(index),
             _p(topology.tiers), np.int64(topology.chunk), _p(topology.tail), np.int64(topology.tail_start),
-            _p(nbr), _p(eid), _p(seed_local)), nbr.device)
+            np.int32(given), _p(nbr), _p(eid), _p(seed_local)), nbr.device)

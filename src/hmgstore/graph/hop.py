@@ -3,7 +3,8 @@ distributed sampler (:mod:`hmgstore.distributed.sampling`) runs on its own part 
 
 Every node of a hop gets up to ``k`` of its in-neighbours: without
 replacement by Floyd's algorithm, with replacement by ``k`` independent
-draws, every neighbour for ``k = -1``. A draw is a counter-based hash of the
+draws, every neighbour for ``k = -1``; on a topology with edge weights, as
+:mod:`.weighted` says. A draw is a counter-based hash of the
 hop's 64-bit key, the seed's index and the slot (splitmix64's finaliser), the
 same function as ``draw`` in ``kernels/sample.cu``, so the CPU and a GPU draw
 the same neighbours.
@@ -13,51 +14,11 @@ from __future__ import annotations
 import torch
 
 from ..cuda import sample as kernels
+from . import weighted
+from .draws import _draw_mixed, _seed_hash, _signed, draw
 from .topology import Topology
 
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(value: int) -> int:
-    """A 64-bit pattern as the int64 that has it."""
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _M1, _M2, _SEED_STEP = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
-                                                    0x94D049BB133111EB, 0xD1B54A32D192ED03))
-
-
-def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64 values."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic), as mix64 in sample.cu."""
-    z = z + _GOLDEN
-    z = (z ^ _shift_right(z, 30)) * _M1
-    z = (z ^ _shift_right(z, 27)) * _M2
-    return z ^ _shift_right(z, 31)
-
-
-def draw(key: int, seed_index: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
-    """A uniform int64 in ``[0, n)`` for slot ``t`` of seed ``seed_index``: ``draw`` in sample.cu.
-
-    ``key``: the hop's 64-bit key (a Python int); ``seed_index``, ``t``, ``n``:
-    int64 tensors (or ints) of one shape, ``n >= 1``.
-    """
-    return _draw_mixed(_seed_hash(key, seed_index), t, n)
-
-
-def _seed_hash(key: int, seed_index: torch.Tensor) -> torch.Tensor:
-    """The part of :func:`draw` that depends on the seed alone: computed once for all of a seed's slots."""
-    return _mix64(seed_index * _SEED_STEP ^ _signed(key))
-
-
-def _draw_mixed(h: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
-    return _shift_right(_mix64(h + t), 1) % n
-
+__all__ = ["draw", "sample_hop", "slot_counts"]
 
 def slot_counts(degree: torch.Tensor, k: int, replace: bool) -> torch.Tensor:
     """Neighbours to sample per seed: every one for ``k < 0``, ``k`` (when the degree is not 0)
@@ -102,10 +63,12 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     # Gathers by index_select, not x[i]: torch's advanced indexing reads 1-D int64 tensors ~10x slower on a CPU
     # (700k ids: 20-38 ms against 1.6 ms, 2-core VM), and it was most of this hop's time.
     key = int(key)
+    drawn_as = torch.arange(len(seeds)) if index is None else index
+    if topology.weighted:
+        return weighted.sample_hop_weighted(topology, seeds, k, replace, key, drawn_as)
     degree = topology.degree(seeds)
     counts = slot_counts(degree, k, replace)
     topology.count(seeds, counts)
-    drawn_as = torch.arange(len(seeds)) if index is None else index
     if k >= 0:
         return _sample_hop_slots(topology, seeds, k, replace, key, drawn_as, degree, counts)
     offsets = counts.cumsum(0) - counts
@@ -158,15 +121,20 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used. ``index``: see
     :func:`sample_hop`."""
     device = nodes.device
+    replace = replace and (k >= 0 or not topology.weighted)  # a weighted topology takes every neighbour for k < 0
     counts = torch.empty(max_seeds, dtype=torch.int64, device=device)
     kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts)
     ends = counts.cumsum(0)
     slots = max_seeds * k if max_slots is None else max_slots
     pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
-    if not replace:
+    if topology.weighted:
+        keys = None if replace else torch.empty(slots, dtype=torch.float64, device=device)
+        kernels.weighted(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, keys, replace,
+                         index)
+    elif not replace:
         kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos, index)
     kernels.read(topology, nodes, lohi, max_seeds, counts, ends, slots, pos, replace, key, num_dst, disjoint, nbr, eid,
-                 seed_local, index)
+                 seed_local, index, given=topology.weighted)
     return nbr, eid, seed_local, counts, ends
 
 
