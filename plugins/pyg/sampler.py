@@ -38,6 +38,7 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
+from hmgstore.graph.induced import induced_edges
 from hmgstore.rows import placement
 
 from .graph_store import CSCGraphStore, to_csc
@@ -88,6 +89,30 @@ def _graph_of(data) -> tuple[dict, dict]:
                     f"got {type(data).__name__}")
 
 
+def _edge_values(data, attr: str, edges: dict, what: str) -> dict:
+    """Edge type -> the edge attribute ``attr`` (one value per edge, in the given edge order) of the edge types
+    that have it. Raises ValueError when none has it."""
+    found = {}
+    if isinstance(data, Data):
+        if getattr(data, "edge_index", None) is None:
+            raise ValueError(f"{what}={attr!r} needs the graph as edge_index (the edges' order), not adj_t")
+        if attr in data:
+            found[None] = data[attr]
+    elif isinstance(data, HeteroData):
+        found = {et: data[et][attr] for et in data.edge_types if attr in data[et]}
+    else:
+        feature_store = data[0]
+        for et in edges:
+            try:
+                found[et] = feature_store.get_tensor(group_name=et, attr_name=attr, index=None)
+            except (KeyError, ValueError, TypeError, AttributeError):
+                continue
+    if not found:
+        raise ValueError(f"no edge type holds the edge attribute {attr!r} given as {what}; store one value per edge "
+                         f"under that name (data.{attr} = ..., or data[edge_type].{attr} = ...)")
+    return found
+
+
 def _budgets(gpu_budget, edges: dict, device=None) -> dict:
     """Per edge type, its share of ``gpu_budget`` (a dict is taken as given), by bytes of neighbour ids;
     ``"auto"`` is resolved once for all edge types (int64 ids counted: the most they take) on ``device``."""
@@ -136,8 +161,16 @@ class HybridNeighborSampler(BaseSampler):
             global one, so ``torch.manual_seed`` fixes the batches).
         dedup: how sampled nodes are relabelled, ``"hash"`` (GPU) or
             ``"sort"``; default: hash on a GPU, sort on the CPU.
-        time_attr: not supported yet (temporal sampling): NotImplementedError.
-        weight_attr: not supported yet (edge-weighted sampling): NotImplementedError.
+        weight_attr: the edge attribute holding sampling weights (PyG's
+            ``weight_attr``): edge-weighted sampling without replacement
+            (successive sampling, see :mod:`hmgstore.graph.weighted`) or, with
+            ``replace``, in proportion to weight. Edge types without the
+            attribute sample uniformly. The weights are held as float32 beside
+            the neighbour ids, in the same tiers (4 more bytes an edge of the
+            GPU budget).
+        subgraph_type: also ``"induced"``: every edge of the graph between the
+            sampled nodes (not with ``disjoint``, as in PyG); the output's
+            ``num_sampled_edges`` is then None.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
@@ -147,15 +180,13 @@ class HybridNeighborSampler(BaseSampler):
         if time_attr is not None:
             raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
                                       "NeighborSampler for it")
-        if weight_attr is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do edge-weighted sampling (weight_attr) yet; "
-                                      "use PyG's NeighborSampler for it")
         self.subgraph_type = SubgraphType(subgraph_type)
-        if self.subgraph_type == SubgraphType.induced:
-            raise NotImplementedError("subgraph_type='induced' is not supported; use 'directional' or "
-                                      "'bidirectional'")
+        if self.subgraph_type == SubgraphType.induced and disjoint:
+            raise ValueError("subgraph_type='induced' builds one subgraph for the whole batch: it cannot be "
+                             "disjoint (as in PyG); pass disjoint=False, or subgraph_type='directional'")
         self.device = resolve_device(device)
         edges, self.num_nodes = _graph_of(data)
+        weights = {} if weight_attr is None else _edge_values(data, weight_attr, edges, "weight_attr")
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
         if not isinstance(num_neighbors, NumNeighbors):
@@ -173,10 +204,10 @@ class HybridNeighborSampler(BaseSampler):
 
                     topologies[et] = sharded_topology(csc, self.device, gpu_budget=budgets.get(et),
                                                       hot_order=orders.get(et), replicate=replicas.get(et, 0),
-                                                      progress=progress)
+                                                      progress=progress, weight=weights.get(et))
                 else:
                     topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et),
-                                              hot_order=orders.get(et), progress=progress)
+                                              hot_order=orders.get(et), progress=progress, weight=weights.get(et))
         except BaseException:
             for topo in topologies.values():
                 topo.close()
@@ -219,6 +250,20 @@ class HybridNeighborSampler(BaseSampler):
     def _finish(self, out):
         if self.subgraph_type == SubgraphType.bidirectional:
             out = out.to_bidirectional()
+        elif self.subgraph_type == SubgraphType.induced:
+            out = self._induced(out)
+        return out
+
+    def _induced(self, out):
+        """``out`` with its edges replaced by every edge between its nodes (PyG's induced subgraph)."""
+        if not self.is_hetero:
+            out.row, out.col, out.edge = induced_edges(self.topologies[None], out.node, out.node)
+        else:
+            for et, topo in self.topologies.items():
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                src, dst = out.node.get(et[0], empty), out.node.get(et[-1], empty)
+                out.row[et], out.col[et], out.edge[et] = induced_edges(topo, src, dst)
+        out.num_sampled_edges = None
         return out
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs):

@@ -1,0 +1,120 @@
+"""HybridNeighborSampler's options beyond uniform sampling under PyG's loaders: ``weight_attr``,
+``subgraph_type="induced"``, on the CPU and (gpu marker) a GPU.
+
+Induced subgraphs are compared with PyG's own sampler where sampling is deterministic (every
+neighbour, ``-1``), and otherwise with every edge of the graph between the batch's nodes.
+"""
+import importlib.util
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("torch_geometric")
+from torch_geometric.data import Data, HeteroData  # noqa: E402
+from torch_geometric.loader import NeighborLoader  # noqa: E402
+
+import hmgstore.plugins.pyg as hpyg  # noqa: E402
+from hmgstore.plugins.pyg import HybridNeighborSampler  # noqa: E402
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+HAS_PYG_SAMPLER = any(importlib.util.find_spec(m) is not None for m in ("pyg_lib", "torch_sparse"))
+
+
+def graph(num_nodes=300, num_edges=2400, seed=0) -> Data:
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, num_nodes, (2, num_edges), generator=g)
+    weight = torch.where(torch.rand(num_edges, generator=g) < 0.4, 0.0, torch.rand(num_edges, generator=g) + 0.5)
+    return Data(x=torch.randn(num_nodes, 4, generator=g), edge_index=ei, edge_weight=weight, num_nodes=num_nodes)
+
+
+def edge_set(batch) -> set:
+    n_id = batch.n_id.cpu()
+    ei = batch.edge_index.cpu()
+    return set(zip(n_id[ei[0]].tolist(), n_id[ei[1]].tolist(), batch.e_id.cpu().tolist()))
+
+
+def all_edges_between(data, nodes) -> set:
+    inside = torch.zeros(data.num_nodes, dtype=torch.bool)
+    inside[nodes] = True
+    src, dst = data.edge_index
+    keep = (inside[src] & inside[dst]).nonzero().view(-1)
+    return set(zip(src[keep].tolist(), dst[keep].tolist(), keep.tolist()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_attr_leaves_out_zero_weight_edges(device):
+    data = graph()
+    positive = torch.zeros(data.num_nodes, dtype=torch.long).index_add_(0, data.edge_index[1],
+                                                                       (data.edge_weight > 0).long())
+    sampler = HybridNeighborSampler(data, [2, 2], device=device, weight_attr="edge_weight")
+    assert all(t.weighted for t in sampler.topologies.values())
+    loader = NeighborLoader(data, [2, 2], neighbor_sampler=sampler, input_nodes=torch.arange(200), batch_size=50)
+    zeros = total = 0
+    for batch in loader:
+        e_id = batch.e_id.cpu()
+        dst = data.edge_index[1, e_id]
+        zero = data.edge_weight[e_id] == 0
+        assert bool((positive[dst[zero]] < 2).all())  # only to fill the fanout of a node short of weight
+        n_id = batch.n_id.cpu()
+        assert torch.equal(n_id[batch.edge_index.cpu()], data.edge_index[:, e_id])
+        zeros, total = zeros + int(zero.sum()), total + len(e_id)
+    assert zeros < 0.05 * total  # 40% of the edges weigh 0, but few nodes have fewer than 2 positive ones
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_induced_holds_every_edge_between_the_nodes(device):
+    data = graph()
+    sampler = HybridNeighborSampler(data, [3, 2], device=device, subgraph_type="induced")
+    loader = NeighborLoader(data, [3, 2], neighbor_sampler=sampler, input_nodes=torch.arange(120), batch_size=40)
+    for batch in loader:
+        assert edge_set(batch) == all_edges_between(data, batch.n_id.cpu())
+        assert batch.edge_index.shape[1] == len(edge_set(batch))  # no edge twice
+
+
+@pytest.mark.skipif(not HAS_PYG_SAMPLER, reason="needs pyg-lib or torch-sparse for PyG's own sampler")
+@pytest.mark.parametrize("device", DEVICES)
+def test_induced_matches_pyg_with_every_neighbour(device):
+    data = graph(num_nodes=500, num_edges=900)
+    seeds = torch.arange(0, 500, 25)
+    sampler = HybridNeighborSampler(data, [-1, -1], device=device, subgraph_type="induced")
+    ours = next(iter(NeighborLoader(data, [-1, -1], neighbor_sampler=sampler, input_nodes=seeds, batch_size=20)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = next(iter(NeighborLoader(data, [-1, -1], subgraph_type="induced", input_nodes=seeds,
+                                          batch_size=20)))
+    assert set(ours.n_id.cpu().tolist()) == set(theirs.n_id.tolist())
+    assert torch.equal(ours.n_id[:20].cpu(), theirs.n_id[:20])
+    assert edge_set(ours) == edge_set(theirs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hetero_weighted_and_induced(device):
+    g = torch.Generator().manual_seed(1)
+    data = HeteroData()
+    data["paper"].x = torch.randn(200, 4, generator=g)
+    data["author"].x = torch.randn(100, 4, generator=g)
+    writes = torch.stack([torch.randint(0, 100, (800,), generator=g), torch.randint(0, 200, (800,), generator=g)])
+    data["author", "writes", "paper"].edge_index = writes
+    data["author", "writes", "paper"].w = (torch.arange(800) % 2).float()  # every other edge weight 0
+    data["paper", "cites", "paper"].edge_index = torch.randint(0, 200, (2, 900), generator=g)
+    fanout = [2, 1]
+    sampler = HybridNeighborSampler(data, fanout, device=device, weight_attr="w")
+    assert sampler.topologies[("author", "writes", "paper")].weighted
+    assert not sampler.topologies[("paper", "cites", "paper")].weighted  # no weights: uniform
+    for batch in NeighborLoader(data, fanout, neighbor_sampler=sampler, input_nodes=("paper", torch.arange(64)),
+                                batch_size=32):
+        e_id = batch["author", "writes", "paper"].e_id.cpu()
+        paper = writes[1, e_id]
+        short = torch.zeros(200, dtype=torch.long).index_add_(0, writes[1], (torch.arange(800) % 2))
+        assert bool((short[paper[(e_id % 2) == 0]] < 2).all())
+    sampler = HybridNeighborSampler(data, fanout, device=device, subgraph_type="induced")
+    batch = next(iter(NeighborLoader(data, fanout, neighbor_sampler=sampler,
+                                     input_nodes=("paper", torch.arange(32)), batch_size=32)))
+    for et in data.edge_types:
+        src_ids, dst_ids = batch[et[0]].n_id.cpu(), batch[et[-1]].n_id.cpu()
+        ei = batch[et].edge_index.cpu()
+        got = set(zip(src_ids[ei[0]].tolist(), dst_ids[ei[1]].tolist()))
+        s, d = data[et].edge_index
+        inside = torch.isin(s, src_ids) & torch.isin(d, dst_ids)
+        assert got == set(zip(s[inside].tolist(), d[inside].tolist()))
