@@ -14,7 +14,6 @@ pytest.importorskip("torch_geometric")
 from torch_geometric.data import Data, HeteroData  # noqa: E402
 from torch_geometric.loader import NeighborLoader  # noqa: E402
 
-import hmgstore.plugins.pyg as hpyg  # noqa: E402
 from hmgstore.plugins.pyg import HybridNeighborSampler  # noqa: E402
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
