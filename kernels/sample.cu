@@ -33,7 +33,17 @@
 // for at < G, `host_weight[at - G]` above, or, for a chunked topology, their own placed chunk table
 // (`wtiers`, same chunk size) and `wtail`. They are float32.
 //
+// Temporal sampling (hmgstore/graph/temporal.py) narrows each seed's list to a *window*: positions
+// [win_lo[i], win_lo[i] + win_deg[i]) of its list, the edges no later than the seed's time. When
+// win_lo / win_deg are given, every kernel below reads deg as win_deg[i] and positions from win_lo[i]
+// on; the edge id of window position p is colptr[v] + win_lo[i] + p.
+//
 // Kernels, one thread per seed or per slot:
+// - hmg_sample_window: per seed, the window: a binary search for the first position later than
+//   the seed's time (its own time, seed_time[i], or its tree's, seed_time[key / num_dst] when
+//   `per_tree`), over edge times (`edge_time`, by CSC position, on the GPU) or the source nodes'
+//   times (`src_time[u]`, u read from the id tiers); with `last` (and k >= 0) the window keeps its
+//   last k positions. log2(deg) dependent reads per seed.
 // - hmg_sample_counts: c_i = min(k, deg) (k when sampling with replacement and deg > 0;
 //   deg when k < 0), 0 past the hop's seeds.
 // - hmg_sample_floyd: seeds that sample without replacement (c_i < deg_i), Robert Floyd's
@@ -123,16 +133,56 @@ __device__ __forceinline__ i64 seed_node(const i64* nodes, const i64* lohi, i64 
   return disjoint ? nodes[at] % num_dst : nodes[at];
 }
 
+// The neighbour id at position `at` of the tiers' position space (see above).
+__device__ __forceinline__ i64 neighbour_id(i64 at, const void* gpu_row, const void* host_row, i64 gpu_edges,
+                                            bool wide, const i64* tiers, i64 chunk, const void* tail,
+                                            i64 tail_start) {
+  return tiers ? chunked_id(tiers, at, chunk, wide, tail, tail_start)
+               : at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+}
+
+extern "C" __global__ void hmg_sample_window(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                             i64 max_seeds, const i64* __restrict__ colptr,
+                                             const i64* __restrict__ start, i64 num_dst, int disjoint,
+                                             const i64* __restrict__ seed_time, int per_tree,
+                                             const i64* __restrict__ edge_time, const i64* __restrict__ src_time,
+                                             const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
+                                             const i64* __restrict__ tiers, i64 chunk, const void* tail,
+                                             i64 tail_start, i64 k, int last, i64* __restrict__ win_lo,
+                                             i64* __restrict__ win_deg) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) {
+      win_lo[i] = win_deg[i] = 0;
+      continue;
+    }
+    const i64 time = per_tree ? seed_time[nodes[lohi[0] + i] / num_dst] : seed_time[i];
+    const i64 first = colptr[v], at0 = start ? start[v] : first;
+    i64 lo = 0, hi = colptr[v + 1] - first;  // window positions [0, hi): the first later one is in [lo, hi]
+    while (lo < hi) {
+      const i64 mid = (lo + hi) >> 1;
+      const i64 t = edge_time ? edge_time[first + mid]
+                  : src_time[neighbour_id(at0 + mid, gpu_row, host_row, gpu_edges, wide, tiers, chunk, tail,
+                                          tail_start)];
+      if (t > time) hi = mid; else lo = mid + 1;
+    }
+    const i64 begin = (last && k >= 0 && lo > k) ? lo - k : 0;
+    win_lo[i] = begin;
+    win_deg[i] = lo - begin;
+  }
+}
+
 extern "C" __global__ void hmg_sample_counts(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
                                              i64 max_seeds, const i64* __restrict__ colptr, i64 k, int replace,
-                                             i64 num_dst, int disjoint, i64* __restrict__ counts) {
+                                             i64 num_dst, int disjoint, const i64* __restrict__ win_deg,
+                                             i64* __restrict__ counts) {
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) {
       counts[i] = 0;
       continue;
     }
-    const i64 deg = colptr[v + 1] - colptr[v];
+    const i64 deg = win_deg ? win_deg[i] : colptr[v + 1] - colptr[v];
     counts[i] = k < 0 ? deg : replace ? (deg > 0 ? k : 0) : (deg < k ? deg : k);
   }
 }
@@ -141,12 +191,13 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const
                                             i64 max_seeds, const i64* __restrict__ colptr,
                                             const i64* __restrict__ counts, const i64* __restrict__ ends,
                                             i64 num_dst, int disjoint, const i64* __restrict__ key_ptr,
-                                            const i64* __restrict__ draw_index, i64* __restrict__ pos) {
+                                            const i64* __restrict__ draw_index, const i64* __restrict__ win_deg,
+                                            i64* __restrict__ pos) {
   const u64 key = (u64)*key_ptr;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) continue;
-    const i64 deg = colptr[v + 1] - colptr[v];
+    const i64 deg = win_deg ? win_deg[i] : colptr[v + 1] - colptr[v];
     const i64 c = counts[i];
     if (c >= deg) continue;  // takes every neighbour: hmg_sample_read fills it in
     i64* out = pos + ends[i] - c;
@@ -239,7 +290,9 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
                                            int replace, const i64* __restrict__ key_ptr, i64 num_dst, i64 num_src,
                                            int disjoint, const i64* __restrict__ draw_index,
                                            const i64* __restrict__ tiers, i64 chunk,
-                                           const void* tail, i64 tail_start, int given, i64* __restrict__ nbr,
+                                           const void* tail, i64 tail_start, int given,
+                                           const i64* __restrict__ win_lo, const i64* __restrict__ win_deg,
+                                           i64* __restrict__ nbr,
                                            i64* __restrict__ eid, i64* __restrict__ seed_local) {
   if (max_seeds == 0) return;
   const u64 key = (u64)*key_ptr;
@@ -254,7 +307,8 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
     const i64 i = lo, c = counts[i], t = s - (ends[i] - c);
     const i64 at_seed = lohi[0] + i;
     const i64 v = disjoint ? nodes[at_seed] % num_dst : nodes[at_seed];
-    const i64 first = colptr[v], deg = colptr[v + 1] - first;
+    const i64 lo_i = win_lo ? win_lo[i] : 0;
+    const i64 first = colptr[v] + lo_i, deg = win_deg ? win_deg[i] : colptr[v + 1] - first;
     i64 p;
     if (given) {  // hmg_sample_weighted wrote the drawn positions
       p = (!replace && c >= deg) ? t : pos[s];
@@ -266,9 +320,8 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
       p = pos[s];
     }
     pos[s] = p;
-    const i64 at = (start ? start[v] : first) + p;
-    const i64 u = tiers ? chunked_id(tiers, at, chunk, wide, tail, tail_start)
-                : at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    const i64 at = (start ? start[v] + lo_i : first) + p;
+    const i64 u = neighbour_id(at, gpu_row, host_row, gpu_edges, wide, tiers, chunk, tail, tail_start);
     nbr[s] = disjoint ? (nodes[at_seed] / num_dst) * num_src + u : u;
     eid[s] = first + p;
     seed_local[s] = at_seed;

@@ -25,6 +25,10 @@ the neighbour ids in the same tiers: the hot lists' weights packed in GPU
 memory in the same order, the whole array pinned in host memory, or chunks
 placed like the ids' chunks. The GPU budget covers both (4 more bytes an
 edge).
+
+Times (temporal sampling, :mod:`.temporal`), int64, are held whole on the
+sampling device: per edge (``edge_time``, CSC order) or per source node
+(``src_time``); each node's list must be sorted by them.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from ..util.progress import tqdm
 from .csc import CSC, edge_weight_in_csc_order
+from .temporal import check_sorted, check_times
 
 #: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
 #: list mostly fall in one or two chunks).
@@ -94,6 +99,10 @@ class Topology:
             edge in the order the edges were given (checked by
             :func:`~hmgstore.graph.csc.edge_weight_in_csc_order`); None:
             uniform sampling.
+        src_time: int64 time of each source node (node-level temporal
+            sampling), or ``edge_time``: of each edge, in the order the edges
+            were given; each node's list must be sorted by it
+            (:func:`hmgstore.graph.temporal.sort_by_time`), else ValueError.
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
     host array the host tier reads), ``weight`` (float32 [E] in CSC order on
@@ -102,8 +111,9 @@ class Topology:
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
-                 progress: bool = True, place_chunks=None, weight=None):
+                 progress: bool = True, place_chunks=None, weight=None, src_time=None, edge_time=None):
         self.device = resolve_device(device)
+        self.src_time, self.edge_time, self.time_device = self._times(csc, src_time, edge_time)
         self.weight = None if weight is None else edge_weight_in_csc_order(weight, csc)
         self.gpu_weight: torch.Tensor | None = None  # the GPU tier's weights, in the GPU tier's order
         self._pinned_weight: PinnedHost | None = None
@@ -209,6 +219,33 @@ class Topology:
         """Whether the lists that do not fit are read through placed chunks (see the module docstring)."""
         return self._placed is not None
 
+    def _times(self, csc: CSC, src_time, edge_time) -> tuple:
+        """``(src_time, edge_time in CSC order, the one given on the sampling device)``, checked; Nones when
+        not temporal."""
+        if src_time is None and edge_time is None:
+            return None, None, None
+        if src_time is not None and edge_time is not None:
+            raise ValueError("a topology has node times or edge times, not both (as in PyG)")
+        if src_time is not None:
+            src_time = check_times(src_time, csc.size[0], "node times (src_time)")
+            check_sorted(src_time.index_select(0, csc.row.long()), csc)
+            return src_time, None, src_time.to(self.device)
+        edge_time = check_times(edge_time, csc.num_edges, "edge times (edge_time)")
+        edge_time = edge_time if csc.perm is None else edge_time.index_select(0, csc.perm)
+        check_sorted(edge_time, csc)
+        return None, edge_time, edge_time.to(self.device)
+
+    @property
+    def temporal(self) -> bool:
+        """Whether the topology holds node or edge times (for temporal sampling)."""
+        return self.time_device is not None
+
+    def time_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """int64 time of the edges at CSC ``positions`` (CPU): their own, or their source node's."""
+        if self.edge_time is not None:
+            return self.edge_time.index_select(0, positions)
+        return self.src_time.index_select(0, self.row.index_select(0, positions).long())
+
     @property
     def weighted(self) -> bool:
         """Whether the topology holds edge weights (for weighted sampling)."""
@@ -287,6 +324,7 @@ class Topology:
                 placed.close()  # sharded over a node's GPUs: collective, every rank closes its sampler
         self._pinned = self.gpu_row = self.start = self._placed = self.tiers = self.tail = None
         self._pinned_weight = self.gpu_weight = self._placed_weight = self.weight_tiers = self.weight_tail = None
+        self.time_device = None
 
     def __repr__(self) -> str:
         where = (f"gpu_edges={self.gpu_edges}, host_edges={self.num_edges - self.gpu_edges}"
