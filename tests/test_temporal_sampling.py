@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 import torch
+from stats_helpers import passes
 
 from hmgstore.graph import NeighborSampler, Topology, to_csc
 from hmgstore.graph.temporal import sort_by_time
-from stats_helpers import passes
 
 DEVICES = [pytest.param(("cpu", None), id="cpu"),
            pytest.param(("cuda", None), id="cuda-host", marks=pytest.mark.gpu),
