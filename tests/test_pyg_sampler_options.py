@@ -117,3 +117,85 @@ def test_hetero_weighted_and_induced(device):
         s, d = data[et].edge_index
         inside = torch.isin(s, src_ids) & torch.isin(d, dst_ids)
         assert got == set(zip(s[inside].tolist(), d[inside].tolist()))
+
+
+def temporal_data(level: str, n=300, m=2400, seed=2) -> Data:
+    data = graph(n, m, seed)
+    g = torch.Generator().manual_seed(seed)
+    if level == "node":
+        data.time = torch.randint(0, 100, (n,), generator=g)
+    else:
+        data.etime = torch.randint(0, 100, (m,), generator=g)
+    return data
+
+
+def check_in_the_past(batch, data, level, seed_time):
+    """Every sampled edge is no later than the seed time of the tree it belongs to."""
+    e_id, ei = batch.e_id.cpu(), batch.edge_index.cpu()
+    tree = batch.batch.cpu()[ei[1]]
+    if level == "node":
+        when = data.time[batch.n_id.cpu()[ei[0]]]
+    else:
+        when = data.etime[e_id]
+    assert bool((when <= seed_time[tree]).all())
+    assert torch.equal(tree, batch.batch.cpu()[ei[0]])  # disjoint trees
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("level", ["node", "edge"])
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+def test_temporal_neighbor_loader(device, level, strategy):
+    data = temporal_data(level)
+    attr = "time" if level == "node" else "etime"
+    sampler = HybridNeighborSampler(data, [4, 3], device=device, time_attr=attr, temporal_strategy=strategy)
+    seeds = torch.arange(0, 300, 3)
+    input_time = torch.randint(20, 100, (len(seeds),), generator=torch.Generator().manual_seed(3))
+    loader = NeighborLoader(data, [4, 3], neighbor_sampler=sampler, input_nodes=seeds, input_time=input_time,
+                            time_attr=attr, batch_size=25)
+    batches = list(loader)
+    for i, batch in enumerate(batches):
+        check_in_the_past(batch, data, level, input_time[25 * i:25 * (i + 1)])
+    if strategy == "last":  # deterministic: the same batches again
+        again = list(NeighborLoader(data, [4, 3], neighbor_sampler=sampler, input_nodes=seeds,
+                                    input_time=input_time, time_attr=attr, batch_size=25))
+        assert all(torch.equal(a.e_id, b.e_id) for a, b in zip(batches, again))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_temporal_seed_times_default_to_node_times(device):
+    data = temporal_data("node")
+    sampler = HybridNeighborSampler(data, [4], device=device, time_attr="time")
+    batch = next(iter(NeighborLoader(data, [4], neighbor_sampler=sampler, input_nodes=torch.arange(40),
+                                     batch_size=40)))
+    check_in_the_past(batch, data, "node", data.time[:40])
+    edge_level = HybridNeighborSampler(temporal_data("edge"), [4], device=device, time_attr="etime")
+    with pytest.raises(ValueError, match="input_time"):
+        next(iter(NeighborLoader(data, [4], neighbor_sampler=edge_level, input_nodes=torch.arange(4),
+                                 batch_size=4)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_temporal_link_neighbor_loader(device):
+    from torch_geometric.loader import LinkNeighborLoader
+
+    data = temporal_data("edge")
+    sampler = HybridNeighborSampler(data, [3, 2], device=device, time_attr="etime")
+    label_index, label_time = data.edge_index[:, :200], data.etime[:200]
+    loader = LinkNeighborLoader(data, [3, 2], neighbor_sampler=sampler, edge_label_index=label_index,
+                                edge_label_time=label_time, time_attr="etime", batch_size=50, neg_sampling="binary")
+    for batch in loader:
+        n_id = batch.n_id.cpu()
+        pos = batch.edge_label.cpu() == 1
+        assert torch.equal(n_id[batch.edge_label_index.cpu()[:, pos]], label_index[:, batch.input_id.cpu()])
+        seed_time = torch.cat([label_time[batch.input_id.cpu()]] * 4)  # src, dst, then the negatives' ends
+        check_in_the_past(batch, data, "edge", seed_time)
+
+
+def test_temporal_option_errors():
+    data = temporal_data("node")
+    with pytest.raises(ValueError, match="neither a node-level nor an edge-level"):
+        HybridNeighborSampler(data, [3], time_attr="when")
+    with pytest.raises(ValueError, match="weights and times"):
+        HybridNeighborSampler(data, [3], time_attr="time", weight_attr="edge_weight")
+    with pytest.raises(ValueError, match="cannot be disjoint or temporal"):
+        HybridNeighborSampler(data, [3], time_attr="time", subgraph_type="induced")

@@ -39,9 +39,11 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
 from hmgstore.graph.induced import induced_edges
+from hmgstore.graph.temporal import check_times, sort_by_time
 from hmgstore.rows import placement
 
 from .graph_store import CSCGraphStore, to_csc
+from .sampler_attrs import _edge_values, times_of
 
 
 def _graph_of(data) -> tuple[dict, dict]:
@@ -87,30 +89,6 @@ def _graph_of(data) -> tuple[dict, dict]:
         return edges, num_nodes
     raise TypeError("HybridNeighborSampler takes a Data, a HeteroData or a (FeatureStore, GraphStore) pair, "
                     f"got {type(data).__name__}")
-
-
-def _edge_values(data, attr: str, edges: dict, what: str) -> dict:
-    """Edge type -> the edge attribute ``attr`` (one value per edge, in the given edge order) of the edge types
-    that have it. Raises ValueError when none has it."""
-    found = {}
-    if isinstance(data, Data):
-        if getattr(data, "edge_index", None) is None:
-            raise ValueError(f"{what}={attr!r} needs the graph as edge_index (the edges' order), not adj_t")
-        if attr in data:
-            found[None] = data[attr]
-    elif isinstance(data, HeteroData):
-        found = {et: data[et][attr] for et in data.edge_types if attr in data[et]}
-    else:
-        feature_store = data[0]
-        for et in edges:
-            try:
-                found[et] = feature_store.get_tensor(group_name=et, attr_name=attr, index=None)
-            except (KeyError, ValueError, TypeError, AttributeError):
-                continue
-    if not found:
-        raise ValueError(f"no edge type holds the edge attribute {attr!r} given as {what}; store one value per edge "
-                         f"under that name (data.{attr} = ..., or data[edge_type].{attr} = ...)")
-    return found
 
 
 def _budgets(gpu_budget, edges: dict, device=None) -> dict:
@@ -171,22 +149,37 @@ class HybridNeighborSampler(BaseSampler):
         subgraph_type: also ``"induced"``: every edge of the graph between the
             sampled nodes (not with ``disjoint``, as in PyG); the output's
             ``num_sampled_edges`` is then None.
+        time_attr: the node or edge attribute holding int64 times (PyG's
+            ``time_attr``): temporal sampling (:mod:`hmgstore.graph.temporal`),
+            disjoint, no neighbour later than its tree's seed time: the
+            loader's ``input_time`` / ``edge_label_time``, else the seed's
+            node time. Times are held whole on the sampling device (8 bytes
+            a node or an edge). Edge types without times sample without a
+            time limit. Batches of seeds of two node types (a heterogeneous
+            ``LinkNeighborLoader`` between two node types) raise ValueError:
+            use PyG's ``NeighborSampler`` for those.
+        temporal_strategy: ``"uniform"`` or ``"last"`` (the most recent ``k``
+            in-edges), as in PyG.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
                  subgraph_type="directional", device=None, gpu_budget="auto", hot_order=None,
                  generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
-                 weight_attr=None, progress: bool = True, shard_topology: bool = False, topology_replicate=0):
-        if time_attr is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
-                                      "NeighborSampler for it")
+                 weight_attr=None, temporal_strategy: str = "uniform", progress: bool = True,
+                 shard_topology: bool = False, topology_replicate=0):
         self.subgraph_type = SubgraphType(subgraph_type)
-        if self.subgraph_type == SubgraphType.induced and disjoint:
+        if self.subgraph_type == SubgraphType.induced and (disjoint or time_attr is not None):
             raise ValueError("subgraph_type='induced' builds one subgraph for the whole batch: it cannot be "
-                             "disjoint (as in PyG); pass disjoint=False, or subgraph_type='directional'")
+                             "disjoint or temporal (as in PyG); pass subgraph_type='directional'")
         self.device = resolve_device(device)
         edges, self.num_nodes = _graph_of(data)
-        weights = {} if weight_attr is None else _edge_values(data, weight_attr, edges, "weight_attr")
+        per_edge: dict = {et: {} for et in edges}  # edge type -> Topology keywords: weight, src_time, edge_time
+        if weight_attr is not None:
+            for et, weight in _edge_values(data, weight_attr, edges, "weight_attr").items():
+                per_edge[et]["weight"] = weight
+        self.node_time: dict = {}
+        if time_attr is not None:
+            edges = self._temporal(data, time_attr, edges, per_edge)
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
         if not isinstance(num_neighbors, NumNeighbors):
@@ -204,19 +197,39 @@ class HybridNeighborSampler(BaseSampler):
 
                     topologies[et] = sharded_topology(csc, self.device, gpu_budget=budgets.get(et),
                                                       hot_order=orders.get(et), replicate=replicas.get(et, 0),
-                                                      progress=progress, weight=weights.get(et))
+                                                      progress=progress, **per_edge[et])
                 else:
                     topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et),
-                                              hot_order=orders.get(et), progress=progress, weight=weights.get(et))
+                                              hot_order=orders.get(et), progress=progress, **per_edge[et])
+            self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
+                                           generator=generator, dedup=dedup, temporal_strategy=temporal_strategy)
         except BaseException:
             for topo in topologies.values():
                 topo.close()
             raise
         self.num_neighbors = num_neighbors
-        self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
-                                       generator=generator, dedup=dedup)
-        self.replace, self.disjoint = replace, disjoint
+        self.replace, self.disjoint = replace, self.sampler.disjoint  # temporal sampling is disjoint
+        self.temporal_strategy, self.time_attr, self.weight_attr = temporal_strategy, time_attr, weight_attr
         self._perm = {et: (None if csc.perm is None else csc.perm.to(self.device)) for et, csc in edges.items()}
+
+    def _temporal(self, data, time_attr: str, edges: dict, per_edge: dict) -> dict:
+        """Read ``time_attr`` (node- or edge-level), sort each edge type's lists by it, and put the times in
+        ``per_edge``; the edge types' CSCs, sorted."""
+        self.node_time, edge_time = times_of(data, time_attr, edges, self.num_nodes)
+        self.node_time = {nt: check_times(t, self.num_nodes[nt], f"node times of {nt!r}" if nt else "node times")
+                          for nt, t in self.node_time.items()}
+        sorted_edges = {}
+        for et, csc in edges.items():
+            src = et[0] if et is not None else None
+            if src in self.node_time:
+                sorted_edges[et] = sort_by_time(csc, node_time=self.node_time[src])
+                per_edge[et]["src_time"] = self.node_time[src]
+            elif et in edge_time:
+                sorted_edges[et] = sort_by_time(csc, edge_time=edge_time[et])
+                per_edge[et]["edge_time"] = edge_time[et]
+            else:  # no times for this edge type: sampled without a time limit, as pyg-lib does
+                sorted_edges[et] = csc
+        return sorted_edges
 
     @property
     def topologies(self) -> dict:
@@ -233,12 +246,23 @@ class HybridNeighborSampler(BaseSampler):
             raise RuntimeError("a GPU HybridNeighborSampler samples in the loader's main process: pass num_workers=0 "
                                "(or build the sampler with device='cpu' to sample in the workers)")
 
+    def _seed_times(self, seeds: dict, seed_time) -> dict | None:
+        """Node type -> seed times: those given (a tensor, or a dict per node type), else the seeds' node times."""
+        if seed_time is not None:
+            return seed_time if isinstance(seed_time, dict) else {nt: seed_time for nt in seeds}
+        if not self.sampler.temporal:
+            return None
+        missing = [nt for nt in seeds if nt not in self.node_time]
+        if missing:
+            raise ValueError("temporal sampling by edge times needs each seed's time: give the loader input_time "
+                             "(NeighborLoader) or edge_label_time (LinkNeighborLoader)")
+        return {nt: self.node_time[nt].index_select(0, torch.as_tensor(ids).cpu().long()) for nt, ids in seeds.items()}
+
     def _sample(self, seed, seed_time=None, **kwargs):
         """PyG's ``sample_fn``: seeds (a tensor, or a dict per node type) -> a sampler output."""
-        if seed_time is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (seed times were given)")
         self._check_process()
-        out = self.sampler.sample(seed if isinstance(seed, dict) else {None: seed})
+        seeds = seed if isinstance(seed, dict) else {None: seed}
+        out = self.sampler.sample(seeds, self._seed_times(seeds, seed_time))
         if not self.is_hetero:
             return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=out.edge[None],
                                  batch=None if out.batch is None else out.batch[None],
@@ -277,7 +301,8 @@ class HybridNeighborSampler(BaseSampler):
         """The subgraphs around the edges ``index`` and their negatives, with PyG's own negative sampling;
         the edge labels and label indices come back on the sampler's device."""
         num_nodes = self.num_nodes if self.is_hetero else self.num_nodes[None]
-        out = edge_sample(index, self._sample, num_nodes, self.disjoint, None, neg_sampling)
+        node_time = (self.node_time if self.is_hetero else self.node_time.get(None)) or None
+        out = edge_sample(index, self._sample, num_nodes, self.disjoint, node_time, neg_sampling)
         out = self._finish(out)
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
         return out
