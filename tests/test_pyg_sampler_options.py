@@ -199,3 +199,14 @@ def test_temporal_option_errors():
         HybridNeighborSampler(data, [3], time_attr="time", weight_attr="edge_weight")
     with pytest.raises(ValueError, match="cannot be disjoint or temporal"):
         HybridNeighborSampler(data, [3], time_attr="time", subgraph_type="induced")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_labor_under_neighbor_loader(device):
+    data = graph()
+    sampler = HybridNeighborSampler(data, [4, 3], device=device, labor=True)
+    for batch in NeighborLoader(data, [4, 3], neighbor_sampler=sampler, input_nodes=torch.arange(100),
+                                batch_size=50):
+        n_id = batch.n_id.cpu()
+        assert torch.equal(n_id[batch.edge_index.cpu()], data.edge_index[:, batch.e_id.cpu()])
+        assert sum(batch.num_sampled_edges) == batch.edge_index.shape[1]

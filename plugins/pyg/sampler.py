@@ -160,12 +160,17 @@ class HybridNeighborSampler(BaseSampler):
             use PyG's ``NeighborSampler`` for those.
         temporal_strategy: ``"uniform"`` or ``"last"`` (the most recent ``k``
             in-edges), as in PyG.
+        labor: LABOR-0 (layer-neighbour) sampling instead of uniform, as
+            DGL's ``LaborSampler`` (:mod:`hmgstore.graph.labor`): ``k``
+            neighbours per node on average, shared between the batch's nodes,
+            so batches hold fewer nodes. Off by default; not with
+            ``replace``, ``weight_attr`` or ``time_attr``.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
                  subgraph_type="directional", device=None, gpu_budget="auto", hot_order=None,
                  generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
-                 weight_attr=None, temporal_strategy: str = "uniform", progress: bool = True,
+                 weight_attr=None, temporal_strategy: str = "uniform", labor: bool = False, progress: bool = True,
                  shard_topology: bool = False, topology_replicate=0):
         self.subgraph_type = SubgraphType(subgraph_type)
         if self.subgraph_type == SubgraphType.induced and (disjoint or time_attr is not None):
@@ -202,7 +207,8 @@ class HybridNeighborSampler(BaseSampler):
                     topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et),
                                               hot_order=orders.get(et), progress=progress, **per_edge[et])
             self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
-                                           generator=generator, dedup=dedup, temporal_strategy=temporal_strategy)
+                                           generator=generator, dedup=dedup, temporal_strategy=temporal_strategy,
+                                           labor=labor)
         except BaseException:
             for topo in topologies.values():
                 topo.close()

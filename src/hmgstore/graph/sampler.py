@@ -35,6 +35,7 @@ from ..rows.stats import merge
 from .captured import CapturedBatch, _sizes
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
+from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 from .temporal import STRATEGIES
 
@@ -80,6 +81,10 @@ class NeighborSampler:
             main thread) and replay it for later batches, in any thread: one
             launch instead of some thirty. Off while a topology counts
             statistics.
+        labor: LABOR-0 sampling (:mod:`.labor`) instead of uniform: seeds
+            that share neighbours take them together (``k`` per seed on
+            average), so a batch holds fewer nodes; hops then read their
+            sizes back. Not with weights, times or ``replace``.
         temporal_strategy: ``"uniform"`` or ``"last"``, how a temporal
             topology's time windows are sampled (:mod:`.temporal`). A sampler
             with a temporal topology is disjoint (as PyG's) and takes seed
@@ -94,7 +99,7 @@ class NeighborSampler:
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
                  disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None,
-                 cuda_graphs: bool = True, temporal_strategy: str = "uniform"):
+                 cuda_graphs: bool = True, temporal_strategy: str = "uniform", labor: bool = False):
         if not topologies:
             raise ValueError("a sampler needs at least one edge type's topology")
         devices = {t.device for t in topologies.values()}
@@ -123,6 +128,10 @@ class NeighborSampler:
         if temporal_strategy not in STRATEGIES:
             raise ValueError(f"temporal_strategy is one of {STRATEGIES}, got {temporal_strategy!r}")
         self.temporal_strategy = temporal_strategy
+        if labor and (replace or any(t.temporal or t.weighted for t in self.topologies.values())):
+            raise ValueError("LABOR sampling is defined here without replacement, weights or times; pass labor=False "
+                             "for those")
+        self.labor = labor
         disjoint = disjoint or self.temporal  # a seed's time bounds its own tree only
         dedup = dedup or ("hash" if self.device.type == "cuda" else "sort")
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
@@ -214,7 +223,7 @@ class NeighborSampler:
             keys[nt] = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids if self.disjoint else ids
         fanouts = [k for v in self.num_neighbors.values() for k in v]
         draws = self._draw_keys()
-        if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0:
+        if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0 and not self.labor:
             return self._sample_queued(keys, draws, tree_time)
         return self._sample_synced(keys, draws, tree_time)
 
@@ -227,6 +236,7 @@ class NeighborSampler:
 
     def _sample_synced(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None) -> Sample:
         """Hop after hop, reading each hop's sizes back (any device, any relabelling)."""
+        draws_cpu = draws
         if self.device.type == "cuda":
             draws = draws.to(self.device)
         sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k)), self._dense.get(nt))
@@ -249,8 +259,11 @@ class NeighborSampler:
                 hop_keys = sets[dst].keys[lo:hi]
                 nodes = hop_keys % self.num_nodes[dst] if self.disjoint else hop_keys
                 times = tree_time.index_select(0, hop_keys // self.num_nodes[dst]) if topo.temporal else None
-                nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key, seed_time=times,
-                                              strategy=self.temporal_strategy)
+                if self.labor:
+                    nbr, eid, counts = sample_hop_labor(topo, nodes, k, int(draws_cpu[at]))
+                else:
+                    nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key, seed_time=times,
+                                                  strategy=self.temporal_strategy)
                 seed_local = torch.arange(lo, hi, device=self.device).repeat_interleave(counts, output_size=len(nbr))
                 if self.disjoint:
                     owner = (hop_keys // self.num_nodes[dst]).repeat_interleave(counts, output_size=len(nbr))
