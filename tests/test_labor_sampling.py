@@ -2,10 +2,10 @@
 source node shared by the hop's seeds, fewer distinct nodes than uniform sampling; CPU and (gpu) GPU."""
 import pytest
 import torch
+from stats_helpers import chi2_critical
 
 from hmgstore.graph import NeighborSampler, Topology, to_csc
 from hmgstore.graph.labor import node_variates, sample_hop_labor
-from stats_helpers import chi2_critical
 
 DEVICES = [pytest.param(("cpu", None), id="cpu"),
            pytest.param(("cuda", None), id="cuda-host", marks=pytest.mark.gpu),
