@@ -210,3 +210,27 @@ def test_labor_under_neighbor_loader(device):
         n_id = batch.n_id.cpu()
         assert torch.equal(n_id[batch.edge_index.cpu()], data.edge_index[:, batch.e_id.cpu()])
         assert sum(batch.num_sampled_edges) == batch.edge_index.shape[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hetero_temporal_neighbor_loader(device):
+    """Node times on a HeteroData: every sampled edge's source is no later than its tree's seed."""
+    g = torch.Generator().manual_seed(4)
+    data = HeteroData()
+    data["paper"].x, data["paper"].time = torch.randn(200, 4, generator=g), torch.randint(0, 100, (200,), generator=g)
+    data["author"].x, data["author"].time = torch.randn(100, 4, generator=g), torch.randint(0, 100, (100,), generator=g)
+    data["author", "writes", "paper"].edge_index = torch.stack([torch.randint(0, 100, (800,), generator=g),
+                                                               torch.randint(0, 200, (800,), generator=g)])
+    data["paper", "cites", "paper"].edge_index = torch.randint(0, 200, (2, 900), generator=g)
+    data["paper", "rev_writes", "author"].edge_index = data["author", "writes", "paper"].edge_index.flip(0)
+    sampler = HybridNeighborSampler(data, [3, 2], device=device, time_attr="time", temporal_strategy="last")
+    seeds = torch.arange(64)
+    for batch in NeighborLoader(data, [3, 2], neighbor_sampler=sampler, input_nodes=("paper", seeds),
+                                batch_size=32, time_attr="time"):
+        seed_time = data["paper"].time[batch["paper"].n_id[:32].cpu()]  # seed times: the seeds' node times
+        for et in data.edge_types:
+            ei = batch[et].edge_index.cpu()
+            src_time = data[et[0]].time[batch[et[0]].n_id.cpu()[ei[0]]]
+            tree = batch[et[-1]].batch.cpu()[ei[1]]
+            assert bool((src_time <= seed_time[tree]).all())
+            assert torch.equal(tree, batch[et[0]].batch.cpu()[ei[0]])
