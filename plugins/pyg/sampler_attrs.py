@@ -13,7 +13,7 @@ from torch_geometric.data import Data, HeteroData
 def _edge_values(data, attr: str, edges: dict, what: str) -> dict:
     """Edge type -> the edge attribute ``attr`` (one value per edge, in the given edge order) of the edge types
     that have it. Raises ValueError when none has it."""
-    found = {}
+    found: dict = {}
     if isinstance(data, Data):
         if getattr(data, "edge_index", None) is None:
             raise ValueError(f"{what}={attr!r} needs the graph as edge_index (the edges' order), not adj_t")

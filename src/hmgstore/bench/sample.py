@@ -134,15 +134,15 @@ def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None, mode=N
     topo = Topology(csc, device, gpu_budget=budget, progress=not args.no_progress, **_extras(csc, mode, args.seed))
     sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup, labor=mode == "labor")
     g = torch.Generator().manual_seed(args.seed)
-    times = [{None: torch.randint(0, TIME_SPAN, (len(s),), generator=g)} if mode == "temporal" else None
-             for s in seeds]
+    seed_times = [{None: torch.randint(0, TIME_SPAN, (len(s),), generator=g)} if mode == "temporal" else None
+                  for s in seeds]
     try:
-        out = sampler.sample({None: seeds[0].to(device)}, times[0])
+        out = sampler.sample({None: seeds[0].to(device)}, seed_times[0])
         _check(csc, out.node[None], out.row[None], out.col[None], out.edge[None], name)
         edges = []
 
         def one(i):
-            o = sampler.sample({None: seeds[i % len(seeds)].to(device)}, times[i % len(seeds)])
+            o = sampler.sample({None: seeds[i % len(seeds)].to(device)}, seed_times[i % len(seeds)])
             edges.append(len(o.edge[None]))
 
         reps = args.batches if device.type == "cuda" else args.slow_batches
@@ -219,9 +219,10 @@ def run(args) -> dict:
         entry = {"kind": spec[0], "num_nodes": num_nodes, "num_edges": num_edges,
                  "max_degree": int(csc.colptr.diff().max()), "variants": {}}
         ids_bytes = csc.row.element_size() * num_edges
-        plan = {"hmg_gpu": (device, 2**62, None), "hmg_host": (device, None, None),
-                "hmg_cache": (device, int(args.cache * ids_bytes), None), "hmg_gpu_sort": (device, 2**62, "sort"),
-                "hmg_cpu": (torch.device("cpu"), None, None)}
+        plan: dict[str, tuple] = {  # name -> (device, GPU budget, dedup, sampling mode)
+            "hmg_gpu": (device, 2**62, None, None), "hmg_host": (device, None, None, None),
+            "hmg_cache": (device, int(args.cache * ids_bytes), None, None),
+            "hmg_gpu_sort": (device, 2**62, "sort", None), "hmg_cpu": (torch.device("cpu"), None, None, None)}
         for base in ("hmg_gpu", "hmg_host", "hmg_cpu"):
             for mode in MODES:
                 plan[f"{base}_{mode}"] = (*plan[base][:2], None, mode)
@@ -231,8 +232,8 @@ def run(args) -> dict:
             result: dict | None
             try:
                 if name in plan:
-                    result = _time_hmg(csc, fanout, seeds, args, *plan[name][:2], name, dedup=plan[name][2],
-                                       mode=plan[name][3] if len(plan[name]) > 3 else None)
+                    where, budget, dedup, mode = plan[name]
+                    result = _time_hmg(csc, fanout, seeds, args, where, budget, name, dedup=dedup, mode=mode)
                 elif name == "pyg_cpu":
                     result = _time_pyg(csc, fanout, seeds, args)
                 else:

@@ -72,7 +72,7 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     if topology.weighted:
         return weighted.sample_hop_weighted(topology, seeds, k, replace, key, drawn_as)
     first = topology.colptr.index_select(0, seeds)
-    if topology.temporal:
+    if seed_time is not None and topology.temporal:
         offset, degree = temporal.time_window(topology, seeds, seed_time, k, strategy)
         first = first + offset
     else:

@@ -258,7 +258,8 @@ class NeighborSampler:
                     continue
                 hop_keys = sets[dst].keys[lo:hi]
                 nodes = hop_keys % self.num_nodes[dst] if self.disjoint else hop_keys
-                times = tree_time.index_select(0, hop_keys // self.num_nodes[dst]) if topo.temporal else None
+                times = None if tree_time is None or not topo.temporal else \
+                    tree_time.index_select(0, hop_keys // self.num_nodes[dst])
                 if self.labor:
                     nbr, eid, counts = sample_hop_labor(topo, nodes, k, int(draws_cpu[at]))
                 else:
