@@ -29,16 +29,40 @@
 // is read from device memory, so a captured CUDA graph of a batch draws new samples each
 // time it is replayed with new keys.
 //
+// Edge weights (weighted sampling) sit beside the ids in the same position space: `gpu_weight[at]`
+// for at < G, `host_weight[at - G]` above, or, for a chunked topology, their own placed chunk table
+// (`wtiers`, same chunk size) and `wtail`. They are float32.
+//
+// Temporal sampling (hmgstore/graph/temporal.py) narrows each seed's list to a *window*: positions
+// [win_lo[i], win_lo[i] + win_deg[i]) of its list, the edges no later than the seed's time. When
+// win_lo / win_deg are given, every kernel below reads deg as win_deg[i] and positions from win_lo[i]
+// on; the edge id of window position p is colptr[v] + win_lo[i] + p.
+//
 // Kernels, one thread per seed or per slot:
+// - hmg_sample_window: per seed, the window: a binary search for the first position later than
+//   the seed's time (its own time, seed_time[i], or its tree's, seed_time[key / num_dst] when
+//   `per_tree`), over edge times (`edge_time`, by CSC position, on the GPU) or the source nodes'
+//   times (`src_time[u]`, u read from the id tiers); with `last` (and k >= 0) the window keeps its
+//   last k positions. log2(deg) dependent reads per seed.
 // - hmg_sample_counts: c_i = min(k, deg) (k when sampling with replacement and deg > 0;
 //   deg when k < 0), 0 past the hop's seeds.
 // - hmg_sample_floyd: seeds that sample without replacement (c_i < deg_i), Robert Floyd's
 //   algorithm: for t = 0 .. c-1, j = deg - c + t, r = draw(i, t) mod (j+1); slot t takes r,
 //   or j if r was taken already. Every c-subset is equally likely. The membership test
 //   reads the seed's earlier slots (c^2/2 reads, L1-resident for the fanouts GNNs use).
+// - hmg_sample_weighted: per seed of a weighted topology (hmgstore/graph/weighted.py is the same
+//   algorithm in torch). Without replacement (seeds with c_i < deg_i): the thread walks the seed's
+//   list once, gives position p the key -log(u_p) / w_p (u_p = unit_open(i, p); weight 0: after
+//   every positive weight, random among themselves) and keeps the c smallest keys sorted by
+//   insertion in the seed's slots of `pos` and of the float64 scratch `keys` (so any fanout works
+//   without local arrays; a key enters only if it beats the c-th, O(c log(deg / c)) times on
+//   average). The slots end in key order, the order successive weighted sampling draws them in.
+//   With replacement: one pass sums the weights, then each slot t walks the running sum to the
+//   first position past unit_closed_open(i, t) * total (uniform when every weight is 0).
+//   Neighbouring threads serve different seeds: reads are not coalesced, as in hmg_sample_floyd.
 // - hmg_sample_read: per slot. Finds its seed by binary search over `ends`, fills in the
 //   position (t itself when the seed takes every neighbour; a draw mod deg with replacement;
-//   else what hmg_sample_floyd wrote), reads the neighbour id from its tier and writes the
+//   else what hmg_sample_floyd wrote; with `given`, what hmg_sample_weighted wrote), reads the neighbour id from its tier and writes the
 //   neighbour's key, the edge id and the seed's local id. Neighbouring threads serve
 //   neighbouring slots of one seed, so their reads fall in the same adjacency list.
 
@@ -53,13 +77,25 @@ __device__ __forceinline__ u64 mix64(u64 z) {  // splitmix64's finaliser
 }
 
 // A uniform draw in [0, n) for slot t of seed i (63 random bits mod n: bias below n / 2^63).
+__device__ __forceinline__ u64 seed_hash(u64 key, i64 i) { return mix64(key ^ ((u64)i * 0xD1B54A32D192ED03ull)); }
+
 __device__ __forceinline__ i64 draw(u64 key, i64 i, i64 t, i64 n) {
-  const u64 h = mix64(key ^ ((u64)i * 0xD1B54A32D192ED03ull));
-  return (i64)((mix64(h + (u64)t) >> 1) % (u64)n);
+  return (i64)((mix64(seed_hash(key, i) + (u64)t) >> 1) % (u64)n);
 }
 
 __device__ __forceinline__ i64 load_id(const void* base, i64 k, bool wide) {
   return wide ? reinterpret_cast<const i64*>(base)[k] : (i64)reinterpret_cast<const int*>(base)[k];
+}
+
+// Where chunk c of a placed chunk table lives (the table's map, then its tier; see above).
+__device__ __forceinline__ const char* chunk_row(const i64* __restrict__ job, i64 c) {
+  const void* map = reinterpret_cast<const void*>(job[J_MAP]);
+  const i64 nid = !map ? c
+                : (job[J_FLAGS] & F_MAP64) ? reinterpret_cast<const i64*>(map)[c] : reinterpret_cast<const int*>(map)[c];
+  const int ntiers = (int)job[J_NTIERS];
+  int t = 0;
+  while (t + 1 < ntiers && nid >= job[J_BOUNDS + t + 1]) ++t;
+  return reinterpret_cast<const char*>(job[J_BASE + t]) + (nid - job[J_BOUNDS + t]) * job[J_PITCH + t];
 }
 
 // The neighbour id at CSC position `at` of a chunked topology (see above).
@@ -67,14 +103,27 @@ __device__ __forceinline__ i64 chunked_id(const i64* __restrict__ job, i64 at, i
                                           const void* tail, i64 tail_start) {
   if (at >= tail_start) return load_id(tail, at - tail_start, wide);
   const i64 c = at / chunk;
-  const void* map = reinterpret_cast<const void*>(job[J_MAP]);
-  const i64 nid = !map ? c
-                : (job[J_FLAGS] & F_MAP64) ? reinterpret_cast<const i64*>(map)[c] : reinterpret_cast<const int*>(map)[c];
-  const int ntiers = (int)job[J_NTIERS];
-  int t = 0;
-  while (t + 1 < ntiers && nid >= job[J_BOUNDS + t + 1]) ++t;
-  const char* ids = reinterpret_cast<const char*>(job[J_BASE + t]) + (nid - job[J_BOUNDS + t]) * job[J_PITCH + t];
-  return load_id(ids, at - c * chunk, wide);
+  return load_id(chunk_row(job, c), at - c * chunk, wide);
+}
+
+// The weight at position `at` (see above): chunked when `wtiers` is given, else GPU tier or host tier.
+__device__ __forceinline__ float load_weight(i64 at, const float* gpu_weight, const float* host_weight,
+                                             i64 gpu_edges, const i64* wtiers, i64 chunk, const float* wtail,
+                                             i64 tail_start) {
+  if (wtiers) {
+    if (at >= tail_start) return wtail[at - tail_start];
+    const i64 c = at / chunk;
+    return reinterpret_cast<const float*>(chunk_row(wtiers, c))[at - c * chunk];
+  }
+  return at < gpu_edges ? gpu_weight[at] : host_weight[at - gpu_edges];
+}
+
+// Uniform doubles from 53 random bits of draw counter t: in (0, 1] and in [0, 1) (graph/draws.py).
+__device__ __forceinline__ double unit_open(u64 h, i64 t) {
+  return (double)((mix64(h + (u64)t) >> 11) + 1) * 1.1102230246251565e-16 /* 2^-53 */;
+}
+__device__ __forceinline__ double unit_closed_open(u64 h, i64 t) {
+  return (double)(mix64(h + (u64)t) >> 11) * 1.1102230246251565e-16 /* 2^-53 */;
 }
 
 // The node id of seed i, or -1 past the hop's seeds.
@@ -84,16 +133,56 @@ __device__ __forceinline__ i64 seed_node(const i64* nodes, const i64* lohi, i64 
   return disjoint ? nodes[at] % num_dst : nodes[at];
 }
 
+// The neighbour id at position `at` of the tiers' position space (see above).
+__device__ __forceinline__ i64 neighbour_id(i64 at, const void* gpu_row, const void* host_row, i64 gpu_edges,
+                                            bool wide, const i64* tiers, i64 chunk, const void* tail,
+                                            i64 tail_start) {
+  return tiers ? chunked_id(tiers, at, chunk, wide, tail, tail_start)
+               : at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+}
+
+extern "C" __global__ void hmg_sample_window(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                             i64 max_seeds, const i64* __restrict__ colptr,
+                                             const i64* __restrict__ start, i64 num_dst, int disjoint,
+                                             const i64* __restrict__ seed_time, int per_tree,
+                                             const i64* __restrict__ edge_time, const i64* __restrict__ src_time,
+                                             const void* gpu_row, const void* host_row, i64 gpu_edges, int wide,
+                                             const i64* __restrict__ tiers, i64 chunk, const void* tail,
+                                             i64 tail_start, i64 k, int last, i64* __restrict__ win_lo,
+                                             i64* __restrict__ win_deg) {
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) {
+      win_lo[i] = win_deg[i] = 0;
+      continue;
+    }
+    const i64 time = per_tree ? seed_time[nodes[lohi[0] + i] / num_dst] : seed_time[i];
+    const i64 first = colptr[v], at0 = start ? start[v] : first;
+    i64 lo = 0, hi = colptr[v + 1] - first;  // window positions [0, hi): the first later one is in [lo, hi]
+    while (lo < hi) {
+      const i64 mid = (lo + hi) >> 1;
+      const i64 t = edge_time ? edge_time[first + mid]
+                  : src_time[neighbour_id(at0 + mid, gpu_row, host_row, gpu_edges, wide, tiers, chunk, tail,
+                                          tail_start)];
+      if (t > time) hi = mid; else lo = mid + 1;
+    }
+    const i64 begin = (last && k >= 0 && lo > k) ? lo - k : 0;
+    win_lo[i] = begin;
+    win_deg[i] = lo - begin;
+  }
+}
+
 extern "C" __global__ void hmg_sample_counts(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
                                              i64 max_seeds, const i64* __restrict__ colptr, i64 k, int replace,
-                                             i64 num_dst, int disjoint, i64* __restrict__ counts) {
+                                             i64 num_dst, int disjoint, const i64* __restrict__ win_deg,
+                                             i64* __restrict__ counts) {
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) {
       counts[i] = 0;
       continue;
     }
-    const i64 deg = colptr[v + 1] - colptr[v];
+    const i64 deg = win_deg ? win_deg[i] : colptr[v + 1] - colptr[v];
     counts[i] = k < 0 ? deg : replace ? (deg > 0 ? k : 0) : (deg < k ? deg : k);
   }
 }
@@ -102,12 +191,13 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const
                                             i64 max_seeds, const i64* __restrict__ colptr,
                                             const i64* __restrict__ counts, const i64* __restrict__ ends,
                                             i64 num_dst, int disjoint, const i64* __restrict__ key_ptr,
-                                            const i64* __restrict__ draw_index, i64* __restrict__ pos) {
+                                            const i64* __restrict__ draw_index, const i64* __restrict__ win_deg,
+                                            i64* __restrict__ pos) {
   const u64 key = (u64)*key_ptr;
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) continue;
-    const i64 deg = colptr[v + 1] - colptr[v];
+    const i64 deg = win_deg ? win_deg[i] : colptr[v + 1] - colptr[v];
     const i64 c = counts[i];
     if (c >= deg) continue;  // takes every neighbour: hmg_sample_read fills it in
     i64* out = pos + ends[i] - c;
@@ -126,6 +216,72 @@ extern "C" __global__ void hmg_sample_floyd(const i64* __restrict__ nodes, const
   }
 }
 
+// See the header. ZERO_KEY: graph/weighted.py's, above every key of a positive float32 weight.
+#define ZERO_KEY 1e200
+extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                               i64 max_seeds, const i64* __restrict__ colptr,
+                                               const i64* __restrict__ start, const i64* __restrict__ counts,
+                                               const i64* __restrict__ ends, i64 num_dst, int disjoint,
+                                               const i64* __restrict__ key_ptr, const i64* __restrict__ draw_index,
+                                               const float* gpu_weight, const float* host_weight, i64 gpu_edges,
+                                               const i64* __restrict__ wtiers, i64 chunk, const float* wtail,
+                                               i64 tail_start, int replace, i64* __restrict__ pos,
+                                               double* __restrict__ keys) {
+  const u64 key = (u64)*key_ptr;
+  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) continue;
+    const i64 first = colptr[v], deg = colptr[v + 1] - first, c = counts[i];
+    if (c == 0 || (!replace && c >= deg)) continue;  // nothing, or every neighbour: hmg_sample_read fills it in
+    const i64 at0 = start ? start[v] : first;
+    const u64 h = seed_hash(key, draw_index ? draw_index[i] : i);
+    i64* out = pos + ends[i] - c;
+    if (replace) {
+      double total = 0.0;
+      for (i64 p = 0; p < deg; ++p)
+        total += load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+      for (i64 t = 0; t < c; ++t) {
+        if (!(total > 0.0)) {  // every weight 0: uniform
+          out[t] = (i64)((mix64(h + (u64)t) >> 1) % (u64)deg);
+          continue;
+        }
+        const double target = unit_closed_open(h, t) * total;
+        double acc = 0.0;
+        i64 chosen = -1, last = 0;
+        for (i64 p = 0; p < deg; ++p) {
+          const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+          if (w > 0.0f) {
+            acc += (double)w;
+            last = p;
+            if (acc > target) {
+              chosen = p;
+              break;
+            }
+          }
+        }
+        out[t] = chosen >= 0 ? chosen : last;  // rounding left the target past the sum: the last positive weight
+      }
+      continue;
+    }
+    double* kk = keys + ends[i] - c;
+    i64 n = 0;  // slots filled so far; kk[0 .. n) ascending
+    for (i64 p = 0; p < deg; ++p) {
+      const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+      const double u = unit_open(h, p);
+      const double k = w > 0.0f ? -log(u) / (double)w : ZERO_KEY * (1.0 + u);
+      if (n == c && k >= kk[c - 1]) continue;
+      i64 j = n < c ? n++ : c - 1;  // the slot freed for it: the next empty one, or the largest key's
+      while (j > 0 && kk[j - 1] > k) {
+        kk[j] = kk[j - 1];
+        out[j] = out[j - 1];
+        --j;
+      }
+      kk[j] = k;
+      out[j] = p;
+    }
+  }
+}
+
 extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
                                            i64 max_seeds, const i64* __restrict__ colptr,
                                            const i64* __restrict__ start, const i64* __restrict__ counts,
@@ -134,7 +290,9 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
                                            int replace, const i64* __restrict__ key_ptr, i64 num_dst, i64 num_src,
                                            int disjoint, const i64* __restrict__ draw_index,
                                            const i64* __restrict__ tiers, i64 chunk,
-                                           const void* tail, i64 tail_start, i64* __restrict__ nbr,
+                                           const void* tail, i64 tail_start, int given,
+                                           const i64* __restrict__ win_lo, const i64* __restrict__ win_deg,
+                                           i64* __restrict__ nbr,
                                            i64* __restrict__ eid, i64* __restrict__ seed_local) {
   if (max_seeds == 0) return;
   const u64 key = (u64)*key_ptr;
@@ -149,9 +307,12 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
     const i64 i = lo, c = counts[i], t = s - (ends[i] - c);
     const i64 at_seed = lohi[0] + i;
     const i64 v = disjoint ? nodes[at_seed] % num_dst : nodes[at_seed];
-    const i64 first = colptr[v], deg = colptr[v + 1] - first;
+    const i64 lo_i = win_lo ? win_lo[i] : 0;
+    const i64 first = colptr[v] + lo_i, deg = win_deg ? win_deg[i] : colptr[v + 1] - first;
     i64 p;
-    if (replace) {
+    if (given) {  // hmg_sample_weighted wrote the drawn positions
+      p = (!replace && c >= deg) ? t : pos[s];
+    } else if (replace) {
       p = draw(key, draw_index ? draw_index[i] : i, t, deg);
     } else if (c >= deg) {
       p = t;
@@ -159,9 +320,8 @@ extern "C" __global__ void hmg_sample_read(const i64* __restrict__ nodes, const 
       p = pos[s];
     }
     pos[s] = p;
-    const i64 at = (start ? start[v] : first) + p;
-    const i64 u = tiers ? chunked_id(tiers, at, chunk, wide, tail, tail_start)
-                : at < gpu_edges ? load_id(gpu_row, at, wide) : load_id(host_row, at - gpu_edges, wide);
+    const i64 at = (start ? start[v] + lo_i : first) + p;
+    const i64 u = neighbour_id(at, gpu_row, host_row, gpu_edges, wide, tiers, chunk, tail, tail_start);
     nbr[s] = disjoint ? (nodes[at_seed] / num_dst) * num_src + u : u;
     eid[s] = first + p;
     seed_local[s] = at_seed;

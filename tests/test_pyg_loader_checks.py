@@ -138,9 +138,13 @@ def test_without_pyg_sampler_the_stores_sample_with_hmgstores(no_pyg_sampler, st
     assert next(iter(link)).edge_label.numel() == 16
 
 
-def test_without_pyg_sampler_what_only_pyg_does_says_how_to_get_it(no_pyg_sampler, stores, small_graph):
-    with pytest.raises(ImportError, match=r"subgraph_type='induced'.*make pyg-sampler"):
-        NeighborLoader(stores, [5], input_nodes=small_graph.train_idx, subgraph_type="induced")
+def test_without_pyg_sampler_induced_samples_with_hmgstores(no_pyg_sampler, stores, small_graph):
+    with pytest.warns(UserWarning, match="make pyg-sampler"):
+        loader = NeighborLoader(stores, [5], input_nodes=small_graph.train_idx, subgraph_type="induced",
+                                batch_size=64)
+    assert loader.node_sampler.subgraph_type.value == "induced"
+    batch = next(iter(loader))
+    assert "num_sampled_edges" not in batch and batch.edge_index.shape[1] > 0  # induced: no edges per hop
 
 
 def test_the_example_says_how_to_get_pyg_sampler(no_pyg_sampler, capsys):

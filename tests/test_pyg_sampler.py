@@ -138,13 +138,13 @@ def test_closed_sampler_refuses(data, device):
                                      batch_size=2)))
 
 
-def test_unsupported_options_say_so(data):
-    with pytest.raises(NotImplementedError, match="temporal"):
+def test_options_the_graph_cannot_serve_say_so(data):
+    with pytest.raises(ValueError, match="time attribute 'time'"):
         HybridNeighborSampler(data, [3], time_attr="time")
-    with pytest.raises(NotImplementedError, match="edge-weighted"):
+    with pytest.raises(ValueError, match="edge attribute 'w'"):
         HybridNeighborSampler(data, [3], weight_attr="w")
-    with pytest.raises(NotImplementedError, match="induced"):
-        HybridNeighborSampler(data, [3], subgraph_type="induced")
+    with pytest.raises(ValueError, match="cannot be disjoint"):
+        HybridNeighborSampler(data, [3], subgraph_type="induced", disjoint=True)
     with pytest.raises(TypeError, match="takes a Data"):
         HybridNeighborSampler(data.x, [3])
 

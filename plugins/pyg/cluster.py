@@ -115,7 +115,8 @@ class ClusterNeighborSampler(BaseSampler):
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs) -> SamplerOutput:
         if index.time is not None:
-            raise NotImplementedError("ClusterNeighborSampler does not do temporal sampling")
+            raise NotImplementedError("ClusterNeighborSampler does not do temporal sampling (input_time was given): "
+                                      "on one machine, HybridNeighborSampler(data, ..., time_attr=...) does")
         if torch.utils.data.get_worker_info() is not None:
             raise RuntimeError("ClusterNeighborSampler samples collectively, in the loader's main process: pass "
                                "num_workers=0")
@@ -125,7 +126,8 @@ class ClusterNeighborSampler(BaseSampler):
                              num_sampled_edges=out.num_sampled_edges[None], metadata=(index.input_id, index.time))
 
     def sample_from_edges(self, index, neg_sampling=None):
-        raise NotImplementedError("ClusterNeighborSampler samples around nodes only")
+        raise NotImplementedError("ClusterNeighborSampler samples around nodes only (NeighborLoader): for "
+                                  "LinkNeighborLoader use HybridNeighborSampler on one machine")
 
     def close(self) -> None:
         """Free the topology's GPU memory, if any (see :meth:`DistributedNeighborSampler.close`)."""

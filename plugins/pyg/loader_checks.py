@@ -44,10 +44,9 @@ stores, or a ``HybridNeighborSampler``, is built; importing
   passed already;
 - without pyg-lib and torch-sparse, where the loader would build PyG's own
   sampler, samples with a CPU ``HybridNeighborSampler`` given the loader's
-  options (a warning says so; draws differ from PyG's), or, for what that
-  sampler does not do (``time_attr``, ``weight_attr``,
-  ``subgraph_type="induced"``), raises ImportError naming ``make
-  pyg-sampler``.
+  options (``num_neighbors``, ``replace``, ``disjoint``, ``subgraph_type``,
+  ``time_attr``, ``weight_attr``, ``temporal_strategy``; a warning says so;
+  draws differ from PyG's).
 
 What stays PyG's: a custom sampler over a plain ``Data`` gets the option
 check only; PyG's other loaders (``HGTLoader``, ``ClusterLoader``, ...), and
@@ -179,7 +178,7 @@ def _edge_label_index(args: dict, data) -> None:
             f"edge types {edge_types}")
 
 
-_OPTIONS = ("num_neighbors", "replace", "disjoint", "subgraph_type", "time_attr", "weight_attr")
+_OPTIONS = ("num_neighbors", "replace", "disjoint", "subgraph_type", "time_attr", "weight_attr", "temporal_strategy")
 
 
 def _option_differences(sampler, given: dict) -> list[str]:
@@ -197,8 +196,9 @@ def _option_differences(sampler, given: dict) -> list[str]:
             except (TypeError, ValueError):
                 differ = True
             mine = sampler.num_neighbors.values
-        elif name in ("time_attr", "weight_attr"):
-            differ, mine = value is not None, None
+        elif name in ("time_attr", "weight_attr", "temporal_strategy"):
+            mine = getattr(sampler, name)
+            differ = value != mine and not (name == "temporal_strategy" and mine is None)
         elif name == "subgraph_type":
             differ, mine = SubgraphType(value) != sampler.subgraph_type, sampler.subgraph_type.value
         else:
@@ -222,18 +222,15 @@ def _check_sampler_options(loader_name: str, sampler, given: dict) -> None:
 def _sampler_for_missing_pyg(loader_name: str, args: dict):
     """A CPU HybridNeighborSampler with the loader's options, where PyG's own sampler cannot run."""
     subgraph_type = SubgraphType(args.get("subgraph_type", "directional"))
-    unsupported = [f"{k}={args[k]!r}" for k in ("time_attr", "weight_attr") if args.get(k) is not None]
-    if subgraph_type == SubgraphType.induced or args.get("directed", True) is False:
-        unsupported.append("subgraph_type='induced'")
-    if unsupported:
-        raise ImportError(f"{loader_name}(stores, ..., {', '.join(unsupported)}): {PYG_SAMPLER_MISSING}. "
-                          "hmgstore's sampler does not do that option, so only PyG's can")
+    if args.get("directed", True) is False:
+        subgraph_type = SubgraphType.induced
     warnings.warn(f"{loader_name}: {PYG_SAMPLER_MISSING}. Sampling with HybridNeighborSampler on the CPU, "
-                  "with the loader's num_neighbors, replace, disjoint and subgraph_type (the same distribution, "
-                  "other draws than PyG's)", UserWarning, stacklevel=4)
+                  "with the loader's num_neighbors, replace, disjoint, subgraph_type, time_attr, weight_attr and "
+                  "temporal_strategy (the same distribution, other draws than PyG's)", UserWarning, stacklevel=4)
     return HybridNeighborSampler(args["data"], args["num_neighbors"], replace=args.get("replace", False),
                                  disjoint=args.get("disjoint", False), subgraph_type=subgraph_type, device="cpu",
-                                 progress=False)
+                                 time_attr=args.get("time_attr"), weight_attr=args.get("weight_attr"),
+                                 temporal_strategy=args.get("temporal_strategy", "uniform"), progress=False)
 
 
 def _check(loader_name: str, args: dict) -> None:

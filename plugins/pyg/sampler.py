@@ -38,9 +38,12 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
+from hmgstore.graph.induced import induced_edges
+from hmgstore.graph.temporal import check_times, sort_by_time
 from hmgstore.rows import hotness
 
 from .graph_store import CSCGraphStore, to_csc
+from .sampler_attrs import _edge_values, times_of
 
 
 def _graph_of(data) -> tuple[dict, dict]:
@@ -136,26 +139,52 @@ class HybridNeighborSampler(BaseSampler):
             global one, so ``torch.manual_seed`` fixes the batches).
         dedup: how sampled nodes are relabelled, ``"hash"`` (GPU) or
             ``"sort"``; default: hash on a GPU, sort on the CPU.
-        time_attr: not supported yet (temporal sampling): NotImplementedError.
-        weight_attr: not supported yet (edge-weighted sampling): NotImplementedError.
+        weight_attr: the edge attribute holding sampling weights (PyG's
+            ``weight_attr``): edge-weighted sampling without replacement
+            (successive sampling, see :mod:`hmgstore.graph.weighted`) or, with
+            ``replace``, in proportion to weight. Edge types without the
+            attribute sample uniformly. The weights are held as float32 beside
+            the neighbour ids, in the same tiers (4 more bytes an edge of the
+            GPU budget).
+        subgraph_type: also ``"induced"``: every edge of the graph between the
+            sampled nodes (not with ``disjoint``, as in PyG); the output's
+            ``num_sampled_edges`` is then None.
+        time_attr: the node or edge attribute holding int64 times (PyG's
+            ``time_attr``): temporal sampling (:mod:`hmgstore.graph.temporal`),
+            disjoint, no neighbour later than its tree's seed time: the
+            loader's ``input_time`` / ``edge_label_time``, else the seed's
+            node time. Times are held whole on the sampling device (8 bytes
+            a node or an edge). Edge types without times sample without a
+            time limit. Batches of seeds of two node types (a heterogeneous
+            ``LinkNeighborLoader`` between two node types) raise ValueError:
+            use PyG's ``NeighborSampler`` for those.
+        temporal_strategy: ``"uniform"`` or ``"last"`` (the most recent ``k``
+            in-edges), as in PyG.
+        labor: LABOR-0 (layer-neighbour) sampling instead of uniform, as
+            DGL's ``LaborSampler`` (:mod:`hmgstore.graph.labor`): ``k``
+            neighbours per node on average, shared between the batch's nodes,
+            so batches hold fewer nodes. Off by default; not with
+            ``replace``, ``weight_attr`` or ``time_attr``.
     """
 
     def __init__(self, data, num_neighbors, *, replace: bool = False, disjoint: bool = False,
                  subgraph_type="directional", device=None, gpu_budget="auto", hot_order=None,
                  generator: torch.Generator | None = None, dedup: str | None = None, time_attr=None,
-                 weight_attr=None, progress: bool = True, shard_topology: bool = False, topology_replicate=0):
-        if time_attr is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (time_attr); use PyG's "
-                                      "NeighborSampler for it")
-        if weight_attr is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do edge-weighted sampling (weight_attr) yet; "
-                                      "use PyG's NeighborSampler for it")
+                 weight_attr=None, temporal_strategy: str = "uniform", labor: bool = False, progress: bool = True,
+                 shard_topology: bool = False, topology_replicate=0):
         self.subgraph_type = SubgraphType(subgraph_type)
-        if self.subgraph_type == SubgraphType.induced:
-            raise NotImplementedError("subgraph_type='induced' is not supported; use 'directional' or "
-                                      "'bidirectional'")
+        if self.subgraph_type == SubgraphType.induced and (disjoint or time_attr is not None):
+            raise ValueError("subgraph_type='induced' builds one subgraph for the whole batch: it cannot be "
+                             "disjoint or temporal (as in PyG); pass subgraph_type='directional'")
         self.device = resolve_device(device)
         edges, self.num_nodes = _graph_of(data)
+        per_edge: dict = {et: {} for et in edges}  # edge type -> Topology keywords: weight, src_time, edge_time
+        if weight_attr is not None:
+            for et, weight in _edge_values(data, weight_attr, edges, "weight_attr").items():
+                per_edge[et]["weight"] = weight
+        self.node_time: dict = {}
+        if time_attr is not None:
+            edges = self._temporal(data, time_attr, edges, per_edge)
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
         if not isinstance(num_neighbors, NumNeighbors):
@@ -173,19 +202,40 @@ class HybridNeighborSampler(BaseSampler):
 
                     topologies[et] = sharded_topology(csc, self.device, gpu_budget=budgets.get(et),
                                                       hot_order=orders.get(et), replicate=replicas.get(et, 0),
-                                                      progress=progress)
+                                                      progress=progress, **per_edge[et])
                 else:
                     topologies[et] = Topology(csc, self.device, gpu_budget=budgets.get(et),
-                                              hot_order=orders.get(et), progress=progress)
+                                              hot_order=orders.get(et), progress=progress, **per_edge[et])
+            self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
+                                           generator=generator, dedup=dedup, temporal_strategy=temporal_strategy,
+                                           labor=labor)
         except BaseException:
             for topo in topologies.values():
                 topo.close()
             raise
         self.num_neighbors = num_neighbors
-        self.sampler = NeighborSampler(topologies, self.num_nodes, per_type, replace=replace, disjoint=disjoint,
-                                       generator=generator, dedup=dedup)
-        self.replace, self.disjoint = replace, disjoint
+        self.replace, self.disjoint = replace, self.sampler.disjoint  # temporal sampling is disjoint
+        self.temporal_strategy, self.time_attr, self.weight_attr = temporal_strategy, time_attr, weight_attr
         self._perm = {et: (None if csc.perm is None else csc.perm.to(self.device)) for et, csc in edges.items()}
+
+    def _temporal(self, data, time_attr: str, edges: dict, per_edge: dict) -> dict:
+        """Read ``time_attr`` (node- or edge-level), sort each edge type's lists by it, and put the times in
+        ``per_edge``; the edge types' CSCs, sorted."""
+        self.node_time, edge_time = times_of(data, time_attr, edges, self.num_nodes)
+        self.node_time = {nt: check_times(t, self.num_nodes[nt], f"node times of {nt!r}" if nt else "node times")
+                          for nt, t in self.node_time.items()}
+        sorted_edges = {}
+        for et, csc in edges.items():
+            src = et[0] if et is not None else None
+            if src in self.node_time:
+                sorted_edges[et] = sort_by_time(csc, node_time=self.node_time[src])
+                per_edge[et]["src_time"] = self.node_time[src]
+            elif et in edge_time:
+                sorted_edges[et] = sort_by_time(csc, edge_time=edge_time[et])
+                per_edge[et]["edge_time"] = edge_time[et]
+            else:  # no times for this edge type: sampled without a time limit, as pyg-lib does
+                sorted_edges[et] = csc
+        return sorted_edges
 
     @property
     def topologies(self) -> dict:
@@ -202,12 +252,23 @@ class HybridNeighborSampler(BaseSampler):
             raise RuntimeError("a GPU HybridNeighborSampler samples in the loader's main process: pass num_workers=0 "
                                "(or build the sampler with device='cpu' to sample in the workers)")
 
+    def _seed_times(self, seeds: dict, seed_time) -> dict | None:
+        """Node type -> seed times: those given (a tensor, or a dict per node type), else the seeds' node times."""
+        if seed_time is not None:
+            return seed_time if isinstance(seed_time, dict) else {nt: seed_time for nt in seeds}
+        if not self.sampler.temporal:
+            return None
+        missing = [nt for nt in seeds if nt not in self.node_time]
+        if missing:
+            raise ValueError("temporal sampling by edge times needs each seed's time: give the loader input_time "
+                             "(NeighborLoader) or edge_label_time (LinkNeighborLoader)")
+        return {nt: self.node_time[nt].index_select(0, torch.as_tensor(ids).cpu().long()) for nt, ids in seeds.items()}
+
     def _sample(self, seed, seed_time=None, **kwargs):
         """PyG's ``sample_fn``: seeds (a tensor, or a dict per node type) -> a sampler output."""
-        if seed_time is not None:
-            raise NotImplementedError("HybridNeighborSampler does not do temporal sampling (seed times were given)")
         self._check_process()
-        out = self.sampler.sample(seed if isinstance(seed, dict) else {None: seed})
+        seeds = seed if isinstance(seed, dict) else {None: seed}
+        out = self.sampler.sample(seeds, self._seed_times(seeds, seed_time))
         if not self.is_hetero:
             return SamplerOutput(node=out.node[None], row=out.row[None], col=out.col[None], edge=out.edge[None],
                                  batch=None if out.batch is None else out.batch[None],
@@ -219,6 +280,20 @@ class HybridNeighborSampler(BaseSampler):
     def _finish(self, out):
         if self.subgraph_type == SubgraphType.bidirectional:
             out = out.to_bidirectional()
+        elif self.subgraph_type == SubgraphType.induced:
+            out = self._induced(out)
+        return out
+
+    def _induced(self, out):
+        """``out`` with its edges replaced by every edge between its nodes (PyG's induced subgraph)."""
+        if not self.is_hetero:
+            out.row, out.col, out.edge = induced_edges(self.topologies[None], out.node, out.node)
+        else:
+            for et, topo in self.topologies.items():
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                src, dst = out.node.get(et[0], empty), out.node.get(et[-1], empty)
+                out.row[et], out.col[et], out.edge[et] = induced_edges(topo, src, dst)
+        out.num_sampled_edges = None
         return out
 
     def sample_from_nodes(self, index: NodeSamplerInput, **kwargs):
@@ -232,7 +307,8 @@ class HybridNeighborSampler(BaseSampler):
         """The subgraphs around the edges ``index`` and their negatives, with PyG's own negative sampling;
         the edge labels and label indices come back on the sampler's device."""
         num_nodes = self.num_nodes if self.is_hetero else self.num_nodes[None]
-        out = edge_sample(index, self._sample, num_nodes, self.disjoint, None, neg_sampling)
+        node_time = (self.node_time if self.is_hetero else self.node_time.get(None)) or None
+        out = edge_sample(index, self._sample, num_nodes, self.disjoint, node_time, neg_sampling)
         out = self._finish(out)
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
         return out

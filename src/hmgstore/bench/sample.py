@@ -20,7 +20,14 @@ Variants:
 - ``pyg_cpu``: PyG's CPU sampler (torch-sparse's ``neighbor_sample``, one
   thread per call, as PyG's loader runs it), when torch-sparse is installed;
 - ``dgl_cpu``: DGL's CPU ``NeighborSampler.sample_blocks`` (all cores:
-  fused sampling and relabelling), when DGL is installed.
+  fused sampling and relabelling), when DGL is installed;
+- ``*_weighted``, ``*_temporal``, ``*_labor`` beside ``hmg_gpu``,
+  ``hmg_host`` and ``hmg_cpu``: the same topology placement with edge
+  weights (uniform in [0.1, 1.1), float32, in the same tiers), with edge
+  times (each list's times rising 0..1000 along it, seed times uniform in
+  [0, 1000): on average half a list is in a seed's past; temporal sampling
+  is disjoint, as PyG's), or LABOR-0 sampling. The report gives each as a
+  ratio to its uniform variant, measured in the same run.
 
 Graphs are power-law CSC topologies generated directly (degrees from a Zipf
 law over randomly permuted node ids; neighbours uniform over the nodes):
@@ -45,7 +52,12 @@ from .timing import median_seconds
 
 log = logging.getLogger(__name__)
 
-VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_cpu", "dgl_cpu")
+VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_cpu", "dgl_cpu",
+            "hmg_gpu_weighted", "hmg_host_weighted", "hmg_cpu_weighted", "hmg_gpu_temporal", "hmg_host_temporal",
+            "hmg_cpu_temporal", "hmg_gpu_labor", "hmg_host_labor", "hmg_cpu_labor")
+MODES = ("weighted", "temporal", "labor")
+#: Edge times run 0 .. TIME_SPAN - 1 along each list; seed times are uniform over the same span.
+TIME_SPAN = 1000
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
 CPU = ["--graphs", "synthetic:200K"]
 QUICK = ["--graphs", "20K:200K", "--batch-size", "256", "--batches", "3", "--slow-batches", "2"]
@@ -104,16 +116,33 @@ def _check(csc: CSC, node, row_local, col_local, eid, name: str) -> None:
     _check_edges(csc, node[row_local.cpu().long()], node[col_local.cpu().long()], eid, name)
 
 
-def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None) -> dict:
-    topo = Topology(csc, device, gpu_budget=budget, progress=not args.no_progress)
-    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup)
+def _extras(csc: CSC, mode: str | None, seed: int) -> dict:
+    """Topology keywords of a ``*_weighted`` / ``*_temporal`` variant (see the module docstring)."""
+    if mode == "weighted":
+        return {"weight": torch.rand(csc.num_edges, generator=torch.Generator().manual_seed(seed)) + 0.1}
+    if mode == "temporal":  # rising along each list: sorted by time with no sort (CSC order is the given order)
+        degree = csc.colptr.diff()
+        col = torch.repeat_interleave(torch.arange(csc.size[1]), degree, output_size=csc.num_edges)
+        rank = torch.arange(csc.num_edges) - csc.colptr[:-1].index_select(0, col)
+        return {"edge_time": rank * TIME_SPAN // degree.index_select(0, col)}
+    return {}
+
+
+def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None, mode=None) -> dict:
+    if mode == "temporal":
+        csc = CSC(csc.row, csc.colptr, None, csc.size)  # the times are given in CSC order
+    topo = Topology(csc, device, gpu_budget=budget, progress=not args.no_progress, **_extras(csc, mode, args.seed))
+    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup, labor=mode == "labor")
+    g = torch.Generator().manual_seed(args.seed)
+    seed_times = [{None: torch.randint(0, TIME_SPAN, (len(s),), generator=g)} if mode == "temporal" else None
+                  for s in seeds]
     try:
-        out = sampler.sample({None: seeds[0].to(device)})
+        out = sampler.sample({None: seeds[0].to(device)}, seed_times[0])
         _check(csc, out.node[None], out.row[None], out.col[None], out.edge[None], name)
         edges = []
 
         def one(i):
-            o = sampler.sample({None: seeds[i % len(seeds)].to(device)})
+            o = sampler.sample({None: seeds[i % len(seeds)].to(device)}, seed_times[i % len(seeds)])
             edges.append(len(o.edge[None]))
 
         reps = args.batches if device.type == "cuda" else args.slow_batches
@@ -190,16 +219,21 @@ def run(args) -> dict:
         entry = {"kind": spec[0], "num_nodes": num_nodes, "num_edges": num_edges,
                  "max_degree": int(csc.colptr.diff().max()), "variants": {}}
         ids_bytes = csc.row.element_size() * num_edges
-        plan = {"hmg_gpu": (device, 2**62, None), "hmg_host": (device, None, None),
-                "hmg_cache": (device, int(args.cache * ids_bytes), None), "hmg_gpu_sort": (device, 2**62, "sort"),
-                "hmg_cpu": (torch.device("cpu"), None, None)}
+        plan: dict[str, tuple] = {  # name -> (device, GPU budget, dedup, sampling mode)
+            "hmg_gpu": (device, 2**62, None, None), "hmg_host": (device, None, None, None),
+            "hmg_cache": (device, int(args.cache * ids_bytes), None, None),
+            "hmg_gpu_sort": (device, 2**62, "sort", None), "hmg_cpu": (torch.device("cpu"), None, None, None)}
+        for base in ("hmg_gpu", "hmg_host", "hmg_cpu"):
+            for mode in MODES:
+                plan[f"{base}_{mode}"] = (*plan[base][:2], None, mode)
         for name in args.variants:
-            if name.startswith("hmg") and name != "hmg_cpu" and not cuda:
+            if name.startswith("hmg") and not name.startswith("hmg_cpu") and not cuda:
                 continue
             result: dict | None
             try:
                 if name in plan:
-                    result = _time_hmg(csc, fanout, seeds, args, *plan[name][:2], name, dedup=plan[name][2])
+                    where, budget, dedup, mode = plan[name]
+                    result = _time_hmg(csc, fanout, seeds, args, where, budget, name, dedup=dedup, mode=mode)
                 elif name == "pyg_cpu":
                     result = _time_pyg(csc, fanout, seeds, args)
                 else:
@@ -245,6 +279,11 @@ def add_ratios(report: dict) -> None:
         cache = _rate(graph, "hmg_cache")
         if gpu and cache:
             ratios["cache_vs_gpu_topology"] = cache / gpu
+        for base in ("hmg_gpu", "hmg_host", "hmg_cpu"):  # each sampling mode against uniform, same placement
+            for mode in MODES:
+                mine, uniform = _rate(graph, f"{base}_{mode}"), _rate(graph, base)
+                if mine and uniform:
+                    ratios[f"{base}_{mode}_vs_uniform"] = mine / uniform
         graph["ratios"] = ratios
 
 
@@ -279,6 +318,10 @@ def table_text(report: dict) -> str:
             lines.append(f"| {label} | zero-copy / all-GPU topology "
                          f"| {ratio_text(report, r['host_vs_gpu_topology'])} | |"
                          + " |" * len(bases))
+        for key, value in r.items():
+            if key.endswith("_vs_uniform"):
+                variant = key[:-len("_vs_uniform")]
+                lines.append(f"| {label} | {variant} / uniform | {ratio_text(report, value)} | |" + " |" * len(bases))
     return "\n".join(lines)
 
 

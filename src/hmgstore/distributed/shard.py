@@ -299,7 +299,8 @@ def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, read
     return None
 
 
-def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=0, progress: bool = True):
+def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=0, progress: bool = True,
+                     weight=None, src_time=None, edge_time=None):
     """A :class:`~hmgstore.graph.Topology` whose adjacency lists are sharded over this node's GPUs (collective).
 
     Every rank of the node calls it with the same ``csc`` (best its arrays
@@ -310,10 +311,13 @@ def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=
     and the chunks are sharded as :func:`shard` shards a table: the hottest
     ``replicate`` bytes of them on every GPU, each GPU's shard of the next
     hottest (read by the others over NVLink), the rest read zero-copy from
-    host memory. ``close()`` on the topology (or its sampler) is collective.
+    host memory. ``close()`` on the topology (or its sampler) is collective. ``weight``: edge weights for
+    weighted sampling (see :class:`~hmgstore.graph.Topology`), chunked and sharded alike; ``src_time`` /
+    ``edge_time``: times for temporal sampling, held whole on each GPU.
     """
     def place(chunks, chunk_order, budget, where, bars):
         return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=replicate, device=where,
                      progress=bars)
 
-    return Topology(csc, device, gpu_budget=gpu_budget, hot_order=hot_order, progress=progress, place_chunks=place)
+    return Topology(csc, device, gpu_budget=gpu_budget, hot_order=hot_order, progress=progress, place_chunks=place,
+                    weight=weight, src_time=src_time, edge_time=edge_time)

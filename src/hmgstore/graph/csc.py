@@ -163,3 +163,33 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
         col, perm = sort(col, num_dst)
         row = row[perm]
     return CSC(row, index2ptr(col, num_dst), perm, (num_src, num_dst))
+
+
+def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
+    """One sampling weight per edge, in the order the edges were given, as float32 [E] in CSC order.
+
+    ``weight``: a 1-D tensor, numpy array or list of E finite numbers, each 0
+    or more (an edge of weight 0 is sampled only when its node has fewer
+    edges of positive weight than the fanout asks for). Raises TypeError for
+    non-numeric input and ValueError for a wrong length, a negative, NaN or
+    infinite weight, naming the first bad edge.
+    """
+    if isinstance(weight, np.ndarray):
+        weight = torch.from_numpy(weight)
+    elif not isinstance(weight, torch.Tensor):
+        weight = torch.as_tensor(weight)
+    if weight.dtype == torch.bool or weight.dtype.is_complex:
+        raise TypeError(f"edge weights must be real numbers, got dtype {weight.dtype}")
+    if weight.dim() == 2 and weight.shape[1] == 1:  # PyG's [E, 1] edge attributes
+        weight = weight.view(-1)
+    weight = weight.detach().to("cpu", torch.float32)
+    if weight.dim() != 1 or weight.numel() != csc.num_edges:
+        raise ValueError(f"edge weights must hold one number per edge ({csc.num_edges}), got shape "
+                         f"{tuple(weight.shape)}")
+    bad = (~torch.isfinite(weight) | (weight < 0)).nonzero()
+    if len(bad):
+        at = int(bad[0])
+        raise ValueError(f"edge weight {at} is {float(weight[at])}: sampling weights must be finite and 0 or more "
+                         "(clamp or drop such edges first)")
+    return weight if csc.perm is None else weight.index_select(0, csc.perm)
+

@@ -3,7 +3,8 @@ distributed sampler (:mod:`hmgstore.distributed.sampling`) runs on its own part 
 
 Every node of a hop gets up to ``k`` of its in-neighbours: without
 replacement by Floyd's algorithm, with replacement by ``k`` independent
-draws, every neighbour for ``k = -1``. A draw is a counter-based hash of the
+draws, every neighbour for ``k = -1``; on a topology with edge weights, as
+:mod:`.weighted` says. A draw is a counter-based hash of the
 hop's 64-bit key, the seed's index and the slot (splitmix64's finaliser), the
 same function as ``draw`` in ``kernels/sample.cu``, so the CPU and a GPU draw
 the same neighbours.
@@ -13,51 +14,11 @@ from __future__ import annotations
 import torch
 
 from ..cuda import sample as kernels
+from . import temporal, weighted
+from .draws import _draw_mixed, _seed_hash, _signed, draw
 from .topology import Topology
 
-_MASK64 = (1 << 64) - 1
-
-
-def _signed(value: int) -> int:
-    """A 64-bit pattern as the int64 that has it."""
-    value &= _MASK64
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-_GOLDEN, _M1, _M2, _SEED_STEP = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9,
-                                                    0x94D049BB133111EB, 0xD1B54A32D192ED03))
-
-
-def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64 values."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
-
-
-def _mix64(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 tensors (wrapping arithmetic), as mix64 in sample.cu."""
-    z = z + _GOLDEN
-    z = (z ^ _shift_right(z, 30)) * _M1
-    z = (z ^ _shift_right(z, 27)) * _M2
-    return z ^ _shift_right(z, 31)
-
-
-def draw(key: int, seed_index: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
-    """A uniform int64 in ``[0, n)`` for slot ``t`` of seed ``seed_index``: ``draw`` in sample.cu.
-
-    ``key``: the hop's 64-bit key (a Python int); ``seed_index``, ``t``, ``n``:
-    int64 tensors (or ints) of one shape, ``n >= 1``.
-    """
-    return _draw_mixed(_seed_hash(key, seed_index), t, n)
-
-
-def _seed_hash(key: int, seed_index: torch.Tensor) -> torch.Tensor:
-    """The part of :func:`draw` that depends on the seed alone: computed once for all of a seed's slots."""
-    return _mix64(seed_index * _SEED_STEP ^ _signed(key))
-
-
-def _draw_mixed(h: torch.Tensor, t, n: torch.Tensor) -> torch.Tensor:
-    return _shift_right(_mix64(h + t), 1) % n
-
+__all__ = ["draw", "sample_hop", "slot_counts"]
 
 def slot_counts(degree: torch.Tensor, k: int, replace: bool) -> torch.Tensor:
     """Neighbours to sample per seed: every one for ``k < 0``, ``k`` (when the degree is not 0)
@@ -83,7 +44,8 @@ def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch
     return chosen
 
 
-def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int | torch.Tensor, index=None):
+def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int | torch.Tensor, index=None,
+               seed_time: torch.Tensor | None = None, strategy: str = "uniform"):
     """Sample one hop: ``(neighbours, edge ids, counts)``.
 
     ``seeds``: int64 [S] destination ids on the topology's device, in range.
@@ -91,23 +53,34 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
     device tensor). ``index``: int64 [S] on that device, the index each seed
     draws as (default: its position in ``seeds``): an owner machine samples a
     requester's seeds as they sit in the requester's frontier, so that the
-    draws equal the requester's own over the whole graph. Returns int64
-    tensors on that device: ``neighbours`` [M] (source ids) and
-    ``edge ids`` [M] (CSC positions), seed by seed, and ``counts`` [S]
-    (neighbours per seed; M is their sum).
+    draws equal the requester's own over the whole graph. ``seed_time``:
+    int64 [S] on that device, each seed's subgraph's time, for a temporal
+    topology (required there), sampled with ``strategy`` (see
+    :mod:`.temporal`). Returns int64 tensors on that device: ``neighbours``
+    [M] (source ids) and ``edge ids`` [M] (CSC positions), seed by seed, and
+    ``counts`` [S] (neighbours per seed; M is their sum).
     """
+    if topology.temporal and seed_time is None:
+        raise ValueError("this topology is temporal: give each seed's time (seed_time)")
     if topology.device.type == "cuda":
         key_t = key if isinstance(key, torch.Tensor) else torch.tensor([_signed(key)], device=topology.device)
-        return _sample_hop_cuda(topology, seeds, k, replace, key_t, index)
+        return _sample_hop_cuda(topology, seeds, k, replace, key_t, index, seed_time, strategy)
     # Gathers by index_select, not x[i]: torch's advanced indexing reads 1-D int64 tensors ~10x slower on a CPU
     # (700k ids: 20-38 ms against 1.6 ms, 2-core VM), and it was most of this hop's time.
     key = int(key)
-    degree = topology.degree(seeds)
+    drawn_as = torch.arange(len(seeds)) if index is None else index
+    if topology.weighted:
+        return weighted.sample_hop_weighted(topology, seeds, k, replace, key, drawn_as)
+    first = topology.colptr.index_select(0, seeds)
+    if seed_time is not None and topology.temporal:
+        offset, degree = temporal.time_window(topology, seeds, seed_time, k, strategy)
+        first = first + offset
+    else:
+        degree = topology.degree(seeds)
     counts = slot_counts(degree, k, replace)
     topology.count(seeds, counts)
-    drawn_as = torch.arange(len(seeds)) if index is None else index
     if k >= 0:
-        return _sample_hop_slots(topology, seeds, k, replace, key, drawn_as, degree, counts)
+        return _sample_hop_slots(topology, first, k, replace, key, drawn_as, degree, counts)
     offsets = counts.cumsum(0) - counts
     num_slots = int(counts.sum())
     seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
@@ -123,14 +96,16 @@ def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, k
                                 degree.index_select(0, floyd))
             slots = partial.index_select(0, seg).nonzero().view(-1)  # the slots of those seeds, in order
             pos = pos.clone().index_copy_(0, slots, chosen.masked_select(chosen >= 0))
-    eid = topology.colptr.index_select(0, seeds).index_select(0, seg) + pos
+    eid = first.index_select(0, seg) + pos
     return topology.row.index_select(0, eid).long(), eid, counts
 
 
-def _sample_hop_slots(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int,
+def _sample_hop_slots(topology: Topology, first: torch.Tensor, k: int, replace: bool, key: int,
                       drawn_as: torch.Tensor, degree: torch.Tensor, counts: torch.Tensor):
     """:func:`sample_hop` on the CPU for ``k >= 0``: every seed's ``k`` slots as one ``[S, k]`` matrix, the
     used ones (``t < counts``) taken seed by seed at the end, the same draws and order as slot by slot.
+    ``first``: each seed's first CSC position (of its time window, when temporal); ``degree``: its list's
+    (window's) length.
 
     No per-slot segment ids, no slot-sized ``nonzero``: 2-3x fewer passes over the hop's slots, most of
     which wait for both threads of a loaded 2-core machine (fanout 15,10,5, batch 1024, synthetic 200K).
@@ -140,49 +115,61 @@ def _sample_hop_slots(topology: Topology, seeds: torch.Tensor, k: int, replace: 
     if replace:  # k draws per seed with neighbours (a seed with none uses no slot: any n >= 1 does)
         pos = _draw_mixed(_seed_hash(key, drawn_as)[:, None], slot, degree.clamp(min=1)[:, None])
     else:
-        pos = slot.expand(len(seeds), k)  # seeds that take every neighbour
+        pos = slot.expand(len(first), k)  # seeds that take every neighbour
         floyd = (counts < degree).nonzero().view(-1)
         if len(floyd):
             chosen = _floyd_cpu(key, drawn_as.index_select(0, floyd), counts.index_select(0, floyd),
                                 degree.index_select(0, floyd))  # [F, <= k]; -1 only past each count
             pos = pos.clone()
             pos[:, :chosen.shape[1]].index_copy_(0, floyd, chosen)
-    eid = (topology.colptr.index_select(0, seeds)[:, None] + pos).masked_select(used)
+    eid = (first[:, None] + pos).masked_select(used)
     return topology.row.index_select(0, eid).long(), eid, counts
 
 
 def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_seeds: int, k: int, replace: bool,
-               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None, index=None):
+               key: torch.Tensor, num_dst: int, disjoint: bool, max_slots: int | None = None, index=None,
+               seed_time=None, per_tree: bool = False, strategy: str = "uniform"):
     """Queue one hop's kernels for the seeds ``nodes[lohi[0]:lohi[1]]`` (bounds on the device, at most
     ``max_seeds``): ``(neighbour keys, edge ids, seeds' local ids, counts, ends)``, the first three over
     ``max_slots`` slots (default ``max_seeds * k``) of which ``ends[-1]`` are used. ``index``: see
-    :func:`sample_hop`."""
+    :func:`sample_hop`. ``seed_time``: a temporal topology's seed times (int64 on the device), per seed, or
+    per tree (``per_tree``: a disjoint batch's seeds, indexed by key // num_dst)."""
     device = nodes.device
+    replace = replace and (k >= 0 or not topology.weighted)  # a weighted topology takes every neighbour for k < 0
+    win_lo = win_deg = None
+    if topology.temporal:
+        win_lo, win_deg = (torch.empty(max_seeds, dtype=torch.int64, device=device) for _ in range(2))
+        kernels.window(topology, nodes, lohi, max_seeds, num_dst, disjoint, seed_time, per_tree, k,
+                       strategy == "last", win_lo, win_deg)
     counts = torch.empty(max_seeds, dtype=torch.int64, device=device)
-    kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts)
+    kernels.counts(nodes, lohi, max_seeds, topology.colptr, k, replace, num_dst, disjoint, counts, win_deg)
     ends = counts.cumsum(0)
     slots = max_seeds * k if max_slots is None else max_slots
     pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
-    if not replace:
-        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos, index)
+    if topology.weighted:
+        keys = None if replace else torch.empty(slots, dtype=torch.float64, device=device)
+        kernels.weighted(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, keys, replace,
+                         index)
+    elif not replace:
+        kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos, index,
+                      win_deg)
     kernels.read(topology, nodes, lohi, max_seeds, counts, ends, slots, pos, replace, key, num_dst, disjoint, nbr, eid,
-                 seed_local, index)
+                 seed_local, index, given=topology.weighted, win_lo=win_lo, win_deg=win_deg)
     return nbr, eid, seed_local, counts, ends
 
 
 def _sample_hop_cuda(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: torch.Tensor,
-                     index=None):
+                     index=None, seed_time=None, strategy: str = "uniform"):
     """:func:`sample_hop` on a GPU: the hop's size is read back (one synchronisation) to size the output."""
     lohi = torch.tensor([0, len(seeds)], device=seeds.device)
-    if k < 0:  # every neighbour: the size is the degrees' sum
+    if k < 0:  # every neighbour: at most the degrees' sum (a time window only shortens a list)
         counts = torch.empty_like(seeds)
-
         kernels.counts(seeds, lohi, len(seeds), topology.colptr, k, replace, 1, False, counts)
         slots = int(counts.sum()) if len(seeds) else 0
     else:
         slots = len(seeds) * k
     nbr, eid, _, counts, ends = _queue_hop(topology, seeds, lohi, len(seeds), k, replace, key, 1, False, slots,
-                                           index)
+                                           index, seed_time, False, strategy)
     used = int(ends[-1]) if len(seeds) else 0  # the hop's one synchronisation: output sizes
     topology.count(seeds, counts)
     return nbr[:used], eid[:used], counts

@@ -23,7 +23,6 @@ node``, so every seed grows its own tree.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -33,9 +32,12 @@ import torch
 
 from ..rows.ids import normalize_many
 from ..rows.stats import merge
+from .captured import CapturedBatch, _sizes
 from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
+from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
+from .temporal import STRATEGIES
 
 log = logging.getLogger(__name__)
 _Parts = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]  # an edge type's rows, cols, edges per hop
@@ -79,6 +81,15 @@ class NeighborSampler:
             main thread) and replay it for later batches, in any thread: one
             launch instead of some thirty. Off while a topology counts
             statistics.
+        labor: LABOR-0 sampling (:mod:`.labor`) instead of uniform: seeds
+            that share neighbours take them together (``k`` per seed on
+            average), so a batch holds fewer nodes; hops then read their
+            sizes back. Not with weights, times or ``replace``.
+        temporal_strategy: ``"uniform"`` or ``"last"``, how a temporal
+            topology's time windows are sampled (:mod:`.temporal`). A sampler
+            with a temporal topology is disjoint (as PyG's) and takes seed
+            times in :meth:`sample`; its batches are not captured in CUDA
+            graphs.
         dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
             both give the same output. Default: ``"hash"`` on a GPU, where a
             batch's hops are then queued with their sizes kept on the device
@@ -88,7 +99,7 @@ class NeighborSampler:
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
                  disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, temporal_strategy: str = "uniform", labor: bool = False):
         if not topologies:
             raise ValueError("a sampler needs at least one edge type's topology")
         devices = {t.device for t in topologies.values()}
@@ -110,6 +121,18 @@ class NeighborSampler:
         self.num_neighbors = {et: check_fanout(num_neighbors.get(et, []), f"num_neighbors of {et!r}" if self.hetero
                                                else "num_neighbors") for et in self.topologies}
         self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
+        self.temporal = any(t.temporal for t in self.topologies.values())
+        if any(t.temporal and t.weighted for t in self.topologies.values()):
+            raise ValueError("an edge type has both weights and times: weighted temporal sampling is not defined "
+                             "(PyG refuses it too); drop weight_attr or time_attr")
+        if temporal_strategy not in STRATEGIES:
+            raise ValueError(f"temporal_strategy is one of {STRATEGIES}, got {temporal_strategy!r}")
+        self.temporal_strategy = temporal_strategy
+        if labor and (replace or any(t.temporal or t.weighted for t in self.topologies.values())):
+            raise ValueError("LABOR sampling is defined here without replacement, weights or times; pass labor=False "
+                             "for those")
+        self.labor = labor
+        disjoint = disjoint or self.temporal  # a seed's time bounds its own tree only
         dedup = dedup or ("hash" if self.device.type == "cuda" else "sort")
         if dedup not in ("sort", "hash") or (dedup == "hash" and self.device.type != "cuda"):
             raise ValueError(f"dedup is 'sort' or, on a GPU, 'hash'; got {dedup!r} on {self.device}")
@@ -117,7 +140,7 @@ class NeighborSampler:
         self._max_degree: dict = {}  # edge type -> its largest in-degree, once a fanout needs it
         dense = self.device.type == "cpu" and not disjoint  # CPU relabelling without sorts (see .relabel)
         self._dense = {nt: DenseMaps(n) for nt, n in self.num_nodes.items() if dense and n <= DENSE_MAX_NODES}
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = cuda_graphs and not self.temporal  # seed times are not among a graph's static inputs
         self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
         self._closed, self._active, self._idle = False, 0, threading.Condition()  # see close()
 
@@ -147,11 +170,15 @@ class NeighborSampler:
     def _key_index(self, hop: int, et) -> int:
         return hop * len(self.topologies) + list(self.topologies).index(et)
 
-    def sample(self, seeds: dict) -> Sample:
+    def sample(self, seeds: dict, seed_time: dict | None = None) -> Sample:
         """Sample the subgraphs around ``seeds``: node type -> node ids (an integer tensor on any
         device, a list, ...; key None when homogeneous). Raises KeyError for unknown node types,
         TypeError for non-integer ids and IndexError for ids out of range, before sampling;
-        RuntimeError once the sampler, or one of its topologies, is closed."""
+        RuntimeError once the sampler, or one of its topologies, is closed.
+
+        ``seed_time``: with a temporal topology (required there), node type
+        -> int64 time of each seed (seeds of one node type only); every
+        neighbour in a seed's tree is no later than it. ValueError otherwise."""
         with self._idle:
             if self._closed:
                 raise RuntimeError("this sampler was closed; build a new one to sample again")
@@ -159,13 +186,32 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
-            return self._sample(seeds)
+            return self._sample(seeds, self._tree_times(seeds, seed_time))
         finally:
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
 
-    def _sample(self, seeds: dict) -> Sample:
+    def _tree_times(self, seeds: dict, seed_time: dict | None) -> torch.Tensor | None:
+        """A temporal batch's time per tree (seed), int64 on the device; None when not temporal."""
+        if not self.temporal:
+            if seed_time:
+                raise ValueError("seed times were given, but no edge type has times: build the topologies with "
+                                 "src_time or edge_time for temporal sampling")
+            return None
+        typed = [nt for nt, ids in seeds.items() if len(ids)]
+        if len(typed) > 1:
+            raise ValueError(f"temporal sampling takes seeds of one node type per batch, got {typed}")
+        if not seed_time or typed and typed[0] not in seed_time:
+            raise ValueError("temporal sampling needs each seed's time: pass seed_time={node type: times}")
+        times = torch.as_tensor(seed_time[typed[0]] if typed else [])
+        if times.dtype.is_floating_point or times.dtype == torch.bool:
+            raise TypeError(f"seed times must be integers (int64), as the graph's times; got {times.dtype}")
+        if typed and times.numel() != len(seeds[typed[0]]):
+            raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
+        return times.reshape(-1).to(self.device, torch.int64)
+
+    def _sample(self, seeds: dict, tree_time: torch.Tensor | None) -> Sample:
         unknown = [nt for nt in seeds if nt not in self.num_nodes]
         if unknown:
             raise KeyError(f"no node type {unknown[0]!r}; the graph has {list(self.num_nodes)}")
@@ -178,9 +224,9 @@ class NeighborSampler:
             keys[nt] = torch.arange(len(ids), device=self.device) * self.num_nodes[nt] + ids if self.disjoint else ids
         fanouts = [k for v in self.num_neighbors.values() for k in v]
         draws = self._draw_keys()
-        if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0:
-            return self._sample_queued(keys, draws)
-        return self._sample_synced(keys, draws)
+        if self.device.type == "cuda" and self.dedup == "hash" and min(fanouts, default=0) >= 0 and not self.labor:
+            return self._sample_queued(keys, draws, tree_time)
+        return self._sample_synced(keys, draws, tree_time)
 
     def _fanout(self, et, hop: int) -> int:
         """Hop ``hop``'s fanout of ``et``; without replacement at most the largest in-degree, which is what a
@@ -197,8 +243,9 @@ class NeighborSampler:
     def _ends(self, et) -> tuple:
         return (et[0], et[-1]) if self.hetero else (None, None)
 
-    def _sample_synced(self, keys: dict, draws: torch.Tensor) -> Sample:
+    def _sample_synced(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None) -> Sample:
         """Hop after hop, reading each hop's sizes back (any device, any relabelling)."""
+        draws_cpu = draws
         if self.device.type == "cuda":
             draws = draws.to(self.device)
         sets = {nt: node_set(k, self.dedup, self._expected_nodes(len(k)), self._dense.get(nt))
@@ -220,7 +267,13 @@ class NeighborSampler:
                     continue
                 hop_keys = sets[dst].keys[lo:hi]
                 nodes = hop_keys % self.num_nodes[dst] if self.disjoint else hop_keys
-                nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key)
+                times = None if tree_time is None or not topo.temporal else \
+                    tree_time.index_select(0, hop_keys // self.num_nodes[dst])
+                if self.labor:
+                    nbr, eid, counts = sample_hop_labor(topo, nodes, k, int(draws_cpu[at]))
+                else:
+                    nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key, seed_time=times,
+                                                  strategy=self.temporal_strategy)
                 seed_local = torch.arange(lo, hi, device=self.device).repeat_interleave(counts, output_size=len(nbr))
                 if self.disjoint:
                     owner = (hop_keys // self.num_nodes[dst]).repeat_interleave(counts, output_size=len(nbr))
@@ -239,7 +292,7 @@ class NeighborSampler:
                 s.release()  # on success only: a map an error left half-written is dropped
         return self._output(nodes, parts, num_nodes_hop, num_edges_hop)
 
-    def _sample_queued(self, keys: dict, draws: torch.Tensor) -> Sample:
+    def _sample_queued(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None) -> Sample:
         """Every hop queued on the GPU with its sizes kept on the device; one read-back at the end.
 
         With ``cuda_graphs``, the first batch of a given seed count runs
@@ -264,10 +317,10 @@ class NeighborSampler:
             if captured is not None:
                 return captured.run(keys, draws)
             self._graphs.setdefault(shape, None)  # warmed up by this eager batch
-        state = self._queue_batch(keys, draws.to(self.device))
+        state = self._queue_batch(keys, draws.to(self.device), tree_time)
         return self._finish_queued(state, _sizes(keys, state).tolist(), copy=False)
 
-    def _queue_batch(self, keys: dict, draws: torch.Tensor):
+    def _queue_batch(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None):
         """Queue a batch's kernels (no host synchronisation): ``(sets, starts, queued, hops)``.
 
         Each hop is launched over an upper bound of its seeds and slots (the
@@ -304,7 +357,7 @@ class NeighborSampler:
                 lohi = starts[dst][hop:hop + 2]
                 nbr, eid, seed_local, counts, ends = _queue_hop(
                     topo, sets[dst].buffer, lohi, max_seeds, k, self.replace, draws[at:at + 1], self.num_nodes[dst],
-                    self.disjoint)
+                    self.disjoint, seed_time=tree_time, per_tree=True, strategy=self.temporal_strategy)
                 if topo.counting:
                     at_seed = lohi[0] + torch.arange(max_seeds, device=self.device)
                     nodes = sets[dst].buffer[at_seed.clamp(max=len(sets[dst].buffer) - 1)]
@@ -372,48 +425,3 @@ class NeighborSampler:
         self._graphs.clear()
         for topo in self.topologies.values():
             topo.close()
-
-
-def _sizes(keys: dict, state) -> torch.Tensor:
-    """Every hop's node bounds per type and used slots per edge type, as one device tensor."""
-    sets, starts, queued, _ = state
-    used = [q[3] for per_hop in queued.values() for q in per_hop if q is not None]
-    return torch.cat([starts[nt] for nt in keys] + used)
-
-
-class CapturedBatch:
-    """One seed count's queued batch, captured in a CUDA graph and replayed with new seeds and keys.
-
-    The graph's inputs are static buffers (the seeds' keys, the draw keys);
-    :meth:`run` copies a batch's values in, replays, reads the sizes back and
-    copies the outputs out of the graph's memory, which the next replay reuses.
-    """
-
-    def __init__(self, sampler: NeighborSampler, keys: dict, draws: torch.Tensor):
-        device = sampler.device
-        self.sampler = sampler
-        self.seeds = {nt: torch.empty_like(k) for nt, k in keys.items()}
-        self.draws = torch.empty(len(draws), dtype=torch.int64, device=device)
-        self.draws_host = torch.empty(len(draws), dtype=torch.int64, pin_memory=True)
-        for nt, k in keys.items():  # valid inputs during capture, so the capture itself is a valid batch
-            self.seeds[nt].copy_(k)
-        self.draws.copy_(draws)
-        torch.cuda.current_stream(device).synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        collecting = gc.isenabled()
-        gc.disable()  # a finalizer run during capture (one that waits for the GPU) would break the capture
-        try:
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.state = sampler._queue_batch(self.seeds, self.draws)
-                self.sizes = _sizes(self.seeds, self.state)
-        finally:
-            if collecting:
-                gc.enable()
-
-    def run(self, keys: dict, draws: torch.Tensor) -> Sample:
-        for nt, k in keys.items():
-            self.seeds[nt].copy_(k)
-        self.draws_host.copy_(draws)
-        self.draws.copy_(self.draws_host, non_blocking=True)
-        self.graph.replay()
-        return self.sampler._finish_queued(self.state, self.sizes.tolist(), copy=True)

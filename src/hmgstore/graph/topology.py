@@ -19,6 +19,16 @@ the hottest list it holds part of. :func:`hmgstore.distributed.sharded_topology`
 places them over the node's GPUs (one process per GPU): the hottest bytes on
 every GPU, each GPU's shard of the next hottest, read by the others over
 NVLink, and the rest read zero-copy from the node's one host copy.
+
+Edge weights (``weight``, for weighted sampling) are float32 and held beside
+the neighbour ids in the same tiers: the hot lists' weights packed in GPU
+memory in the same order, the whole array pinned in host memory, or chunks
+placed like the ids' chunks. The GPU budget covers both (4 more bytes an
+edge).
+
+Times (temporal sampling, :mod:`.temporal`), int64, are held whole on the
+sampling device: per edge (``edge_time``, CSC order) or per source node
+(``src_time``); each node's list must be sorted by them.
 """
 from __future__ import annotations
 
@@ -34,7 +44,8 @@ from ..rows import hotness
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from ..util.progress import tqdm
-from .csc import CSC
+from .csc import CSC, edge_weight_in_csc_order
+from .temporal import check_sorted, check_times
 
 #: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
 #: list mostly fall in one or two chunks).
@@ -84,15 +95,31 @@ class Topology:
             table and ``hot_order`` its chunk ids hottest first; returns an
             object with ``table`` (a :class:`~hmgstore.HybridTensor` over
             ``chunks``), ``placement`` and ``close()``. Not used on the CPU.
+        weight: edge weights for weighted sampling, one finite number >= 0 per
+            edge in the order the edges were given (checked by
+            :func:`~hmgstore.graph.csc.edge_weight_in_csc_order`); None:
+            uniform sampling.
+        src_time: int64 time of each source node (node-level temporal
+            sampling), or ``edge_time``: of each edge, in the order the edges
+            were given; each node's list must be sorted by it
+            (:func:`hmgstore.graph.temporal.sort_by_time`), else ValueError.
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
-    host array the host tier reads), ``perm`` (CSC position -> given edge id,
+    host array the host tier reads), ``weight`` (float32 [E] in CSC order on
+    the host, or None), ``perm`` (CSC position -> given edge id,
     or None), ``gpu_edges`` (positions held on the GPU).
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
-                 progress: bool = True, place_chunks=None):
+                 progress: bool = True, place_chunks=None, weight=None, src_time=None, edge_time=None):
         self.device = resolve_device(device)
+        self.src_time, self.edge_time, self.time_device = self._times(csc, src_time, edge_time)
+        self.weight = None if weight is None else edge_weight_in_csc_order(weight, csc)
+        self.gpu_weight: torch.Tensor | None = None  # the GPU tier's weights, in the GPU tier's order
+        self._pinned_weight: PinnedHost | None = None
+        self._placed_weight: Any = None  # a chunked topology's weight chunks, placed as the ids' chunks
+        self.weight_tiers: torch.Tensor | None = None
+        self.weight_tail: torch.Tensor | None = None
         self.num_src, self.num_dst = csc.size
         self.num_edges = csc.num_edges
         self.perm = csc.perm
@@ -128,18 +155,21 @@ class Topology:
             raise
 
     def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, place_chunks) -> None:
-        device, item = self.device, self.row.element_size()
+        device, item = self.device, self.row.element_size() + (0 if self.weight is None else 4)
         self.colptr = colptr.to(device)
         budget = hotness.resolve_budget(gpu_budget, self.num_edges * item, device) or 0
         degree = colptr.diff()
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
             self.gpu_row, self.gpu_edges = self.row.to(device), self.num_edges
+            self.gpu_weight = None if self.weight is None else self.weight.to(device)
             return
         if place_chunks is not None:
             order = hotness.order_by_score(degree) if hot_order is None else hot_order  # checked in __init__
             self._build_chunked(colptr, budget, order, progress, place_chunks)
             return
         self._pinned = PinnedHost(self.row, device, progress=progress)
+        if self.weight is not None:
+            self._pinned_weight = PinnedHost(self.weight, device, progress=progress)
         if budget < item:
             return
         order = hotness.order_by_score(degree) if hot_order is None else hot_order
@@ -152,6 +182,7 @@ class Topology:
         edges = torch.repeat_interleave(colptr[hot] - packed_at, sizes, output_size=self.gpu_edges)
         edges += torch.arange(self.gpu_edges)
         self.gpu_row = self.row[edges].to(device)
+        self.gpu_weight = None if self.weight is None else self.weight[edges].to(device)
         start = colptr[:-1] + self.gpu_edges  # host lists: after the GPU tier's positions
         start[hot] = packed_at
         self.start = start.to(device)
@@ -162,17 +193,24 @@ class Topology:
         body = self.num_edges - self.num_edges % CHUNK_IDS
         if body == 0:  # not one whole chunk: the few ids are simply on this GPU
             self.gpu_row, self.gpu_edges = self.row.to(self.device), self.num_edges
+            self.gpu_weight = None if self.weight is None else self.weight.to(self.device)
             return
         self.tail_start = body
         self.tail = self.row[body:].to(self.device)
         chunks = self.row[:body].view(-1, CHUNK_IDS)
-        self._placed = place_chunks(chunks, chunk_order(colptr, order.cpu(), len(chunks)), budget, self.device,
-                                     progress)
+        hot_chunks = chunk_order(colptr, order.cpu(), len(chunks))
+        id_budget = budget
+        if self.weight is not None:  # the weights' chunks placed alike, with their share of the budget
+            id_budget = budget * self.index_bytes // (self.index_bytes + 4)
+            self.weight_tail = self.weight[body:].to(self.device)
+            self._placed_weight = place_chunks(self.weight[:body].view(-1, CHUNK_IDS), hot_chunks,
+                                               budget - id_budget, self.device, progress)
+            self.weight_tiers = _tier_words(self._placed_weight.table, self.device)
+        self._placed = place_chunks(chunks, hot_chunks, id_budget, self.device, progress)
         table = self._placed.table
         p = self._placed.placement
         self.gpu_edges = p.resident_rows * CHUNK_IDS
-        words = tier_words(table.tiers, table.row_map, table.num_rows, table.row_bytes)
-        self.tiers = torch.tensor(words, dtype=torch.int64).to(self.device)
+        self.tiers = _tier_words(table, self.device)
         new = torch.arange(len(chunks), device=self.device) if table.row_map is None else table.row_map
         self._chunk_on_gpu = new < p.resident_rows  # resident (GPU-held) new ids come before the host tier's
 
@@ -180,6 +218,43 @@ class Topology:
     def chunked(self) -> bool:
         """Whether the lists that do not fit are read through placed chunks (see the module docstring)."""
         return self._placed is not None
+
+    def _times(self, csc: CSC, src_time, edge_time) -> tuple:
+        """``(src_time, edge_time in CSC order, the one given on the sampling device)``, checked; Nones when
+        not temporal."""
+        if src_time is None and edge_time is None:
+            return None, None, None
+        if src_time is not None and edge_time is not None:
+            raise ValueError("a topology has node times or edge times, not both (as in PyG)")
+        if src_time is not None:
+            src_time = check_times(src_time, csc.size[0], "node times (src_time)")
+            check_sorted(src_time.index_select(0, csc.row.long()), csc)
+            return src_time, None, src_time.to(self.device)
+        edge_time = check_times(edge_time, csc.num_edges, "edge times (edge_time)")
+        edge_time = edge_time if csc.perm is None else edge_time.index_select(0, csc.perm)
+        check_sorted(edge_time, csc)
+        return None, edge_time, edge_time.to(self.device)
+
+    @property
+    def temporal(self) -> bool:
+        """Whether the topology holds node or edge times (for temporal sampling)."""
+        return self.time_device is not None
+
+    def time_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """int64 time of the edges at CSC ``positions`` (CPU): their own, or their source node's."""
+        if self.edge_time is not None:
+            return self.edge_time.index_select(0, positions)
+        return self.src_time.index_select(0, self.row.index_select(0, positions).long())
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the topology holds edge weights (for weighted sampling)."""
+        return self.weight is not None
+
+    @property
+    def host_weight_address(self) -> int:
+        """Address of the pinned host tier's weights (0 when none, or every weight is on the GPU)."""
+        return 0 if self._pinned_weight is None else self._pinned_weight.address
 
     @property
     def host_address(self) -> int:
@@ -242,17 +317,29 @@ class Topology:
             synchronize((self.device,))
         if self._pinned is not None:
             self._pinned.release()
-        if self._placed is not None:
-            self._placed.close()  # sharded over a node's GPUs: collective, every rank closes its sampler
+        if self._pinned_weight is not None:
+            self._pinned_weight.release()
+        for placed in (self._placed, self._placed_weight):
+            if placed is not None:
+                placed.close()  # sharded over a node's GPUs: collective, every rank closes its sampler
         self._pinned = self.gpu_row = self.start = self._placed = self.tiers = self.tail = None
+        self._pinned_weight = self.gpu_weight = self._placed_weight = self.weight_tiers = self.weight_tail = None
+        self.time_device = None
 
     def __repr__(self) -> str:
         where = (f"gpu_edges={self.gpu_edges}, host_edges={self.num_edges - self.gpu_edges}"
                  if self.device.type == "cuda" else "host")
         if self._placed is not None:
             where += f", chunks in {len(self._placed.placement.names)} tiers"
+        weights = ", float32 weights" if self.weighted else ""
         return (f"Topology({self.num_src} -> {self.num_dst} nodes, {self.num_edges} edges, "
-                f"int{8 * self.index_bytes} ids, device={self.device}, {where})")
+                f"int{8 * self.index_bytes} ids{weights}, device={self.device}, {where})")
+
+
+def _tier_words(table, device) -> torch.Tensor:
+    """A placed chunk table's tiers as the sampling kernel reads them (gather_job.cuh words, on ``device``)."""
+    words = tier_words(table.tiers, table.row_map, table.num_rows, table.row_bytes)
+    return torch.tensor(words, dtype=torch.int64).to(device)
 
 
 def chunk_order(colptr: torch.Tensor, order: torch.Tensor, num_chunks: int) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""Temporal neighbour sampling, as PyG defines it: no neighbour from the future of its subgraph's seed.
+
+Every subgraph (temporal sampling is disjoint: one tree per seed) carries
+its seed's time ``T``. A node of that tree samples only among its
+in-edges whose time is ``<= T``: the source node's time (node-level
+``time_attr``) or the edge's own (edge-level). Each node's in-edges are
+kept sorted by that time (:func:`sort_by_time`), so those edges are a
+prefix of its list, found by binary search: its *window*. With
+``strategy="uniform"`` the node samples its window as uniform sampling
+samples a whole list; with ``"last"`` the window is cut to its last ``k``
+edges (the most recent), which are then all taken, in list order (``k <
+0``: the whole window). Both as pyg-lib's CPU sampler.
+
+A window is ``(offset, size)`` per seed, relative to the node's first CSC
+position: :func:`time_window` computes it with torch on the CPU,
+``hmg_sample_window`` (``kernels/sample.cu``) on a GPU, and the hop's
+sampling then runs over the windows instead of the whole lists.
+"""
+from __future__ import annotations
+
+import torch
+
+from .csc import CSC
+
+STRATEGIES = ("uniform", "last")
+
+
+def check_times(times, length: int, what: str) -> torch.Tensor:
+    """``times`` as an int64 CPU tensor of ``length`` values. Raises TypeError for non-integer times
+    (PyG's samplers take int64 times too) and ValueError for a wrong length, naming ``what``."""
+    times = torch.as_tensor(times)
+    if times.dtype.is_floating_point or times.dtype.is_complex or times.dtype == torch.bool:
+        raise TypeError(f"{what} must hold integer times (int64, e.g. seconds since an epoch), as PyG's sampler "
+                        f"requires; got dtype {times.dtype}")
+    times = times.detach().to("cpu", torch.int64).reshape(-1)
+    if times.numel() != length:
+        raise ValueError(f"{what} must hold {length} times, one per {'edge' if 'edge' in what else 'node'}; "
+                         f"got {times.numel()}")
+    return times
+
+
+def sort_by_time(csc: CSC, node_time=None, edge_time=None) -> CSC:
+    """``csc`` with each node's in-edges sorted by time (stably): the source's ``node_time`` (int64
+    [num_src]) or the edge's ``edge_time`` (int64 [E], in the order the edges were given); ``perm``
+    still maps CSC positions to the given edge ids."""
+    if (node_time is None) == (edge_time is None):
+        raise ValueError("sort by node times or by edge times: give exactly one of node_time and edge_time")
+    if node_time is not None:
+        t = check_times(node_time, csc.size[0], "node_time").index_select(0, csc.row)
+    else:
+        t = check_times(edge_time, csc.num_edges, "edge_time")
+        t = t if csc.perm is None else t.index_select(0, csc.perm)
+    order = torch.argsort(t, stable=True)
+    order = order.index_select(0, torch.argsort(csc.col().index_select(0, order), stable=True))
+    perm = order if csc.perm is None else csc.perm.index_select(0, order)
+    return CSC(csc.row.index_select(0, order), csc.colptr, perm, csc.size)
+
+
+def check_sorted(csc_times: torch.Tensor, csc: CSC) -> None:
+    """Raise ValueError unless ``csc_times`` (one per CSC position) never decrease within a node's list."""
+    col = csc.col()
+    if bool(((csc_times[1:] < csc_times[:-1]) & (col[1:] == col[:-1])).any()):
+        raise ValueError("temporal sampling needs each node's in-edges sorted by time: build the CSC with "
+                         "hmgstore.graph.temporal.sort_by_time(csc, node_time=... or edge_time=...)")
+
+
+def time_window(topology, seeds: torch.Tensor, seed_time: torch.Tensor, k: int, strategy: str):
+    """``(offset, size)``: each seed's in-edges no later than its time, as a window of its list (see the
+    module docstring). ``seeds``: int64 [S] node ids; ``seed_time``: int64 [S]; CPU tensors."""
+    first = topology.colptr.index_select(0, seeds)
+    lo, hi = first.clone(), topology.colptr.index_select(0, seeds + 1)
+    last = max(topology.num_edges - 1, 0)
+    while True:  # upper bound: the first position whose time is later than the seed's
+        active = lo < hi
+        if not bool(active.any()):
+            break
+        mid = (lo + hi) // 2
+        later = topology.time_at(mid.clamp(max=last)) > seed_time
+        lo = torch.where(active & ~later, mid + 1, lo)
+        hi = torch.where(active & later, mid, hi)
+    end = lo
+    start = torch.maximum(first, end - k) if strategy == "last" and k >= 0 else first
+    return start - first, end - start
