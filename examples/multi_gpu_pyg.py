@@ -98,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="part of --topology-budget holding the hottest lists on every GPU (default: a quarter)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
                    help="hmgstore.Pipeline (default: on with GPUs, off on the CPU)")
+    p.add_argument("--max-sms", default=None,
+                   help="cap the pipeline's gathers at this many SMs ('auto': hmgstore's choice; default: no cap)")
     p.add_argument("--epochs", type=int, default=3)
     flags.add_batch_size(p, 1024, "seed nodes, per process,")
     flags.add_fanout(p)
@@ -253,7 +255,10 @@ def main(argv=None) -> dict | None:
                  replicate=args.replicate, device=device, compress=args.compress, progress=progress)
     feature_store = HybridFeatureStore(device)
     feature_store.put_tensor(x.table, group_name=None, attr_name="x", index=None)
-    feature_store.put_tensor(HybridTensor(graph["y"], device), group_name=None, attr_name="y", index=None)
+    # the labels (8 bytes a node) whole in GPU memory: a batch reads one per sampled node, and from host memory
+    # their reads would also put the pipeline's gathers under its SM cap for host reads
+    labels = HybridTensor(graph["y"], device, gpu_rows=torch.arange(num_nodes) if device.type == "cuda" else None)
+    feature_store.put_tensor(labels, group_name=None, attr_name="y", index=None)  # <-- hmgstore
     graph_store = CSCGraphStore()
     graph_store.put_edge_index((graph["row"], graph["colptr"]), edge_type=None, layout="csc",
                                size=(num_nodes, num_nodes))
@@ -295,7 +300,8 @@ def main(argv=None) -> dict | None:
                 marks[ids.device] = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=ids.device)
             marks[ids.device][ids] = True
 
-        pipeline = hmgstore.Pipeline(train_loader, depth=2) if pipelined else None  # <-- hmgstore
+        max_sms = None if args.max_sms is None else args.max_sms if args.max_sms == "auto" else int(args.max_sms)
+        pipeline = hmgstore.Pipeline(train_loader, depth=2, max_sms=max_sms) if pipelined else None  # <-- hmgstore
         total = min(len(train_loader), args.max_batches or len(train_loader))
         result = train_epoch(model, optimizer, train_loader, device, total=total, timer=timer, pipeline=pipeline,
                              desc=f"epoch {epoch}", progress=progress, loss_every=args.loss_every,
@@ -346,7 +352,7 @@ def main(argv=None) -> dict | None:
         "world_size": world, "backend": "nccl" if device.type == "cuda" else "gloo",
         "gpu_budget": args.gpu_budget, "replicate": args.replicate, "compress": args.compress,
         "batch_size": args.batch_size,
-        "fanout": fanout, "pipeline": pipelined, "topology_budget": args.topology_budget,
+        "fanout": fanout, "pipeline": pipelined, "max_sms": args.max_sms, "topology_budget": args.topology_budget,
         "trim": not args.no_trim, "tf32": not args.no_tf32,
         "topology_sharded": topology_sharded,
         "placement_rows": {**{t.name: t.size for t in p.tiers if t.rows is not None},

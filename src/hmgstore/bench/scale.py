@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-trim", action="store_true",
                    help="every layer over the batch's whole subgraph (default: the step trims per hop)")
     p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls (default: TF32 allowed)")
+    p.add_argument("--max-sms", default=None, help="the pipeline's cap on its gathers' SMs (default: none)")
+    p.add_argument("--pipeline", choices=("on", "off"), default=None,
+                   help="off: sampling, gathering and training one after another, each timed (default: on with GPUs)")
     flags.add_batch_size(p, 1024, "seed nodes per GPU")
     flags.add_fanout(p)
     flags.add_max_batches(p)
@@ -94,7 +97,7 @@ def run(args) -> dict:
               "num_nodes": args.num_nodes if args.graph == "synthetic" else None, "feat_dim": args.feat_dim,
               "batch_size": args.batch_size, "fanout": args.fanout, "gpu_budget": args.gpu_budget,
               "replicate": args.replicate, "compress": args.compress, "one_gpu_budget": args.one_gpu_budget,
-              "trim": not args.no_trim, "tf32": not args.no_tf32,
+              "trim": not args.no_trim, "tf32": not args.no_tf32, "max_sms": args.max_sms, "pipeline": args.pipeline,
               "example": str(example), "runs": []}
     for n in gpu_counts(args.gpus, available):
         result = _one_run(args, example, n, out)
@@ -118,7 +121,9 @@ def _example_argv(args, n: int, json_path: Path) -> list[str]:
             "--gpu-budget", budget, "--replicate", args.replicate, "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--fanout", ",".join(map(str, args.fanout)),
             "--seed", str(args.seed), "--topology-budget", args.topology_budget, "--json", str(json_path),
-            "--no-progress", *(["--no-trim"] if args.no_trim else []), *(["--no-tf32"] if args.no_tf32 else [])]
+            "--no-progress", *(["--no-trim"] if args.no_trim else []), *(["--no-tf32"] if args.no_tf32 else []),
+            *(["--max-sms", args.max_sms] if args.max_sms else []),
+            *(["--pipeline", args.pipeline] if args.pipeline else [])]
     if args.compress and not one_gpu_baseline:
         argv += ["--compress", args.compress]
     if args.graph == "synthetic":

@@ -86,9 +86,10 @@ def check_max_sms(max_sms):
 
 
 def auto_sms(device: torch.device) -> int:
-    """The pipeline's default cap on its gathers' SMs: one SM in 32 of ``device``'s, at least 4 (4 on an H100
-    or H200, where 4 was as fast as 8: benchmarks/results/producer-h200.md)."""
-    return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 32)
+    """The pipeline's default cap on its gathers' SMs: one SM in 11 of ``device``'s, at least 4 (12 on an H100
+    or H200: beside the trimmed TF32 step, caps of 8-16 SMs gave the fastest epochs and 4 was slower,
+    benchmarks/results/strong-step-h100.md)."""
+    return max(4, torch.cuda.get_device_properties(device).multi_processor_count // 11)
 
 
 #: Functions that find the hmgstore tables a loader gathers from (see :func:`register_table_finder`).
