@@ -37,7 +37,7 @@ def test_no_rows_on_a_cpu_but_the_budget_is_read_there_too():
 def test_a_budget_needs_hotness_of_the_right_length():
     with pytest.raises(ValueError, match=r"hotness per edge type .* hotness=\{edge_type: score\}"):
         resident_rows([Cost(None, 3, 8)], 100, "cuda", None, what="edge type")
-    with pytest.raises(ValueError, match="has 2 entries for 3 nodes"):
+    with pytest.raises(ValueError, match="has 2 entries for 3 rows"):
         resident_rows([Cost(None, 3, 8)], 100, "cuda", {None: torch.ones(2)})
 
 
@@ -46,3 +46,29 @@ def test_row_bytes_counts_the_stored_format():
     assert budget.row_bytes(x) == 400 == budget.row_bytes(torch.from_numpy(x))
     int8 = formats.get("int8")
     assert budget.row_bytes(x, int8) == int8.pitch(100) < 400
+
+
+def test_auto_keeps_narrow_tables_whole_where_they_fit_a_quarter_of_the_budget():
+    x, y, mask = Cost(None, 1000, 512, name="x"), Cost(None, 1000, 8, name="y"), Cost(None, 1000, 1, name="mask")
+    assert budget.small_tables([x, y, mask], 4 * 9000, "cuda") == {"y", "mask"}  # 9,000 B: exactly a quarter
+    assert budget.small_tables([x, y, mask], 4 * 9000 - 1, "cuda") == set()  # a byte short: none of them
+    assert budget.small_tables([x], "1MB", "cuda") == set()  # no narrow table
+    assert budget.small_tables([x, y], None, "cuda") == set()  # no budget: nothing on the GPU
+    assert budget.small_tables([x, y], "1MB", "cpu") == set()  # no GPU tier on a CPU
+    with pytest.raises(ValueError):
+        budget.small_tables([x, y], "lots", "cuda")
+
+
+@pytest.mark.gpu
+def test_from_data_keeps_the_labels_whole_by_default():
+    from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import from_data
+
+    n = 4000
+    data = Data(x=torch.randn(n, 64), y=torch.randint(0, 5, (n,)), edge_index=torch.randint(0, n, (2, 4 * n)))
+    features, _ = from_data(data, device="cuda", gpu_budget=n * 64 * 4 // 4, progress=False)
+    assert features.table(None, "y").num_gpu_rows == n
+    assert 0 < features.table(None, "x").num_gpu_rows < n
+    features, _ = from_data(data, device="cuda", gpu_budget=n * 64 * 4 // 4, gpu_whole=(), progress=False)
+    assert features.table(None, "y").num_gpu_rows < n

@@ -88,7 +88,7 @@ TABLE_OPTIONS = ("copy", "host_dtype", "compress", "layout", "backing", "split")
 
 
 def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None, max_sms: int | None = None,
-              progress: bool = True, edge_attrs=None, edge_gpu_budget=None, gpu_whole=(),
+              progress: bool = True, edge_attrs=None, edge_gpu_budget=None, gpu_whole="auto",
               **options) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` holding a PyG ``Data`` or ``HeteroData``.
 
@@ -111,7 +111,9 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None
     keeps every row in host memory but the ``gpu_whole`` tables. ``gpu_whole``:
     node attribute names kept whole in GPU memory, first out of the budget
-    (``("y",)``: labels; see :meth:`HybridFeatureStore.from_sources`).
+    (``("y",)``: labels; see :meth:`HybridFeatureStore.from_sources`); the
+    default, ``"auto"``, keeps the narrow tables (labels) whole where they
+    take at most a quarter of the budget, ``()`` none.
     ``options``: host memory of every table (``copy``, ``host_dtype``,
     ``backing``, ``split``), as :meth:`HybridFeatureStore.from_sources` takes
     them. Raises TypeError for other inputs; ValueError when there is
@@ -183,7 +185,7 @@ def _put_edge_attributes(feature_store, graph_store, edge_sources: dict, budget,
 
 
 def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None = None, device=None,
-                 gpu_budget="auto", hotness=None, max_sms: int | None = None, progress: bool = True, gpu_whole=(),
+                 gpu_budget="auto", hotness=None, max_sms: int | None = None, progress: bool = True, gpu_whole="auto",
                  **features) -> tuple[HybridFeatureStore, CSCGraphStore]:
     """``(feature_store, graph_store)`` of a homogeneous graph from host arrays, without a ``Data``.
 

@@ -35,6 +35,7 @@ Tables cross processes (spawned workers) by hmgstore's own rule for tables
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -153,7 +154,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
 
     @classmethod
     def from_sources(cls, sources: dict, device=None, *, gpu_budget=None, hotness: dict | None = None,
-                     max_sms: int | None = None, progress: bool = True, gpu_whole=(),
+                     max_sms: int | None = None, progress: bool = True, gpu_whole="auto",
                      **options) -> HybridFeatureStore:
         """A store holding ``sources``, the hottest rows of every node type kept on the GPU under one budget.
 
@@ -170,7 +171,9 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             progress: show progress bars while tables are pinned or copied.
             gpu_whole: node attribute names whose tables are kept whole in GPU memory on a GPU (``("y",)``:
                 a batch's labels never cross PCIe), whatever ``gpu_budget`` (None included); with a budget
-                their bytes come out of it first.
+                their bytes come out of it first. ``"auto"`` (the default): the tables of rows of at most 16
+                bytes (labels), when together they take at most a quarter of the budget
+                (:func:`hmgstore.rows.budget.small_tables`); ``()``: none.
             **options: host memory of every table (``copy``, ``host_dtype``, ``compress``, ``layout``,
                 ``backing``, ``split``), as HybridTensor takes them; ``host_dtype`` and ``compress`` apply to
                 float32 sources only. ``layout`` also takes ``"hotness"`` (each node type's host tier hottest
@@ -194,15 +197,19 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         store = cls(device)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
         layout = options.pop("layout", "auto")
-        whole_attrs = {gpu_whole} if isinstance(gpu_whole, str) else set(gpu_whole or ())
+        stored = formats.get(compress)
+        costs = [budget.Cost(group, source.shape[0], budget.row_bytes(source, float32_only(source, stored)),
+                             False, attr) for (group, attr), source in sources.items()]
+        if isinstance(gpu_whole, str) and gpu_whole == "auto":  # narrow tables (labels) whole where they fit
+            whole_attrs = budget.small_tables(costs, gpu_budget, store.device)
+        else:
+            whole_attrs = {gpu_whole} if isinstance(gpu_whole, str) else set(gpu_whole or ())
         unknown = whole_attrs - {attr for _, attr in sources}
         if unknown:
             raise ValueError(f"gpu_whole names {sorted(unknown)}, which no source has; the attributes are "
                              f"{sorted({attr for _, attr in sources})}")
         cuda = store.device.type == "cuda"
-        stored = formats.get(compress)
-        costs = [budget.Cost(group, source.shape[0], budget.row_bytes(source, float32_only(source, stored)),
-                             attr in whole_attrs, attr) for (group, attr), source in sources.items()]
+        costs = [dataclasses.replace(c, whole=c.name in whole_attrs) for c in costs]
         gpu_rows = budget.resident_rows(costs, gpu_budget, store.device, hotness)
         orders: dict = {}  # node type -> its rows hottest first, made once for all its tables
         for (group, attr), source in sources.items():

@@ -56,6 +56,35 @@ def row_bytes(source, stored=None) -> int:
     return item * elems
 
 
+#: ``gpu_whole="auto"`` keeps whole on the GPU the tables whose rows are at most this many bytes (labels, masks):
+#: a batch reads such a row for every sampled node, and over PCIe each costs a whole read transaction.
+SMALL_ROW_BYTES = 16
+#: ... provided together they take at most this share of the budget.
+SMALL_SHARE = 0.25
+
+
+def small_tables(costs: list[Cost], gpu_budget, device) -> set:
+    """The names of the tables ``gpu_whole="auto"`` keeps whole on the GPU: every table of narrow rows
+    (:data:`SMALL_ROW_BYTES`), when together they fit :data:`SMALL_SHARE` of the budget; none on a CPU, with
+    no budget (None), or when they do not fit. Keeping the labels whole made a cached epoch 3% faster on
+    an H100 (benchmarks/results/strong-step-h100.md).
+
+    Args:
+        costs: one :class:`Cost` per table (``whole`` is ignored).
+        gpu_budget: as for :func:`resident_rows`.
+        device: the tables' device.
+
+    Returns:
+        A set of table names.
+    """
+    if gpu_budget is None or torch.device(device).type != "cuda":
+        return set()
+    small = [c for c in costs if c.row_bytes <= SMALL_ROW_BYTES]
+    needed = sum(c.num_rows * c.row_bytes for c in small)
+    total = resolve_budget(gpu_budget, sum(c.num_rows * c.row_bytes for c in costs), device)
+    return {c.name for c in small} if small and total and needed <= SMALL_SHARE * total else set()
+
+
 def resident_rows(costs: list[Cost], gpu_budget, device, hotness: dict | None, *,
                   what: str = "node type") -> dict:
     """Per group, the ids of the rows kept on the GPU under one ``gpu_budget`` shared by every table of ``costs``.
