@@ -106,6 +106,21 @@ def test_a_part_file_replaced_while_it_is_read_is_refused(tmp_path, monkeypatch)
         load_partition(tmp_path / "p", 0, "cpu", progress=False)
 
 
+def test_a_part_naming_a_neighbour_beyond_the_graph_is_refused_before_sampling():
+    from hmgstore.distributed import part_of
+    from hmgstore.distributed.sampling import DistributedNeighborSampler
+
+    g = datasets.synthetic(NODES, 4, 4, seed=3)
+    part = part_of({"x": g.x}, g.edge_index, PartitionBook.range(NODES, 2), 1, "cpu", progress=False)
+    part.row[3] = 10**6  # the row of a part changed after it was read, or a Partition made by hand
+    with pytest.raises(ValueError, match=rf"part 1's row names a neighbour outside the book.*1000000.*{NODES} nodes"):
+        DistributedNeighborSampler(part, [5])
+    part.row[3] = 0
+    part.colptr = part.colptr[:-1]
+    with pytest.raises(ValueError, match="part 1's colptr has 150 offsets"):
+        DistributedNeighborSampler(part, [5])
+
+
 # ---- PyG: the newcomer's surprises ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pyg_data():
