@@ -199,3 +199,17 @@ def test_a_graph_changed_after_attach_raises_at_the_next_fetch():
         graph.get_edge_storage("w")
     hdgl.attach(graph, {"feat": hmgstore.HybridTensor(g.x[2:], "cpu")})  # attached again: served again
     assert torch.equal(graph.get_node_storage("feat").fetch(torch.arange(2), "cpu").wait(), g.x[2:4])
+
+
+@given(st.one_of(st.integers(-2, 3), st.floats(0, 3), st.booleans()))
+def test_cluster_loaders_check_batch_sizes_before_the_collective(batch_size):
+    from hmgstore.plugins.pyg.cluster import EqualBatches, cluster_loader
+
+    if type(batch_size) is int and batch_size >= 1:
+        assert len(list(EqualBatches(5, batch_size, 2))) == 2
+        return
+    for call in (lambda: EqualBatches(5, batch_size, 2), lambda: cluster_loader(None, None, [0, 1], batch_size)):
+        with pytest.raises((ValueError, TypeError), match="batch_size"):
+            call()
+    with pytest.raises(TypeError, match="input_nodes.*integers"):
+        cluster_loader(None, None, torch.tensor([0.5]), 2)
