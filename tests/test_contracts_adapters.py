@@ -213,3 +213,13 @@ def test_cluster_loaders_check_batch_sizes_before_the_collective(batch_size):
             call()
     with pytest.raises(TypeError, match="input_nodes.*integers"):
         cluster_loader(None, None, torch.tensor([0.5]), 2)
+
+
+def test_from_tensors_names_itself_for_a_misspelt_keyword():
+    from hmgstore.plugins.pyg import from_tensors
+
+    g = datasets.synthetic(50, 4, 8, seed=1)
+    with pytest.raises(TypeError, match=r"^from_tensors\(\).*'gpu_bugdet'; did you mean 'gpu_budget'"):
+        from_tensors(edge_index=g.edge_index, x=g.x, device="cpu", gpu_bugdet="1GB")
+    with pytest.raises(ValueError, match="feature 'label_count' is"):  # a graph-level value, not a misspelling
+        from_tensors(edge_index=g.edge_index, x=g.x, device="cpu", label_count=4)
