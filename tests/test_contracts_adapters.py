@@ -106,6 +106,21 @@ def test_a_part_file_replaced_while_it_is_read_is_refused(tmp_path, monkeypatch)
         load_partition(tmp_path / "p", 0, "cpu", progress=False)
 
 
+def test_a_part_naming_a_neighbour_beyond_the_graph_is_refused_before_sampling():
+    from hmgstore.distributed import part_of
+    from hmgstore.distributed.sampling import DistributedNeighborSampler
+
+    g = datasets.synthetic(NODES, 4, 4, seed=3)
+    part = part_of({"x": g.x}, g.edge_index, PartitionBook.range(NODES, 2), 1, "cpu", progress=False)
+    part.row[3] = 10**6  # the row of a part changed after it was read, or a Partition made by hand
+    with pytest.raises(ValueError, match=rf"part 1's row names a neighbour outside the book.*1000000.*{NODES} nodes"):
+        DistributedNeighborSampler(part, [5])
+    part.row[3] = 0
+    part.colptr = part.colptr[:-1]
+    with pytest.raises(ValueError, match="part 1's colptr has 150 offsets"):
+        DistributedNeighborSampler(part, [5])
+
+
 # ---- PyG: the newcomer's surprises ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pyg_data():
@@ -184,3 +199,27 @@ def test_a_graph_changed_after_attach_raises_at_the_next_fetch():
         graph.get_edge_storage("w")
     hdgl.attach(graph, {"feat": hmgstore.HybridTensor(g.x[2:], "cpu")})  # attached again: served again
     assert torch.equal(graph.get_node_storage("feat").fetch(torch.arange(2), "cpu").wait(), g.x[2:4])
+
+
+@given(st.one_of(st.integers(-2, 3), st.floats(0, 3), st.booleans()))
+def test_cluster_loaders_check_batch_sizes_before_the_collective(batch_size):
+    from hmgstore.plugins.pyg.cluster import EqualBatches, cluster_loader
+
+    if type(batch_size) is int and batch_size >= 1:
+        assert len(list(EqualBatches(5, batch_size, 2))) == 2
+        return
+    for call in (lambda: EqualBatches(5, batch_size, 2), lambda: cluster_loader(None, None, [0, 1], batch_size)):
+        with pytest.raises((ValueError, TypeError), match="batch_size"):
+            call()
+    with pytest.raises(TypeError, match="input_nodes.*integers"):
+        cluster_loader(None, None, torch.tensor([0.5]), 2)
+
+
+def test_from_tensors_names_itself_for_a_misspelt_keyword():
+    from hmgstore.plugins.pyg import from_tensors
+
+    g = datasets.synthetic(50, 4, 8, seed=1)
+    with pytest.raises(TypeError, match=r"^from_tensors\(\).*'gpu_bugdet'; did you mean 'gpu_budget'"):
+        from_tensors(edge_index=g.edge_index, x=g.x, device="cpu", gpu_bugdet="1GB")
+    with pytest.raises(ValueError, match="feature 'label_count' is"):  # a graph-level value, not a misspelling
+        from_tensors(edge_index=g.edge_index, x=g.x, device="cpu", label_count=4)

@@ -197,11 +197,15 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     ``num_nodes`` defaults to the features' row count. ``device``,
     ``gpu_budget``, ``hotness`` and ``gpu_whole`` as in :func:`from_data`. Raises ValueError
     for a topology given twice or not at all, no features, or a feature
-    whose rows are not ``num_nodes`` (naming it, both sizes and the fix).
+    whose rows are not ``num_nodes`` (naming it, both sizes and the fix);
+    TypeError naming ``from_tensors`` for a keyword that misspells one of
+    its parameters (``gpu_bugdet=``) rather than naming a node attribute.
     """
     given = [(name, v) for name, v in (("coo", edge_index), ("csr", csr), ("csc", csc)) if v is not None]
     if len(given) != 1:
         raise ValueError("pass the topology once: edge_index=..., csr=(rowptr, col) or csc=(row, colptr)")
+    checks.misspelt("from_tensors", [k for k, v in features.items() if not hasattr(v, "shape")],
+                    inspect.signature(from_tensors).parameters)
     if not features:
         raise ValueError("pass node attributes by name, e.g. from_tensors(edge_index=ei, x=x, y=y)")
     counted = num_nodes is not None

@@ -38,6 +38,7 @@ from hmgstore.distributed import (
     gather_many,
     this_cluster,
 )
+from hmgstore.rows import checks
 
 from .graph_store import CSCGraphStore, check_loaders
 
@@ -144,8 +145,7 @@ class EqualBatches(torch.utils.data.Sampler):
     """
 
     def __init__(self, n: int, batch_size: int, num_batches: int, *, shuffle: bool = False, seed: int = 0):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        batch_size = checks.count(batch_size, "batch_size", at_least=1)
         self.n, self.batch_size, self.num_batches, self.shuffle, self.seed = n, batch_size, num_batches, shuffle, seed
         self.epoch = 0
 
@@ -172,11 +172,13 @@ def cluster_loader(feature_store: ClusterFeatureStore, sampler: ClusterNeighborS
     per epoch, its last ones empty when it has fewer seeds. ``shuffle``:
     reshuffle each epoch (``loader.batch_sampler.set_epoch(epoch)``) from
     ``seed``. Other ``kwargs`` go to ``NodeLoader`` (``num_workers`` must
-    stay 0).
+    stay 0). Raises ValueError for a ``batch_size`` under 1 or ``num_workers``, TypeError for non-integer
+    ``batch_size`` or ids, before the collective.
     """
     if kwargs.get("num_workers", 0):
         raise ValueError("cluster loaders sample and gather collectively, in the main process: num_workers=0")
-    input_nodes = torch.as_tensor(input_nodes).long().reshape(-1)
+    batch_size = checks.count(batch_size, "batch_size", at_least=1)  # before the collective: every rank raises
+    input_nodes = checks.id_list(torch.as_tensor(input_nodes).reshape(-1), "input_nodes", 2**62)  # no float ids
     count = torch.tensor([math.ceil(len(input_nodes) / batch_size)])
     dist.all_reduce(count, dist.ReduceOp.MAX, group=this_cluster().control)
     batches = EqualBatches(len(input_nodes), batch_size, int(count), shuffle=shuffle, seed=seed)

@@ -59,7 +59,7 @@ from ..graph.hop import _floyd_cpu, draw, sample_hop, slot_counts
 from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
-from ..rows.ids import normalize_many
+from ..rows.ids import check_range, normalize_many
 from .cluster import this_cluster
 from .exchange import all_to_all, finish
 from .parts import Partition
@@ -132,6 +132,21 @@ def unpack_answers(packed: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Te
     return rows[:, 1:][torch.arange(k)[None, :] < counts[:, None]].long(), counts
 
 
+def _check_part(part: Partition) -> None:
+    """Refuse a part whose topology the book does not bear out (ValueError): every neighbour a node of the
+    book, ``colptr`` one offset per node of the part plus one, ending at the number of neighbours."""
+    rows = part.book.sizes[part.machine] if 0 <= part.machine < part.book.num_machines else -1
+    if len(part.colptr) != rows + 1 or (len(part.colptr) and int(part.colptr[-1]) != len(part.row)):
+        raise ValueError(f"part {part.machine}'s colptr has {len(part.colptr)} offsets ending at "
+                         f"{int(part.colptr[-1]) if len(part.colptr) else None}; its book gives it {rows} nodes and "
+                         f"its row holds {len(part.row)} neighbours")
+    try:
+        check_range(part.row, part.book.num_nodes)
+    except IndexError as err:
+        raise ValueError(f"part {part.machine}'s row names a neighbour outside the book ({err}); the book has "
+                         f"{part.book.num_nodes} nodes: reload the part with load_partition") from None
+
+
 class DistributedNeighborSampler:
     """Multi-hop uniform neighbour sampling of a homogeneous graph spread over the job's machines.
 
@@ -173,6 +188,7 @@ class DistributedNeighborSampler:
         self.partitioned, self.device = True, torch.device("cpu")
         self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
         self.num_nodes = self.book.num_nodes
+        _check_part(topology)  # a Partition made by hand, or changed since load_partition checked it
         if device is not None and torch.device(device).type == "cuda":
             part = CSC(self.row, self.colptr, None, (self.num_nodes, len(self.colptr) - 1))
             self._owned = Topology(part, device, gpu_budget=2**62 if gpu_budget is None else gpu_budget,
