@@ -62,8 +62,8 @@
 //   Neighbouring threads serve different seeds: reads are not coalesced, as in hmg_sample_floyd.
 // - hmg_sample_read: per slot. Finds its seed by binary search over `ends`, fills in the
 //   position (t itself when the seed takes every neighbour; a draw mod deg with replacement;
-//   else what hmg_sample_floyd wrote; with `given`, what hmg_sample_weighted wrote), reads the neighbour id from its tier and writes the
-//   neighbour's key, the edge id and the seed's local id. Neighbouring threads serve
+//   else what hmg_sample_floyd wrote; with `given`, what hmg_sample_weighted wrote), reads the
+//   neighbour id from its tier and writes the neighbour's key, the edge id and the seed's local id. Neighbouring threads serve
 //   neighbouring slots of one seed, so their reads fall in the same adjacency list.
 
 typedef long long i64;
@@ -76,9 +76,10 @@ __device__ __forceinline__ u64 mix64(u64 z) {  // splitmix64's finaliser
   return z ^ (z >> 31);
 }
 
-// A uniform draw in [0, n) for slot t of seed i (63 random bits mod n: bias below n / 2^63).
+// The part of a draw that depends on the seed alone (graph/draws.py's _seed_hash).
 __device__ __forceinline__ u64 seed_hash(u64 key, i64 i) { return mix64(key ^ ((u64)i * 0xD1B54A32D192ED03ull)); }
 
+// A uniform draw in [0, n) for slot t of seed i (63 random bits mod n: bias below n / 2^63).
 __device__ __forceinline__ i64 draw(u64 key, i64 i, i64 t, i64 n) {
   return (i64)((mix64(seed_hash(key, i) + (u64)t) >> 1) % (u64)n);
 }
@@ -156,7 +157,7 @@ extern "C" __global__ void hmg_sample_window(const i64* __restrict__ nodes, cons
       win_lo[i] = win_deg[i] = 0;
       continue;
     }
-    const i64 time = per_tree ? seed_time[nodes[lohi[0] + i] / num_dst] : seed_time[i];
+    const i64 limit = per_tree ? seed_time[nodes[lohi[0] + i] / num_dst] : seed_time[i];
     const i64 first = colptr[v], at0 = start ? start[v] : first;
     i64 lo = 0, hi = colptr[v + 1] - first;  // window positions [0, hi): the first later one is in [lo, hi]
     while (lo < hi) {
@@ -164,7 +165,7 @@ extern "C" __global__ void hmg_sample_window(const i64* __restrict__ nodes, cons
       const i64 t = edge_time ? edge_time[first + mid]
                   : src_time[neighbour_id(at0 + mid, gpu_row, host_row, gpu_edges, wide, tiers, chunk, tail,
                                           tail_start)];
-      if (t > time) hi = mid; else lo = mid + 1;
+      if (t > limit) hi = mid; else lo = mid + 1;
     }
     const i64 begin = (last && k >= 0 && lo > k) ? lo - k : 0;
     win_lo[i] = begin;

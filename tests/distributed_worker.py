@@ -184,6 +184,50 @@ def scenario_topology(report):
     topo.close()  # collective: every rank closes
 
 
+def scenario_topology_options(report):
+    """A sharded topology with edge weights (their chunks placed like the ids') and one with edge times draw as
+    the CPU does: temporal bit for bit (uniform draws in each time window), weighted the same edges but where two
+    keys differ in their last bits (log rounds differently on the two devices)."""
+    from hmgstore.graph import NeighborSampler, Topology, to_csc
+    from hmgstore.graph.temporal import sort_by_time
+
+    g = torch.Generator().manual_seed(12)
+    n, e = 4000, 60_000
+    dst = (torch.rand(e, generator=g) ** 3 * n).long()
+    csc = to_csc(torch.stack([torch.randint(0, n, (e,), generator=g), dst]), "coo", (n, n))
+    weight, etime = torch.rand(e, generator=g) * (torch.rand(e, generator=g) > 0.3), torch.randint(0, 50, (e,))
+    budget = csc.num_edges * 8 // (2 * dist.get_world_size())
+    where = device()
+    seeds = torch.randperm(n, generator=g)[:400]
+    topo = hd.sharded_topology(csc, where, gpu_budget=budget, replicate=budget // 4, progress=False, weight=weight)
+    report["weights_chunked"] = topo.weight_tiers is not None
+    cpu = NeighborSampler({None: Topology(csc, "cpu", progress=False, weight=weight)}, {None: n}, [10])
+    mine = NeighborSampler({None: topo}, {None: n}, [10])
+    torch.manual_seed(7)
+    want = cpu.sample({None: seeds}).edge[None]
+    torch.manual_seed(7)
+    got = mine.sample({None: seeds.to(where)}).edge[None].cpu()
+    report["weighted_agree"] = float((want == got).double().mean()) if len(want) == len(got) else 0.0
+    topo.close()
+    timed = sort_by_time(csc, edge_time=etime)
+    topo = hd.sharded_topology(timed, where, gpu_budget=budget, replicate=budget // 4, progress=False,
+                               edge_time=etime)
+    seed_time = {None: torch.randint(10, 50, (len(seeds),), generator=g)}
+    same = []
+    for strategy in ("uniform", "last"):
+        cpu = NeighborSampler({None: Topology(timed, "cpu", progress=False, edge_time=etime)}, {None: n}, [10, 5],
+                              temporal_strategy=strategy)
+        mine = NeighborSampler({None: topo}, {None: n}, [10, 5], temporal_strategy=strategy)
+        torch.manual_seed(9)
+        want = cpu.sample({None: seeds}, seed_time)
+        torch.manual_seed(9)
+        got = mine.sample({None: seeds.to(where)}, seed_time)
+        same.append(all(torch.equal(getattr(want, f)[None], getattr(got, f)[None].cpu())
+                        for f in ("node", "row", "col", "edge", "batch")))
+    report["temporal_same_as_cpu"] = same
+    topo.close()
+
+
 def scenario_mismatch(report):
     x = hd.share_on_node(make_on_leader_only(), progress=False)
     order = hot_order() if dist.get_rank() != 1 else torch.arange(N)

@@ -244,6 +244,20 @@ def test_sharded_topology_on_every_gpu(tmp_path, no_leaks):
         assert r["same_as_cpu"] == [True, True], rank
 
 
+@pytest.mark.gpu
+def test_sharded_topology_with_weights_and_times_on_one_gpu(tmp_path, no_leaks):
+    codes, reports, errs = launch("topology_options", 1, tmp_path, device="cuda", timeout=240)
+    assert codes == [0], errs
+    r = reports[0]
+    assert r["weights_chunked"] and r["weighted_agree"] > 0.999 and r["temporal_same_as_cpu"] == [True, True], r
+
+
+def test_topology_options_on_cpu_ranks(tmp_path, no_leaks):
+    codes, reports, errs = launch("topology_options", 1, tmp_path)
+    assert codes == [0], errs
+    assert reports[0]["weighted_agree"] == 1.0 and reports[0]["temporal_same_as_cpu"] == [True, True]
+
+
 def test_sharded_topology_on_cpu_ranks_samples_as_one_process(tmp_path, no_leaks):
     """On the CPU a topology is never sharded (sampling reads host memory); the option is accepted."""
     codes, reports, errs = launch("topology", 2, tmp_path)

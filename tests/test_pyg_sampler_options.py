@@ -210,6 +210,22 @@ def test_labor_under_neighbor_loader(device):
         n_id = batch.n_id.cpu()
         assert torch.equal(n_id[batch.edge_index.cpu()], data.edge_index[:, batch.e_id.cpu()])
         assert sum(batch.num_sampled_edges) == batch.edge_index.shape[1]
+    hetero = HeteroData()
+    hetero["paper"].x, hetero["author"].x = torch.randn(200, 4), torch.randn(50, 4)
+    g = torch.Generator().manual_seed(6)
+    writes = torch.stack([torch.randint(0, 50, (1000,), generator=g), torch.randint(0, 200, (1000,), generator=g)])
+    hetero["author", "writes", "paper"].edge_index = writes
+    hetero["paper", "cites", "paper"].edge_index = torch.randint(0, 200, (2, 900), generator=g)
+    sizes = {}
+    for labor in (False, True):
+        sampler = HybridNeighborSampler(hetero, [3, 2], device=device, labor=labor)
+        batch = next(iter(NeighborLoader(hetero, [3, 2], neighbor_sampler=sampler,
+                                         input_nodes=("paper", torch.arange(100)), batch_size=100)))
+        ei = batch["author", "writes", "paper"].edge_index.cpu()
+        got = torch.stack([batch["author"].n_id.cpu()[ei[0]], batch["paper"].n_id.cpu()[ei[1]]])
+        assert torch.equal(got, writes[:, batch["author", "writes", "paper"].e_id.cpu()])
+        sizes[labor] = len(batch["author"].n_id)
+    assert sizes[True] < sizes[False]  # 100 papers sharing 50 authors: LABOR takes fewer of them
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -234,3 +250,28 @@ def test_hetero_temporal_neighbor_loader(device):
             tree = batch[et[-1]].batch.cpu()[ei[1]]
             assert bool((src_time <= seed_time[tree]).all())
             assert torch.equal(tree, batch[et[0]].batch.cpu()[ei[0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hetero_edge_times(device):
+    """Edge times on some edge types of a HeteroData: those respect the seed times, the others are free."""
+    g = torch.Generator().manual_seed(8)
+    data = HeteroData()
+    data["paper"].x, data["author"].x = torch.randn(200, 4, generator=g), torch.randn(100, 4, generator=g)
+    writes = ("author", "writes", "paper")
+    data[writes].edge_index = torch.stack([torch.randint(0, 100, (800,), generator=g),
+                                           torch.randint(0, 200, (800,), generator=g)])
+    data[writes].etime = torch.randint(0, 100, (800,), generator=g)
+    data["paper", "cites", "paper"].edge_index = torch.randint(0, 200, (2, 900), generator=g)
+    sampler = HybridNeighborSampler(data, [4, 2], device=device, time_attr="etime")
+    assert sampler.topologies[writes].temporal and not sampler.topologies[("paper", "cites", "paper")].temporal
+    input_time = torch.randint(0, 100, (64,), generator=g)
+    sampled = 0
+    for i, batch in enumerate(NeighborLoader(data, [4, 2], neighbor_sampler=sampler, time_attr="etime",
+                                             input_nodes=("paper", torch.arange(64)), input_time=input_time,
+                                             batch_size=32)):
+        tree = batch["paper"].batch.cpu()[batch[writes].edge_index.cpu()[1]]
+        when = data[writes].etime[batch[writes].e_id.cpu()]
+        assert bool((when <= input_time[32 * i:32 * (i + 1)][tree]).all())
+        sampled += len(when)
+    assert sampled > 0

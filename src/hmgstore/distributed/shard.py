@@ -316,7 +316,8 @@ def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=
     ``edge_time``: times for temporal sampling, held whole on each GPU.
     """
     def place(chunks, chunk_order, budget, where, bars):
-        return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=replicate, device=where,
+        # min: the weights' chunks are placed with their share of the budget, which may be below `replicate`
+        return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=min(replicate, budget), device=where,
                      progress=bars)
 
     return Topology(csc, device, gpu_budget=gpu_budget, hot_order=hot_order, progress=progress, place_chunks=place,
