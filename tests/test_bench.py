@@ -528,3 +528,31 @@ def test_quick_runs_say_they_are_smoke_tests(tmp_path):
     assert res.stdout.count("smoke test (--quick)") == 1 and "n/a" in res.stdout
     assert not re.search(r"\d\.\d\dx", res.stdout)  # no "(0.52x; ...)" against index_select
     assert json.loads(json.dumps(parse_args(["gather"]).quick)) is False
+
+
+def test_train_runs_the_readme_swap_beside_the_tuned_configurations_repeated(tmp_path):
+    out = tmp_path / "train"
+    _bench("train", "--quick", "--no-progress", "--configs", "cache+pipe", "api+pipe", "--repeat", "2",
+           "--out", out, timeout=600)
+    report = json.loads((out / "train.json").read_text())
+    assert set(report["configs"]) == {"cache+pipe", "api+pipe", "cache+pipe/run2", "api+pipe/run2"}
+    assert all(c["epoch_s"] > 0 for c in report["configs"].values())
+    assert set(report["repeats"]) == {"cache+pipe", "api+pipe"}
+    r = report["repeats"]["api+pipe"]
+    assert r["runs"] == 2 and r["min"] <= r["median"] <= r["max"]
+    assert "repeated, in alternating order" in (out / "train.md").read_text()
+
+
+def test_the_readme_swap_keeps_the_pipelines_default_cap():
+    from hmgstore.bench.train_configs import _with_caps
+
+    assert _with_caps(["cache+pipe", "api+pipe", "cache"], [4, None]) == ["cache+pipe@4", "cache+pipe@none",
+                                                                          "api+pipe", "cache"]
+
+
+def test_repeats_give_the_median_and_spread_of_each_configuration():
+    from hmgstore.bench.train_report import repeats
+
+    report = {"configs": {"a": {"batches_per_s": 10.0}, "b": {"batches_per_s": 5.0}, "a/run2": {"batches_per_s": 14.0},
+                          "a/run3": {"batches_per_s": 11.0}}}
+    assert repeats(report) == {"a": {"runs": 3, "median": 11.0, "min": 10.0, "max": 14.0}}

@@ -100,7 +100,7 @@ from .train_setup import (
 
 log = logging.getLogger(__name__)
 
-CONFIGS = ("stock", "all_gpu", "all_gpu+pipe", "host", "host+pipe", "cache", "cache+pipe")
+CONFIGS = ("stock", "all_gpu", "all_gpu+pipe", "host", "host+pipe", "cache", "cache+pipe", "api+pipe")
 #: Also offered: each configuration but stock with its batches made in a producer process (hmgstore.Producer).
 PROC = ("all_gpu+proc", "host+proc", "cache+proc")
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
@@ -239,9 +239,12 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
             log.info("%s: the loader of %s, used again", config, built_by)
         if cached:  # the features' table only: labels are 8 B rows, not worth a read-back
             stores[0].table(None, "x").set_split(split, threads)
-        iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
-                                     fuse=args.fuse if device.type == "cuda" else 1,
-                                     overlap_reads=overlap_reads) if pipe else loader
+        if base == "api":  # the README's Pipeline(loader): its defaults, whatever the other configurations set
+            iterable = hmgstore.Pipeline(loader, device=device)
+        else:
+            iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
+                                         fuse=args.fuse if device.type == "cuda" else 1,
+                                         overlap_reads=overlap_reads) if pipe else loader
     alone = {}
     step_work = None
     if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
@@ -367,7 +370,8 @@ def run(args) -> dict:
     configs = _with_variants(configs, "thr", args.split_threads)
     configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
-                                                      if _mode(c) else [c])], args.repeat)  # pipelines' only
+                                                      if _mode(c) and base_of(c) != "api" else [c])],
+                        args.repeat)  # pipelines' only; api+pipe keeps the Pipeline's defaults
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {

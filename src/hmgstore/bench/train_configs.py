@@ -78,7 +78,7 @@ def _with_caps(configs: list, caps: list) -> list:
         return configs
     out = []
     for config in configs:
-        if "+" in config:
+        if "+" in config and base_of(config) != "api":  # api+pipe: the Pipeline's own default
             out += [f"{config}@{'none' if cap is None else cap}" for cap in caps]
         else:
             out.append(config)

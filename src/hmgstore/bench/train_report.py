@@ -1,6 +1,8 @@
 """``bench train``'s report: the targets as ratios of the same run, the markdown table and the plot."""
 from __future__ import annotations
 
+import statistics
+
 from .report import no_gpu_line, smoke_test, smoke_test_lines
 from .train_configs import _mode, base_of
 
@@ -57,6 +59,7 @@ def _loader_vs_step(report, base):
 
 
 def add_ratios(report: dict) -> None:
+    report["repeats"] = repeats(report)
     if smoke_test(report):  # tiny sizes: a smoke test, whose ratios mean nothing
         report["targets"] = {}
         return
@@ -74,7 +77,19 @@ def add_ratios(report: dict) -> None:
         "loader_vs_step_all_gpu": _loader_vs_step(report, "all_gpu"),  # target >= 2
         "loader_vs_step_cache": _loader_vs_step(report, "cache"),  # target >= 1.5
         "cache_epoch_s": best_cache,
+        # the README's swap (api+pipe, every default) against the fastest tuned cache configuration: >= 0.95
+        "api_vs_tuned_cache": best_cache / _best(report, "api") if best_cache and _best(report, "api") else None,
     }
+
+
+def repeats(report: dict) -> dict:
+    """Per configuration run more than once (``--repeat``, ``name/runK``): the median batches/s of its runs and
+    their spread (min and max), so that a lever of a few percent can be told from the machine's noise."""
+    runs: dict = {}
+    for name, c in report["configs"].items():
+        runs.setdefault(name.split("/run")[0], []).append(c["batches_per_s"])
+    return {name: {"runs": len(r), "median": statistics.median(r), "min": min(r), "max": max(r)}
+            for name, r in runs.items() if len(r) > 1}
 
 
 def _hits(stats):
@@ -162,8 +177,14 @@ def table_text(report: dict) -> str:
         if t.get("proc_issue_vs_all_gpu") else []
     targets += [f"producer alone / cache+proc trainer: {t['producer_vs_trainer']:.1f}x (target >= 2)"] \
         if t.get("producer_vs_trainer") else []
+    targets += [f"api+pipe (the README's swap, defaults) / best tuned cache: {t['api_vs_tuned_cache']:.2f}x "
+                "(target >= 0.95)"] if t.get("api_vs_tuned_cache") else []
     if targets:
         lines.append("\n" + "; ".join(targets))
+    if report.get("repeats"):
+        lines.append("\nrepeated, in alternating order: " + "; ".join(
+            f"{n} median {r['median']:.1f} batches/s ({r['min']:.1f}-{r['max']:.1f}, {r['runs']} runs)"
+            for n, r in report["repeats"].items()))
     return "\n".join(lines)
 
 

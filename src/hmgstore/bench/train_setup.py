@@ -106,10 +106,11 @@ class Built(NamedTuple):
 
 def build_loader(base: str, data, csc, train, device, args, hot, topology_cache: float | None = None,
                  split: float | None = None, split_threads: int | None = None) -> Built:
-    """The loader of configuration ``base`` (stock, all_gpu, host or cache) and what it reads from; the cache
+    """The loader of configuration ``base`` (stock, all_gpu, host, cache or api) and what it reads from; the cache
     holds ``args.cache`` of the features' bytes and ``topology_cache`` (default ``args.cache``) of the
     topology's on the GPU, and its features' table reads ``split`` of its host rows on the CPU (with
-    ``split_threads`` of torch's threads)."""
+    ``split_threads`` of torch's threads); api is the README's swap, ``from_data(data, gpu_budget=B)`` and
+    ``HybridNeighborSampler(stores, fanout)`` with the cache's feature budget and ``--compress``, nothing else."""
     from ..plugins.pyg import HybridNeighborSampler, from_data
 
     progress = not args.no_progress
@@ -125,6 +126,15 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
         data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
         sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device, gpu_budget=2**62,
                                         progress=progress)
+    elif base == "api":  # the README's swap: the public API with every default but the budget and row format
+        budget = int(args.cache * data.x.element_size() * data.x.numel())
+        in_degree = csc.colptr.diff() if csc is not None else None  # from_data's default, for a graph made as CSC
+        build = time.perf_counter()
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=in_degree,
+                           compress=args.compress, progress=progress)
+        sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
+                                        progress=progress)
+        build = time.perf_counter() - build
     elif base in ("host", "cache"):
         budget = None
         feature_hot = None
