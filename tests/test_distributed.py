@@ -196,16 +196,23 @@ def test_shard_needs_an_initialised_process_group():
 
 
 # ---- one process per GPU (NCCL) -------------------------------------------------------------
+def launch_on_every_gpu(scenario: str, tmp_path) -> dict:
+    """The scenario on one rank per GPU; each rank's report, after checking every rank ended well and read every
+    tier (each shard, the replica, the host) exactly."""
+    k = torch.cuda.device_count()
+    codes, reports, errs = launch(scenario, k, tmp_path, device="cuda", timeout=300)
+    assert codes == [0] * k, errs
+    for rank, r in reports.items():
+        assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
+        assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
+    return reports
+
+
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
-    k = torch.cuda.device_count()
-    codes, reports, errs = launch("shard", k, tmp_path, device="cuda", timeout=300)
-    assert codes == [0] * k, errs
-    for rank, r in reports.items():
+    for rank, r in launch_on_every_gpu("shard", tmp_path).items():
         assert r["shared_equal"] and r["segments_after_setup"] == []
-        assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
-        assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
         assert r["bad_index"]
         assert r["registered_ranges"] == 0 and r["ipc_mappings_open"] == 0
         assert r["gpu_free_lost"] < 16 << 20, f"rank {rank}: {r['gpu_free_lost']} B of GPU memory not given back"
@@ -214,13 +221,8 @@ def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
 @pytest.mark.gpu
 @pytest.mark.multigpu
 def test_distributed_int8_rows_on_every_rank(tmp_path, no_leaks):
-    k = torch.cuda.device_count()
-    codes, reports, errs = launch("shard_int8", k, tmp_path, device="cuda", timeout=300)
-    assert codes == [0] * k, errs
-    for rank, r in reports.items():
-        assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
+    for r in launch_on_every_gpu("shard_int8", tmp_path).values():
         assert r["stored_pitch"] == 32  # 24 int8 values and a float32 scale, padded to 16 bytes
-        assert all(ok for _, ok in r["tiers_exact"].values()), (rank, r["tiers_exact"])
 
 
 @pytest.mark.gpu
