@@ -1,21 +1,17 @@
 """The table's state and lifecycle: :class:`Table`, what every :class:`hmgstore.HybridTensor` is.
 
-A table of ``N`` rows is built from a host source (torch CPU tensor, numpy
-array or memmap) and a :class:`~hmgstore.rows.placement.Placement`. On a GPU,
-:meth:`Table._build` copies the resident rows into a GPU tier and pins the
-source (or the owned copy made of it) as the host tier, and binds each tier
-to its address: the kernel's view of the table. On the CPU every row is read
-from the source.
+A table of ``N`` rows is built from a host source (torch CPU tensor, numpy array or memmap) and a
+:class:`~hmgstore.rows.placement.Placement`. On a GPU, :meth:`Table._build` copies the resident rows into a GPU
+tier, pins the source (or the owned copy made of it) as the host tier, and binds each tier to its address: the
+kernel's view of the table, which other layers read through properties. On the CPU every row is read from the
+source.
 
-Lifecycle. Gathers register themselves per thread (:meth:`Table._enter`);
-:meth:`Table.close` waits for those in flight in other threads, refuses new
-ones, waits for the device, then frees the GPU tier and the host
-registration, so no kernel still reads what it frees. A table that crossed
-into another process (:mod:`hmgstore.table.pickling`) builds its CUDA parts on
-first use (:meth:`Table._ready`).
+Lifecycle. Gathers register themselves per thread (:meth:`Table._enter`); :meth:`Table.close` waits for those in
+flight in other threads, refuses new ones, waits for the device, then frees the GPU tier and the host registration,
+so no kernel still reads what it frees. A table sent to another process (:meth:`Table.sent_state`) is rebuilt there
+(:meth:`Table.rebuilt`) and builds its CUDA parts on first use (:meth:`Table._ready`).
 
-The gathering API (indexing, writes, statistics, ``gather_many``) is
-:class:`hmgstore.HybridTensor`, in :mod:`hmgstore.table.tensor`.
+The gathering API (indexing, writes, statistics, ``gather_many``) is :class:`hmgstore.HybridTensor`.
 """
 from __future__ import annotations
 
@@ -36,35 +32,28 @@ from ..gather import cpu_share, plan
 from ..memory import owned
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
 from ..rows import checks, file_identity, formats
-from ..rows.placement import Placement, Tier, check_layout
-from ..rows.stats import TierCounter
+from ..rows.placement import Placement, Tier, check_layout, for_table
 from ..util.device import resolve_device
+from . import pickling
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T", bound="Table")  # from_tiers makes the class it is called on
 
 
 class Table:
-    """A table's rows, where they live and whether it may be read; see the module docstring.
-
-    Not built directly: :class:`hmgstore.HybridTensor` is the public class.
-    """
+    """A table's rows, where they live and whether it may be read; built as :class:`hmgstore.HybridTensor`."""
 
     placement: Placement  # where each row lives (set by the subclass's constructor, or by from_tiers)
     def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_format=None,
                gpu_format=None, backing="auto", dtype=None, shape=None, layout=None) -> None:
         """Take ``source`` as the host tier.
 
-        A table's own source is copied (``copy``, or encoded in
-        ``host_format``, a :class:`~hmgstore.rows.formats.Format`) into owned
-        memory. ``dtype``: the table's dtype when ``source`` is already a
-        stored host tier (rebuilt, loaded or empty tables), whose format is
-        ``host_format`` (16-bit formats are also recognised by their dtype)
-        and whose table shape is ``shape`` (needed for scaled formats).
-        ``gpu_format``: the format the GPU tier keeps rows in (None: the
-        table's dtype). ``layout``: old ids in the order the host tier keeps
-        them (a permutation, :mod:`hmgstore.graph.locality`); a table's own source
-        is then copied in that order, a stored host tier is in it already.
+        A table's own source is copied (``copy``, or encoded in ``host_format``, a
+        :class:`~hmgstore.rows.formats.Format`) into owned memory. ``dtype``: the table's dtype when ``source`` is
+        already a stored host tier (rebuilt, loaded or empty tables) in ``host_format`` (16-bit formats are also
+        recognised by their dtype), of table shape ``shape`` (needed for scaled formats). ``gpu_format``: the GPU
+        tier's format (None: the table's dtype). ``layout``: old ids in the order the host tier keeps them (a
+        permutation); a table's own source is copied in that order, a stored host tier is in it already.
         """
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
@@ -112,9 +101,6 @@ class Table:
         self.sort_ids = True  # host reads grouped by page (cuda/order.py); the tuning script turns it off
         self._closing = self._closed = False
         self._users: dict[int, int] = {}  # thread id -> gathers in flight on this table
-        self._counter: TierCounter | None = None  # per-tier statistics, once counting
-        self._tier_starts: torch.Tensor | None = None
-        self._split: cpu_share.Setting | None = None  # the split gather's setting when splitting
 
     def _build(self) -> None:
         p = self.placement
@@ -152,17 +138,13 @@ class Table:
                    shape=None) -> _T:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
-        ``tiers``: the resident tiers ``device`` reads, bound to their
-        addresses as seen from it (:meth:`hmgstore.rows.placement.Tier.bind`);
-        ``pinned``: the source pinned for ``device``, when some rows are read
-        from the host; ``unreachable``: names of resident tiers ``device``
-        cannot read, whose rows it reads from the host instead; ``stored``:
-        the :class:`~hmgstore.rows.formats.Format` every tier keeps rows in
-        (``source`` is then that stored host tier of a float32 table of
-        ``shape``), or None. ``owner``
-        must have ``check()``, which raises when the view can no longer be
-        read (a gather calls it first); the view's :meth:`close` leaves the
-        memory to the owner. On the CPU, pass ``tiers=()``.
+        ``tiers``: the resident tiers ``device`` reads, bound to their addresses as seen from it
+        (:meth:`hmgstore.rows.placement.Tier.bind`); ``pinned``: the source pinned for ``device``, when some rows are
+        read from the host; ``unreachable``: resident tiers ``device`` cannot read, whose rows it reads from the host;
+        ``stored``: the :class:`~hmgstore.rows.formats.Format` every tier keeps rows in (``source`` is then that stored
+        host tier of a float32 table of ``shape``), or None. ``owner`` must have ``check()``, which a gather calls
+        first, raising when the view cannot be read; the view's :meth:`close` leaves the memory to the owner. On the
+        CPU, pass ``tiers=()``.
         """
         self = cls.__new__(cls)
         if stored is None:
@@ -187,8 +169,7 @@ class Table:
         return self
 
     def host_positions(self, ids: torch.Tensor) -> torch.Tensor:
-        """Where old row ids ``ids`` (int64 CPU, in range) are in the host tier (``source``): the ids themselves,
-        or their places in the table's layout."""
+        """Where old row ids ``ids`` (int64 CPU, in range) are in the host tier: themselves, or their layout places."""
         if self._layout is None:
             return ids
         if self._host_pos is None:  # the layout is a permutation, checked at build: every position is written
@@ -201,8 +182,7 @@ class Table:
         return self._layout
 
     def _fill_gpu_tier(self, gpu: torch.Tensor) -> None:
-        """Copy the GPU tier's rows in, reading the host table through the gather kernel: the stored rows as
-        they are when the GPU tier keeps the host's format, else decoded."""
+        """Copy the GPU tier's rows in through the gather kernel: stored rows as they are, or decoded."""
         temporary = self._pinned is None  # every row resident: read the source through a temporary pin
         pinned = self._pinned or PinnedHost(self._source, self.device, self._read_only, self._progress)
         try:
@@ -247,9 +227,8 @@ class Table:
     @property
     def gpu_row_bytes(self) -> int:
         """Bytes of GPU memory a resident row takes (its stored size with ``compress``)."""
-        if self._gpu_format is None:
-            return self.row_bytes
-        return self._gpu_format.pitch(math.prod(self._shape[1:]))
+        fmt = self._gpu_format
+        return self.row_bytes if fmt is None else fmt.pitch(math.prod(self._shape[1:]))
 
     @property
     def num_gpu_rows(self) -> int:
@@ -264,16 +243,19 @@ class Table:
     def source(self):
         """The host table the table reads from (the caller's memory, unless ``copy``/``host_dtype`` made one).
 
-        A torch CPU tensor; for a read-only source, the caller's read-only
-        numpy array itself, so that writing to it raises instead of crashing.
-        Change rows through ``table[ids] = rows``, which keeps the GPU tier
-        in step.
+        A torch CPU tensor; for a read-only source, the caller's read-only numpy array itself, so that writing to
+        it raises instead of crashing. Change rows through ``table[ids] = rows``, which keeps the GPU tier in step.
         """
         return self._given if self._read_only else self._source
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def closing(self) -> bool:
+        """Whether :meth:`close` has begun: new gathers are refused."""
+        return self._closing
 
     # ---- the gather's view: what hmgstore.gather and the topology read; only this class sets it --------------
     @property
@@ -297,24 +279,38 @@ class Table:
         return self._tiers
 
     @property
-    def tier_starts(self) -> torch.Tensor | None:
-        """Where each tier's rows start in the tiers' order (the per-tier counters look ids up in it)."""
-        return self._tier_starts
-
-    @property
     def reads_host(self) -> bool:
         """Whether a gather reads some rows from host memory."""
         return self._reads_host
 
     @property
-    def counter(self) -> TierCounter | None:
-        """The per-tier counters while statistics are on (``stats=True``, ``reset_stats()``), else None."""
-        return self._counter
+    def gpu_tier(self) -> torch.Tensor | None:
+        """The GPU tier's rows as stored (slot order, on the device), or None without one."""
+        return self._gpu
 
     @property
-    def split_setting(self):
-        """The split gather's :class:`~hmgstore.gather.cpu_share.Setting`, or None when the kernel reads alone."""
-        return self._split
+    def owner(self):
+        """The table whose memory this view reads and frees (a sharded table), or None for a table of its own."""
+        return self._owner
+
+    def sent_state(self, for_process: bool) -> dict:
+        """What another process rebuilds this table from (:func:`hmgstore.table.pickling.state_of`)."""
+        return pickling.state_of(self, self._given, self.why_not_sendable(), for_process)
+
+    @classmethod
+    def rebuilt(cls: type[_T], state: dict) -> _T:
+        """A table from :meth:`sent_state`'s ``state``: checked now, built (CUDA memory, pinning) on first use."""
+        table = cls.__new__(cls)  # HybridTensor's constructor places and builds at once
+        table._setup(pickling.source_of(state), resolve_device(state["device"]), state["max_sms"], False,
+                     dtype=state["dtype"], shape=state["shape"], host_format=formats.get(state["format"]),
+                     gpu_format=formats.get(state["gpu_format"]), layout=state["layout"])
+        table.placement = for_table(table.num_rows, table.gpu_row_bytes, table.device, gpu_rows=state["gpu_rows"],
+                                    host_layout=table.layout)
+        if state["closed"]:
+            table._closing = table._closed = True
+        elif table.device.type == "cuda" or state["unusable"]:
+            table._deferred = state
+        return table
 
     def why_not_sendable(self) -> str | None:
         """Why a copy of this table in another process could not gather (None: it can), in that process's words."""
@@ -376,12 +372,10 @@ class Table:
                 "Build the table after such changes, and leave its source alone while it is in use")
 
     def close(self) -> None:
-        """Free the GPU tier and unregister the host memory (idempotent).
+        """Free the GPU tier and unregister the host memory (idempotent), once no thread or kernel reads them.
 
-        Waits for gathers in flight on this table in other threads and refuses new ones (RuntimeError), then
-        for split gathers' CPU reads still queued (``overlap_reads``) and the table's device, so no thread or
-        kernel still reads what is freed.
-        """
+        Waits for gathers in flight in other threads and refuses new ones (RuntimeError), then for split gathers'
+        CPU reads still queued (``overlap_reads``) and the table's device."""
         if self._closed:
             return
         self._closing = True  # a gather that registers itself from now on sees this and backs out
@@ -408,12 +402,11 @@ class Table:
     def _build_deferred(self) -> None:
         with _deferred_lock:
             state = self._deferred
-            if state is None:
-                return
-            if state["unusable"]:
+            if state is not None and state["unusable"]:
                 raise RuntimeError(state["unusable"])
-            self._build()
-            self._deferred = None
+            if state is not None:
+                self._build()
+                self._deferred = None
 
 
 _deferred_lock = threading.Lock()
