@@ -123,7 +123,7 @@ __device__ __forceinline__ void decode_rows(const char* const (&src)[ROWS], char
   constexpr int V = (int)sizeof(L) / ES;
   constexpr bool SCALED = FMT == FMT_E4M3 || FMT == FMT_INT8;
   // The scale is loaded with the first values, in the same round trip: for small host rows a load before
-  // the loop would cost a second PCIe round trip per row (int8 at 128 B rows: 0.48x the limit with it).
+  // the loop would cost a second PCIe round trip per row.
   const i64 scale_at = (elems * ES + 3) & ~(i64)3;
   float scale[ROWS];
   bool first = true;

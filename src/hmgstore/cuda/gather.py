@@ -19,8 +19,7 @@ import torch
 
 from .runtime import cupy, cupy_stream, kernel_source, module
 
-#: Threads per block. Chosen by benchmarks/probes/tune_gather.py on the H100 (benchmarks/results/tune-h100.md):
-#: 256 matched 512 within noise and beat 128.
+#: Threads per block: 256 matched 512 and beat 128 (benchmarks/probes/tune_gather.py, benchmarks/results/tune-h100.md).
 BLOCK = 256
 #: Rows each team copies per tile, so every thread keeps this many loads in flight (see gather.cu); 4 brought the
 #: GPU tier's reads close to index_select's (benchmarks/NOTES.md).
@@ -204,8 +203,7 @@ def capped_gathers(max_sms: int | None):
     (whole SMs with :data:`EXCLUSIVE`; as a table's own ``max_sms``, which still applies); None adds no cap.
     Caps nest (the tightest holds) and stay with the thread: another thread's gathers are not capped.
     :class:`hmgstore.Pipeline` makes its batches inside one. The sampler's kernels are not capped: capping
-    them too changed nothing on a 15% cache and cost 4-6% with all topology in host memory (bench train,
-    H200, benchmarks/results/cap-scope-h200.md)."""
+    them too gained nothing and cost time with the topology in host memory (benchmarks/results/cap-scope-h200.md)."""
     before = getattr(_cap, "value", None)
     _cap.value = tightest_cap(before, max_sms)
     try:
@@ -240,10 +238,9 @@ def exclusive_smem(device_index: int, narrow: bool = False) -> int | None:
     block, or a matrix product's large one): a cap of ``k`` holds ``k`` SMs, the others free of it (the step's
     small kernels can still run beside it, with less L1 cache). It holds ``EXCLUSIVE_BLOCK`` threads, half an
     SM's slots (each keeps ``ROWS`` rows in flight). The kernel does not use the memory. Such blocks run their own
-    build, its registers bounded to fit: the plain build's did not fit a 1024-thread block on the H100 (a GPU test
-    found it). None also where the block still does not fit: a capped launch under :data:`EXCLUSIVE` then warns,
-    once.
-    Measured: see :data:`EXCLUSIVE`."""
+    build, its registers bounded to fit (the plain build's may not fit a 1024-thread block). None also where the
+    block still does not fit: a capped launch under :data:`EXCLUSIVE` then warns, once. Measured: see
+    :data:`EXCLUSIVE`."""
     key = (device_index, KERNEL_OPTIONS, ROWS, EXCLUSIVE_BLOCK, narrow)
     with _occupancy_lock:
         if key not in _exclusive:

@@ -2,12 +2,10 @@
 
 Why. The zero-copy kernel reads host rows fastest when the ids it reads at
 the same time lie close together, so a gather used to sort its ids
-(``torch.sort``). What the kernel needs is coarser: on the H100 (2 GB owned
-table, 500k ids), ids ordered by 2 MiB page only read at 0.83x the PCIe
-limit at 128 B rows against 0.84x fully sorted
-(``benchmarks/probes/probe_sorted.py``). A counting sort by page costs four
-launches; ``torch.sort`` of 64-bit ids runs about 30 (radix passes), which
-took ~0.15 ms of the GPU and ~0.15 ms of host time per gather.
+(``torch.sort``). What the kernel needs is coarser: ids ordered by 2 MiB page
+read about as fast as fully sorted ones (``benchmarks/probes/probe_sorted.py``).
+A counting sort by page costs four launches, where ``torch.sort`` of 64-bit ids
+runs about 30 (radix passes).
 
 :func:`group_by_page` returns the ids in bucket order and each one's
 position in the batch, like ``torch.sort``'s ``(values, indices)``.

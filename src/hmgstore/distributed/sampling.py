@@ -108,7 +108,7 @@ def in_frontier_order(values: torch.Tensor, counts: torch.Tensor, order: torch.T
 _EMPTY = (torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64))
 #: The largest fanout whose answers travel padded to ``k`` slots a seed, in one round with their counts. A padded
 #: answer costs 4 (k + 1) bytes a seed whatever the seed's degree, against 8 (count + 1) sent exactly: the same
-#: at k = 15 on a graph of average degree 10, 1.5x at 25, 5x at 100 (the review's count). Above it, and for
+#: at k = 15 on a graph of average degree 10, 1.5x at 25, 5x at 100. Above it, and for
 #: fanout -1, the counts go first and size the neighbours' round: four rounds a hop.
 PADDED_FANOUT_MAX = 32
 

@@ -1,9 +1,9 @@
 """The split gather: part of a batch's host rows read by the CPU while the kernel reads the rest.
 
 Why. The zero-copy kernel's rate over a host table falls with the table's
-size (on the H100, 128 B rows: 0.68x of the H2D limit at 2 GB, 0.09x at
-40 GB), while the CPU's own gather into pinned staging, followed by one copy
-over the copy engine, holds about 0.3x at any size. The two use different
+size (:mod:`hmgstore.table.host_pages`), while the CPU's own gather into pinned
+staging, followed by one copy over the copy engine, holds its rate at any
+size. The two use different
 resources (the GPU's reach over scattered host pages; the CPU's memory
 system and the copy engine), so a batch finishes soonest when each path gets
 the share of rows it can read in the same time::
@@ -25,13 +25,11 @@ How a split gather runs (``HybridTensor(..., split=...)``, CPU ids only):
 
 Threads. The CPU reads use torch's intra-op pool: ``split_threads`` of a
 table caps them in the reader thread, else ``torch.set_num_threads`` does.
-On the 16-core H100 box 4 threads read as fast as 16 (128 B rows, 8.0 against
-8.5 ms per 500k-id batch of a 40 GB table). An ``"auto"`` split also reads
+A few threads read about as fast as many. An ``"auto"`` split also reads
 ``/proc/stat`` (:class:`CpuLoad`): when other processes leave fewer idle cores
 than this process's main thread plus torch's threads, the batch is read by
-the kernel alone, so that CPU sampler workers keep their cores (12 workers on
-that box lost 0-10% of their batches a second to the split without this check,
-``benchmarks/results/split-loop-h100.md``). Reads from a pool of Python threads
+the kernel alone, so that CPU sampler workers keep their cores
+(``benchmarks/results/split-loop-h100.md``). Reads from a pool of Python threads
 (``numpy.take``) lost: each chunk waits for the GIL that the thread queueing
 the kernel holds (``benchmarks/probes/probe_split.py --variance``).
 

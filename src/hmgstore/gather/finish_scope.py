@@ -2,9 +2,8 @@
 
 Why. A split gather (:mod:`hmgstore.gather.cpu_share`) waits, before it
 returns, for the CPU to read its share of the rows; in
-:class:`hmgstore.Pipeline` that wait (~1-1.5 ms a papers-shaped batch on
-the H100, ``benchmarks/results/strong-step-h100.md``) sits on the loader
-thread's path before it samples the next batch. A gather inside
+:class:`hmgstore.Pipeline` that wait (``benchmarks/results/strong-step-h100.md``)
+sits on the loader thread's path before it samples the next batch. A gather inside
 ``with deferred_finishes() as futures:`` returns without waiting, and the
 block's list gets one ``concurrent.futures.Future`` per CPU part, whose
 result is a ``torch.cuda.Event`` recorded once that part's rows are in the

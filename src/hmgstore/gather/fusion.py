@@ -4,11 +4,9 @@ Why. On the cloud VMs measured a zero-copy gather pays a fixed, serialised cost
 for every distinct 2 MiB host page it touches (:mod:`hmgstore.table.host_pages`), and a
 mini-batch of a big table touches nearly every page of it whatever its
 order. The cost is paid per launch: the same pages read by one launch of
-more rows cost no more. Measured on an H100 (PCIe Gen5) in a cloud VM (40 GB table of 512 B rows,
-random distinct ids, every page touched; ``benchmarks/probes/probe_compress.py
---rows-sweep``): 250k ids a launch read at 0.31x the PCIe limit, 1M at 0.54x,
-2M at 0.69x; in int8 rows (:mod:`hmgstore.rows.formats`) 0.53x, 1.76x and 2.05x
-of the float32 bytes asked for. So a pipeline that makes the next few batches
+more rows cost no more, so a big table reads several times faster per row in
+launches of millions of ids (``benchmarks/probes/probe_compress.py
+--rows-sweep``). So a pipeline that makes the next few batches
 ahead anyway gathers their rows together.
 
 How. Inside ``with fused(device):`` on one thread, a gather from CUDA tables

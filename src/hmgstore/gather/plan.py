@@ -70,8 +70,8 @@ def gather_cpu(table, index: torch.Tensor, out: torch.Tensor | None) -> torch.Te
     caller holds the table (``_enter``/``_ready``). Returns
     ``[*index.shape, *row_shape]`` of the table's dtype on the CPU. Raises
     IndexError for an id out of range (before any row is read), ValueError
-    for a bad ``out``. A gather of 1,000 ids of 128 B costs ~15 us here
-    against ~65 us through :func:`run` (index_select alone: ~8 us).
+    for a bad ``out``. Small CPU gathers cost a fraction of :func:`run`'s
+    per-batch set-up here.
     """
     ids = index.reshape(-1)
     check_range(ids, table.num_rows)
@@ -93,10 +93,9 @@ def read_host(table, ids: torch.Tensor, out: torch.Tensor) -> None:
     ``ids``: 1-D int32/int64 CPU tensor, every id in range (checked by the
     caller); ``out``: contiguous CPU ``[len(ids), *row_shape]`` of the
     table's dtype. Half-width rows (bf16/fp16) are widened in the copy into
-    ``out`` (no float32 temporary: 1.4-2.5x the decode-then-copy it
-    replaced, 50,000 ids, 2-core VM; reading them in 1 MiB pieces through
-    one buffer was 5-10x slower there, each piece waiting for both threads
-    of a loaded machine); scaled formats are decoded whole.
+    ``out``, in one pass with no float32 temporary (faster than decoding
+    first, and than reading in pieces through one buffer); scaled formats
+    are decoded whole.
     """
     at = table.host_positions(ids)
     fmt, source = table.host_format, table.host_tier
@@ -237,19 +236,16 @@ def split_job_gpu_ids(table, index: Index, out: torch.Tensor, share: float, stre
     """:func:`split_job` for ids on the GPU: the GPU divides the batch, the CPU gets its host rows' places.
 
     Why. Beside a GPU-bound training step, host rows read by the CPU and
-    moved by the copy engine cost the step 1-4% of its rate, where the
-    zero-copy kernel, holding SMs while it waits on PCIe, costs 20%
-    (``benchmarks/results/dma-misses-h100.md``); beside a step issued from
-    a thread of the same process, the forty-odd torch calls here cost it
-    more (``strong-step-h100.md``, sixth session). The price: the gathering
+    moved by the copy engine cost the step less than the zero-copy kernel,
+    which holds SMs while it waits on PCIe
+    (``benchmarks/results/dma-misses-h100.md``). The price: the gathering
     thread waits for the ids (their range, checked here whatever the
     ``check`` mode: IndexError), then for the division's counts and the
     CPU's ids, read back small: two read-backs (the range and the host
     rows' count in one; then the CPU's ids), where ``nonzero`` would add
-    one each. Dividing on the CPU instead (the ids read
-    back whole, a mask lookup per id) cost 25 ms a papers-shaped batch on
-    the H100. Returns ``(None, None)`` when
-    the CPU's share is under :data:`hmgstore.gather.cpu_share.MIN_IDS` rows.
+    one each; dividing on the CPU instead (the ids read back whole) was
+    slower. Returns ``(None, None)`` when the CPU's share is under
+    :data:`hmgstore.gather.cpu_share.MIN_IDS` rows.
     """
     ids = index.ids
     host_start = table.placement.tier("host").start  # its row r is new id host_start + r (the layout applied)

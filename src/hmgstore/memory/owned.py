@@ -3,13 +3,11 @@
 Where hmgstore creates a host tier (``HybridTensor(..., copy=True)``,
 ``HybridTensor.empty``, :func:`hmgstore.load`, the OGB reader) it does not
 take what ``malloc`` gives: a GPU reading scattered rows zero-copy has to
-translate every host page it touches, and 4 KiB pages cost the host tier
-about a third of its rate at 128 B rows against memory mapped in 2 MiB
-pages (benchmarks/NOTES.md, issue 11). Two backings:
+translate every host page it touches, and memory mapped in 2 MiB pages is
+read faster than 4 KiB pages at small rows (benchmarks/NOTES.md). Two backings:
 
 - ``"cuda"``: ``cudaHostAlloc``: page-locked by the driver at allocation.
-  It needs a GPU, and takes 2-4x longer to set up than the mmap (17.8 s
-  against 4-8 s for 40 GB on the H100 box), but it is a shared mapping:
+  It needs a GPU, and takes longer to set up than the mmap, but it is a shared mapping:
   forked processes (DataLoader workers) see the same pages and copy nothing
   (so a worker's writes to such a table reach its parent's too).
 - ``"hugepage"``: an anonymous private ``mmap``, 2 MiB aligned, with
@@ -19,8 +17,8 @@ pages (benchmarks/NOTES.md, issue 11). Two backings:
   table registers it in place; it reads as fast as ``"cuda"``. But Linux
   copies private pages that are pinned for DMA into a child at ``fork``
   (so that the parent's pinned pages stay its own; seen on 6.18): every forked
-  DataLoader worker would get a copy of a registered table (measured: 4 GB
-  lost and 2.9 s per fork of a 4 GB table, ``benchmarks/probes/probe_fork.py``).
+  DataLoader worker would get a copy of a registered table
+  (``benchmarks/probes/probe_fork.py``).
 
 ``"auto"`` (the default) takes ``"cuda"`` for a table that a GPU reads and
 ``"hugepage"`` for a CPU table (never registered, so forks share it
@@ -139,7 +137,7 @@ class _CudaHostBlock:
             raise MemoryError(f"cudaHostAlloc of {nbytes / 1e9:.2f} GB failed: {err}") from None
         # Every tensor over the block holds this buffer, and the block is freed when the buffer goes. Nothing
         # refers back to the buffer: a cycle (buffer -> block -> buffer) would keep the memory until a garbage
-        # collection, after its last tensor was dropped (14.6 GB of a papers-shaped int8 table, measured).
+        # collection, after its last tensor was dropped.
         self.buffer = (ctypes.c_uint8 * max(nbytes, 1)).from_address(self.ptr)
         with _cuda_lock:
             _cuda_ranges[self.ptr] = self.ptr + nbytes
@@ -193,7 +191,7 @@ def copy_in(dst: torch.Tensor, src, progress: bool = True, desc: str = "copying 
         for start in range(0, rows, step):
             end = min(rows, start + step)
             piece = src[start:end] if order is None else src[order[start:end].numpy()] if isinstance(src, np.ndarray) \
-                else torch.index_select(src, 0, order[start:end])  # rows by index: 1.1x src[ids] (5M x 128)
+                else torch.index_select(src, 0, order[start:end])  # rows by index: faster than src[ids]
             if isinstance(piece, np.ndarray):
                 piece = torch.from_numpy(np.ascontiguousarray(piece))
             if encode is None:

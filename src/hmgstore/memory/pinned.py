@@ -20,9 +20,8 @@ GPU kernels can read it directly over PCIe (zero-copy). Four facts shape it:
   and the pages no one pinned are registered here.
 - Linux copies page-locked private anonymous memory into a child at
   ``fork`` (so that the parent's pinned pages stay its own), so every forked
-  DataLoader worker gets a copy of a table pinned in place (measured: 4 GB
-  lost and 1.8 s per fork of a 4 GB malloc'd table, ``benchmarks/
-  probe_fork.py``). Memory that is shared already (``share_memory_()``,
+  DataLoader worker gets a copy of a table pinned in place
+  (``benchmarks/probes/probe_fork.py``). Memory that is shared already (``share_memory_()``,
   cudaHostAlloc, hmgstore's owned memory for GPU tables) is not copied. A
   fork that would copy more than ``FORK_WARN_BYTES`` logs a warning once,
   saying how to avoid it.

@@ -62,10 +62,10 @@ log = logging.getLogger(__name__)
 def remove_ipc_files(pid: int) -> None:
     """Remove the files the CUDA driver leaves in /dev/shm for a process that shared CUDA IPC handles.
 
-    Measured (benchmarks/probes/probe_ipc_shm.py, H200, driver 580): every process that exports an IPC event or
+    Every process that exports an IPC event or
     memory handle leaves ``/dev/shm/cuda.shm.<device>.<pid in hex>.<n>`` behind when it exits, torch's own
     tensor sharing included. Called for the producer once it has exited, and for the trainer at its exit,
-    when no process can open its handles any more."""
+    when no process can open its handles any more (``benchmarks/probes/probe_ipc_shm.py``)."""
     for path in glob.glob(f"/dev/shm/cuda.shm.*.{pid:x}.*"):
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -79,12 +79,11 @@ def mps_running() -> bool:
 
 def warn_without_mps(sm_percent: int | None) -> None:
     """Warn a CUDA producer started with no MPS daemon: the two processes' kernels take turns on the GPU
-    (measured on an H100 and an H200: the producer 25-40% slower than ``Pipeline``'s thread, and the trainer
-    waiting 4.2 ms a batch for batches, ``docs/pipeline.md``), and ``sm_percent`` has no effect."""
+    (the producer slower than ``Pipeline``'s thread, ``docs/pipeline.md``), and ``sm_percent`` has no effect."""
     if not mps_running():
         log.warning("hmgstore.Producer: no CUDA MPS daemon (no control pipe in $CUDA_MPS_PIPE_DIRECTORY or "
-                    "/tmp/nvidia-mps): the producer's and the trainer's kernels take turns on the GPU, which made "
-                    "the process form 25-40%% slower than hmgstore.Pipeline's thread on an H100/H200%s. Start one "
+                    "/tmp/nvidia-mps): the producer's and the trainer's kernels take turns on the GPU, which makes "
+                    "the process form slower than hmgstore.Pipeline's thread%s. Start one "
                     "with `nvidia-cuda-mps-control -d` (as the GPU's user), or use hmgstore.Pipeline",
                     f"; sm_percent={sm_percent} has no effect without it" if sm_percent else "")
 

@@ -246,8 +246,8 @@ def calibrated(device, *, progress: bool = False) -> Reach:
     return reach
 
 
-#: The most batches :func:`batches_to_fuse` asks to gather together (8 batches of 290k rows read a 40 GB table at
-#: 0.62x the limit, 2M-4M ids a launch at 0.69-0.70x: past that, little more to gain for the memory it costs).
+#: The most batches :func:`batches_to_fuse` asks to gather together: past a few million ids a launch, little more to
+#: gain for the memory it costs (``benchmarks/probes/probe_compress.py --rows-sweep``).
 MAX_FUSE = 8
 
 
