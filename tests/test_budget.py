@@ -72,3 +72,17 @@ def test_from_data_keeps_the_labels_whole_by_default():
     assert 0 < features.table(None, "x").num_gpu_rows < n
     features, _ = from_data(data, device="cuda", gpu_budget=n * 64 * 4 // 4, gpu_whole=(), progress=False)
     assert features.table(None, "y").num_gpu_rows < n
+
+
+def test_a_budget_is_resolved_once_into_bytes_the_policy_reads_as_they_are(monkeypatch):
+    costs = [Cost(None, 100, 100, name="x"), Cost(None, 100, 8, name="y")]
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: calls.append(device) or (10_000, 20_000))
+    total = budget.resolve(costs, "auto", "cuda")
+    assert total == 5_000 and len(calls) == 1  # the lesser of the tables (10,800 B) and half the free memory
+    assert budget.small_tables(costs, total, "cuda") == {"y"}  # 800 B: within a quarter of 5,000
+    rows = resident_rows(costs, total, "cuda", {None: torch.arange(100)})[None]
+    assert rows.tolist() == list(range(99, 99 - 5_000 // 108, -1)) and len(calls) == 1  # bytes: no second reading
+    assert budget.resolve(costs, "8GB", "cpu") is None and budget.resolve(costs, None, "cuda") is None
+    with pytest.raises(ValueError, match="cannot read"):
+        budget.resolve(costs, "16XB", "cpu")

@@ -101,6 +101,7 @@ class EdgeTables:
         stored = formats.get(compress)
         costs = [budget.Cost(edge_type, source.shape[0], budget.row_bytes(source, float32_only(source, stored)))
                  for (edge_type, _), source in sources.items()]
+        gpu_budget = budget.resolve(costs, gpu_budget, self.device)  # bytes, or None on a CPU
         gpu_rows = budget.resident_rows(costs, gpu_budget, self.device, hotness, what="edge type")
         for (edge_type, name), source in sources.items():
             table = HybridTensor(source, self.device, gpu_rows=gpu_rows.get(edge_type), max_sms=max_sms,

@@ -200,6 +200,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         stored = formats.get(compress)
         costs = [budget.Cost(group, source.shape[0], budget.row_bytes(source, float32_only(source, stored)),
                              False, attr) for (group, attr), source in sources.items()]
+        gpu_budget = budget.resolve(costs, gpu_budget, store.device)  # bytes from here on ("auto" read once)
         if isinstance(gpu_whole, str) and gpu_whole == "auto":  # narrow tables (labels) whole where they fit
             whole_attrs = budget.small_tables(costs, gpu_budget, store.device)
         else:

@@ -63,11 +63,34 @@ SMALL_ROW_BYTES = 16
 SMALL_SHARE = 0.25
 
 
+def resolve(costs: list[Cost], gpu_budget, device) -> int | None:
+    """The bytes ``gpu_budget`` gives the tables of ``costs`` on ``device``, read once for all of them.
+
+    A store resolves its budget once and hands the bytes to :func:`small_tables` and :func:`resident_rows`, so
+    that ``"auto"`` is one reading of the GPU's free memory.
+
+    Args:
+        costs: one :class:`Cost` per table.
+        gpu_budget: as for :func:`resident_rows`.
+        device: the tables' device.
+
+    Returns:
+        None where no row can be resident (no budget, or a CPU), else bytes.
+
+    Raises:
+        ValueError: for an unreadable budget, on every device.
+    """
+    if gpu_budget is None or torch.device(device).type != "cuda":
+        parse_budget(gpu_budget)  # read on every device: a typo fails on a CPU as it would on a GPU
+        return None
+    return resolve_budget(gpu_budget, sum(c.num_rows * c.row_bytes for c in costs), device)
+
+
 def small_tables(costs: list[Cost], gpu_budget, device) -> set:
     """The names of the tables ``gpu_whole="auto"`` keeps whole on the GPU: every table of narrow rows
     (:data:`SMALL_ROW_BYTES`), when together they fit :data:`SMALL_SHARE` of the budget; none on a CPU, with
-    no budget (None), or when they do not fit. Keeping the labels whole made a cached epoch 3% faster on
-    an H100 (benchmarks/results/strong-step-h100.md).
+    no budget (None), or when they do not fit. Labels kept whole make a cached epoch faster
+    (benchmarks/results/strong-step-h100.md).
 
     Args:
         costs: one :class:`Cost` per table (``whole`` is ignored).
