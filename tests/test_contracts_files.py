@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import timeit
 from pathlib import Path
 
 import numpy as np
@@ -188,16 +187,6 @@ def test_a_file_cut_short_under_a_live_table_is_refused_at_the_next_gather(folde
         table.gather(torch.tensor([0]))
     copied = hmgstore.HybridTensor(np.load(folder / "m.npy", mmap_mode="r"), "cpu", copy=True)
     assert file_identity.watch(copied.source) is None  # a copy has no file to watch
-
-
-def test_one_fstat_per_gather_costs_little_next_to_a_gather(folder):
-    """The measured reason for checking every gather: the fstat is a small share of the smallest gather."""
-    table = memmap_table(folder / "f.npy", rows=1000)
-    live = file_identity.watch(np.load(folder / "f.npy", mmap_mode="r"))
-    ids = torch.arange(0, 1000, 7)
-    fstat = min(timeit.repeat(live.check, number=2000, repeat=3)) / 2000
-    gather = min(timeit.repeat(lambda: table[ids], number=200, repeat=3)) / 200
-    assert fstat < gather, (fstat, gather)
 
 
 def test_identities_name_what_changed(folder):

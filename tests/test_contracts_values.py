@@ -240,3 +240,32 @@ def test_writing_a_value_that_requires_grad_leaves_the_table_usable(compress):
         rows = table[[1, 4, 0]]
         assert not rows.requires_grad
         assert torch.equal(rows, torch.tensor([[2.0] * 3, [2.0] * 3, [0.0] * 3]))
+
+
+@given(st.lists(st.one_of(st.integers(-2, 5), st.floats(0, 5), st.booleans()), min_size=1, max_size=3))
+def test_sizes_of_an_empty_table_are_integers_never_truncated(shape):
+    ok = all(type(s) is int and s >= 0 for s in shape)
+    if ok:
+        table = hmgstore.HybridTensor.empty(shape, device="cpu")
+        assert tuple(table.shape) == tuple(shape) and not bool(table[:].any())  # zeros, as promised
+    else:
+        with pytest.raises((TypeError, ValueError), match=r"shape\[\d\]"):
+            hmgstore.HybridTensor.empty(shape, device="cpu")
+    for depth in (0, 2.5, True):
+        with pytest.raises(ValueError, match="depth is the number of batches"):
+            hmgstore.Pipeline([], depth=depth, device="cpu")
+
+
+@given(st.lists(st.one_of(st.integers(-2, 12), st.floats(0, 9)), max_size=8))
+def test_locality_batches_take_integer_node_ids_in_range(nodes):
+    part = torch.arange(10) // 3
+    if all(isinstance(n, int) and 0 <= n < 10 for n in nodes):
+        batches = list(locality.LocalityBatchSampler(torch.tensor(nodes, dtype=torch.int64), part, 3))
+        assert sorted(i for b in batches for i in b) == list(range(len(nodes)))  # every position once
+    elif any(isinstance(n, float) for n in nodes):
+        with pytest.raises(TypeError, match="input_nodes.*integers"):
+            locality.LocalityBatchSampler(torch.tensor(nodes), part, 3)
+    else:
+        bad = next(n for n in nodes if not 0 <= n < 10)
+        with pytest.raises(ValueError, match=f"node_part has 10 entries.*index {bad} "):
+            locality.LocalityBatchSampler(torch.tensor(nodes), part, 3)

@@ -206,18 +206,23 @@ class LocalityBatchSampler(Sampler):
     [N], the part of every node (:func:`parts_of`, or METIS's parts);
     ``generator``: a ``torch.Generator`` for the shuffles (default: torch's
     global one). Raises ValueError for a window or batch size under 1, and
-    for parts that do not cover the input nodes.
+    for parts that do not cover the input nodes (a negative id included);
+    TypeError for float ids and for sizes that are not integers.
     """
 
     def __init__(self, input_nodes, node_part, batch_size: int, window: int = 8, *,
                  generator: torch.Generator | None = None, drop_last: bool = False):
+        node_part = torch.as_tensor(node_part).to(torch.int64).reshape(-1)  # part labels (grouped, never addressed)
         nodes = torch.as_tensor(input_nodes)
-        nodes = nodes.nonzero().flatten() if nodes.dtype == torch.bool else nodes.to(torch.int64).reshape(-1)
-        node_part = torch.as_tensor(node_part).to(torch.int64).reshape(-1)
+        if nodes.dtype == torch.bool:
+            nodes = nodes.nonzero().flatten()
         batch_size = checks.count(batch_size, "batch_size", at_least=1)
         window = checks.count(window, "window", at_least=1)
-        if len(nodes) and (int(nodes.min()) < 0 or int(nodes.max()) >= len(node_part)):
-            raise ValueError(f"node_part has {len(node_part)} entries; input node {int(nodes.max())} has none")
+        try:
+            nodes = checks.id_list(nodes.reshape(-1), "input_nodes", len(node_part))  # float ids: never truncated
+        except IndexError as err:
+            raise ValueError(f"node_part has {len(node_part)} entries, one per node: an input node has none "
+                             f"({err})") from None
         part = node_part[nodes]
         self._order = torch.argsort(part, stable=True)  # positions, grouped by part
         self._bounds = torch.cat([torch.zeros(1, dtype=torch.int64),

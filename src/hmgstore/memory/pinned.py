@@ -101,6 +101,8 @@ def row_layout(tensor: torch.Tensor) -> tuple[int, int]:
     ``x[:, :64]``). Raises ValueError otherwise, saying how to fix it.
     """
     trailing = tensor.shape[1:]
+    if 0 in trailing:  # empty rows: no byte to lay out, whatever strides torch gave the empty tensor
+        return 0, 0
     expected = 1
     for size, stride in reversed(list(zip(trailing, tensor.stride()[1:]))):
         if size != 1 and stride != expected:

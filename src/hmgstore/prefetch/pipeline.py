@@ -197,7 +197,7 @@ class Pipeline:
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
                  fuse: int = 1, overlap_reads: bool | str = False):
-        if depth < 1:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
         max_sms = check_max_sms(max_sms)
         if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):

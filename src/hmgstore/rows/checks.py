@@ -44,6 +44,16 @@ def count(value, name: str, *, at_least: int = 0) -> int:
     return n
 
 
+def shape(value, name: str = "shape") -> tuple[int, ...]:
+    """A table's shape as a tuple of Python ints, each checked by :func:`count` (integers >= 0, never a
+    truncated float). Raises TypeError for a non-sequence or non-integer sizes, ValueError for negative ones."""
+    try:
+        sizes = tuple(value)
+    except TypeError:
+        raise TypeError(f"{name} is a tuple of sizes, got {value!r}") from None
+    return tuple(count(s, f"{name}[{k}]") for k, s in enumerate(sizes))
+
+
 def sm_cap(max_sms, *, allow_auto: bool = False) -> int | str | None:
     """A cap on the SMs a gather holds: None (no cap), an integer >= 1, or ``"auto"`` where ``allow_auto``.
 

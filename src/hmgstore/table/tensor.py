@@ -27,7 +27,7 @@ import torch
 from ..cuda.deferred import raise_deferred
 from ..gather import cpu_share, fusion, plan
 from ..memory import owned
-from ..rows import formats
+from ..rows import checks, formats
 from ..rows.ids import CHECKS, normalize, rows_only
 from ..rows.placement import for_table
 from ..rows.stats import TierCounter
@@ -153,7 +153,7 @@ class HybridTensor(Table):
         """
         device = resolve_device(device)
         host_format, gpu_format = formats.for_tiers(host_dtype, compress)
-        shape = tuple(int(s) for s in shape)
+        shape = checks.shape(shape)  # integers >= 0: a float size is refused, never truncated
         if host_format is None:
             host = owned.empty(shape, dtype, backing, device)
         else:  # zero bytes are zero rows in every format (a scaled row's scale 0 decodes to 0)
