@@ -60,6 +60,12 @@
 //   With replacement: one pass sums the weights, then each slot t walks the running sum to the
 //   first position past unit_closed_open(i, t) * total (uniform when every weight is 0).
 //   Neighbouring threads serve different seeds: reads are not coalesced, as in hmg_sample_floyd.
+// - hmg_sample_weighted_warp: the same without replacement, one warp per seed, for fanouts up to 32:
+//   lane l reads positions l, l + 32, ... (coalesced: one 128-byte read of weights per round) and
+//   computes their keys; the c smallest so far live one per lane (lane j holds the j-th, EMPTY
+//   past those found). Keys below the c-th are inserted one at a time, in position order, each by
+//   one shuffle: a lane whose key is larger takes the new key or its left neighbour's. Same keys,
+//   same ties (a key goes after equal ones), so the same slots as hmg_sample_weighted.
 // - hmg_sample_read: per slot. Finds its seed by binary search over `ends`, fills in the
 //   position (t itself when the seed takes every neighbour; a draw mod deg with replacement;
 //   else what hmg_sample_floyd wrote; with `given`, what hmg_sample_weighted wrote), reads the
@@ -280,6 +286,60 @@ extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, co
       kk[j] = k;
       out[j] = p;
     }
+  }
+}
+
+// Above every key (ZERO_KEY * (1 + u) <= 2e200): an empty slot of hmg_sample_weighted_warp.
+#define EMPTY_KEY 1e300
+extern "C" __global__ void hmg_sample_weighted_warp(const i64* __restrict__ nodes, const i64* __restrict__ lohi,
+                                                    i64 max_seeds, const i64* __restrict__ colptr,
+                                                    const i64* __restrict__ start, const i64* __restrict__ counts,
+                                                    const i64* __restrict__ ends, i64 num_dst, int disjoint,
+                                                    const i64* __restrict__ key_ptr,
+                                                    const i64* __restrict__ draw_index, const float* gpu_weight,
+                                                    const float* host_weight, i64 gpu_edges,
+                                                    const i64* __restrict__ wtiers, i64 chunk, const float* wtail,
+                                                    i64 tail_start, i64* __restrict__ pos) {
+  const unsigned all = 0xffffffffu;
+  const u64 key = (u64)*key_ptr;
+  const int lane = threadIdx.x & 31;
+  const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
+  // Every lane of a warp runs the same seeds and rounds: the branches below that depend on i, c, deg or a
+  // broadcast value are taken by the whole warp, so the full-mask shuffles are legal.
+  for (i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; i < max_seeds; i += warps) {
+    const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
+    if (v < 0) continue;
+    const i64 first = colptr[v], deg = colptr[v + 1] - first, c = counts[i];  // c <= 32: see the launch
+    if (c == 0 || c >= deg) continue;
+    const i64 at0 = start ? start[v] : first;
+    const u64 h = seed_hash(key, draw_index ? draw_index[i] : i);
+    double mine = EMPTY_KEY;  // lane j < c: the j-th smallest key so far
+    i64 mine_pos = -1;
+    for (i64 base = 0; base < deg; base += 32) {
+      const i64 p = base + lane;
+      double k = EMPTY_KEY;
+      if (p < deg) {
+        const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+        const double u = unit_open(h, p);
+        k = w > 0.0f ? -log(u) / (double)w : ZERO_KEY * (1.0 + u);
+      }
+      unsigned todo = __ballot_sync(all, k < __shfl_sync(all, mine, (int)c - 1));
+      while (todo) {
+        const int from = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const double x = __shfl_sync(all, k, from);
+        const double kth = __shfl_sync(all, mine, (int)c - 1);
+        const double left = __shfl_up_sync(all, mine, 1);
+        const i64 left_pos = __shfl_up_sync(all, mine_pos, 1);
+        if (!(x < kth)) continue;  // an earlier key of this round took its place
+        if (lane < c && mine > x) {
+          const bool here = lane == 0 || left <= x;
+          mine = here ? x : left;
+          mine_pos = here ? base + from : left_pos;
+        }
+      }
+    }
+    if (lane < c) pos[ends[i] - c + lane] = mine_pos;
   }
 }
 

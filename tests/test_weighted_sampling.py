@@ -162,3 +162,26 @@ def test_multi_hop_sampler_with_weights(placement):
         # a zero-weight edge only where its node has fewer than the fanout of positive ones
         zero = ~positive[eid]
         assert bool((degree_pos[seeds[zero]] < 3).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", [None, 0.5, 1.0], ids=["host", "mixed", "gpu"])
+def test_warp_kernel_draws_as_the_thread_kernel(share, monkeypatch):
+    """hmg_sample_weighted_warp (fanouts up to 32) and hmg_sample_weighted give the same slots, key for key,
+    on lists longer and shorter than a warp, weights 0 included."""
+    from hmgstore.cuda import sample as kernels
+
+    g = torch.Generator().manual_seed(2)
+    n = 300
+    src, dst = torch.randint(0, n, (9000,), generator=g), (torch.rand(9000, generator=g) ** 2 * n).long()
+    weight = torch.where(torch.rand(9000, generator=g) < 0.2, 0.0, torch.rand(9000, generator=g))
+    csc = to_csc(torch.stack([src, dst]), "coo", (n, n))
+    budget = None if share is None else int(share * csc.num_edges * 8)
+    topo = Topology(csc, "cuda", gpu_budget=budget, progress=False, weight=weight)
+    seeds = torch.arange(n, device="cuda").repeat(3)
+    for k in (1, 5, 32):
+        warp = sample_hop(topo, seeds, k, False, 77)[1]
+        monkeypatch.setattr(kernels, "WEIGHTED_WARP", False)
+        thread = sample_hop(topo, seeds, k, False, 77)[1]
+        monkeypatch.setattr(kernels, "WEIGHTED_WARP", True)
+        assert torch.equal(warp, thread), k

@@ -64,6 +64,22 @@ def weighted(topology, nodes, lohi, max_seeds: int, counts, ends, num_dst: int, 
             _p(pos), _p(keys)), pos.device)
 
 
+#: Weighted sampling without replacement at fanouts up to :data:`WARP_FANOUT` runs one warp per seed
+#: (``hmg_sample_weighted_warp``: coalesced reads of each list); False: one thread per seed, as above it.
+WEIGHTED_WARP = True
+WARP_FANOUT = 32
+
+
+def weighted_warp(topology, nodes, lohi, max_seeds: int, counts, ends, num_dst: int, disjoint: bool, key, pos,
+                  index=None) -> None:
+    """:func:`weighted` without replacement, one warp per seed; every count at most :data:`WARP_FANOUT`."""
+    launch(FILES, "hmg_sample_weighted_warp", max_seeds * 32,
+           (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
+            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), _p(topology.gpu_weight),
+            np.uint64(topology.host_weight_address), np.int64(topology.gpu_edges), _p(topology.weight_tiers),
+            np.int64(topology.chunk), _p(topology.weight_tail), np.int64(topology.tail_start), _p(pos)), pos.device)
+
+
 def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key,
          num_dst: int, disjoint: bool, nbr, eid, seed_local, index=None, given: bool = False, win_lo=None,
          win_deg=None) -> None:

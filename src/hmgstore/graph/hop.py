@@ -146,7 +146,9 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     ends = counts.cumsum(0)
     slots = max_seeds * k if max_slots is None else max_slots
     pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
-    if topology.weighted:
+    if topology.weighted and not replace and 0 <= k <= kernels.WARP_FANOUT and kernels.WEIGHTED_WARP:
+        kernels.weighted_warp(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, index)
+    elif topology.weighted:
         keys = None if replace else torch.empty(slots, dtype=torch.float64, device=device)
         kernels.weighted(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, keys, replace,
                          index)

@@ -37,7 +37,7 @@ from .fanout import check_fanout
 from .hop import _queue_hop, sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
-from .temporal import STRATEGIES
+from .temporal import STRATEGIES, tree_times
 
 log = logging.getLogger(__name__)
 _Parts = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]  # an edge type's rows, cols, edges per hop
@@ -186,30 +186,11 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
-            return self._sample(seeds, self._tree_times(seeds, seed_time))
+            return self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
         finally:
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
-
-    def _tree_times(self, seeds: dict, seed_time: dict | None) -> torch.Tensor | None:
-        """A temporal batch's time per tree (seed), int64 on the device; None when not temporal."""
-        if not self.temporal:
-            if seed_time:
-                raise ValueError("seed times were given, but no edge type has times: build the topologies with "
-                                 "src_time or edge_time for temporal sampling")
-            return None
-        typed = [nt for nt, ids in seeds.items() if len(ids)]
-        if len(typed) > 1:
-            raise ValueError(f"temporal sampling takes seeds of one node type per batch, got {typed}")
-        if not seed_time or typed and typed[0] not in seed_time:
-            raise ValueError("temporal sampling needs each seed's time: pass seed_time={node type: times}")
-        times = torch.as_tensor(seed_time[typed[0]] if typed else [])
-        if times.dtype.is_floating_point or times.dtype == torch.bool:
-            raise TypeError(f"seed times must be integers (int64), as the graph's times; got {times.dtype}")
-        if typed and times.numel() != len(seeds[typed[0]]):
-            raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
-        return times.reshape(-1).to(self.device, torch.int64)
 
     def _sample(self, seeds: dict, tree_time: torch.Tensor | None) -> Sample:
         unknown = [nt for nt in seeds if nt not in self.num_nodes]

@@ -81,3 +81,26 @@ def time_window(topology, seeds: torch.Tensor, seed_time: torch.Tensor, k: int, 
     end = lo
     start = torch.maximum(first, end - k) if strategy == "last" and k >= 0 else first
     return start - first, end - start
+
+
+def tree_times(seeds: dict, seed_time: dict | None, temporal: bool, device) -> torch.Tensor | None:
+    """A batch's time per tree (per seed: temporal sampling is disjoint), int64 on ``device``; None when the
+    sampler is not ``temporal``. ``seeds``: node type -> ids; ``seed_time``: node type -> times. Raises
+    ValueError for times without a temporal graph, seeds of several node types, missing times or a count
+    that differs from the seeds'; TypeError for non-integer times."""
+    if not temporal:
+        if seed_time:
+            raise ValueError("seed times were given, but no edge type has times: build the topologies with "
+                             "src_time or edge_time for temporal sampling")
+        return None
+    typed = [nt for nt, ids in seeds.items() if len(ids)]
+    if len(typed) > 1:
+        raise ValueError(f"temporal sampling takes seeds of one node type per batch, got {typed}")
+    if not seed_time or typed and typed[0] not in seed_time:
+        raise ValueError("temporal sampling needs each seed's time: pass seed_time={node type: times}")
+    times = torch.as_tensor(seed_time[typed[0]] if typed else [])
+    if times.dtype.is_floating_point or times.dtype == torch.bool:
+        raise TypeError(f"seed times must be integers (int64), as the graph's times; got {times.dtype}")
+    if typed and times.numel() != len(seeds[typed[0]]):
+        raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
+    return times.reshape(-1).to(device, torch.int64)
