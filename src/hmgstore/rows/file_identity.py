@@ -18,8 +18,8 @@ page a SIGBUS that kills the interpreter. So:
   its size with one ``fstat`` per gather (:meth:`LiveFile.check`), so a file
   cut short under a live table raises RuntimeError at the next gather rather
   than killing the process. The cost is one system call a gather, a few
-  microseconds, 1-3% of the smallest CPU gather (see :meth:`LiveFile.check`). A file truncated while a gather is reading it can
-  still fault: no check closes that window, short of copying the rows
+  microseconds, 1-3% of the smallest CPU gather (see :meth:`LiveFile.check`).
+  A file truncated while a gather is reading it can still fault: no check closes that window, short of copying the rows
   (``HybridTensor(..., copy=True)``).
 """
 from __future__ import annotations
