@@ -13,7 +13,8 @@ configuration, after warm-up, on one graph, every configuration from the same
   read zero-copy;
 - ``cache``: hmgstore with ``--cache`` of the features' and of the topology's
   bytes on the GPU, the hot rows chosen by pre-sampling one epoch
-  (:func:`hmgstore.graph.presample`);
+  (:func:`hmgstore.graph.presample`); ``api+pipe``: the README's swap, the
+  cache's budget with every other default;
 
 and each of the last three with ``hmgstore.Pipeline`` (``+pipe``): the next
 batches sampled and gathered on a side stream while the model trains; or,
@@ -217,12 +218,10 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     key = None if mode == "proc" else (base, topology_cache, pipe)
     kept.keep_only(key)  # a loader not used again is closed first: not counted in what earlier ones left
-    host_gb = _resident_gb()  # what earlier configurations and the graph left in this process
-    build_start = time.perf_counter()
+    host_gb, build_start = _resident_gb(), time.perf_counter()  # host GB: what earlier configurations left
     build: float | None
-    if mode == "proc":  # the loader is built again, and iterated, in the producer process
+    if mode == "proc":  # the loader is built again, and iterated, in the producer process: a Producer here
         loader = stores = sampler = None
-        # a Producer here, else a Pipeline or the loader itself
         make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
                                  split_threads=threads)
         iterable: Any = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
@@ -239,12 +238,10 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
             log.info("%s: the loader of %s, used again", config, built_by)
         if cached:  # the features' table only: labels are 8 B rows, not worth a read-back
             stores[0].table(None, "x").set_split(split, threads)
-        if base == "api":  # the README's Pipeline(loader): its defaults, whatever the other configurations set
-            iterable = hmgstore.Pipeline(loader, device=device)
-        else:
-            iterable = hmgstore.Pipeline(loader, depth=args.depth, device=device, max_sms=max_sms,
-                                         fuse=args.fuse if device.type == "cuda" else 1,
-                                         overlap_reads=overlap_reads) if pipe else loader
+        options = {} if base == "api" else dict(  # api: the README's Pipeline(loader), with its defaults
+            depth=args.depth, max_sms=max_sms, fuse=args.fuse if pipe and device.type == "cuda" else 1,
+            overlap_reads=overlap_reads)
+        iterable = hmgstore.Pipeline(loader, device=device, **options) if pipe else loader
     alone = {}
     step_work = None
     if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
@@ -370,8 +367,7 @@ def run(args) -> dict:
     configs = _with_variants(configs, "thr", args.split_threads)
     configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
     configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
-                                                      if _mode(c) and base_of(c) != "api" else [c])],
-                        args.repeat)  # pipelines' only; api+pipe keeps the Pipeline's defaults
+                                                      if _mode(c) and base_of(c) != "api" else [c])], args.repeat)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
