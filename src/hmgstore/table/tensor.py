@@ -51,7 +51,8 @@ class HybridTensor(Table):
             the GPU's free memory (:func:`hmgstore.rows.hotness.resolve_budget`); None: every row on the host.
         hot_order: row ids hottest first, each in range and listed at most once (all checked; floats raise).
         hotness: instead of ``hot_order``, a real score per row (``[N]``, higher is hotter, e.g. in-degree).
-        max_sms: cap the gather at this many SMs' worth of blocks, leaving the rest to training kernels.
+        max_sms: cap the gather at this many SMs' worth of blocks, leaving the rest to training kernels: an
+            integer >= 1 or None, as :class:`hmgstore.Pipeline` takes it (0, -1, 2.5, "abc", True: ValueError).
         progress: show a progress bar while pinning or copying large tables.
         stats: count rows and time per tier from the start (see :meth:`stats`).
         copy: copy the source into owned host memory (``backing``) instead of pinning it in place: small rows read
@@ -70,9 +71,15 @@ class HybridTensor(Table):
 
     On the CPU, the placement arguments are checked the same way, then every row is read from the source.
 
+    A memmap source's file is recorded (:mod:`hmgstore.rows.file_identity`): a copy of the table sent to another
+    process refuses the file if it was replaced or rewritten since, and a file cut short under the table makes the
+    next gather raise RuntimeError instead of reading a lost page (SIGBUS). A copy-on-write memmap (``mode="c"``)
+    is sent as its rows.
+
     Raises:
-        TypeError: for unusable sources and ids that are not integers.
-        ValueError: for unusable sources, conflicting placement arguments and repeated ids.
+        TypeError: for unusable sources (a CUDA or sparse tensor: with the fix) and ids that are not integers.
+        ValueError: for unusable sources, conflicting placement arguments, repeated ids, a ``layout`` that is not a
+            permutation, a ``hotness`` of another length or with NaN (on every device) and a bad ``max_sms``.
         IndexError: for placement ids out of range.
         RuntimeError: when CUDA is asked for without a GPU (ImportError without CuPy).
 
