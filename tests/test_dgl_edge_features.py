@@ -33,10 +33,11 @@ def _graph(small_graph) -> tuple[dgl.DGLGraph, torch.Tensor]:
 
 
 def test_blocks_carry_edge_features_in_the_node_gather(small_graph, monkeypatch):
-    calls = []  # the tables' batch hook, through which the DGL storage gathers each batch once
-    gather_batch = hmgstore.HybridTensor.gather_batch
-    monkeypatch.setattr(hmgstore.HybridTensor, "gather_batch", staticmethod(
-        lambda requests, **kw: calls.append(len(requests)) or gather_batch(requests, **kw)))
+    calls = []
+    gather_batch = hmgstore.HybridTensor.gather_batch  # the table kind's batch gather: one gather_many
+    monkeypatch.setattr(hmgstore.HybridTensor, "gather_batch",
+                        staticmethod(lambda requests, **kw: calls.append(len(requests))
+                                     or gather_batch(requests, **kw)))
     g, w = _graph(small_graph)
     hdgl.attach(g, {"feat": small_graph.x}, edata={"w": w}, device="cpu")
     sampler = dgl.dataloading.NeighborSampler([4, 4], prefetch_node_feats=["feat"], prefetch_edge_feats=["w"])
