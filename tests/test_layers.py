@@ -155,8 +155,6 @@ def test_the_checks_can_fail():
 
 #: At most this many lines a function, its docstring included: one screen, one idea.
 MAX_FUNCTION_LINES = 80
-#: Functions over the limit, each with who splits it; an entry goes when its function fits (test_waivers_are_needed).
-WAIVED = {"hmgstore.bench.train._run_config": "the benchmarks' train command, split with the benchmarks' move"}
 
 
 def long_functions(path: Path) -> dict[str, int]:
@@ -178,16 +176,8 @@ def long_functions(path: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_functions_fit_in_one_screen(module):
-    long = {f"{module}.{name}": n for name, n in long_functions(MODULES[module]).items()}
-    over = {name: n for name, n in long.items() if name not in WAIVED}
+    over = {f"{module}.{name}": n for name, n in long_functions(MODULES[module]).items()}
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}; split them into steps with names"
-
-
-def test_waivers_are_needed():
-    for name in WAIVED:
-        module = _known(name)
-        assert module is not None and name in {f"{module}.{f}" for f in long_functions(MODULES[module])}, \
-            f"{name} fits now (or is gone): remove it from WAIVED"
 
 
 def test_the_function_check_can_fail(tmp_path):

@@ -63,7 +63,6 @@ import logging
 import math
 import resource
 import time
-from typing import Any
 
 import torch
 
@@ -71,9 +70,8 @@ import hmgstore
 
 from ..cli import flags
 from ..graph import presample
-from ..graph.locality import pages_touched
 from .report import header, write_report
-from .train_alone import PhaseTimer, _forever, _gpu_profile, _profile_path, _rate, _step_alone, counted_calls
+from .train_alone import PhaseTimer, _forever, _rate, ceilings, counted_stats
 from .train_configs import (
     Kept,
     _hollow,
@@ -207,64 +205,41 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
             kept.close()
 
 
-def _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split, topology_cache, threads,
-                overlap, overlap_reads) -> dict:
-    config_name = config.partition("/")[0]
-    name, _, cap = config_name.partition("@")  # cache+pipe@none: the pipeline capped as --max-sms none says
-    base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
-    max_sms = _sms(cap) if cap else args.max_sms[0]
-    pipe = mode != ""
-    reps = args.stock_batches if base == "stock" else args.batches
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    key = None if mode == "proc" else (base, topology_cache, pipe)
-    kept.keep_only(key)  # a loader not used again is closed first: not counted in what earlier ones left
-    host_gb, build_start = _resident_gb(), time.perf_counter()  # host GB: what earlier configurations left
-    build: float | None
-    if mode == "proc":  # the loader is built again, and iterated, in the producer process: a Producer here
-        loader = stores = sampler = None
+def _make(config, base, mode, pipe, max_sms, data, csc, train, device, args, hot, kept, key, cached, split,
+          topology_cache, threads, overlap_reads) -> tuple:
+    """``(loader, data, stores, sampler, build seconds or None, what the timed run iterates)``: a Producer (its
+    loader built again in its process), else the loader, kept or built, through a Pipeline when ``pipe``."""
+    build_start = time.perf_counter()
+    if mode == "proc":
         make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
                                  split_threads=threads)
-        iterable: Any = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
-                                          fuse=args.fuse, sm_percent=args.sm_percent,
-                                          overlap_reads=overlap_reads).start()
-        build = time.perf_counter() - build_start
-    else:
-        # kept apart by mode too: without the pipeline the phase timer times the loader (below), and puts it back
-        built, built_by = kept.get(key, config, functools.partial(
-            build_loader, base, data, csc, train, device, args, hot, topology_cache=topology_cache))
-        loader, data, stores, sampler, build = built
-        if built_by != config:
-            build = None
-            log.info("%s: the loader of %s, used again", config, built_by)
-        if cached:  # the features' table only: labels are 8 B rows, not worth a read-back
-            stores[0].table(None, "x").set_split(split, threads)
-        options = {} if base == "api" else dict(  # api: the README's Pipeline(loader), with its defaults
-            depth=args.depth, max_sms=max_sms, fuse=args.fuse if pipe and device.type == "cuda" else 1,
-            overlap_reads=overlap_reads)
-        iterable = hmgstore.Pipeline(loader, device=device, **options) if pipe else loader
-    alone = {}
-    step_work = None
-    if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
-        alone["loader_main"] = _rate(loader, reps, sync, profile=_profile_path(args, config))
-        if pipe:
-            alone["loader_pipe"] = _rate(iterable, reps, sync)
-        alone["step"], trimmed, step_issue, step_calls, step_work = _step_alone(
-            loader, data, classes, device, args, reps, sync, _profile_path(args, config, "step"))
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the timed run's draws kept
-            counted = _forever(loader)
-            next(counted)  # the iterator's set-up is not a batch's
-            calls = {"loader": counted_calls(lambda: next(counted), "loader"), "step": step_calls}  # this thread's
-            counted.close()
-        if pipe and device.type == "cuda" and args.profile:
-            profiled = _forever(loader)
-            _gpu_profile(lambda: next(profiled), _profile_path(args, config, "loader-gpu"))
+        producer = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
+                                     fuse=args.fuse, sm_percent=args.sm_percent, overlap_reads=overlap_reads).start()
+        return None, data, None, None, time.perf_counter() - build_start, producer
+    # kept apart by mode too: without the pipeline the phase timer times the loader (below), and puts it back
+    built, built_by = kept.get(key, config, functools.partial(
+        build_loader, base, data, csc, train, device, args, hot, topology_cache=topology_cache))
+    loader, data, stores, sampler, build = built
+    if built_by != config:
+        build = None
+        log.info("%s: the loader of %s, used again", config, built_by)
+    if cached:  # the features' table only: labels are 8 B rows, not worth a read-back
+        stores[0].table(None, "x").set_split(split, threads)
+    options = {} if base == "api" else dict(  # api: the README's Pipeline(loader), with its defaults
+        depth=args.depth, max_sms=max_sms, fuse=args.fuse if pipe and device.type == "cuda" else 1,
+        overlap_reads=overlap_reads)
+    return loader, data, stores, sampler, build, hmgstore.Pipeline(loader, device=device, **options) if pipe else loader
+
+
+def _timed(iterable, loader, pipe: bool, data, classes, device, args, reps: int, sync, trimmed, step_work) -> dict:
+    """Train ``reps`` batches after 3 of warm-up; per batch: seconds, the wait for (or making of) the batch and
+    the step's issue, and the phases when not pipelined. Also the GPU timeline (``--timeline``), after them."""
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     timer = PhaseTimer(device)
     if not pipe:
         timer.wrap(loader, "filter_fn", "gather")
-    warmup = 3
-    load_s = train_s = 0.0
+    warmup, load_s, train_s = 3, 0.0, 0.0
     it = _forever(iterable)
     for step in range(warmup + reps):
         if step == warmup:
@@ -288,27 +263,52 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     sync()
     seconds = (time.perf_counter() - start) / reps
     timer.unwrap()
-    gpu_time = None
+    out = {"seconds": seconds, "loss": loss.detach().item(), "trimmed": trimmed, "gpu_time": None,
+           "split_s": {"wait": load_s / reps, "train_issue": train_s / reps}}
+    if not pipe:
+        gather = timer.seconds["gather"] / reps
+        out["split_s"] = {"sampling": load_s / reps - gather, "gather": gather, "train": train_s / reps}
     if getattr(args, "timeline", 0) and pipe and step_work is not None:  # after the timed batches: it slows them
         from .timeline import per_batch, profiled_intervals
 
         def trained():
             train_step(model, optimizer, next(it), args.trim)
 
-        gpu_time = per_batch(step_work, args.timeline, profiled_intervals(trained, args.timeline), args.timeline)
+        out["gpu_time"] = per_batch(step_work, args.timeline, profiled_intervals(trained, args.timeline), args.timeline)
+    del batch  # a producer's batches are views into its ring: released before it is closed
     it.close()
+    return out
+
+
+def _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split, topology_cache, threads,
+                overlap, overlap_reads) -> dict:
+    name, _, cap = config.partition("/")[0].partition("@")  # cache+pipe@none: capped as --max-sms none says
+    base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
+    max_sms = _sms(cap) if cap else args.max_sms[0]
+    pipe = mode != ""
+    reps = args.stock_batches if base == "stock" else args.batches
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    key = None if mode == "proc" else (base, topology_cache, pipe)
+    kept.keep_only(key)  # a loader not used again is closed first: not counted in what earlier ones left
+    host_gb = _resident_gb()  # what earlier configurations and the graph left in this process
+    loader, data, stores, sampler, build, iterable = _make(
+        config, base, mode, pipe, max_sms, data, csc, train, device, args, hot, kept, key, cached, split,
+        topology_cache, threads, overlap_reads)
+    alone, trimmed, step_issue, calls, step_work = {}, None, None, None, None
+    if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
+        alone, trimmed, step_issue, calls, step_work = ceilings(loader, iterable, pipe, data, classes, device, args,
+                                                                reps, sync, config)
+    timed = _timed(iterable, loader, pipe, data, classes, device, args, reps, sync, trimmed, step_work)
     if mode == "proc":
-        del batch  # views into the producer's ring: released before it is closed
         alone["producer"] = _rate(iterable, reps, sync, warmup=1)
         iterable.close()
-    per_epoch = math.ceil(len(train) / args.batch_size)
+    seconds, per_epoch = timed["seconds"], math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,
-              "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": loss.detach().item(),
-              "trimmed": trimmed, "max_sms": max_sms if pipe else None, "split": split,
+              "batches_per_epoch": per_epoch, "epoch_s": seconds * per_epoch, "loss": timed["loss"],
+              "trimmed": timed["trimmed"], "max_sms": max_sms if pipe else None, "split": split,
               "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache, "split_threads": threads,
-              "step_issue_s": step_issue if loader is not None else None,
-              "torch_calls": calls if loader is not None else None, "gpu_time": gpu_time,
-              "alone_batches_per_s": alone}
+              "step_issue_s": step_issue, "torch_calls": calls, "gpu_time": timed["gpu_time"],
+              "alone_batches_per_s": alone, "split_s": timed["split_s"]}
     if build is not None:
         result["build_s"] = build
     elif loader is not None:
@@ -317,32 +317,8 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
         result["producer_batches_per_s"] = alone["producer"]
     result["peak_host_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB -> GB, so far
     result["host_gb_at_start"] = host_gb
-    if pipe:
-        result["split_s"] = {"wait": load_s / reps, "train_issue": train_s / reps}
-    else:
-        gather = timer.seconds["gather"] / reps
-        result["split_s"] = {"sampling": load_s / reps - gather, "gather": gather, "train": train_s / reps}
     if stores is not None or sampler is not None:  # hit ratios, counted over a few more batches (not timed)
-        for counted in (stores[0] if stores else None, sampler):
-            if counted is not None:
-                counted.reset_stats()
-        counting, pages = _forever(loader), []
-        for _ in range(5):
-            batch = next(counting)
-            if stores is not None:  # distinct 2 MiB pages of the features' host tier that the batch's misses lie in
-                table = stores[0].table(None, "x")
-                ids = batch.n_id.cpu()
-                ids = ids[~torch.isin(ids, table.placement.gpu_rows)]  # rows the GPU tier holds are not read there
-                pages.append(pages_touched(ids, table.source[:1].nbytes, table.layout))
-        counting.close()
-        if stores is not None:
-            result["feature_stats"] = stores[0].stats()
-            result["pages_per_batch"] = sum(pages) / len(pages)
-        if sampler is not None:
-            result["topology_stats"] = sampler.stats()
-        for counted in (stores[0] if stores else None, sampler):  # a kept loader runs on uncounted (and with
-            if counted is not None:  # its sampler's CUDA graphs: counting samples eagerly)
-                counted.reset_stats(counting=False)
+        result.update(counted_stats(stores, sampler, loader))
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

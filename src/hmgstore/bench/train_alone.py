@@ -187,3 +187,51 @@ def _step_alone(loader, data, classes, device, args, reps: int, sync,
     del batches
     sync()
     return rate, trimmed, issued / reps, calls, work
+
+
+def ceilings(loader, iterable, pipe: bool, data, classes, device, args, reps: int, sync, config: str) -> tuple:
+    """The configuration's ceilings beside its timed run: the loader alone in the main thread (and as run,
+    through its pipeline), the step alone on batches made beforehand, and the torch calls a batch of each.
+    Returns ``(alone rates, trimmed, the step's issue seconds, torch calls, the step's GPU work)``."""
+    alone = {"loader_main": _rate(loader, reps, sync, profile=_profile_path(args, config))}
+    if pipe:
+        alone["loader_pipe"] = _rate(iterable, reps, sync)
+    alone["step"], trimmed, step_issue, step_calls, step_work = _step_alone(
+        loader, data, classes, device, args, reps, sync, _profile_path(args, config, "step"))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the timed run's draws kept
+        counted = _forever(loader)
+        next(counted)  # the iterator's set-up is not a batch's
+        calls = {"loader": counted_calls(lambda: next(counted), "loader"), "step": step_calls}  # this thread's
+        counted.close()
+    if pipe and device.type == "cuda" and args.profile:
+        profiled = _forever(loader)
+        _gpu_profile(lambda: next(profiled), _profile_path(args, config, "loader-gpu"))
+    return alone, trimmed, step_issue, calls, step_work
+
+
+def counted_stats(stores, sampler, loader, batches: int = 5) -> dict:
+    """Hit ratios of the features and the topology over a few more batches (untimed), and the distinct 2 MiB
+    host pages of the features' table that a batch's misses lie in. Counting is off again afterwards: a kept
+    loader runs on uncounted (and with its sampler's CUDA graphs: counting samples eagerly)."""
+    from ..graph.locality import pages_touched
+
+    counters = [c for c in (stores[0] if stores else None, sampler) if c is not None]
+    for c in counters:
+        c.reset_stats()
+    counting, pages = _forever(loader), []
+    for _ in range(batches):
+        batch = next(counting)
+        if stores is not None:
+            table = stores[0].table(None, "x")
+            ids = batch.n_id.cpu()
+            ids = ids[~torch.isin(ids, table.placement.gpu_rows)]  # rows the GPU tier holds are not read there
+            pages.append(pages_touched(ids, table.source[:1].nbytes, table.layout))
+    counting.close()
+    out: dict = {}
+    if stores is not None:
+        out["feature_stats"], out["pages_per_batch"] = stores[0].stats(), sum(pages) / len(pages)
+    if sampler is not None:
+        out["topology_stats"] = sampler.stats()
+    for c in counters:
+        c.reset_stats(counting=False)
+    return out
