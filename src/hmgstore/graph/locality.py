@@ -4,7 +4,7 @@ Why. On the cloud VMs measured (virtual machines with pass-through GPUs, as most
 cloud hosts are) a zero-copy gather keeps about 0.9x of the PCIe limit only
 while a batch's rows lie in a few hundred distinct 2 MiB host pages; each
 further page costs about half a microsecond, serialised
-(``python -m hmgstore.bench reach``). A mini-batch of random seeds touches
+(``python benchmarks/research reach``). A mini-batch of random seeds touches
 rows all over a big table, whatever the order inside the batch. Two levers
 cut the pages a batch touches:
 

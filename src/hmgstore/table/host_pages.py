@@ -21,7 +21,7 @@ may touch and still read at 0.8x of the best rate) and the *cost per page*
 (the slope of a batch's time past the knee). :func:`calibrated` measures a
 small sweep once per machine, in seconds, and caches it like the split
 gather's cost model (``$HMGSTORE_CACHE_DIR/reach.json``), so that placement
-decisions can read it; ``python -m hmgstore.bench reach`` runs the full sweep
+decisions can read it; ``python benchmarks/research reach`` runs the full sweep
 and writes its report.
 """
 from __future__ import annotations
