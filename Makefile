@@ -1,6 +1,7 @@
 # The set-up-and-go commands of README.md:
 #   make run    one-shot set-up, then the main job (GraphSAGE through hmgstore; GPU if present)
 #   make test   one-shot set-up, then the test suite on every core (GPU tests skip themselves without a GPU)
+#   make test-slow  the end-to-end runs make test leaves out (benchmarks, examples, notebooks); CI runs both
 #   make bench  one-shot set-up, then python -m hmgstore.bench gather
 #   make lint   set-up plus the lint extra, then ruff (style, imports, bugs) and mypy (types, not strict)
 #   make docs   set-up plus the docs extra, then the documentation site (docs/, API reference from the docstrings)
@@ -19,7 +20,7 @@ PY := $(VENV)/bin/python
 comma := ,
 STAMP := $(VENV)/.ready-$(subst =,-,$(TORCH))-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup run test bench lint docs pyg-sampler clean
+.PHONY: setup run test test-slow bench lint docs pyg-sampler clean
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -36,9 +37,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(PY) examples/pyg_graphsage.py
 
-# One pytest-xdist worker per core, each test to the first idle worker (worksteal: a few tests take 10-20 s).
+# One pytest-xdist worker per core, each test to the first idle worker (worksteal: a few tests take 5-10 s).
+# make test leaves out the end-to-end runs marked slow (tests/conftest.py's SLOW); make test-slow runs them.
 test: setup
-	$(PY) -m pytest -q -n auto --dist worksteal tests
+	$(PY) -m pytest -q -n auto --dist worksteal -m "not slow" tests
+
+test-slow: setup
+	$(PY) -m pytest -q -n auto --dist worksteal -m slow tests
 
 bench: setup
 	$(PY) -m hmgstore.bench gather

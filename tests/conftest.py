@@ -45,10 +45,42 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
+#: End-to-end runs of 8 s or more each on 2 cores (benchmarks, examples, notebooks, torchrun commands): marked
+#: ``slow``, so that ``make test`` (``-m "not slow"``) stays within 5 minutes; ``make test-slow`` runs them, and CI
+#: runs both.
+SLOW = {
+    "test_docs.py::test_the_cpu_torchrun_commands_run_as_written",
+    "test_bench.py::test_sample_and_train_benchmarks_run_on_cpu",
+    "test_bench.py::test_scale_benchmark_runs_the_example_on_one_and_two_processes",
+    "test_bench.py::test_scale_benchmark_says_what_failed",
+    "test_bench.py::test_train_runs_the_readme_swap_beside_the_tuned_configurations_repeated",
+    "test_research.py::test_remote_benchmark_runs_two_simulated_machines_on_cpu",
+    "test_research.py::test_remote_benchmark_trains_alone_when_asked",
+    "test_train_step.py::test_cap_modes_run_as_pipelined_cache_variants_on_one_loader",
+    "test_train_step.py::test_train_benchmark_reports_the_ceilings",
+    "test_train_step.py::test_each_configuration_builds_after_the_last_ones_tables_are_freed",
+    "test_train_step.py::test_labels_on_gpu_builds_the_cache_with_its_labels_whole",
+    "test_train_step.py::test_variants_apply_where_they_mean_something",
+    "test_train_step.py::test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features",
+    "test_train_step.py::test_split_threads_name_cache_configurations_and_reach_the_table",
+    "test_examples.py::test_batches_from_a_producer_process",
+    "test_examples.py::test_two_cpu_processes",
+    "test_examples.py::test_minimal_example_is_short_marked_and_trains",
+    "test_cluster.py::test_distributed_sampling_and_pyg_loader",
+    "test_soak.py::test_a_short_soak_reports_every_series_and_checks_a_batch_each_epoch",
+    "test_notebook.py::test_quickstart_notebook_runs_from_any_folder",
+    "test_notebook.py::test_big_table_notebook_runs_from_any_folder",
+    "test_dgl_compat.py::test_fresh_interpreter_imports_plugin_then_uses_dgl_with_spawned_workers",
+    "test_multi_node_example.py::test_two_machines_train_as_well_as_one",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU and CuPy")
     skip_multi = pytest.mark.skip(reason="needs two or more CUDA GPUs")
     for item in items:
+        if item.nodeid.split("[")[0].rsplit("/", 1)[-1] in SLOW:
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") and not HAS_CUDA:
             item.add_marker(skip_gpu)
         if item.get_closest_marker("multigpu") and (not HAS_CUDA or torch.cuda.device_count() < 2):

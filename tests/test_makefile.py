@@ -68,3 +68,19 @@ def test_pyg_sampler_shows_progress_while_it_builds(tmp_path):
     assert "2 source files compiled" in progress[-1] and "Building wheel for torch_scatter" in progress[0]
     assert "Successfully installed torch_scatter" in done.stdout
     assert "csrc/scatter.cpp" in (venv / "pyg-sampler.log").read_text()  # the whole output kept in the log
+
+
+def test_the_slow_list_names_tests_that_exist():
+    """A renamed test must not drop out of ``make test-slow`` (and so out of CI) unnoticed."""
+    from conftest import SLOW
+
+    for name in SLOW:
+        file, test = name.split("::")
+        assert f"def {test}(" in (ROOT / "tests" / file).read_text(), f"conftest.SLOW: {name} is gone"
+
+
+def test_make_test_leaves_the_slow_tests_to_make_test_slow_and_ci_runs_both():
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-m "not slow"' in makefile and "-m slow" in makefile
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make test") < ci.index("make test-slow")
