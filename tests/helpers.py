@@ -435,3 +435,19 @@ def warm(pyg: bool = False) -> Warm:
         _warm[pyg] = Warm(pyg)
         atexit.register(_warm[pyg].close)
     return _warm[pyg]
+
+
+def check_no_progress_reaches_every_bar(run, module, attr: str, monkeypatch) -> None:
+    """``run(flags)`` (a benchmark's command line) shows progress bars by default and none with ``--no-progress``:
+    every call of ``module.attr`` it makes gets ``progress`` True, then False."""
+    seen, real = [], getattr(module, attr)
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("progress"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, attr, spy)
+    for flag, bars in (([], True), (["--no-progress"], False)):
+        seen.clear()
+        run(flag)
+        assert seen and all(p is bars for p in seen), (flag, seen)

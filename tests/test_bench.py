@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import hmgstore
+from helpers import check_no_progress_reaches_every_bar
 from hmgstore import HybridTensor
 from hmgstore.bench import peer, peer_report, peer_work, sample
 from hmgstore.bench.__main__ import BENCHMARKS, build_parser, main, parse_args
@@ -110,17 +111,10 @@ def test_without_a_gpu_options_not_given_take_the_cpu_sizes():
     ("sample", sample, "Topology", ["--variants", "hmg_cpu"]),
 ])
 def test_no_progress_reaches_every_progress_bar(name, module, attr, extra, tmp_path, monkeypatch):
-    seen, real = [], getattr(module, attr)
+    def run(flags):
+        main([name, "--quick", *flags, *extra, "--out", str(tmp_path)])
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("progress"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, attr, spy)
-    for flag, bars in (([], True), (["--no-progress"], False)):
-        seen.clear()
-        main([name, "--quick", *flag, *extra, "--out", str(tmp_path)])
-        assert seen and all(p is bars for p in seen), (flag, seen)
+    check_no_progress_reaches_every_bar(run, module, attr, monkeypatch)
 
 
 # ---- gather ----------------------------------------------------------------------------

@@ -24,6 +24,8 @@ sys.path.insert(0, str(RUNNER.parent))
 from research import hotness, reach, remote, remote_train  # noqa: E402
 from research.__main__ import RESEARCH  # noqa: E402
 
+from helpers import check_no_progress_reaches_every_bar  # noqa: E402
+
 no_gpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without a GPU shows")
 
 
@@ -97,17 +99,10 @@ def test_commands_recorded_in_benchmarks_still_parse():
     ("reach", reach, "measure", ["--row-bytes", "128", "--pages", "4"]),
 ])
 def test_no_progress_reaches_every_progress_bar(name, module, attr, extra, tmp_path, monkeypatch):
-    seen, real = [], getattr(module, attr)
+    def run(flags):
+        main([name, "--quick", *flags, *extra, "--out", str(tmp_path)], RESEARCH)
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("progress"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, attr, spy)
-    for flag, bars in (([], True), (["--no-progress"], False)):
-        seen.clear()
-        main([name, "--quick", *flag, *extra, "--out", str(tmp_path)], RESEARCH)
-        assert seen and all(p is bars for p in seen), (flag, seen)
+    check_no_progress_reaches_every_bar(run, module, attr, monkeypatch)
 
 
 def test_reports_record_the_research_command(tmp_path):
