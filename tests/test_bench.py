@@ -487,6 +487,23 @@ def test_scale_gpu_counts():
         gpu_counts([4], 2)
 
 
+def test_scale_passes_its_options_to_every_run_and_keeps_the_baseline_apart(tmp_path):
+    """bench scale's step, pipeline and format options reach the example; --one-gpu-budget makes the 1-GPU run an
+    all-GPU float32 baseline while the others keep --gpu-budget and --compress."""
+    from hmgstore.bench.__main__ import build_parser
+    from hmgstore.bench.scale import _example_argv
+
+    args = build_parser().parse_args(["scale", "--graph", "papers:1K:10K", "--gpu-budget", "5GB", "--compress", "int8",
+                                      "--one-gpu-budget", "60GB", "--no-trim", "--max-sms", "12", "--pipeline", "off"])
+    for n in (1, 2):
+        argv = _example_argv(args, n, tmp_path / "r.json")
+        value = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
+        assert "--no-trim" in argv and "--no-tf32" not in argv
+        assert value["--max-sms"] == "12" and value["--pipeline"] == "off"
+        assert value["--gpu-budget"] == ("60GB" if n == 1 else "5GB")
+        assert value.get("--compress") == (None if n == 1 else "int8")
+
+
 # ---- --quick: a smoke test, with no ratios printed ------------------------------------------------
 def _scale_report(quick: bool) -> dict:
     from hmgstore.bench import report as bench_report
