@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps; peer-rows scale scale-papers (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps; peer-rows scale scale-papers papers-a papers-b two-machines (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -201,6 +201,34 @@ for stage in "$@"; do
     scale) timeout ${LIMIT:-500} python3 -m hmgstore.bench scale --gpus ${GPUS:-1 $(nvidia-smi -L | wc -l)} --num-nodes 2M \
              --epochs 2 --max-batches ${BATCHES:-100} ${EXTRA:-} --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?
            tail -12 "$OUT/scale.log" ;;
+    # Two machines simulated on one host of 4 GPUs (2 each, HMGSTORE_NODE_ID apart: separate node-shared memory,
+    # NCCL between them) against one machine of 4 GPUs, same graph, global batch and seed (NODES nodes, 128-d)
+    two-machines) rc=0; n=${NODES:-500000}; parts=/tmp/hmg-parts; rm -rf $parts
+         for m in 1 2; do
+           python3 -m hmgstore.cli.partition $parts/m$m --parts $m --by hash --synthetic $n --feat-dim 128 --no-progress \
+             >"$OUT/partition-$m.log" 2>&1 || { rc=1; tail -5 "$OUT/partition-$m.log"; }
+         done
+         opts="--epochs ${EPOCHS:-3} --batch-size 4096 --no-progress"
+         timeout ${LIMIT:-200} torchrun --standalone --nproc-per-node 4 examples/multi_node_pyg.py $parts/m1 $opts \
+           --json "$OUT/one-machine.json" >"$OUT/one-machine.log" 2>&1 || rc=1; tail -2 "$OUT/one-machine.log"
+         pids=""
+         for node in 0 1; do
+           HMGSTORE_NODE_ID=node$node timeout ${LIMIT:-200} torchrun --nnodes 2 --node-rank $node --nproc-per-node 2 \
+             --master-addr 127.0.0.1 --master-port 29517 examples/multi_node_pyg.py $parts/m2 $opts \
+             --json "$OUT/two-machines.json" >"$OUT/two-machines-$node.log" 2>&1 & pids="$pids $!"
+         done
+         for pid in $pids; do wait $pid || rc=1; done; tail -2 "$OUT/two-machines-0.log"; tail -2 "$OUT/two-machines-1.log"
+         rm -rf $parts ;;
+    # The papers100M-shaped graph on 1 and GPUS GPUs: setting a (float32 rows sharded over the GPUs' memory),
+    # setting b (20% of the float32 bytes as int8 rows over the GPUs, the rest int8 in node-shared host memory);
+    # DIAG=1 adds setting a with --pipeline off (sampling, gathers and the step timed apart)
+    papers-a) timeout ${LIMIT:-580} python3 -m hmgstore.bench scale --gpus ${GPUS:-1 4} --graph papers:111M:1.6B \
+                --gpu-budget 60GB --replicate 0 --epochs 2 --max-batches ${BATCHES:-200} ${EXTRA:-} --no-progress \
+                --out "$OUT/papers-a${TAG:-}" >"$OUT/papers-a${TAG:-}.log" 2>&1; rc=$?; grep -E "^\|" "$OUT/papers-a${TAG:-}.log" | tail -6 ;;
+    papers-b) g=${GPUS:-4}; b=$(python3 -c "print(f'{57.0 * 0.2 / $g:.2f}GB')")
+              timeout ${LIMIT:-300} torchrun --standalone --nproc-per-node $g examples/multi_gpu_pyg.py --graph papers:111M:1.6B \
+                --gpu-budget $b --replicate 0 --compress int8 --epochs 2 --max-batches ${BATCHES:-200} ${EXTRA:-} --no-progress \
+                --json "$OUT/papers-b-gpus$g.json" >"$OUT/papers-b-gpus$g.log" 2>&1; rc=$?; tail -${g} "$OUT/papers-b-gpus$g.log" ;;
     scale-papers) df -h /dev/shm; free -g | head -2
              timeout 580 python3 -m hmgstore.bench scale --gpus 1 "$(nvidia-smi -L | wc -l)" --graph papers:111M:1.6B \
                --gpu-budget 60GB --epochs 2 --max-batches 60 --out "$OUT/scale-papers" >"$OUT/scale-papers.log" 2>&1; rc=$?

@@ -43,3 +43,4 @@ def test_two_machines_train_as_well_as_one(tmp_path):
     assert one["test_nodes"] == two["test_nodes"] == 1200  # every test node, once, over the ranks
     assert one["test_acc"] > 0.6, one  # it learned (16 classes: chance is 0.06)
     assert abs(one["test_acc"] - two["test_acc"]) <= 0.03, (one["test_acc"], two["test_acc"])
+    assert one["batches_per_s_per_rank"] > 0 and two["batches_per_s_per_rank"] > 0, (one, two)
