@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import platform
@@ -370,6 +371,9 @@ def main(argv=None) -> dict:
     gpu_memory = graph_gpu_memory(train_loader, loader_kwargs.get("neighbor_sampler"))
     if gpu_memory:
         print(gpu_memory_line(gpu_memory, args, device))
+    bound = hmgstore.host_bound(train_loader) if args.features == "hmgstore" else None  # <-- hmgstore: on a GPU,
+    if bound is not None:  # what the host reads allow, in one line with the fix (None on a machine without a GPU)
+        print(bound)
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not args.no_tf32
     model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout), trim=not args.no_trim).to(device)
@@ -423,6 +427,7 @@ def main(argv=None) -> dict:
         "features": args.features, "host_dtype": args.host_dtype, "gpu_budget": args.gpu_budget,
         "num_workers": loader_kwargs["num_workers"], "pipeline": pipelined, "gpu_hit_ratio": hits,
         "sampler": args.sampler, "topology_budget": args.topology_budget, "graph_gpu_memory": gpu_memory,
+        "host_bound": dataclasses.asdict(bound) if bound is not None else None,
         "dataset": {"name": dataset_name, "num_nodes": graph.num_nodes, "num_edges": graph.edge_index.shape[1],
                     "feat_dim": graph.x.shape[1], "x_gb": graph.x.nelement() * graph.x.element_size() / 1e9},
         "epochs": epochs,

@@ -562,3 +562,13 @@ def test_step_pages_probe_builds_a_papers_shaped_batch_and_runs_quick():
     assert res.returncode == 0, res.stderr[-2000:]
     if "no CUDA device" not in res.stderr:  # a GPU machine: the tiny run's report
         assert json.loads(res.stdout)["exact"] is True
+
+
+def test_the_table_puts_the_host_bound_beside_the_loaders_own_rate():
+    report = _report(**{"all_gpu+pipe": (100.0, {"step": 110.0, "loader_pipe": 200.0}),
+                        "cache+pipe": (90.0, {"step": 110.0, "loader_pipe": 150.0, "loader_main": 140.0})})
+    assert "host reads allow" not in table_text(report)  # no estimate: no line
+    report["configs"]["cache+pipe"]["host_bound"] = {"batches_per_s": 171.4, "by": "bytes"}
+    text = table_text(report)
+    assert "host reads allow at most (hmgstore.host_bound): cache+pipe 171 batches/s (bytes-bound; loader alone 150)" \
+        in text

@@ -20,7 +20,8 @@ The package, by layer (lowest first; a folder imports only its own layer and tho
   (:func:`load`), :class:`ShardedTensor` (several GPUs of one process);
 - ``graph``: framework-free topology (CSC, tiers) and neighbour sampling;
 - ``prefetch``: :class:`Pipeline` (the next batches on a side stream while
-  the model trains) and :class:`Producer` (the same in a process of its own);
+  the model trains), :class:`Producer` (the same in a process of its own)
+  and :func:`host_bound` (the rate a loader's host reads allow);
 - ``distributed``: one process per GPU (torchrun), several machines;
 - ``data``: synthetic and OGB graphs; ``bench`` and ``cli``: commands.
 
@@ -28,6 +29,7 @@ Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
 from .cuda.deferred import raise_deferred
+from .prefetch.host_bound import HostBound, host_bound
 from .prefetch.pipeline import Pipeline
 from .prefetch.producer import Producer
 from .rows import hotness, placement, stats
@@ -40,4 +42,5 @@ from .util.device import resolve_device
 
 __version__ = "0.1.0"
 __all__ = ["FeatureTable", "HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline",
+           "host_bound", "HostBound",
            "Producer", "hotness", "placement", "stats", "Placement", "Tier", "resolve_device", "__version__"]

@@ -57,6 +57,7 @@ pattern, not learnable, as only time is measured).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import logging
@@ -319,6 +320,9 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     result["host_gb_at_start"] = host_gb
     if stores is not None or sampler is not None:  # hit ratios, counted over a few more batches (not timed)
         result.update(counted_stats(stores, sampler, loader))
+    if loader is not None and device.type == "cuda" and base in ("host", "cache", "api"):
+        bound = hmgstore.host_bound(loader)  # the estimate, beside the loader's measured ceiling
+        result["host_bound"] = dataclasses.asdict(bound) if bound is not None else None
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -181,11 +181,22 @@ def table_text(report: dict) -> str:
                 "(target >= 0.95)"] if t.get("api_vs_tuned_cache") else []
     if targets:
         lines.append("\n" + "; ".join(targets))
+    bounds = [(n, c) for n, c in report["configs"].items() if c.get("host_bound")]
+    if bounds:  # hmgstore.host_bound's estimate beside the loader's own measured rate (its ceiling)
+        lines.append("\nhost reads allow at most (hmgstore.host_bound): " + "; ".join(
+            f"{n} {c['host_bound']['batches_per_s']:.0f} batches/s ({c['host_bound']['by']}-bound; loader alone "
+            f"{_loader_alone(c):.0f})" for n, c in bounds))
     if report.get("repeats"):
         lines.append("\nrepeated, in alternating order: " + "; ".join(
             f"{n} median {r['median']:.1f} batches/s ({r['min']:.1f}-{r['max']:.1f}, {r['runs']} runs)"
             for n, r in report["repeats"].items()))
     return "\n".join(lines)
+
+
+def _loader_alone(config: dict) -> float:
+    """A configuration's loader-alone rate as it ran (through the pipeline when it had one), else NaN."""
+    alone = config.get("alone_batches_per_s") or {}
+    return alone.get("loader_pipe", alone.get("loader_main", float("nan")))
 
 
 def plot(report: dict, path) -> None:

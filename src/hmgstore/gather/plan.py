@@ -211,7 +211,9 @@ def count(table, work) -> None:
     """Add a CUDA job's rows to the table's per-tier counters (device work only, no waiting)."""
     ids = clamped(work.ids, table.num_rows)  # ids of a deferred check may be out of range (reported later)
     new = ids if table.row_map is None else table.row_map[ids]
-    table.counter.add(torch.searchsorted(table.tier_starts, new.to(table.tier_starts.dtype), right=True) - 1)
+    tier = torch.searchsorted(table.tier_starts, new.to(table.tier_starts.dtype), right=True) - 1
+    table.counter.add(tier)
+    table.counter.add_pages(new, tier)
 
 
 def clamped(ids: torch.Tensor, num_rows: int) -> torch.Tensor:

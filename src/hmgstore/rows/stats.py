@@ -22,6 +22,8 @@ import torch
 
 #: Timed gathers kept before their events are folded into a sum (each read waits for its event).
 _FOLD_AT = 256
+#: log2 of the host page size the GPU reaches host memory by (2 MiB: :data:`hmgstore.table.host_pages.PAGE_BYTES`).
+PAGE_SHIFT = 21
 
 
 class TierCounter:
@@ -33,10 +35,31 @@ class TierCounter:
         self.gathers = 0
         self._seconds = 0.0
         self._events: list = []
+        self.pages: torch.Tensor | None = None  # distinct pages of a watched tier, summed over gathers
 
     def add(self, tier_of_rows: torch.Tensor) -> None:
         """Count rows by tier index (a device tensor of ints in ``[0, len(tiers))``), without waiting."""
         self.rows += torch.bincount(tier_of_rows, minlength=len(self.tiers))[:len(self.tiers)]
+
+    def watch_pages(self, tier: int, start: int, base: int, pitch: int, rows: int) -> None:
+        """Also count, gather by gather, the distinct 2 MiB pages of tier ``tier`` read (new id ``start + i`` at
+        address ``base + i * pitch``, as the kernel reads it): past a few hundred pages a batch, each page costs a zero-copy
+        gather a fixed time (:mod:`hmgstore.table.host_pages`), so :func:`hmgstore.host_bound` needs them."""
+        first, last = base >> PAGE_SHIFT, (base + max(rows, 1) * pitch - 1) >> PAGE_SHIFT
+        self._pages = (tier, start, base, pitch, first)
+        # one flag a page, and a last slot that rows of other tiers are sent to (no boolean indexing: no waiting)
+        self._seen = torch.zeros(last - first + 2, dtype=torch.bool, device=self.device)
+        self.pages = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    def add_pages(self, new: torch.Tensor, tier_of_rows: torch.Tensor) -> None:
+        """Count the distinct watched pages of one gather's rows (new ids and their tiers; device work only)."""
+        if self.pages is None:
+            return
+        tier, start, base, pitch, first = self._pages
+        page = ((base + (new.to(torch.int64) - start) * pitch) >> PAGE_SHIFT) - first
+        self._seen[torch.where(tier_of_rows == tier, page, len(self._seen) - 1)] = True
+        self.pages += self._seen[:-1].sum()
+        self._seen.zero_()
 
     def add_counts(self, counts: torch.Tensor) -> None:
         """Add rows per tier given as a ``[len(tiers)]`` int64 tensor."""
@@ -78,6 +101,7 @@ class TierCounter:
             "gbps": total * self.row_bytes / seconds / 1e9 if seconds > 0 else None,
             "hit_ratio": resident / total if total else None,
             "tiers": {name: {"rows": r, "bytes": r * self.row_bytes} for name, r in zip(self.tiers, rows)},
+            **({"host_pages": int(self.pages)} if self.pages is not None else {}),
         }
 
 

@@ -103,6 +103,10 @@ class Reach:
         """The knee of the row size nearest ``row_bytes`` (the smallest measured when None)."""
         return self._curve(row_bytes).knee()
 
+    def curve(self, row_bytes: int | None = None) -> Curve:
+        """The :class:`Curve` of the measured row size nearest ``row_bytes`` (the smallest when None)."""
+        return self._curve(row_bytes)
+
     def _curve(self, row_bytes):
         sizes = sorted(self.curves)
         size = sizes[0] if row_bytes is None else min(sizes, key=lambda s: abs(s - row_bytes))

@@ -288,6 +288,10 @@ class HybridTensor(Table):
         self._counter = TierCounter(self.placement.names, self.row_bytes, self.device) if counting else None
         starts = [t.start for t in self.placement.tiers]
         self._tier_starts = torch.tensor(starts, dtype=self.placement.index_dtype, device=self.device)
+        host = [tier for tier in self.tiers if tier.name == "host" and tier.base]
+        if self._counter is not None and self.device.type == "cuda" and host:  # zero-copy reads: count their pages
+            tier = host[0]
+            self._counter.watch_pages(self.placement.names.index("host"), tier.start, tier.base, tier.pitch, tier.size)
 
     def stats(self) -> dict:
         """Rows and bytes served per tier since :meth:`reset_stats`, the GPU hit ratio and GB/s (the fields of
