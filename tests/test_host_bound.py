@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hmgstore
-from hmgstore.prefetch import host_bound as hb
 from hmgstore.prefetch.pipeline import register_table_finder
 from hmgstore.rows.stats import TierCounter
 from hmgstore.table.host_pages import Curve, Reach

@@ -43,8 +43,8 @@ class TierCounter:
 
     def watch_pages(self, tier: int, start: int, base: int, pitch: int, rows: int) -> None:
         """Also count, gather by gather, the distinct 2 MiB pages of tier ``tier`` read (new id ``start + i`` at
-        address ``base + i * pitch``, as the kernel reads it): past a few hundred pages a batch, each page costs a zero-copy
-        gather a fixed time (:mod:`hmgstore.table.host_pages`), so :func:`hmgstore.host_bound` needs them."""
+        address ``base + i * pitch``, as the kernel reads it): past a few hundred pages a batch, each page costs a
+        zero-copy gather a fixed time (:mod:`hmgstore.table.host_pages`), so :func:`hmgstore.host_bound` needs them."""
         first, last = base >> PAGE_SHIFT, (base + max(rows, 1) * pitch - 1) >> PAGE_SHIFT
         self._pages = (tier, start, base, pitch, first)
         # one flag a page, and a last slot that rows of other tiers are sent to (no boolean indexing: no waiting)
