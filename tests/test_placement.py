@@ -181,3 +181,17 @@ def test_odd_orders_scores_and_rows_are_refused_by_name():
             placement.for_table(50, 16, CUDA, gpu_budget=32, hotness=bad)
     with pytest.raises(TypeError, match="gpu_rows.*integer"):
         placement.for_table(50, 16, CUDA, gpu_rows=torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("size", [2.5, 0.2, "2.5", "0.5B", 1e9 + 0.5])
+def test_bytes_with_a_fraction_are_refused_with_the_unit_to_write(size):
+    with pytest.raises(ValueError, match="not a whole number of bytes.*GB"):
+        hotness.parse_bytes(size)
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        hotness.parse_budget(size)
+
+
+@pytest.mark.parametrize("size, value", [(2.0, 2), (1e9, 10**9), ("1.5e9", 1_500_000_000), ("2.5GB", 2_500_000_000),
+                                         ("0.5KiB", 512)])
+def test_whole_bytes_and_fractions_of_a_unit_are_read(size, value):
+    assert hotness.parse_bytes(size) == value

@@ -27,12 +27,16 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 def parse_bytes(size) -> int:
     """Read a byte count: an int, or a string such as ``"8GB"``, ``"512 MiB"``, ``"1.5e9"``.
 
-    Raises ValueError for negative or non-finite sizes and strings it cannot read.
+    Raises ValueError for negative or non-finite sizes, strings it cannot read, and a number of bytes with a
+    fraction (``2.5``: bytes come whole, and a user who wrote it meant gigabytes or a share; ``"2.5GB"`` is read).
     """
     if isinstance(size, bool):
         raise ValueError(f"not a byte count: {size!r}")
     if isinstance(size, (int, float)):
         value = size
+        if isinstance(size, float) and math.isfinite(size) and not size.is_integer():
+            raise ValueError(f"{size!r} is not a whole number of bytes; write the unit for a size such as "
+                             f"{size!r} gigabytes ('{size}GB'), or give bytes as an int")
     else:
         m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(size))
         unit = m.group(2).upper() if m else None
@@ -43,6 +47,8 @@ def parse_bytes(size) -> int:
             value = float(m.group(1)) * _UNITS[unit]
         except ValueError:
             raise ValueError(f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB'") from None
+        if unit in ("", "B") and math.isfinite(value) and not value.is_integer():
+            raise ValueError(f"{size!r} is not a whole number of bytes; write its unit, e.g. '{m.group(1)}GB'")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"a size must be finite, got {size!r}")
     value = int(value)
