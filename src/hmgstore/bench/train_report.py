@@ -163,6 +163,17 @@ def table_text(report: dict) -> str:
         lines.append(f"\n(disturbed): its step alone ran under {DISTURBED_RATE:.0%} of the run's median rate or took "
                      f"over {DISTURBED_ISSUE}x its median to issue: the machine was disturbed while it ran; left out "
                      "of the ratios below")
+    lines += _target_lines(report)
+    if report.get("repeats"):
+        lines.append("\nrepeated, in alternating order: " + "; ".join(
+            f"{n} median {r['median']:.1f} batches/s ({r['min']:.1f}-{r['max']:.1f}, {r['runs']} runs)"
+            for n, r in report["repeats"].items()))
+    return "\n".join(lines)
+
+
+def _target_lines(report: dict) -> list[str]:
+    """The lines under the table: the ratios against their targets, then hmgstore.host_bound's estimates."""
+    out: list[str] = []
     t = report.get("targets", {})
     targets = []
     if t.get("cache_vs_all_gpu"):
@@ -180,17 +191,13 @@ def table_text(report: dict) -> str:
     targets += [f"api+pipe (the README's swap, defaults) / best tuned cache: {t['api_vs_tuned_cache']:.2f}x "
                 "(target >= 0.95)"] if t.get("api_vs_tuned_cache") else []
     if targets:
-        lines.append("\n" + "; ".join(targets))
+        out.append("\n" + "; ".join(targets))
     bounds = [(n, c) for n, c in report["configs"].items() if c.get("host_bound")]
     if bounds:  # hmgstore.host_bound's estimate beside the loader's own measured rate (its ceiling)
-        lines.append("\nhost reads allow at most (hmgstore.host_bound): " + "; ".join(
+        out.append("\nhost reads allow at most (hmgstore.host_bound): " + "; ".join(
             f"{n} {c['host_bound']['batches_per_s']:.0f} batches/s ({c['host_bound']['by']}-bound; loader alone "
             f"{_loader_alone(c):.0f})" for n, c in bounds))
-    if report.get("repeats"):
-        lines.append("\nrepeated, in alternating order: " + "; ".join(
-            f"{n} median {r['median']:.1f} batches/s ({r['min']:.1f}-{r['max']:.1f}, {r['runs']} runs)"
-            for n, r in report["repeats"].items()))
-    return "\n".join(lines)
+    return out
 
 
 def _loader_alone(config: dict) -> float:
