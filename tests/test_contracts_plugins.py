@@ -1,0 +1,153 @@
+"""Contracts of the adapters' public names: every line of their Raises sections, with hostile inputs.
+
+Each case is a call a user could make by mistake; the property is the documented error (TypeError for the
+wrong kind, ValueError for a wrong value, IndexError for ids out of range) or the exact result.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hmgstore.graph import CSC
+from hmgstore.plugins.pyg import CSCGraphStore, to_csc
+
+NODES = 6
+FEW = settings(max_examples=40, deadline=None)
+
+
+# ---- to_csc and CSCGraphStore: edge indices, sizes, layouts --------------------------------------------
+@FEW
+@given(st.lists(st.tuples(st.integers(-2, NODES + 2), st.integers(-2, NODES + 2)), max_size=8),
+       st.one_of(st.none(), st.tuples(st.integers(-2, NODES + 2), st.integers(-2, NODES + 2))))
+def test_to_csc_keeps_every_edge_or_refuses_by_the_rule(edges, size):
+    edge_index = torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t()
+    if size is not None and min(size) < 0:
+        with pytest.raises(ValueError, match=r"size\[\d\] must be at least 0"):
+            to_csc(edge_index, "coo", size)
+        return
+    bound = size or (max((s for s, _ in edges), default=-1) + 1, max((d for _, d in edges), default=-1) + 1)
+    if any(not (0 <= s < bound[0] and 0 <= d < bound[1]) for s, d in edges):
+        with pytest.raises(IndexError, match=r"edge_index\[[01]\] holds a node id outside"):
+            to_csc(edge_index, "coo", size)
+        return
+    csc = to_csc(edge_index, "coo", size)
+    assert csc.size == bound
+    assert sorted(zip(*(t.tolist() for t in csc.coo_in_given_order()))) == sorted(edges)
+    assert csc.colptr.numel() == bound[1] + 1
+
+
+@pytest.mark.parametrize("edge_index, error, message", [
+    (torch.zeros(3, 4, dtype=torch.int64), ValueError, r"shape \[2, num_edges\], got \(3, 4\)"),
+    (torch.zeros(2, 2, 2, dtype=torch.int64), ValueError, r"shape \[2, num_edges\], got \(2, 2, 2\)"),
+    (torch.arange(4), ValueError, r"shape \[2, num_edges\]"),
+    (torch.zeros(2, 3), TypeError, r"integer node ids.*float32"),
+    (np.zeros((2, 3)), TypeError, r"integer node ids.*float64"),
+    (torch.zeros(2, 3, dtype=torch.bool), TypeError, "integer node ids"),
+    ((torch.tensor([[0, 1]]), torch.tensor([[1, 0]])), ValueError, r"1-D"),
+    ((torch.tensor([0, 1]), torch.tensor([1])), ValueError, r"differ in length"),
+    ([[0, 1], [1, 0], [2, 2]], TypeError, r"pair of 1-D tensors"),
+    (None, TypeError, r"pair of 1-D tensors"),
+])
+def test_to_csc_refuses_malformed_coo(edge_index, error, message):
+    with pytest.raises(error, match=message):
+        to_csc(edge_index, "coo")
+
+
+@pytest.mark.parametrize("size, error, message", [
+    ((3.5, 3), TypeError, r"size\[0\] takes an integer, got 3.5"),
+    ((3, 3.0), TypeError, r"size\[1\] takes an integer"),
+    ((True, 3), TypeError, r"size\[0\].*bool"),
+    ((3, -1), ValueError, r"size\[1\] must be at least 0"),
+    ((3, 3, 3), ValueError, r"pair of node counts; got 3 values"),
+    (3, TypeError, "pair of node counts"),
+    ("ab", TypeError, "pair of node counts"),
+])
+def test_to_csc_refuses_sizes_that_are_not_node_counts(size, error, message):
+    with pytest.raises(error, match=message):
+        to_csc(torch.tensor([[0, 1], [1, 2]]), "coo", size)
+
+
+def test_to_csc_refuses_sizes_that_disagree_with_the_tensors():
+    with pytest.raises(IndexError, match=r"edge_index\[0\] holds a node id outside \[0, 2\)"):
+        to_csc(torch.tensor([[2, 0], [0, 1]]), "coo", (2, 5))
+    with pytest.raises(ValueError, match=r"colptr has 3 entries for 4 destination"):
+        to_csc((torch.tensor([0, 1]), torch.tensor([0, 1, 2])), "csc", (2, 4))
+    with pytest.raises(ValueError, match=r"rowptr has 3 entries for 1 source"):
+        to_csc((torch.tensor([0, 1, 2]), torch.tensor([1, 0])), "csr", (1, 2))
+    with pytest.raises(IndexError, match=r"row holds a node id outside \[0, 1\)"):
+        to_csc((torch.tensor([0, 1]), torch.tensor([0, 1, 2])), "csc", (1, 2))
+    with pytest.raises(ValueError, match=r"colptr must start at 0, never decrease"):
+        to_csc((torch.tensor([0, 1]), torch.tensor([0, 2, 1, 2])), "csc")
+
+
+@pytest.mark.parametrize("layout, error", [("dense", ValueError), ("sparse", ValueError), (3, TypeError),
+                                           (None, TypeError)])
+def test_to_csc_takes_three_layouts(layout, error):
+    with pytest.raises(error, match=r"layout.*'coo', 'csr', 'csc'"):
+        to_csc(torch.tensor([[0], [1]]), layout)
+
+
+def test_to_csc_checks_is_sorted():
+    with pytest.raises(TypeError, match="is_sorted is True or False"):
+        to_csc(torch.tensor([[0], [1]]), "coo", is_sorted="yes")
+    with pytest.raises(ValueError, match="is_sorted=True does not apply to CSR"):
+        to_csc((torch.tensor([0, 1, 2]), torch.tensor([1, 0])), "csr", is_sorted=True)
+    with pytest.raises(ValueError, match="not sorted by destination"):
+        to_csc(torch.tensor([[0, 1], [1, 0]]), "coo", is_sorted=True)
+
+
+def test_to_csc_takes_empty_graphs_of_any_size():
+    empty = torch.empty(2, 0, dtype=torch.int64)
+    assert to_csc(empty, "coo").size == (0, 0)
+    csc = to_csc(empty, "coo", (4, 3))
+    assert csc.size == (4, 3) and csc.colptr.tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="must be at least 0"):  # an empty graph does not excuse a negative size
+        to_csc(empty, "coo", (-1, -1))
+
+
+def test_csc_checks_its_lengths():
+    row, colptr = torch.tensor([1, 0]), torch.tensor([0, 1, 2])
+    assert CSC(row, colptr, None, (np.int64(2), 2)).size == (2, 2)
+    with pytest.raises(ValueError, match=r"colptr has 3 offsets for 3 destination"):
+        CSC(row, colptr, None, (2, 3))
+    with pytest.raises(ValueError, match=r"perm has 1 entries for 2 edges"):
+        CSC(row, colptr, torch.tensor([0]), (2, 2))
+    with pytest.raises(TypeError, match=r"size\[0\] takes an integer"):
+        CSC(row, colptr, None, (2.0, 2))
+    with pytest.raises(TypeError, match="two integers"):
+        CSC(row, colptr, None, (None, 2))
+    with pytest.raises(ValueError, match="at least 0"):
+        CSC(row, colptr, None, (-2, 2))
+
+
+def test_the_graph_store_refuses_by_name():
+    store = CSCGraphStore()
+    edge_index = torch.tensor([[0, 1], [1, 2]])
+    with pytest.raises(TypeError, match=r"^put_edge_index\(\).*'layuot'; did you mean 'layout'"):
+        store.put_edge_index(edge_index, edge_type=None, layuot="coo", size=(3, 3))
+    with pytest.raises(ValueError, match=r"size\[0\] must be at least 0"):
+        store.put_edge_index(edge_index, edge_type=None, layout="coo", size=(-1, 3))
+    with pytest.raises(ValueError, match="dense"):
+        store.put_edge_index(edge_index, edge_type=None, layout="dense", size=(3, 3))
+    with pytest.raises(TypeError, match="integer node ids"):
+        store.put_edge_index(edge_index.float(), edge_type=None, layout="coo", size=(3, 3))
+    with pytest.raises(IndexError, match=r"outside \[0, 2\)"):
+        store.put_edge_index(edge_index, edge_type=None, layout="coo", size=(2, 2))
+    with pytest.raises(TypeError, match="put_csc takes an hmgstore.graph.CSC"):
+        store.put_csc((edge_index[0], torch.tensor([0, 1, 2])))
+    with pytest.raises(KeyError, match="holds no edges"):
+        store.csc()
+    store.put_edge_index(edge_index, edge_type=None, layout="coo", size=(3, 3))
+    with pytest.raises(ValueError, match="homogeneous.*or heterogeneous"):
+        store.put_edge_index(edge_index, edge_type=("a", "to", "b"), layout="coo", size=(3, 3))
+    with pytest.raises(ValueError, match="homogeneous.*or heterogeneous"):
+        store.put_csc(store.edges(None), ("a", "to", "b"))
+    with pytest.raises(KeyError, match="no edges of type 'a'"):
+        store.edges("a")
+    hetero = CSCGraphStore()
+    hetero.put_edge_index(edge_index, edge_type=("a", "to", "b"), layout="coo", size=(3, 3))
+    with pytest.raises(ValueError, match=r"edge types \[\('b', 'to', 'a'\)\] are not in the graph store"):
+        hetero.csc([("b", "to", "a")])
