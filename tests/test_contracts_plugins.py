@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hmgstore
 from hmgstore.graph import CSC
 from hmgstore.plugins.pyg import CSCGraphStore, to_csc
 
@@ -151,3 +152,133 @@ def test_the_graph_store_refuses_by_name():
     hetero.put_edge_index(edge_index, edge_type=("a", "to", "b"), layout="coo", size=(3, 3))
     with pytest.raises(ValueError, match=r"edge types \[\('b', 'to', 'a'\)\] are not in the graph store"):
         hetero.csc([("b", "to", "a")])
+
+
+# ---- ResidentTensor, resident, pyg_sampler_available -----------------------------------------------------
+def test_resident_takes_tensors_only_and_keeps_host_tensors_as_they_are():
+    from hmgstore.plugins.pyg import ResidentTensor, pyg_sampler_available, resident
+
+    host = torch.arange(4)
+    assert resident(host) is host
+    for bad in (np.arange(4), [1, 2], None):
+        with pytest.raises(TypeError, match="resident takes a torch.Tensor"):
+            resident(bad)
+    marked = host.as_subclass(ResidentTensor)
+    assert marked.pin_memory() is marked and marked.pin_memory("cuda") is marked  # never raises, on any device
+    assert isinstance(pyg_sampler_available(), bool)
+
+
+# ---- EqualBatches and ClusterNeighborSampler -----------------------------------------------------------------
+@FEW
+@given(st.one_of(st.integers(-3, 12), st.floats(0, 5), st.booleans()), st.integers(1, 4),
+       st.one_of(st.integers(-2, 12), st.floats(0, 5)))
+def test_equal_batches_cover_every_position_or_refuse(n, batch_size, num_batches):
+    from hmgstore.plugins.pyg import EqualBatches
+
+    if type(n) is not int or type(num_batches) is not int:
+        with pytest.raises(TypeError, match=r"(n|num_batches) takes an integer"):
+            EqualBatches(n, batch_size, num_batches)
+    elif n < 0 or num_batches < 0:
+        with pytest.raises(ValueError, match=r"(n|num_batches) must be at least 0"):
+            EqualBatches(n, batch_size, num_batches)
+    elif num_batches * batch_size < n:
+        with pytest.raises(ValueError, match=r"hold \d+ of the \d+ positions; pass at least"):
+            EqualBatches(n, batch_size, num_batches)
+    else:
+        batches = list(EqualBatches(n, batch_size, num_batches, shuffle=True, seed=3))
+        assert len(batches) == num_batches and sorted(sum(batches, [])) == list(range(n))
+
+
+def test_equal_batches_seed_and_epoch_are_integers():
+    from hmgstore.plugins.pyg import EqualBatches
+
+    with pytest.raises(TypeError, match="seed takes an integer"):
+        EqualBatches(4, 2, 2, shuffle=True, seed=1.5)
+    with pytest.raises(TypeError, match="epoch takes an integer"):
+        EqualBatches(4, 2, 2).set_epoch(1.5)
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        EqualBatches(4, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def small_csc():
+    return to_csc(torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]]), "coo", (5, 5))
+
+
+def test_cluster_neighbor_sampler_checks_its_arguments(small_csc):
+    from torch_geometric.sampler import NodeSamplerInput
+
+    from hmgstore.plugins.pyg import ClusterNeighborSampler
+
+    sampler = ClusterNeighborSampler(small_csc, [2, 2], device="cpu")
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0, 3])))
+    assert out.node[:2].tolist() == [0, 3]
+    with pytest.raises(TypeError, match="replace is True or False"):
+        ClusterNeighborSampler(small_csc, [2], replace="yes")
+    with pytest.raises(TypeError, match="generator is a torch.Generator"):
+        ClusterNeighborSampler(small_csc, [2], generator=7)
+    with pytest.raises(TypeError, match=r"topology is a Partition .* or a CSC"):
+        ClusterNeighborSampler(torch.tensor([[0], [1]]), [2])
+    with pytest.raises(TypeError, match=r"num_neighbors\[0\] is 1.5"):
+        ClusterNeighborSampler(small_csc, [1.5])
+    with pytest.raises(ValueError, match=r"num_neighbors\[0\]"):
+        ClusterNeighborSampler(small_csc, [-3])
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'replce'"):
+        ClusterNeighborSampler(small_csc, [2], replce=True)
+    with pytest.raises(IndexError):
+        sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0, 5])))
+    with pytest.raises(NotImplementedError, match="temporal"):
+        sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0]), time=torch.tensor([1])))
+    with pytest.raises(NotImplementedError, match="around nodes only"):
+        sampler.sample_from_edges(None)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="torch sees no CUDA GPU"):
+            ClusterNeighborSampler(small_csc, [2], device="cuda")
+
+
+def test_cluster_neighbor_sampler_refuses_loader_workers(small_csc, monkeypatch):
+    from torch_geometric.sampler import NodeSamplerInput
+
+    from hmgstore.plugins.pyg import ClusterNeighborSampler
+
+    sampler = ClusterNeighborSampler(small_csc, [2], device="cpu")
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        sampler.sample_from_nodes(NodeSamplerInput(None, torch.tensor([0])))
+
+
+# ---- EdgeFeatures --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def edge_stores():
+    from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import from_data
+
+    g = hmgstore.data.synthetic(40, 4, 4, seed=1)
+    data = Data(x=g.x, edge_index=g.edge_index, edge_attr=torch.randn(g.edge_index.shape[1], 2))
+    return from_data(data, "cpu", gpu_budget=None)
+
+
+def test_edge_features_refuse_what_cannot_serve_them(edge_stores):
+    from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import EdgeFeatures, HybridFeatureStore, edge_features
+
+    feature_store, graph_store = edge_stores
+    assert callable(EdgeFeatures(edge_stores))
+    with pytest.raises(TypeError, match=r"\(feature_store, graph_store\) pair"):
+        EdgeFeatures(feature_store)
+    with pytest.raises(TypeError, match="not dict"):
+        EdgeFeatures(({}, graph_store))
+    with pytest.raises(TypeError, match="transform is the caller's own loader hook"):
+        EdgeFeatures(edge_stores, transform="x")
+    with pytest.raises(TypeError, match="transform_sampler_output is the caller's own loader hook"):
+        edge_features(edge_stores, transform_sampler_output=3)
+    with pytest.raises(TypeError, match=r"^edge_features\(\) got an unexpected keyword argument 'tranform'"):
+        edge_features(edge_stores, tranform=None)
+    with pytest.raises(ValueError, match="holds no edge attributes"):
+        EdgeFeatures((HybridFeatureStore("cpu"), graph_store))
+    with pytest.raises(KeyError, match="no edges of type None"):
+        EdgeFeatures((feature_store, CSCGraphStore()))
+    with pytest.raises(ValueError, match="the batch has no e_id"):
+        EdgeFeatures(edge_stores)(Data(x=torch.zeros(2, 1)))
