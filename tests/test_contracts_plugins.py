@@ -5,6 +5,8 @@ wrong kind, ValueError for a wrong value, IndexError for ids out of range) or th
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -282,3 +284,145 @@ def test_edge_features_refuse_what_cannot_serve_them(edge_stores):
         EdgeFeatures((feature_store, CSCGraphStore()))
     with pytest.raises(ValueError, match="the batch has no e_id"):
         EdgeFeatures(edge_stores)(Data(x=torch.zeros(2, 1)))
+
+
+# ---- DGL: fetches, tables that disagree with the graph, graphs changed after attach --------------------------
+ROWS = 10
+
+
+@pytest.fixture(scope="module")
+def hdgl():
+    return pytest.importorskip("hmgstore.plugins.dgl", reason="needs DGL (pip install 'dgl==2.1.0')")
+
+
+def dgl_graph(hdgl, rows: int = ROWS, attach: bool = True):
+    import dgl
+
+    graph = dgl.graph((torch.arange(rows - 1), torch.arange(1, rows)), num_nodes=rows)
+    if attach:
+        hdgl.attach(graph, {"feat": torch.arange(2.0 * rows).reshape(rows, 2)},
+                    edata={"w": torch.arange(rows - 1.0)[:, None]}, device="cpu")
+    return graph
+
+
+@FEW
+@given(st.lists(st.integers(-3, ROWS + 3), max_size=6), st.sampled_from([torch.int32, torch.int64]))
+def test_fetch_returns_the_rows_or_refuses_ids_out_of_range(hdgl, ids, dtype):
+    storage = dgl_graph(hdgl).get_node_storage("feat")
+    index = torch.tensor(ids, dtype=dtype)
+    if all(0 <= i < ROWS for i in ids):
+        assert storage.fetch(index, "cpu").wait().tolist() == [[2.0 * i, 2.0 * i + 1] for i in ids]
+    else:
+        bad = next(i for i in ids if not 0 <= i < ROWS)
+        with pytest.raises(IndexError, match=rf"^fetch: index {bad} .*table of {ROWS} rows"):
+            storage.fetch(index, "cpu")
+
+
+def test_fetch_refuses_ids_of_another_kind_or_rank(hdgl):
+    storage = dgl_graph(hdgl).get_node_storage("feat")
+    for ids, error, message in [
+        (torch.tensor([1.0]), TypeError, "integer node ids.*float32"),
+        (torch.tensor([True]), TypeError, "integer node ids.*bool"),
+        ([1, 2], TypeError, "tensor of node ids, got list"),
+        (np.array([1, 2]), TypeError, "tensor of node ids, got ndarray"),
+        (torch.tensor([[1, 2]]), ValueError, r"1-D node ids \[n\], got shape \(1, 2\)"),
+        (torch.tensor(1), ValueError, r"1-D node ids \[n\], got shape \(\)"),
+    ]:
+        with pytest.raises(error, match=message):
+            storage.fetch(ids, "cpu")
+    assert storage.fetch(torch.tensor([], dtype=torch.int64), "cpu").wait().shape == (0, 2)
+
+
+def test_fetch_refuses_options_that_cannot_apply(hdgl):
+    storage = dgl_graph(hdgl).get_node_storage("feat")
+    ids = torch.tensor([1])
+    with pytest.raises(TypeError, match="pin_memory is True, False or None, got 'yes'"):
+        storage.fetch(ids, "cpu", "yes")
+    with pytest.raises(TypeError, match=r"^fetch\(\) got an unexpected keyword argument 'pin_memroy'; did you mean"):
+        storage.fetch(ids, "cpu", pin_memroy=True)
+    assert storage.fetch(ids, "cpu", None, some_dgl_option=1).wait().shape == (1, 2)  # DGL's own: ignored
+    with pytest.raises(ValueError, match="live on 'cpu' or 'cuda'"):
+        storage.fetch(ids, "meta")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="torch sees no CUDA GPU"):
+            storage.fetch(ids, "cuda")
+
+
+def test_a_bad_fetch_fails_alone(hdgl):
+    storage = dgl_graph(hdgl).get_node_storage("feat")
+    good = storage.fetch(torch.tensor([2]), "cpu")
+    with pytest.raises(IndexError):
+        storage.fetch(torch.tensor([ROWS]), "cpu")
+    assert good.wait().tolist() == [[4.0, 5.0]]  # its batch was not poisoned by the refused one
+
+
+def test_pending_fetch_and_storage_take_hmgstore_tables_only(hdgl):
+    table = hmgstore.HybridTensor(torch.zeros(3, 2), "cpu")
+    assert hdgl.PendingFetch(table, torch.tensor([2]), "cpu").wait().shape == (1, 2)
+    with pytest.raises(TypeError, match="PendingFetch reads an hmgstore table"):
+        hdgl.PendingFetch(torch.zeros(3, 2), torch.tensor([2]), "cpu")
+    with pytest.raises(TypeError, match="HybridFeatureStorage wraps an hmgstore table"):
+        hdgl.HybridFeatureStorage(torch.zeros(3, 2))
+    table.close()
+    with pytest.raises(RuntimeError):
+        hdgl.HybridFeatureStorage(table).fetch(torch.tensor([0]), "cpu").wait()
+    assert isinstance(hdgl.dgl_supports_cuda(), bool)
+
+
+def test_attach_refuses_tables_whose_rows_disagree_with_the_graph(hdgl):
+    graph = dgl_graph(hdgl, attach=False)
+    with pytest.raises(ValueError, match=rf"'feat'.*has {ROWS + 1} rows; the graph has {ROWS} nodes"):
+        hdgl.attach(graph, {"feat": torch.zeros(ROWS + 1, 2)}, device="cpu")
+    with pytest.raises(ValueError, match=rf"edge feature 'w'.*has {ROWS} rows; the graph has {ROWS - 1} edges"):
+        hdgl.attach(graph, edata={"w": torch.zeros(ROWS, 1)}, device="cpu")
+    assert type(graph) is not hdgl.HybridDGLGraph  # nothing changed
+
+
+@pytest.mark.parametrize("change", ["remove then add nodes", "remove then add edges", "add nodes"])
+def test_a_graph_renumbered_after_attach_is_refused_even_at_the_same_size(hdgl, change):
+    graph = dgl_graph(hdgl)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if change == "remove then add nodes":
+            graph.remove_nodes(torch.tensor([0]))
+            graph.add_nodes(1)  # as many nodes as rows again, but node 0 is the old node 1
+        elif change == "remove then add edges":
+            graph.remove_edges(torch.tensor([0]))
+            graph.add_edges(torch.tensor([0]), torch.tensor([5]))
+        else:
+            graph.add_nodes(2)
+    if change != "remove then add edges":
+        with pytest.raises(ValueError, match=r"node feature 'feat'.*attach\(g, \.\.\.\) again|"
+                                             r"12 nodes now.*'feat'.*10 rows"):
+            graph.get_node_storage("feat")
+    else:
+        assert graph.get_node_storage("feat").fetch(torch.tensor([1]), "cpu").wait().tolist() == [[2.0, 3.0]]
+    if change != "add nodes":
+        with pytest.raises(ValueError, match=r"(renumbered the edges|edges now).*edge feature 'w'.*attach"):
+            graph.get_edge_storage("w")
+    rows = graph.num_nodes()
+    hdgl.attach(graph, {"feat": torch.ones(rows, 2)}, device="cpu")  # attached again: served again
+    assert graph.get_node_storage("feat").fetch(torch.tensor([0]), "cpu").wait().tolist() == [[1.0, 1.0]]
+
+
+def test_removing_nothing_keeps_the_features(hdgl):
+    graph = dgl_graph(hdgl)
+    graph.remove_nodes(torch.tensor([], dtype=torch.int64))
+    graph.remove_edges(torch.tensor([], dtype=torch.int64))
+    assert graph.get_node_storage("feat").fetch(torch.tensor([1]), "cpu").wait().tolist() == [[2.0, 3.0]]
+    assert graph.get_edge_storage("w").fetch(torch.tensor([1]), "cpu").wait().tolist() == [[1.0]]
+
+
+def test_the_graph_refuses_what_it_cannot_serve(hdgl):
+    import dgl
+
+    graph = dgl_graph(hdgl)
+    with pytest.raises(KeyError, match="nokey"):
+        graph.get_node_storage("nokey")
+    with pytest.raises(dgl.DGLError, match="nope"):
+        graph.get_node_storage("feat", "nope")
+    graph._gpu_caches = {"node": {("feat", "_N"): None}, "edge": {("w", None): None}}  # what DGL's gpu_cache sets
+    with pytest.raises(ValueError, match="'feat' is served by hmgstore.*gpu_cache"):
+        graph.get_node_storage("feat")
+    with pytest.raises(ValueError, match="'w' is served by hmgstore.*gpu_cache"):
+        graph.get_edge_storage("w")
