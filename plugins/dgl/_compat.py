@@ -155,9 +155,15 @@ def _retry_with_stub(err: BaseException) -> types.ModuleType:
 def dgl_supports_cuda() -> bool:
     """Whether this DGL build can put graphs and blocks on a CUDA GPU here.
 
-    False for CPU builds of DGL (whatever torch can do) and where torch sees
-    no GPU. Import DGL through :func:`import_dgl` first.
+    Returns:
+        False for CPU builds of DGL (whatever torch can do) and where torch sees no GPU; True for a CUDA build
+        of DGL that sees GPU 0.
+
+    Raises:
+        Nothing once DGL imports (it does wherever :mod:`hmgstore.plugins.dgl` imported): DGL is imported
+        through :func:`import_dgl` here if it was not yet.
     """
     if not torch.cuda.is_available():
         return False
-    return bool(sys.modules["dgl"].ndarray.gpu(0).exist)
+    dgl = sys.modules.get("dgl") or import_dgl()  # not KeyError when called before the package imported DGL
+    return bool(dgl.ndarray.gpu(0).exist)

@@ -27,7 +27,42 @@ class HybridDGLGraph(dgl.DGLGraph):
     else is DGL's. Pickles (with its tables) and works in DataLoader workers.
     ``g.ndata[key]``/``g.edata[key]`` of an attached key that the graph's
     frames lack read the whole table (:mod:`hmgstore.plugins.dgl.views`).
+
+    ``remove_nodes``/``remove_edges`` renumber the ids that name the
+    attached tables' rows, so they mark the features of the types whose
+    nodes or edges they removed as stale; ``attach`` again serves them anew.
+
+    Raises:
+        ValueError: from ``get_node_storage``/``get_edge_storage`` (what DGL's DataLoader calls before every
+            fetch), an attached feature whose ids the graph renumbered since ``attach`` (``remove_nodes``,
+            ``remove_edges``), or whose table's row count no longer matches the graph's nodes or edges
+            (``add_nodes``, ...); an attached feature asked for through DGL's ``gpu_cache``.
+        KeyError: a key neither attached nor in ``g.ndata``/``g.edata`` (DGL's own).
+        dgl.DGLError: a node or edge type the graph does not have (DGL's own).
     """
+
+    def remove_nodes(self, *args, **kwargs):
+        """DGL's ``remove_nodes``; the attached features of the node and edge types it renumbered go stale."""
+        return self._renumbering(super().remove_nodes, *args, **kwargs)
+
+    def remove_edges(self, *args, **kwargs):
+        """DGL's ``remove_edges``; the attached features of the edge type it renumbered go stale."""
+        return self._renumbering(super().remove_edges, *args, **kwargs)
+
+    def _renumbering(self, remove, *args, **kwargs):
+        nodes = {t: self.num_nodes(t) for t in self.ntypes}
+        edges = {t: self.num_edges(t) for t in self.canonical_etypes}
+        result = remove(*args, **kwargs)
+        stale = dict(self.__dict__.get("_hmgstore_stale", {}))  # a new dict: copies of the graph keep theirs
+        for (key, ntype) in self.__dict__.get("_hmgstore_storages", {}):
+            if self.num_nodes(ntype) != nodes[ntype]:
+                stale[("node", key, ntype)] = f"g.remove_nodes renumbered the nodes of type {ntype!r}"
+        for (key, etype) in self.__dict__.get("_hmgstore_edge_storages", {}):
+            if self.num_edges(etype) != edges[etype]:
+                stale[("edge", key, etype)] = f"g.remove_{'nodes' if remove.__name__ == 'remove_nodes' else 'edges'}" \
+                                              f" renumbered the edges of type {etype}"
+        self._hmgstore_stale = stale
+        return result
 
     @property
     def ndata(self):
@@ -52,6 +87,7 @@ class HybridDGLGraph(dgl.DGLGraph):
             if storage is not None:
                 _same_rows(storage, self.num_edges(canonical), f"edge feature {key!r} of edge type {canonical}",
                            "edges")
+                _not_stale(self, ("edge", key, canonical), f"edge feature {key!r} of edge type {canonical}")
                 if any(k == key for k, _ in getattr(self, "_gpu_caches", {}).get("edge", {})):
                     raise ValueError(f"edge feature {key!r} is served by hmgstore, which does not work with DGL's "
                                      "gpu_cache (it needs fetch() to return a tensor)")
@@ -66,6 +102,7 @@ class HybridDGLGraph(dgl.DGLGraph):
             storage = attached.get((key, name))
             if storage is not None:
                 _same_rows(storage, self.num_nodes(name), f"node feature {key!r} of node type {name!r}", "nodes")
+                _not_stale(self, ("node", key, name), f"node feature {key!r} of node type {name!r}")
                 if (key, name) in getattr(self, "_gpu_caches", {}).get("node", {}):
                     raise ValueError(
                         f"node feature {key!r} is served by hmgstore, which does not work with DGL's "
@@ -88,6 +125,14 @@ def _same_rows(storage, count: int, what: str, unit: str) -> None:
         raise ValueError(f"the graph has {count} {unit} now, but the table attached for {what} has {rows} rows: "
                          f"the graph changed after attach (g.remove_nodes, g.add_edges, ...), so its ids no longer "
                          "name the table's rows. Call attach(g, ...) again with tables for the graph as it is")
+
+
+def _not_stale(graph, which: tuple, what: str) -> None:
+    """Refuse to serve a table whose rows the graph's ids stopped naming (renumbered after ``attach``)."""
+    why = graph.__dict__.get("_hmgstore_stale", {}).get(which)
+    if why is not None:
+        raise ValueError(f"{why} after attach, so its ids no longer name the rows of the table attached for "
+                         f"{what}; call attach(g, ...) again with tables for the graph as it is")
 
 
 def _node_type(graph, ntype, key: str) -> str:
@@ -170,6 +215,8 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
     # A new dict: copies of the graph (g.local_var(), copy.copy) share the old one.
     graph._hmgstore_storages = {**graph.__dict__.get("_hmgstore_storages", {}), **storages}
     graph._hmgstore_edge_storages = {**graph.__dict__.get("_hmgstore_edge_storages", {}), **edge_storages}
+    graph._hmgstore_stale = {k: v for k, v in graph.__dict__.get("_hmgstore_stale", {}).items()
+                             if (k[1], k[2]) not in (storages if k[0] == "node" else edge_storages)}
     return graph
 
 

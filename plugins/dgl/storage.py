@@ -11,9 +11,12 @@ import threading
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 from hmgstore import FeatureTable, HybridTensor, resolve_device
+from hmgstore.rows import checks
+from hmgstore.rows.ids import check_range
 
 from ._compat import import_dgl
 
@@ -34,10 +37,20 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     :class:`hmgstore.distributed.ClusterTensor` (a graph partitioned over machines: then every fetch is
     collective, and every rank's loader must run the same batches with the same keys).
 
-    ``table``: ``[N, *row_shape]`` rows of one node feature of one node type.
     Pickles with its table, which a DataLoader worker process rebuilds only
     if it gathers (hmgstore's rule for tables): workers that only sample
-    never pin memory or create a CUDA context.
+    never pin memory or create a CUDA context. A storage serves its table as
+    it is: DGL asks the graph for the storage before every fetch, and that
+    is where a graph changed since ``attach`` is refused
+    (:class:`~hmgstore.plugins.dgl.HybridDGLGraph`), not in a storage kept
+    by hand across the change.
+
+    Args:
+        table: ``[N, *row_shape]`` rows of one node (or edge) feature of one type, any ``hmgstore.FeatureTable``.
+
+    Raises:
+        TypeError: ``table`` is not an hmgstore table (a plain tensor: wrap it with ``attach`` or HybridTensor);
+            and what :meth:`fetch` and :meth:`whole` raise.
     """
 
     def __init__(self, table: FeatureTable):
@@ -83,37 +96,70 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     def fetch(self, indices, device, pin_memory=False, **kwargs) -> PendingFetch:
         """Request rows ``indices``; ``.wait()`` on the result returns them on ``device``.
 
-        ``indices``: int32 or int64 tensor ``[n]`` on the CPU or a GPU.
-        ``device``: where the rows should land (``torch.device`` or str).
-        ``pin_memory``: for a CPU table and a CUDA ``device``, stage the rows
-        in pinned memory and copy them asynchronously (None counts as False).
-        Other keyword arguments of DGL's signature are ignored.
+        The gather happens at the first ``wait()`` of any fetch of this thread, for all of them at once.
 
-        ``wait()`` returns ``[n, *row_shape]`` of the table's dtype on
-        ``device``. The gather happens at the first ``wait()`` of any fetch of
-        this thread, for all of them at once; bad ids (out of range,
-        non-integer) raise there (IndexError/TypeError), before any memory is
-        read, for every fetch of that gather.
+        Args:
+            indices: int32 or int64 tensor ``[n]`` (n may be 0) on the CPU or a GPU, each id in ``[0, N)``.
+            device: where the rows should land (``torch.device`` or str, ``cpu`` or ``cuda``).
+            pin_memory: True, False or None (False): for a CPU table and a CUDA ``device``, stage the rows in
+                pinned memory and copy them asynchronously.
+            **kwargs: other keywords of DGL's signature, ignored; a near miss of ``pin_memory`` (or of another
+                parameter) is refused.
+
+        Returns:
+            A :class:`PendingFetch` whose ``wait()`` returns ``[n, *row_shape]`` of the table's dtype on
+            ``device``.
+
+        Raises:
+            TypeError: ``indices`` not a tensor, or of float, bool or complex dtype (never truncated); a
+                ``pin_memory`` other than True, False or None; a misspelt keyword (naming ``fetch``).
+            ValueError: ``indices`` not 1-D; a device type other than cpu and cuda.
+            IndexError: an id outside ``[0, N)``: at ``fetch`` for CPU ids, at ``wait()`` (for every fetch of
+                that gather, before any memory is read) for GPU ids, whose check would wait for the GPU.
+            RuntimeError: a CUDA ``device`` where torch sees no GPU, a device string torch does not know
+                (torch's own words); at ``wait()``, a closed table.
         """
-        if not isinstance(indices, torch.Tensor):
-            raise TypeError(f"fetch takes a tensor of node ids, got {type(indices).__name__}")
-        return _record(PendingFetch(self.table, indices, resolve_device(device), bool(pin_memory)))
+        checks.misspelt("fetch", kwargs, ("indices", "device", "pin_memory"), others="ignored, as in DGL's signature")
+        return PendingFetch(self.table, indices, device, pin_memory)
 
 
 class PendingFetch:
-    """A recorded fetch; ``wait()`` returns its rows, gathering its whole batch the first time."""
+    """A recorded fetch; ``wait()`` returns its rows, gathering its whole batch the first time.
+
+    Made by :meth:`HybridFeatureStorage.fetch`, which documents the arguments and what they raise;
+    ``PendingFetch(table, indices, device, pin_memory)`` records the same fetch of ``table``.
+    """
 
     __slots__ = ("table", "indices", "device", "pin_memory", "_batch", "_rows", "__weakref__")
 
-    def __init__(self, table: FeatureTable, indices: torch.Tensor, device: torch.device, pin_memory: bool):
-        self.table, self.indices, self.device, self.pin_memory = table, indices, device, pin_memory
+    def __init__(self, table: FeatureTable, indices: torch.Tensor, device, pin_memory=False):
+        if not isinstance(table, FeatureTable):
+            raise TypeError(f"PendingFetch reads an hmgstore table (any hmgstore.FeatureTable), "
+                            f"got {type(table).__name__}")
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"fetch takes a tensor of node ids, got {type(indices).__name__}")
+        if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
+            raise TypeError(f"fetch takes integer node ids (int32 or int64), got {indices.dtype}; "
+                            "floats are never truncated, bools are not masks here")
+        if indices.dim() != 1:
+            raise ValueError(f"fetch takes 1-D node ids [n], got shape {tuple(indices.shape)}")
+        if pin_memory is not None and not isinstance(pin_memory, (bool, np.bool_)):
+            raise TypeError(f"pin_memory is True, False or None, got {pin_memory!r}")
+        if indices.device.type == "cpu":  # here, so a bad fetch fails alone; GPU ids are checked by the gather
+            try:
+                check_range(indices, table.shape[0])
+            except IndexError as err:
+                raise IndexError(f"fetch: {err}") from None
+        self.table, self.indices, self.device, self.pin_memory = table, indices, resolve_device(device), \
+            bool(pin_memory)
         self._batch: _Batch | None = None
         self._rows: torch.Tensor | None = None
+        _record(self)
 
     def wait(self) -> torch.Tensor:
         """The rows ``[n, *row_shape]`` on the requested device (see ``HybridFeatureStorage.fetch``)."""
         if self._rows is None:
-            assert self._batch is not None  # _record puts every fetch in a batch
+            assert self._batch is not None  # __init__ records every fetch in a batch
             self._batch.run()
         assert self._rows is not None  # the batch's run gave every live fetch its rows, or raised
         return self._rows

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch_geometric.data import FeatureStore, TensorAttr
@@ -98,17 +99,35 @@ class ClusterFeatureStore(FeatureStore):
 class ClusterNeighborSampler(BaseSampler):
     """PyG's ``BaseSampler`` over :class:`hmgstore.distributed.DistributedNeighborSampler`.
 
-    ``topology``: this machine's ``Partition`` (collective sampling) or the
-    whole graph's :class:`hmgstore.graph.CSC` (replicated, local);
-    ``num_neighbors``, ``replace``, ``generator``, ``device`` as there.
     Outputs ``SamplerOutput`` (``node`` seeds first, ``row``/``col`` local
     ids, per-hop counts; ``edge`` None: batches carry no ``e_id``).
+
+    Args:
+        topology: this machine's ``Partition`` (collective sampling) or the whole graph's
+            :class:`hmgstore.graph.CSC` (replicated, local).
+        num_neighbors: neighbours per hop, e.g. ``[15, 10]`` (-1: all).
+        replace: sample with replacement (a bool).
+        generator: None or a CPU ``torch.Generator`` keying the draws.
+        device: where the topology is held and sampled (None: the CPU).
+
+    Raises:
+        TypeError: a ``topology`` that is neither a Partition nor a CSC; ``num_neighbors`` not a list of whole
+            numbers; a non-bool ``replace``; a ``generator`` that is not a ``torch.Generator``.
+        ValueError: a fanout under -1; a part the book or the other ranks do not bear out (partitioned).
+        RuntimeError: a CUDA ``device`` where torch sees none; ``sample_from_nodes`` in a DataLoader worker
+            (collectives need the main process: ``num_workers=0``).
+        IndexError: ``sample_from_nodes`` seeds outside ``[0, num_nodes)``, before anything is sent.
+        NotImplementedError: ``sample_from_nodes`` with seed times (temporal sampling); ``sample_from_edges``.
     """
 
     def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
                  device=None):
-        self.sampler = DistributedNeighborSampler(topology, num_neighbors, replace=replace, generator=generator,
-                                                  device=device)
+        if not isinstance(replace, (bool, np.bool_)):
+            raise TypeError(f"replace is True or False, got {replace!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator is a torch.Generator or None, got {type(generator).__name__}")
+        self.sampler = DistributedNeighborSampler(topology, num_neighbors, replace=bool(replace),
+                                                  generator=generator, device=device)
 
     @property
     def edge_permutation(self):
@@ -141,16 +160,33 @@ class ClusterNeighborSampler(BaseSampler):
 class EqualBatches(torch.utils.data.Sampler):
     """Batches of positions ``[0, n)``, ``num_batches`` of them: the last ones empty when ``n`` runs out.
 
-    ``shuffle``: a new order each epoch (:meth:`set_epoch`), from ``seed``.
+    Args:
+        n: positions to cover, an integer >= 0.
+        batch_size: positions per batch, an integer >= 1.
+        num_batches: batches per epoch, an integer of at least ``ceil(n / batch_size)`` (fewer would drop
+            positions without a word; more pad the epoch with empty batches).
+        shuffle: a new order each epoch (:meth:`set_epoch`), from ``seed``.
+        seed: an integer.
+
+    Raises:
+        TypeError: a count, ``seed`` or :meth:`set_epoch`'s ``epoch`` that is not an integer (floats, bools).
+        ValueError: a negative ``n`` or ``num_batches``, a ``batch_size`` under 1, or ``num_batches`` too few
+            to hold ``n`` positions.
     """
 
     def __init__(self, n: int, batch_size: int, num_batches: int, *, shuffle: bool = False, seed: int = 0):
+        n = checks.count(n, "n")
         batch_size = checks.count(batch_size, "batch_size", at_least=1)
+        num_batches = checks.count(num_batches, "num_batches")
+        if num_batches * batch_size < n:
+            raise ValueError(f"num_batches={num_batches} of {batch_size} hold {num_batches * batch_size} of the {n} "
+                             f"positions; pass at least {math.ceil(n / batch_size)}")
+        seed = checks.count(seed, "seed", at_least=-(2**63))
         self.n, self.batch_size, self.num_batches, self.shuffle, self.seed = n, batch_size, num_batches, shuffle, seed
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch = checks.count(epoch, "epoch", at_least=-(2**63))
 
     def __len__(self) -> int:
         return self.num_batches

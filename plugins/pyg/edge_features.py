@@ -66,11 +66,26 @@ class EdgeFeatures:
 
     Pickles (DataLoader workers) with the stores; a worker gathers from its
     own tables, as the feature store's node gathers do there.
+
+    Args:
+        stores: the ``(HybridFeatureStore, graph_store)`` pair the loader reads; the graph store is
+            :class:`CSCGraphStore` or any PyG ``GraphStore`` answering ``csc()``.
+        transform: None or the caller's own ``transform``, run after the edge rows are put on the batch.
+        transform_sampler_output: None or the caller's own hook, run before the rows are queued.
+
+    Raises:
+        TypeError: ``stores`` not a pair, a feature store other than hmgstore's, a hook that is not callable.
+        ValueError: a feature store that holds no edge attributes; from ``__call__``, a batch without ``e_id``
+            (its sampler returned no edge ids).
+        KeyError: a graph store that holds no edges of an edge type the feature store has attributes for.
     """
 
     def __init__(self, stores, *, transform=None, transform_sampler_output=None):
         if not (isinstance(stores, (tuple, list)) and len(stores) == 2):
             raise TypeError("edge_features takes the (feature_store, graph_store) pair the loader reads")
+        for name, hook in (("transform", transform), ("transform_sampler_output", transform_sampler_output)):
+            if hook is not None and not callable(hook):
+                raise TypeError(f"{name} is the caller's own loader hook, a callable or None; got {hook!r}")
         self.feature_store, graph_store = stores
         if not hasattr(self.feature_store, "edge_tables"):
             raise TypeError(f"edge attributes are held by hmgstore's HybridFeatureStore, not "

@@ -57,10 +57,17 @@ Key = tuple  # (group_name: str | None, attr_name: str)
 
 
 class ResidentTensor(torch.Tensor):
-    """A tensor already on the GPU: ``pin_memory()`` is a no-op returning ``self``.
+    """A tensor already on the GPU: ``pin_memory()`` returns ``self``, since there is nothing to pin.
 
-    Everything else behaves as ``torch.Tensor`` (``__torch_function__`` is
-    disabled, so operations return plain tensors at no extra cost).
+    Made by :func:`resident` (the feature store's CUDA results). Everything
+    else behaves as ``torch.Tensor`` (``__torch_function__`` is disabled, so
+    operations return plain tensors at no extra cost). ``pin_memory`` takes
+    and ignores torch's arguments and returns ``self`` on any device: the
+    class marks rows that need no pinning, so build one by hand
+    (``t.as_subclass(ResidentTensor)``) only for such rows.
+
+    Raises:
+        Nothing of its own: ``pin_memory`` never raises; everything else is ``torch.Tensor``'s.
     """
 
     # torch's own idiom for a subclass without dispatch; its stubs type the method otherwise
@@ -71,7 +78,19 @@ class ResidentTensor(torch.Tensor):
 
 
 def resident(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as a :class:`ResidentTensor` when it is on a GPU, unchanged otherwise (no copy)."""
+    """``tensor`` as a :class:`ResidentTensor` when it is on a GPU, unchanged otherwise (no copy).
+
+    Args:
+        tensor: any ``torch.Tensor``, on any device.
+
+    Returns:
+        The same memory: a ResidentTensor view on a GPU, ``tensor`` itself elsewhere.
+
+    Raises:
+        TypeError: ``tensor`` is not a ``torch.Tensor`` (a numpy array, a list).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"resident takes a torch.Tensor, got {type(tensor).__name__}")
     return tensor.as_subclass(ResidentTensor) if tensor.is_cuda else tensor
 
 

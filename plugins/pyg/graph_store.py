@@ -29,6 +29,7 @@ from torch_geometric.utils import index_sort
 
 from hmgstore.graph import CSC
 from hmgstore.graph import to_csc as _to_csc
+from hmgstore.rows import checks
 
 __all__ = ["CSC", "CSCGraphStore", "to_csc"]
 
@@ -54,7 +55,27 @@ def check_loaders() -> None:
 
 
 def to_csc(edge_index, layout, size=None, is_sorted: bool = False) -> CSC:
-    """:func:`hmgstore.graph.to_csc` with PyG's edge order (see :func:`pyg_sort`)."""
+    """One edge type as :class:`CSC`, edges in PyG's order (see :func:`pyg_sort`).
+
+    Args:
+        edge_index: ``"coo"``: an integer ``[2, E]`` tensor or numpy array, or a pair ``(row, col)``; ``"csr"``:
+            ``(rowptr, col)``; ``"csc"``: ``(row, colptr)``. Integer tensors on any device (int64 CPU kept
+            without a copy); E may be 0.
+        layout: ``"coo"``, ``"csr"`` or ``"csc"`` (or PyG's ``EdgeLayout``).
+        size: ``(num_src, num_dst)``, integers >= 0 (None, or a None entry: inferred from the ids).
+        is_sorted: COO edges already sorted by destination (checked; saves the sort). Not for CSR.
+
+    Returns:
+        The :class:`CSC`: int64 CPU ``row``, ``colptr``, ``perm`` (None when no reordering was needed).
+
+    Raises:
+        TypeError: a non-string layout, a size that is not a pair of integers (floats, bools), a non-bool
+            ``is_sorted``, an ``edge_index`` that is neither a tensor, an array nor a pair, float ids.
+        ValueError: a layout other than coo/csr/csc, a negative size, a COO tensor not ``[2, E]`` (another
+            rank or first dimension), parts of another rank or of different lengths, offsets that disagree with
+            ``size`` or the edge count, ``is_sorted=True`` for CSR or for COO edges not sorted by destination.
+        IndexError: a node id outside ``[0, size)`` (negative included).
+    """
     check_loaders()  # the topology of a HybridNeighborSampler or a CSCGraphStore: a loader may be next
     return _to_csc(edge_index, layout, size, is_sorted, sort=pyg_sort)
 
@@ -68,6 +89,19 @@ class CSCGraphStore(GraphStore):
     keyed by edge type for heterogeneous graphs) without a copy.
     ``get_edge_index`` answers ``"csc"`` and ``"coo"`` (edges in the order they were put);
     ``coo()``/``csr()`` convert.
+
+    Homogeneous (edge type None) or heterogeneous (``(src, rel, dst)`` edge types), not both. The constructor
+    takes no arguments.
+
+    Raises:
+        TypeError: from ``put_edge_index``, a keyword other than ``edge_type``, ``layout``, ``is_sorted``,
+            ``size`` (naming ``put_edge_index``), and the TypeErrors of :func:`to_csc`; from ``put_csc``,
+            anything but a :class:`CSC`.
+        ValueError: from ``put_edge_index``/``put_csc``, an edge type None beside typed ones (or the reverse),
+            a layout PyG does not know, and the ValueErrors of :func:`to_csc`; from ``csc(edge_types)``,
+            edge types the store does not hold.
+        IndexError: from ``put_edge_index``, node ids outside ``size`` (:func:`to_csc`).
+        KeyError: ``csc()`` of an empty store; ``edges(edge_type)`` of a type not held.
     """
 
     def __init__(self):
@@ -76,6 +110,14 @@ class CSCGraphStore(GraphStore):
         self._edges: dict = {}  # edge type (None when homogeneous) -> CSC
 
     # ---- PyG's CRUD ---------------------------------------------------------
+    def put_edge_index(self, edge_index, *args, **kwargs) -> bool:
+        """PyG's ``put_edge_index(edge_index, edge_type=..., layout=..., size=..., is_sorted=...)`` (or an
+        ``EdgeAttr``), converted by :func:`to_csc`; see the class docstring for what it raises."""
+        # PyG's own refusal names EdgeAttr.__init__, which the caller never called
+        checks.keywords("put_edge_index", kwargs, ("edge_type", "layout", "is_sorted", "size"),
+                        named=("edge_index",))
+        return super().put_edge_index(edge_index, *args, **kwargs)
+
     def _put_edge_index(self, edge_index, edge_attr: EdgeAttr) -> bool:
         edge_type = edge_attr.edge_type
         if self._edges and (edge_type is None) != (next(iter(self._edges)) is None):
@@ -96,7 +138,12 @@ class CSCGraphStore(GraphStore):
 
     def put_csc(self, csc: CSC, edge_type=None) -> None:
         """Hold ``csc`` (a :class:`hmgstore.graph.CSC`, e.g. built straight in CSC form) for
-        ``edge_type`` as it is: no check, no copy, its ``row`` kept in its own dtype."""
+        ``edge_type`` as it is: no copy, its ``row`` kept in its own dtype; its lengths were checked when it was
+        built, its ids are not scanned. Raises TypeError for anything but a CSC, ValueError for an edge type
+        None beside typed ones (or the reverse)."""
+        if not isinstance(csc, CSC):
+            raise TypeError(f"put_csc takes an hmgstore.graph.CSC, got {type(csc).__name__}; "
+                            "put_edge_index converts tensors")
         if self._edges and (edge_type is None) != (next(iter(self._edges)) is None):
             raise ValueError("a graph store is homogeneous (edge_type=None) or heterogeneous "
                              "((src, rel, dst) edge types), not both")

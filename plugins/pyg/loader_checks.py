@@ -94,7 +94,15 @@ PYG_SAMPLER_MISSING = ("PyG's own NeighborSampler needs pyg-lib or torch-sparse,
 
 
 def pyg_sampler_available() -> bool:
-    """Whether PyG's own ``NeighborSampler`` can sample here (pyg-lib or torch-sparse imported)."""
+    """Whether PyG's own ``NeighborSampler`` can sample here (pyg-lib or torch-sparse imported).
+
+    Returns:
+        True where PyG found pyg-lib or torch-sparse when it was imported; False otherwise (the stores then
+        sample with ``HybridNeighborSampler``).
+
+    Raises:
+        Nothing: it only reads the flags PyG set on import.
+    """
     return bool(torch_geometric.typing.WITH_PYG_LIB or torch_geometric.typing.WITH_TORCH_SPARSE)
 
 

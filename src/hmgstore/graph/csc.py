@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..rows import checks
 from ..rows.ids import check_range
 
 LAYOUTS = ("coo", "csr", "csc")
@@ -28,12 +29,37 @@ LAYOUTS = ("coo", "csr", "csc")
 
 @dataclass(frozen=True, eq=False)
 class CSC:
-    """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``."""
+    """One edge type's topology (see the module docstring), held as given: no copy, no scan of the ids.
+
+    Args:
+        row: ``[E]`` source node ids, edges grouped by destination (int64 or int32, CPU or GPU tensor).
+        colptr: ``[num_dst + 1]`` offsets into ``row``.
+        perm: None, or ``[E]`` edge ids of the CSC positions.
+        size: ``(num_src, num_dst)``, two integers >= 0.
+
+    Raises:
+        TypeError: ``size`` not a pair of integers (floats, bools and strings included).
+        ValueError: a negative size, ``colptr`` not ``num_dst + 1`` long, or ``perm`` not ``E`` long.
+
+    Only the lengths are checked (constant time, no GPU sync): :func:`to_csc` also checks every id and offset,
+    so build from untrusted input with it.
+    """
 
     row: torch.Tensor
     colptr: torch.Tensor
     perm: torch.Tensor | None
     size: tuple[int, int]
+
+    def __post_init__(self):
+        size = _size(self.size)
+        if None in size:
+            raise TypeError(f"CSC's size is (num_src, num_dst), two integers; got {self.size!r}")
+        object.__setattr__(self, "size", size)  # Python ints: a numpy or tensor size would leak into every sum
+        if len(self.colptr) != size[1] + 1:
+            raise ValueError(f"colptr has {len(self.colptr)} offsets for {size[1]} destination nodes "
+                             "(needs num_dst + 1)")
+        if self.perm is not None and len(self.perm) != len(self.row):
+            raise ValueError(f"perm has {len(self.perm)} entries for {len(self.row)} edges (one per edge, or None)")
 
     @property
     def num_edges(self) -> int:
@@ -100,6 +126,28 @@ def _node_count(ids: torch.Tensor, bound: int | None, what: str) -> int:
     return bound
 
 
+def _size(size) -> tuple:
+    """``size`` as ``(num_src, num_dst)``, each an int >= 0 or None (inferred): TypeError for another kind,
+    ValueError for a negative size or another length."""
+    if size is None:
+        return None, None
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__"):
+        raise TypeError(f"size is (num_src, num_dst), a pair of node counts; got {size!r}")
+    if len(size) != 2:
+        raise ValueError(f"size is (num_src, num_dst), a pair of node counts; got {len(size)} values {tuple(size)}")
+    return tuple(None if s is None else checks.count(s, f"size[{k}]") for k, s in enumerate(size))
+
+
+def _layout(layout) -> str:
+    """``layout`` (a string or PyG's ``EdgeLayout``) as one of :data:`LAYOUTS`."""
+    name = getattr(layout, "value", layout)
+    if not isinstance(name, str):
+        raise TypeError(f"layout is one of {LAYOUTS} (a string), got {layout!r}")
+    if name.lower() not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {name!r}")
+    return name.lower()
+
+
 def _check_ptr(ptr: torch.Tensor, num_edges: int, what: str) -> None:
     if ptr.numel() == 0 or int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or bool((ptr.diff() < 0).any()):
         raise ValueError(f"{what} must start at 0, never decrease and end at the number of edges ({num_edges})")
@@ -118,13 +166,26 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
     ``sort``: how COO edges are ordered by destination, ``(col, num_dst) ->
     (sorted col, perm)``; adapters pass their framework's own sort so that
     its samplers see the same edge order as from its own graph objects.
-    Raises TypeError/ValueError for malformed input, IndexError for ids
-    outside ``size``.
+    An empty graph (``E = 0``) is accepted; its size is ``size``, else ``(0, 0)``.
+
+    Raises:
+        TypeError: ``layout`` not a string; ``size`` not a pair, or a size that is not an integer (floats,
+            bools); ``is_sorted`` not a bool; ``edge_index`` not a tensor, array or pair for its layout;
+            ids or offsets that are not integers (float ids are never truncated).
+        ValueError: a layout other than ``"coo"``, ``"csr"``, ``"csc"``; a negative size or a ``size`` of
+            another length than 2; a COO tensor not ``[2, E]``; parts that are not 1-D or differ in length;
+            offsets that do not start at 0, decrease, end elsewhere than at E, or whose count disagrees with
+            ``size``; ``is_sorted=True`` on CSR input (it has no destination order to trust) or on COO edges
+            not sorted by destination.
+        IndexError: a node id outside ``size`` (negative ids included), naming the part that holds it.
     """
-    layout = str(getattr(layout, "value", layout)).lower()
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    num_src, num_dst = size if size is not None else (None, None)
+    layout = _layout(layout)
+    num_src, num_dst = _size(size)
+    if not isinstance(is_sorted, (bool, np.bool_)):
+        raise TypeError(f"is_sorted is True or False, got {is_sorted!r}")
+    if is_sorted and layout == "csr":
+        raise ValueError("is_sorted=True does not apply to CSR input (edges grouped by source); pass it for COO "
+                         "edges sorted by destination")
     if isinstance(edge_index, np.ndarray):
         edge_index = torch.from_numpy(edge_index)
     if isinstance(edge_index, torch.Tensor) and layout == "coo":

@@ -143,12 +143,12 @@ def keywords(function: str, given: dict, accepted, named=()) -> None:
     raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
 
 
-def misspelt(function: str, given, named) -> None:
+def misspelt(function: str, given, named, others: str = "node attributes") -> None:
     """For a function whose ``**kwargs`` are open (feature names): refuse a keyword of ``given`` that is a near
     miss of one of its ``named`` parameters (``gpu_bugdet`` for ``gpu_budget``), naming ``function``
-    (TypeError); other names pass."""
+    (TypeError) and saying what its other keywords are (``others``); other names pass."""
     for name in given:
         close = difflib.get_close_matches(name, [n for n in named if n != name], n=1, cutoff=0.8)
         if close and name not in named:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}; did you mean {close[0]!r}? "
-                            "(other keywords are node attributes)")
+                            f"(other keywords are {others})")
