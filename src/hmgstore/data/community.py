@@ -16,14 +16,30 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rows import checks
+
 
 @dataclass
 class NodeGraph:
     """A homogeneous graph with node features and labels (all CPU tensors).
 
-    ``edge_index``: int64 [2, E], row 0 source, row 1 destination.
-    ``x``: [N, D] features; ``y``: int64 [N] labels in ``[0, num_classes)``;
-    ``train_idx``/``val_idx``/``test_idx``: int64 node ids.
+    Args:
+        edge_index: integer tensor [2, E], row 0 source, row 1 destination,
+            each id in ``[0, N)``.
+        x: [N, D] features (a tensor of two dimensions; N is the node count).
+        y: integer tensor [N], each label in ``[0, num_classes)`` or -1 (an
+            unlabelled node, as papers100M's).
+        train_idx, val_idx, test_idx: 1-D integer node ids, each in
+            ``[0, N)``.
+        num_classes: an integer >= 1.
+
+    Raises:
+        TypeError: a field not a tensor, or of floats or bools where ids or
+            labels go; ``num_classes`` not an integer.
+        ValueError: ``edge_index`` not ``[2, E]``; ``x`` not 2-D; ``y`` or
+            the splits not 1-D, ``y`` not one label per node or a label
+            outside ``[-1, num_classes)``; ``num_classes`` under 1.
+        IndexError: an edge's or a split's node id outside ``[0, N)``.
     """
 
     edge_index: torch.Tensor
@@ -33,6 +49,28 @@ class NodeGraph:
     val_idx: torch.Tensor
     test_idx: torch.Tensor
     num_classes: int
+
+    def __post_init__(self):
+        self.num_classes = checks.count(self.num_classes, "num_classes", at_least=1)
+        for name in ("edge_index", "x", "y", "train_idx", "val_idx", "test_idx"):
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(f"NodeGraph.{name} is a tensor, got {type(getattr(self, name)).__name__}")
+        if self.x.dim() != 2:
+            raise ValueError(f"NodeGraph.x is [num_nodes, feature_dim], got shape {tuple(self.x.shape)}")
+        n = self.x.shape[0]
+        if self.edge_index.dim() != 2 or self.edge_index.shape[0] != 2:
+            raise ValueError(f"NodeGraph.edge_index is [2, num_edges], got shape {tuple(self.edge_index.shape)}")
+        for k in range(2):
+            checks.id_list(self.edge_index[k], f"edge_index[{k}]", n)
+        y = checks.integers(self.y, "y")
+        if len(y) != n:
+            raise ValueError(f"NodeGraph.y holds {len(y)} labels for {n} nodes; one per node (-1: unlabelled)")
+        if len(y) and (int(y.min()) < -1 or int(y.max()) >= self.num_classes):
+            bad = int(y[(y < -1) | (y >= self.num_classes)][0])
+            raise ValueError(f"NodeGraph.y holds the label {bad}; labels are in [0, {self.num_classes}) "
+                             "(num_classes), or -1 for an unlabelled node")
+        for name in ("train_idx", "val_idx", "test_idx"):
+            checks.id_list(getattr(self, name), name, n)
 
     @property
     def num_nodes(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import CSC
+from ..rows import checks
 
 
 def power_law_csc(num_nodes: int, num_edges: int, skew: float, seed: int = 0, device=None,
@@ -23,7 +24,37 @@ def power_law_csc(num_nodes: int, num_edges: int, skew: float, seed: int = 0, de
     correlate, as in undirected graphs). Built directly in CSC form (no
     sort), on ``device`` when given (fast) and returned in host memory:
     ``row`` int32 when the node count allows.
+
+    Args:
+        num_nodes: an integer >= 0 (>= 1 when there are edges).
+        num_edges: an integer >= 0; ``colptr[-1]`` is exactly this.
+        skew: the in-degrees' Zipf exponent, a finite real >= 0 (0:
+            uniform).
+        seed: an integer in ``[0, 2**64)``: the same graph for the same seed.
+        device: where it is built (None: the CPU).
+        source_skew: None, or the sources' Zipf exponent, as ``skew``.
+
+    Returns:
+        A :class:`~hmgstore.graph.CSC` of ``num_nodes`` sources and
+        destinations and ``num_edges`` edges.
+
+    Raises:
+        TypeError: a count or ``seed`` not an integer (floats and bools
+            included); ``skew`` or ``source_skew`` not a real number.
+        ValueError: a negative count; edges without nodes; a ``seed``
+            outside ``[0, 2**64)``; a skew negative, NaN or infinite.
     """
+    num_nodes, num_edges = checks.count(num_nodes, "num_nodes"), checks.count(num_edges, "num_edges")
+    if num_edges and not num_nodes:
+        raise ValueError(f"num_edges is {num_edges} but num_nodes is 0: edges need nodes to join")
+    skew = checks.real(skew, "skew", at_least=0)
+    if source_skew is not None:
+        source_skew = checks.real(source_skew, "source_skew", at_least=0)
+    seed = checks.count(seed, "seed")
+    if seed >= 2**64:
+        raise ValueError(f"seed is under 2**64 (a torch generator's seed), got {seed}")
+    if num_nodes == 0:  # no draws: randint over an empty range refuses to run
+        return CSC(torch.empty(0, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), None, (0, 0))
     g = torch.Generator(device or "cpu").manual_seed(seed)
     weight = (torch.arange(1, num_nodes + 1, dtype=torch.float64, device=device) ** -skew)
     degree = torch.floor(weight / weight.sum() * num_edges).long()

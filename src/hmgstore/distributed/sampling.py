@@ -55,7 +55,7 @@ import torch.distributed as dist
 
 from ..graph.csc import CSC
 from ..graph.fanout import check_fanout
-from ..graph.hop import _floyd_cpu, draw, sample_hop, slot_counts
+from ..graph.hop import _floyd_cpu, _sample_hop, draw, slot_counts
 from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
@@ -322,7 +322,7 @@ class DistributedNeighborSampler:
         if self._owned is None:
             return sample_rows(self.colptr, self.row, local, position, k, self.replace, key)
         where = self._owned.device
-        nbr, _, counts = sample_hop(self._owned, local.to(where), k, self.replace, key, index=position.to(where))
+        nbr, _, counts = _sample_hop(self._owned, local.to(where), k, self.replace, key, index=position.to(where))
         return nbr.cpu(), counts.cpu()
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 - :mod:`.csc`: CSC conversion from COO, CSR or CSC input;
 - :mod:`.fanout`: the one check of neighbours per hop;
 - :mod:`.topology`: one edge type's CSC held for sampling, its neighbour ids in tiers (GPU, pinned host);
-- :mod:`.sampler`: multi-hop uniform neighbour sampling with relabelling, on a GPU or the CPU;
+- :mod:`.sampler`: multi-hop uniform neighbour sampling with relabelling, on a GPU or the CPU (its graph's
+  arguments checked in :mod:`.arguments`), returning a :class:`~.sample.Sample`;
 - :mod:`.hop`: one hop of it, and the draws (the same on both devices);
 - :mod:`.relabel`: sampled node keys to local ids (sort, or a GPU hash table);
 - :mod:`.presample`: node hotness from an epoch of real sampling;

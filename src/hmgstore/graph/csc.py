@@ -29,20 +29,25 @@ LAYOUTS = ("coo", "csr", "csc")
 
 @dataclass(frozen=True, eq=False)
 class CSC:
-    """One edge type's topology (see the module docstring), held as given: no copy, no scan of the ids.
+    """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``.
 
     Args:
-        row: ``[E]`` source node ids, edges grouped by destination (int64 or int32, CPU or GPU tensor).
-        colptr: ``[num_dst + 1]`` offsets into ``row``.
-        perm: None, or ``[E]`` edge ids of the CSC positions.
+        row: 1-D integer tensor [E] (int32 or int64), the source of each edge,
+            each in ``[0, num_src)``.
+        colptr: 1-D integer tensor [num_dst + 1]: starts at 0, never
+            decreases, ends at E.
+        perm: None, or a 1-D integer tensor [E]: the given edge id of each
+            CSC edge, a permutation of ``range(E)`` (checked where it is
+            inverted, :meth:`coo_in_given_order`).
         size: ``(num_src, num_dst)``, two integers >= 0.
 
     Raises:
-        TypeError: ``size`` not a pair of integers (floats, bools and strings included).
-        ValueError: a negative size, ``colptr`` not ``num_dst + 1`` long, or ``perm`` not ``E`` long.
-
-    Only the lengths are checked (constant time, no GPU sync): :func:`to_csc` also checks every id and offset,
-    so build from untrusted input with it.
+        TypeError: ``row``, ``colptr`` or ``perm`` not a tensor, or holding
+            floats or bools; ``size`` not a pair of integers.
+        ValueError: ``size`` not of two sizes >= 0; a tensor not 1-D;
+            ``colptr`` not ``num_dst + 1`` offsets from 0 to E that never
+            decrease; ``perm`` not of length E.
+        IndexError: a ``row`` id outside ``[0, num_src)``.
     """
 
     row: torch.Tensor
@@ -51,15 +56,22 @@ class CSC:
     size: tuple[int, int]
 
     def __post_init__(self):
-        size = _size(self.size)
-        if None in size:
-            raise TypeError(f"CSC's size is (num_src, num_dst), two integers; got {self.size!r}")
-        object.__setattr__(self, "size", size)  # Python ints: a numpy or tensor size would leak into every sum
-        if len(self.colptr) != size[1] + 1:
-            raise ValueError(f"colptr has {len(self.colptr)} offsets for {size[1]} destination nodes "
-                             "(needs num_dst + 1)")
-        if self.perm is not None and len(self.perm) != len(self.row):
-            raise ValueError(f"perm has {len(self.perm)} entries for {len(self.row)} edges (one per edge, or None)")
+        size = checks.shape(self.size, "size")
+        if len(size) != 2:
+            raise ValueError(f"size is (num_src, num_dst), got {self.size!r}")
+        object.__setattr__(self, "size", size)
+        for name in ("row", "colptr", "perm"):
+            value = getattr(self, name)
+            if not (isinstance(value, torch.Tensor) or (name == "perm" and value is None)):
+                raise TypeError(f"CSC's {name} is a 1-D integer tensor, got {type(value).__name__}")
+        checks.integers(self.row, "row")
+        checks.offsets(self.colptr, "colptr", self.row.numel(), length=size[1] + 1)
+        try:
+            check_range(self.row, size[0])
+        except IndexError as err:
+            raise IndexError(f"row holds a source id outside [0, {size[0]}) (num_src): {err}") from None
+        if self.perm is not None and checks.integers(self.perm, "perm").numel() != self.row.numel():
+            raise ValueError(f"perm holds {self.perm.numel()} edge ids for {self.row.numel()} edges")
 
     @property
     def num_edges(self) -> int:
@@ -78,24 +90,88 @@ class CSC:
         row, col = self.row, self.col()
         if self.perm is None:
             return row, col
-        given = torch.empty_like(self.perm)
-        given[self.perm] = torch.arange(self.num_edges, device=self.perm.device)
+        given = checks.inverse(checks.permutation(self.perm, self.num_edges, "perm")).to(row.device)
         return row[given], col[given]
 
 
-def index2ptr(index: torch.Tensor, size: int) -> torch.Tensor:
-    """Offsets ``[size + 1]`` of sorted ids ``index`` (int64): CSR/CSC compression."""
+def index2ptr(index, size: int) -> torch.Tensor:
+    """Offsets of sorted ids: CSR/CSC compression, the inverse of :func:`ptr2index`.
+
+    Args:
+        index: 1-D integer tensor (or numpy array, list) of ids sorted in
+            ascending order, each in ``[0, size)``; any device.
+        size: the number of ids (nodes), an integer >= 0.
+
+    Returns:
+        int64 [size + 1] on ``index``'s device: entry ``v`` is the number of
+        ids below ``v``.
+
+    Raises:
+        TypeError: ``size`` not an integer; ``index`` of floats or bools.
+        ValueError: ``index`` not 1-D, or not sorted.
+        IndexError: an id outside ``[0, size)``.
+    """
+    size = checks.count(size, "size")
+    index = checks.integers(index, "index")
+    falls = (index.diff() < 0).nonzero()
+    if len(falls):
+        raise ValueError(f"index must be sorted in ascending order; entry {int(falls[0, 0]) + 1} is smaller than "
+                         "the one before (sort it, or use to_csc)")
+    try:
+        check_range(index, size)
+    except IndexError as err:
+        raise IndexError(f"index: {err}") from None
     return torch._convert_indices_from_coo_to_csr(index, size, out_int32=False)
 
 
-def ptr2index(ptr: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
-    """The id of each entry of offsets ``ptr``: the inverse of :func:`index2ptr`."""
+def ptr2index(ptr, output_size: int | None = None) -> torch.Tensor:
+    """The id of each entry of offsets ``ptr``: the inverse of :func:`index2ptr`.
+
+    Args:
+        ptr: offsets, a 1-D integer tensor [num_ids + 1] that starts at 0 and
+            never decreases (:func:`hmgstore.rows.checks.offsets`); any device.
+        output_size: None, or the number of entries, ``ptr[-1]`` (saves a
+            read back on a GPU).
+
+    Returns:
+        ``ptr.dtype`` [ptr[-1]] on ``ptr``'s device: id ``v`` repeated
+        ``ptr[v + 1] - ptr[v]`` times.
+
+    Raises:
+        TypeError: ``ptr`` of floats or bools; ``output_size`` not an integer.
+        ValueError: ``ptr`` empty, not 1-D, not from 0 or decreasing;
+            ``output_size`` other than ``ptr[-1]``.
+    """
+    if output_size is not None:
+        output_size = checks.count(output_size, "output_size")
+    ptr = checks.offsets(ptr, "ptr", output_size)
     index = torch.arange(ptr.numel() - 1, dtype=ptr.dtype, device=ptr.device)
     return index.repeat_interleave(ptr.diff(), output_size=output_size)
 
 
-def stable_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(sorted col, perm)``, ties kept in input order."""
+def stable_sort(col, num_dst: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids sorted, ties kept in input order: the default ``sort`` of :func:`to_csc`.
+
+    Args:
+        col: 1-D integer tensor (or numpy array, list) of destination ids,
+            each in ``[0, num_dst)``.
+        num_dst: the number of destination nodes, an integer >= 0.
+
+    Returns:
+        ``(sorted col, perm)``: ``sorted col == col[perm]``, ``perm`` int64
+        [len(col)], equal ids in the order they were given.
+
+    Raises:
+        TypeError: ``num_dst`` not an integer; ``col`` of floats or bools.
+        ValueError: ``col`` not 1-D.
+        IndexError: an id outside ``[0, num_dst)``.
+    """
+    num_dst = checks.count(num_dst, "num_dst")
+    col = checks.integers(col, "col")
+    try:
+        check_range(col, num_dst)
+    except IndexError as err:
+        raise IndexError(f"col: {err}") from None
     return torch.sort(col, stable=True)
 
 
@@ -148,11 +224,6 @@ def _layout(layout) -> str:
     return name.lower()
 
 
-def _check_ptr(ptr: torch.Tensor, num_edges: int, what: str) -> None:
-    if ptr.numel() == 0 or int(ptr[0]) != 0 or int(ptr[-1]) != num_edges or bool((ptr.diff() < 0).any()):
-        raise ValueError(f"{what} must start at 0, never decrease and end at the number of edges ({num_edges})")
-
-
 def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
            sort: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] = stable_sort) -> CSC:
     """Convert one edge type to :class:`CSC`.
@@ -197,7 +268,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
 
     if layout == "csc":
         row, colptr = _as_index(first, "row"), _as_index(second, "colptr")
-        _check_ptr(colptr, row.numel(), "colptr")
+        checks.offsets(colptr, "colptr", row.numel())
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
@@ -205,7 +276,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
 
     if layout == "csr":
         rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
-        _check_ptr(rowptr, col.numel(), "rowptr")
+        checks.offsets(rowptr, "rowptr", col.numel())
         if num_src is not None and rowptr.numel() != num_src + 1:
             raise ValueError(f"rowptr has {rowptr.numel()} entries for {num_src} source nodes (needs num_src + 1)")
         row, num_src, is_sorted = ptr2index(rowptr, col.numel()), rowptr.numel() - 1, False

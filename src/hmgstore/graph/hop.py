@@ -11,9 +11,11 @@ the same neighbours.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..cuda import sample as kernels
+from ..rows import checks
 from . import temporal, weighted
 from .draws import _draw_mixed, _seed_hash, _signed, draw
 from .topology import Topology
@@ -44,22 +46,84 @@ def _floyd_cpu(key: int, index: torch.Tensor, count: torch.Tensor, degree: torch
     return chosen
 
 
-def sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int | torch.Tensor, index=None,
-               seed_time: torch.Tensor | None = None, strategy: str = "uniform"):
-    """Sample one hop: ``(neighbours, edge ids, counts)``.
+def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None, seed_time=None,
+               strategy: str = "uniform"):
+    """Sample one hop: every seed gets up to ``k`` of its in-neighbours (see the module docstring).
 
-    ``seeds``: int64 [S] destination ids on the topology's device, in range.
-    ``key``: the hop's draw key (an int; on a GPU also a one-element int64
-    device tensor). ``index``: int64 [S] on that device, the index each seed
-    draws as (default: its position in ``seeds``): an owner machine samples a
-    requester's seeds as they sit in the requester's frontier, so that the
-    draws equal the requester's own over the whole graph. ``seed_time``:
-    int64 [S] on that device, each seed's subgraph's time, for a temporal
-    topology (required there), sampled with ``strategy`` (see
-    :mod:`.temporal`). Returns int64 tensors on that device: ``neighbours``
-    [M] (source ids) and ``edge ids`` [M] (CSC positions), seed by seed, and
-    ``counts`` [S] (neighbours per seed; M is their sum).
+    Args:
+        topology: a :class:`~hmgstore.graph.Topology`, not closed.
+        seeds: 1-D integer ids (tensor on any device, numpy array, list;
+            repeats allowed) of destination nodes, each in ``[0, num_dst)``.
+        k: neighbours per seed, an integer >= -1: without replacement a seed
+            gets ``min(k, degree)`` (so a huge ``k`` costs no more than the
+            largest degree), with replacement ``k`` draws when its degree is
+            not 0 (the output then holds ``k`` per such seed), ``-1`` every
+            neighbour.
+        replace: a bool, sample with replacement.
+        key: the hop's draw key, an integer (any, read as 64 bits), or a
+            one-element integer tensor.
+        index: None, or 1-D integer ids [S], the index each seed draws as
+            (default: its position in ``seeds``): an owner machine samples a
+            requester's seeds as they sit in the requester's frontier, so
+            that the draws equal the requester's own over the whole graph.
+        seed_time: for a temporal topology (required there, refused
+            elsewhere), 1-D integer [S], each seed's subgraph's time, sampled
+            with ``strategy`` (``"uniform"`` or ``"last"``, :mod:`.temporal`;
+            only ``"uniform"`` without times).
+
+    Returns:
+        ``(neighbours, edge ids, counts)``, int64 on the topology's device:
+        ``neighbours`` [M] (source ids) and ``edge ids`` [M] (CSC
+        positions), seed by seed, and ``counts`` [S] (neighbours per seed; M
+        is their sum).
+
+    Raises:
+        TypeError: ``topology`` not a Topology; ``k``, ``key`` or ids not
+            integers (floats and bools included); ``replace`` not a bool.
+        ValueError: ``k`` under -1; ids not 1-D; ``index`` or ``seed_time``
+            not one per seed; ``seed_time`` missing for a temporal topology
+            or given for another; an unknown ``strategy``, or ``"last"``
+            without times.
+        IndexError: a seed outside ``[0, num_dst)``.
+        RuntimeError: the topology is closed.
     """
+    if not isinstance(topology, Topology):
+        raise TypeError(f"sample_hop samples a hmgstore.graph.Topology, got {type(topology).__name__}")
+    topology.check()
+    k = checks.count(k, "k", at_least=-1)
+    if not isinstance(replace, (bool, np.bool_)):
+        raise TypeError(f"replace is a bool, got {replace!r}")
+    if isinstance(key, torch.Tensor):
+        if key.numel() != 1 or key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+            raise TypeError(f"key is an integer or a one-element integer tensor, got {key.dtype} {tuple(key.shape)}")
+        key = key.reshape(1).to(topology.device, torch.int64) if topology.device.type == "cuda" else int(key)
+    else:
+        key = checks.count(key, "key", at_least=-2**63)
+    if strategy not in temporal.STRATEGIES:
+        raise ValueError(f"strategy is one of {temporal.STRATEGIES}, got {strategy!r}")
+    if not topology.temporal and (seed_time is not None or strategy != "uniform"):
+        raise ValueError("seed_time and strategy='last' apply to a temporal topology only; this one has no times")
+    device = topology.device
+    seeds = checks.id_list(seeds, "seeds", topology.num_dst).to(device)
+    if index is not None:
+        index = checks.integers(index, "index")
+        if len(index) != len(seeds):
+            raise ValueError(f"index holds {len(index)} ids for {len(seeds)} seeds: one per seed")
+        index = index.to(device, torch.int64)
+    if seed_time is not None:
+        seed_time = checks.integers(seed_time, "seed_time")
+        if len(seed_time) != len(seeds):
+            raise ValueError(f"seed_time holds {len(seed_time)} times for {len(seeds)} seeds: one per seed")
+        seed_time = seed_time.to(device, torch.int64)
+    if k > 0 and not replace:  # min(k, degree) per seed: slots beyond the largest degree would all go unused
+        k = min(k, int(topology.degree(seeds).max()) if len(seeds) else 0)
+    return _sample_hop(topology, seeds, k, replace, key, index, seed_time, strategy)
+
+
+def _sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, key: int | torch.Tensor, index=None,
+                seed_time: torch.Tensor | None = None, strategy: str = "uniform"):
+    """:func:`sample_hop` with its arguments already checked (by the sampler that calls it): ``seeds`` int64
+    on the topology's device, in range."""
     if topology.temporal and seed_time is None:
         raise ValueError("this topology is temporal: give each seed's time (seed_time)")
     if topology.device.type == "cuda":

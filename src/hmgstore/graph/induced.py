@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .hop import sample_hop
+from .hop import _sample_hop
 from .topology import Topology
 
 
@@ -34,7 +34,7 @@ def induced_edges(topology: Topology, src_nodes: torch.Tensor, dst_nodes: torch.
     destination by destination in ``dst_nodes`` order, in CSC order within
     one.
     """
-    nbr, eid, counts = sample_hop(topology, dst_nodes, -1, False, 0)
+    nbr, eid, counts = _sample_hop(topology, dst_nodes, -1, False, 0)
     col = torch.arange(len(dst_nodes), device=dst_nodes.device).repeat_interleave(counts, output_size=len(nbr))
     row = local_ids(src_nodes, nbr)
     keep = row >= 0

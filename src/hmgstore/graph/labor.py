@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from .draws import _seed_hash, _signed, unit_closed_open
-from .hop import sample_hop
+from .hop import _sample_hop
 from .topology import Topology
 
 
@@ -35,7 +35,7 @@ def node_variates(key: int, nodes: torch.Tensor) -> torch.Tensor:
 def sample_hop_labor(topology: Topology, seeds: torch.Tensor, k: int, key: int):
     """One LABOR hop: ``(neighbours, edge ids, counts)`` as :func:`~hmgstore.graph.hop.sample_hop` returns
     them. ``seeds``: int64 [S] destination ids on the topology's device; ``key``: the hop's draw key (int)."""
-    nbr, eid, degree = sample_hop(topology, seeds, -1, False, key)
+    nbr, eid, degree = _sample_hop(topology, seeds, -1, False, key)
     if k < 0 or len(nbr) == 0:
         return nbr, eid, degree
     seg = torch.repeat_interleave(torch.arange(len(seeds), device=seeds.device), degree, output_size=len(nbr))

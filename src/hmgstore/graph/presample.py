@@ -20,17 +20,54 @@ from dataclasses import dataclass
 import torch
 
 from ..rows import checks
+from ..rows.hotness import check_order, check_score
 from ..util.progress import tqdm
 from .sampler import NeighborSampler
 
 
 @dataclass
 class Hotness:
-    """Touch counts per node type (key None when homogeneous), int64 CPU tensors."""
+    """Touch counts per node type (key None when homogeneous), int64 CPU tensors.
+
+    Args:
+        features: node type -> 1-D integer tensor [nodes of the type], each
+            node's touches as a batch's node, every count >= 0.
+        topology: the same keys and lengths: each node's adjacency reads.
+        batches: the batches counted, an integer >= 0.
+
+    Raises:
+        TypeError: ``features`` or ``topology`` not a dict; an entry not a
+            1-D integer tensor; ``batches`` not an integer.
+        ValueError: the two dicts keyed differently; entries of one type of
+            different lengths; a negative count or ``batches``.
+    """
 
     features: dict
     topology: dict
     batches: int
+
+    def __post_init__(self):
+        self.batches = checks.count(self.batches, "batches")
+        for name in ("features", "topology"):
+            counts = getattr(self, name)
+            if not isinstance(counts, dict):
+                raise TypeError(f"Hotness.{name} is a dict node type -> counts, got {type(counts).__name__}")
+            for nt, c in counts.items():
+                if not isinstance(c, torch.Tensor) or c.dtype.is_floating_point or c.dtype.is_complex \
+                        or c.dtype == torch.bool:
+                    raise TypeError(f"Hotness.{name}[{nt!r}] is an integer tensor of counts, got "
+                                    f"{getattr(c, 'dtype', type(c).__name__)}")
+                if c.dim() != 1:
+                    raise ValueError(f"Hotness.{name}[{nt!r}] is 1-D, one count per node; got {tuple(c.shape)}")
+                if len(c) and int(c.min()) < 0:
+                    raise ValueError(f"Hotness.{name}[{nt!r}] holds a negative count ({int(c.min())})")
+        if set(self.features) != set(self.topology):
+            raise ValueError(f"Hotness.features and .topology count other node types: {list(self.features)} and "
+                             f"{list(self.topology)}")
+        for nt, c in self.features.items():
+            if len(c) != len(self.topology[nt]):
+                raise ValueError(f"node type {nt!r}: {len(c)} feature counts and {len(self.topology[nt])} topology "
+                                 "counts; one of each per node")
 
 
 def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: int = 1024, node_type=None,
@@ -76,7 +113,31 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     return Hotness({nt: c.cpu() for nt, c in features.items()}, {nt: c.cpu() for nt, c in topology.items()}, batches)
 
 
-def hit_ratio(counts: torch.Tensor, cached: torch.Tensor) -> float:
-    """Share of the touches ``counts`` [num_nodes] that fall on the ``cached`` node ids."""
-    total = int(counts.sum())
-    return float(counts[cached].sum()) / total if total else 0.0
+def hit_ratio(counts, cached) -> float:
+    """Share of the touches ``counts`` that fall on the ``cached`` node ids.
+
+    Args:
+        counts: one count per node, 1-D, real (integer or float), finite and
+            >= 0 (a :class:`Hotness` entry, or any score of touches).
+        cached: node ids (1-D integers), each in ``[0, len(counts))`` and
+            listed at most once.
+
+    Returns:
+        A float in ``[0, 1]``: the cached nodes' counts over all counts (0.0
+        when every count is 0).
+
+    Raises:
+        TypeError: ``counts`` not real numbers; ``cached`` not integers.
+        ValueError: ``counts`` not 1-D, NaN, infinite or negative;
+            ``cached`` not 1-D or listing a node twice.
+        IndexError: a cached id outside ``[0, len(counts))``.
+    """
+    counts = torch.as_tensor(counts) if not isinstance(counts, torch.Tensor) else counts
+    if counts.dim() != 1:
+        raise ValueError(f"counts is 1-D, one count per node; got shape {tuple(counts.shape)}")
+    counts = check_score(counts, len(counts), "counts").double()  # float sums: float counts are never truncated
+    if not bool(torch.isfinite(counts).all()) or bool((counts < 0).any()):
+        raise ValueError("counts are touches: finite and 0 or more")
+    cached = check_order(cached, len(counts), "cached", hint="pass each cached node id once")
+    total = float(counts.sum())
+    return min(float(counts.index_select(0, cached).sum()) / total, 1.0) if total else 0.0

@@ -25,43 +25,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..rows.ids import normalize_many
 from ..rows.stats import merge
+from .arguments import check_graph
 from .captured import CapturedBatch, _sizes
 from .fanout import check_fanout
-from .hop import _queue_hop, sample_hop
+from .hop import _queue_hop, _sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
+from .sample import Sample
 from .temporal import STRATEGIES, tree_times
 
 log = logging.getLogger(__name__)
 _Parts = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]  # an edge type's rows, cols, edges per hop
-
-@dataclass
-class Sample:
-    """A sampled batch; every field is keyed by node type or edge type (None when homogeneous).
-
-    ``node``: global ids per node type, seeds first, hop by hop. ``row`` /
-    ``col``: per edge type, local ids (into ``node`` of the source / the
-    destination type) of each sampled edge's neighbour and seed; ``edge``: its
-    CSC position. ``batch``: in disjoint mode, the seed each node belongs to.
-    ``num_sampled_nodes`` / ``num_sampled_edges``: per hop (nodes: the seeds
-    first).
-    """
-
-    node: dict
-    row: dict
-    col: dict
-    edge: dict
-    batch: dict | None
-    num_sampled_nodes: dict
-    num_sampled_edges: dict = field(default_factory=dict)
-
 
 class NeighborSampler:
     """Multi-hop neighbour sampling over the edge types of a graph, on one device.
@@ -95,26 +75,32 @@ class NeighborSampler:
             batch's hops are then queued with their sizes kept on the device
             (one read-back per batch; with ``-1`` in a fanout, one per hop),
             ``"sort"`` on the CPU.
+
+    Raises:
+        TypeError: ``topologies`` or ``num_nodes`` not a dict; a topology
+            not a :class:`Topology`; a node count not an integer; a fanout
+            not whole numbers (``1.5``, ``True``); ``replace``, ``disjoint``,
+            ``cuda_graphs`` or ``labor`` not a bool; ``generator`` not a
+            ``torch.Generator``.
+        ValueError: no topology; topologies on several devices; a node type
+            of an edge type missing from ``num_nodes``, a negative node count,
+            or counts other than a topology's; a fanout under -1;
+            ``num_neighbors`` naming an unknown edge type; an unknown
+            ``dedup`` or ``temporal_strategy``, ``dedup="hash"`` off a GPU,
+            ``temporal_strategy="last"`` without times, ``labor`` with
+            replacement, weights or times; weights and times on one edge
+            type.
     """
 
     def __init__(self, topologies: dict, num_nodes: dict, num_neighbors, *, replace: bool = False,
                  disjoint: bool = False, generator: torch.Generator | None = None, dedup: str | None = None,
                  cuda_graphs: bool = True, temporal_strategy: str = "uniform", labor: bool = False):
-        if not topologies:
-            raise ValueError("a sampler needs at least one edge type's topology")
-        devices = {t.device for t in topologies.values()}
-        if len(devices) != 1:
-            raise ValueError(f"every topology of a sampler must be on one device, got {sorted(map(str, devices))}")
-        self.device = devices.pop()
-        self.topologies, self.num_nodes = dict(topologies), dict(num_nodes)
-        self.hetero = None not in self.topologies
-        for et, topo in self.topologies.items():
-            src, dst = (et[0], et[-1]) if self.hetero else (None, None)
-            if (topo.num_src, topo.num_dst) != (self.num_nodes[src], self.num_nodes[dst]):
-                raise ValueError(f"edge type {et!r} joins {topo.num_src} -> {topo.num_dst} nodes, but the node "
-                                 f"types have {self.num_nodes[src]} and {self.num_nodes[dst]}")
+        self.device, self.num_nodes = check_graph(topologies, num_nodes, generator, replace=replace,
+                                                  disjoint=disjoint, cuda_graphs=cuda_graphs, labor=labor)
+        self.topologies, self.hetero = dict(topologies), None not in topologies
         if not isinstance(num_neighbors, dict):
-            num_neighbors = {et: list(num_neighbors) for et in self.topologies}
+            every = check_fanout(num_neighbors)  # once: an iterator is read once
+            num_neighbors = {et: list(every) for et in self.topologies}
         unknown = [et for et in num_neighbors if et not in self.topologies]
         if unknown:
             raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
@@ -127,6 +113,9 @@ class NeighborSampler:
                              "(PyG refuses it too); drop weight_attr or time_attr")
         if temporal_strategy not in STRATEGIES:
             raise ValueError(f"temporal_strategy is one of {STRATEGIES}, got {temporal_strategy!r}")
+        if temporal_strategy != "uniform" and not self.temporal:
+            raise ValueError(f"temporal_strategy={temporal_strategy!r} applies to topologies with times only "
+                             "(src_time or edge_time); these have none")
         self.temporal_strategy = temporal_strategy
         if labor and (replace or any(t.temporal or t.weighted for t in self.topologies.values())):
             raise ValueError("LABOR sampling is defined here without replacement, weights or times; pass labor=False "
@@ -171,14 +160,32 @@ class NeighborSampler:
         return hop * len(self.topologies) + list(self.topologies).index(et)
 
     def sample(self, seeds: dict, seed_time: dict | None = None) -> Sample:
-        """Sample the subgraphs around ``seeds``: node type -> node ids (an integer tensor on any
-        device, a list, ...; key None when homogeneous). Raises KeyError for unknown node types,
-        TypeError for non-integer ids and IndexError for ids out of range, before sampling;
-        RuntimeError once the sampler, or one of its topologies, is closed.
+        """Sample the subgraphs around ``seeds``.
 
-        ``seed_time``: with a temporal topology (required there), node type
-        -> int64 time of each seed (seeds of one node type only); every
-        neighbour in a seed's tree is no later than it. ValueError otherwise."""
+        Args:
+            seeds: node type -> node ids (key None when homogeneous):
+                integer ids as a table takes them (a tensor on any device, a
+                numpy array, a list, read in order; none is fine: a batch of
+                no nodes), each in ``[0, num_nodes[type])``.
+            seed_time: with a temporal topology (required there), node type
+                -> int64 time of each seed (seeds of one node type only);
+                every neighbour in a seed's tree is no later than it.
+
+        Returns:
+            A :class:`Sample` on the sampler's device; a node gets
+            ``min(k, degree)`` neighbours per hop without replacement.
+
+        Raises:
+            TypeError: ``seeds`` not a dict; non-integer ids or times.
+            KeyError: a node type the graph does not have.
+            ValueError: ``seed_time`` without a temporal topology, missing
+                or not one per seed.
+            IndexError: an id out of range (before sampling).
+            RuntimeError: the sampler, or one of its topologies, is closed.
+        """
+        if not isinstance(seeds, dict):
+            raise TypeError(f"seeds is a dict node type -> ids ({{None: ids}} when homogeneous), got "
+                            f"{type(seeds).__name__}")
         with self._idle:
             if self._closed:
                 raise RuntimeError("this sampler was closed; build a new one to sample again")
@@ -253,7 +260,7 @@ class NeighborSampler:
                 if self.labor:
                     nbr, eid, counts = sample_hop_labor(topo, nodes, k, int(draws_cpu[at]))
                 else:
-                    nbr, eid, counts = sample_hop(topo, nodes, k, self.replace, key, seed_time=times,
+                    nbr, eid, counts = _sample_hop(topo, nodes, k, self.replace, key, seed_time=times,
                                                   strategy=self.temporal_strategy)
                 seed_local = torch.arange(lo, hi, device=self.device).repeat_interleave(counts, output_size=len(nbr))
                 if self.disjoint:

@@ -80,6 +80,12 @@ def reads_can_overlap(loader) -> bool:
             and hasattr(loader, "transform") and loader.transform is None)
 
 
+def check_fuse(fuse) -> None:
+    """Refuse a ``fuse`` other than ``"auto"`` or an int >= 1 (ValueError, for every kind, as ``max_sms``)."""
+    if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
+        raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
+
+
 def check_max_sms(max_sms):
     """``max_sms`` checked by the tables' own rule, with ``"auto"`` (ValueError); integers become ints."""
     return checks.sm_cap(max_sms, allow_auto=True)
@@ -200,8 +206,7 @@ class Pipeline:
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
         max_sms = check_max_sms(max_sms)
-        if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
-            raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
+        check_fuse(fuse)
         check_overlap_reads(overlap_reads)
         self.loader, self.depth, self.max_sms, self.fuse = loader, depth, max_sms, fuse
         self.overlap_reads = overlap_reads

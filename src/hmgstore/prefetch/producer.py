@@ -51,9 +51,10 @@ from typing import Any
 
 import torch
 
+from ..rows import checks
 from ..util.device import resolve_device
 from . import shared_ring as ring
-from .pipeline import check_max_sms, check_overlap_reads
+from .pipeline import check_fuse, check_max_sms, check_overlap_reads
 from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,14 @@ class Producer:
         overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (default False; ``"auto"``: on for
             a PyG loader without a transform; a batch is packed into the ring once its CPU reads have landed).
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
+
+    The constructor checks every argument and starts nothing (:meth:`start`, or the first pass, does).
+
+    Raises:
+        TypeError: ``make_loader`` not callable; ``depth``, ``seed`` or ``sm_percent`` not an integer (floats
+            and bools included).
+        ValueError: ``depth`` under 1; ``sm_percent`` outside 1-100; ``max_sms``, ``fuse`` or
+            ``overlap_reads`` not as :class:`hmgstore.Pipeline` takes them (ValueError for every kind there).
     """
 
     process: BaseProcess | None
@@ -129,11 +138,15 @@ class Producer:
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
                  max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None,
                  overlap_reads: bool | str = False):
-        if depth < 1:
-            raise ValueError(f"depth is the number of batches made ahead, at least 1; got {depth}")
+        if not callable(make_loader):
+            raise TypeError(f"make_loader is a picklable callable that returns the loader, got "
+                            f"{type(make_loader).__name__}")
+        depth = checks.count(depth, "depth", at_least=1)
+        seed = None if seed is None else checks.count(seed, "seed", at_least=-2**63)
         max_sms = check_max_sms(max_sms)
+        check_fuse(fuse)
         check_overlap_reads(overlap_reads)
-        if sm_percent is not None and not 1 <= sm_percent <= 100:
+        if sm_percent is not None and checks.count(sm_percent, "sm_percent") not in range(1, 101):
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())

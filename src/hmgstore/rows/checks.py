@@ -18,6 +18,7 @@ ValueError naming it.
 from __future__ import annotations
 
 import difflib
+import math
 import operator
 
 import numpy as np
@@ -42,6 +43,75 @@ def count(value, name: str, *, at_least: int = 0) -> int:
     if n < at_least:
         raise ValueError(f"{name} must be at least {at_least}, got {n}")
     return n
+
+
+def real(value, name: str, *, at_least: float | None = None) -> float:
+    """``value`` as a finite Python float after checking it is a real number (not a bool), at least ``at_least``.
+
+    Accepts Python and numpy ints and floats and 0-d real tensors. Raises
+    TypeError for bools, strings, None and complex numbers; ValueError for
+    NaN, infinities and values under ``at_least``.
+    """
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name} takes a real number, got the bool {value!r}")
+    if isinstance(value, torch.Tensor) and (value.numel() != 1 or value.is_complex()):
+        raise TypeError(f"{name} takes a real number, got a tensor of shape {tuple(value.shape)} ({value.dtype})")
+    if not isinstance(value, (int, float, np.integer, np.floating, torch.Tensor)):
+        raise TypeError(f"{name} takes a real number, got {value!r} ({type(value).__name__})")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, got {x}")
+    if at_least is not None and x < at_least:
+        raise ValueError(f"{name} must be at least {at_least}, got {x}")
+    return x
+
+
+def integers(values, name: str) -> torch.Tensor:
+    """``values`` as a 1-D integer tensor where it lies (converted to a tensor when it is a list or numpy array;
+    no copy of a tensor), after checking its kind and rank: TypeError for floats (never truncated), bools and
+    what is not numbers, ValueError for another rank."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iu":
+            raise TypeError(f"{name} holds {values.dtype} values; it takes integers (floats are never truncated)")
+        values = torch.from_numpy(np.ascontiguousarray(values))
+    elif not isinstance(values, torch.Tensor):
+        if isinstance(values, (list, tuple)) and any(isinstance(v, (bool, float)) for v in values):
+            raise TypeError(f"{name} holds non-integers; it takes integers")
+        try:
+            values = torch.as_tensor(values) if len(values) else torch.empty(0, dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+            raise TypeError(f"{name} takes a 1-D integer tensor; could not read {type(values).__name__}: "
+                            f"{err}") from None
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise TypeError(f"{name} holds {values.dtype} values; it takes integers (floats are never truncated)")
+    if values.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
+    return values
+
+
+def offsets(ptr, name: str, total: int | None = None, *, length: int | None = None) -> torch.Tensor:
+    """``ptr`` as a 1-D integer tensor after checking it is a list's offsets (CSR/CSC ``rowptr``/``colptr``).
+
+    It holds at least one entry, starts at 0 and never decreases; with
+    ``total``, it ends there (the number of edges); with ``length``, it has
+    that many entries (nodes + 1). Raises TypeError for non-integers (see
+    :func:`integers`) and ValueError for everything else. On a GPU the check
+    reads one flag back (a synchronisation).
+    """
+    ptr = integers(ptr, name)
+    if length is not None and ptr.numel() != length:
+        raise ValueError(f"{name} has {ptr.numel()} entries; it needs {length} (one per node, plus one)")
+    if ptr.numel() == 0:
+        raise ValueError(f"{name} is empty; offsets hold one entry per node plus one (a graph of no nodes: [0])")
+    if int(ptr[0]) != 0:
+        raise ValueError(f"{name} must start at 0, got {int(ptr[0])}")
+    if bool((ptr.diff() < 0).any()):
+        at = int((ptr.diff() < 0).nonzero()[0, 0])
+        raise ValueError(f"{name} never decreases; it falls from {int(ptr[at])} to {int(ptr[at + 1])} at entry "
+                         f"{at + 1}")
+    if total is not None and int(ptr[-1]) != total:
+        raise ValueError(f"{name} must end at the number of edges ({total}), got {int(ptr[-1])}")
+    return ptr
 
 
 def shape(value, name: str = "shape") -> tuple[int, ...]:

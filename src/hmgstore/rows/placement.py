@@ -20,10 +20,13 @@ touch tables' data.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
 
+from . import checks
+from .formats import Format
 from .hotness import by_hotness, check_order, check_score, order_by_score, parse_bytes, resolve_budget
 from .ids import as_tensor, check_range
 
@@ -42,6 +45,23 @@ class Tier:
     :class:`hmgstore.rows.formats.Format` the tier keeps a float32 table's rows
     in (bfloat16, float16, float8 or int8 with a per-row scale), decoded by
     every gather; None when rows are kept as they read.
+
+    Args:
+        name: ``"gpu"``, ``"replica"``, ``"shard{s}"`` (``s`` a whole
+            number) or ``"host"``.
+        start, end: integers, ``0 <= start <= end``.
+        rows: for a resident tier, 1-D integer old ids, ``end - start`` of
+            them (kept as int64 on the CPU); None for the host tier.
+        base, pitch: integers >= 0.
+        stored: None or a :class:`hmgstore.rows.formats.Format`.
+
+    Raises:
+        TypeError: ``name`` not a string; ``start``, ``end``, ``base`` or
+            ``pitch`` not integers; ``rows`` not an integer tensor;
+            ``stored`` not a Format.
+        ValueError: another name; a negative bound, ``base`` or ``pitch``;
+            ``end < start``; ``rows`` not 1-D or not ``end - start`` ids; rows
+            given for the host tier or missing for a resident one.
     """
 
     name: str
@@ -51,6 +71,29 @@ class Tier:
     base: int = 0
     pitch: int = 0
     stored: object = None  # hmgstore.rows.formats.Format
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"a tier's name is a string, got {type(self.name).__name__}")
+        if not re.fullmatch(r"gpu|replica|host|shard[0-9]+", self.name):
+            raise ValueError(f"a tier is called 'gpu', 'replica', 'shard<s>' or 'host', not {self.name!r}")
+        for name in ("start", "end", "base", "pitch"):
+            object.__setattr__(self, name, checks.count(getattr(self, name), f"Tier.{name}"))
+        if self.end < self.start:
+            raise ValueError(f"tier {self.name!r} ends ({self.end}) before it starts ({self.start})")
+        if (self.rows is None) != (self.name == "host"):
+            raise ValueError(f"tier {self.name!r}: the host tier has no rows (it holds every row in id order), a "
+                             "resident tier lists its rows")
+        if self.rows is not None:
+            if not isinstance(self.rows, torch.Tensor):
+                raise TypeError(f"tier {self.name!r}: rows is an integer tensor, got {type(self.rows).__name__}")
+            rows = checks.integers(self.rows, f"tier {self.name!r}'s rows").to("cpu", torch.int64)
+            if len(rows) != self.end - self.start:
+                raise ValueError(f"tier {self.name!r} spans {self.end - self.start} new ids but lists {len(rows)} rows")
+            object.__setattr__(self, "rows", rows)
+        if self.stored is not None and not isinstance(self.stored, Format):
+            raise TypeError(f"tier {self.name!r}: stored is a hmgstore.rows.formats.Format or None, got "
+                            f"{type(self.stored).__name__}")
 
     @property
     def size(self) -> int:
@@ -71,11 +114,70 @@ class Placement:
     keeps its rows (a permutation: rows used together laid out together,
     :mod:`hmgstore.graph.locality`), or None for id order. The new-id map is
     derived where it is used: see :meth:`new_of_old`.
+
+    Args:
+        num_rows: an integer >= 0.
+        tiers: :class:`Tier` objects (a tuple or list) of distinct names that
+            follow each other from new id 0 (each starts where the one before
+            ends); resident tiers' rows in ``[0, num_rows)``, no row in two of
+            them; the host tier, if any, last and ``num_rows`` long; without
+            one, the resident tiers hold every row.
+        host_layout: None, or a permutation of ``range(num_rows)``
+            (:func:`hmgstore.rows.checks.permutation`), with a host tier only.
+
+    Raises:
+        TypeError: ``num_rows`` not an integer; a tier not a :class:`Tier`;
+            ``host_layout`` not integers.
+        ValueError: a negative ``num_rows``; tiers that leave a gap, overlap,
+            repeat a name, put the host tier anywhere but last or of another
+            size, list a row twice, or (without a host tier) leave a row out;
+            ``host_layout`` without a host tier, or not a permutation.
+        IndexError: a resident row or a ``host_layout`` id outside
+            ``[0, num_rows)``.
     """
 
     num_rows: int
     tiers: tuple[Tier, ...]
     host_layout: torch.Tensor | None = None
+
+    def __post_init__(self):
+        n = checks.count(self.num_rows, "num_rows")
+        object.__setattr__(self, "num_rows", n)
+        tiers = tuple(self.tiers)
+        object.__setattr__(self, "tiers", tiers)
+        bad = [t for t in tiers if not isinstance(t, Tier)]
+        if bad:
+            raise TypeError(f"a placement's tiers are hmgstore.Tier objects, got {type(bad[0]).__name__}")
+        names = [t.name for t in tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a placement names each tier once, got {names}")
+        at = 0
+        for t in tiers:
+            if t.start != at:
+                raise ValueError(f"tier {t.name!r} starts at new id {t.start}, where the tiers before it end at {at}")
+            at = t.end
+        host = "host" in names
+        if host and (names[-1] != "host" or tiers[-1].size != n):
+            raise ValueError(f"the host tier comes last and holds every one of the {n} rows; tiers: "
+                             f"{[(t.name, t.size) for t in tiers]}")
+        held = torch.zeros(n, dtype=torch.bool)  # one byte a row: O(N), no sort
+        listed = 0
+        for t in tiers:
+            if t.rows is not None and len(t.rows):
+                try:
+                    check_range(t.rows, n)
+                except IndexError as err:
+                    raise IndexError(f"tier {t.name!r}: {err}") from None
+                held[t.rows] = True
+                listed += len(t.rows)
+        if int(held.sum()) != listed:
+            raise ValueError("a row is listed twice among the resident tiers; each lives in one tier (or the host)")
+        if not host and listed != n:
+            raise ValueError(f"without a host tier the resident tiers hold every row: {listed} of {n} listed")
+        if self.host_layout is not None:
+            if not host:
+                raise ValueError("host_layout orders the host tier's rows, and this placement has no host tier")
+            object.__setattr__(self, "host_layout", checks.permutation(self.host_layout, n, "host_layout"))
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from ..cuda import check_device, peer
 from ..cuda.runtime import synchronize
 from ..gather.plan import fill_rows
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
+from ..rows import checks
 from ..rows.hotness import check_score, order_by_score
 from ..rows.ids import rows_only
 from ..rows.placement import Placement, host_only, sharded
@@ -82,11 +83,31 @@ class ShardedTensor:
 
     ``table.on(device)[idx]`` gathers into ``device``; ``table[idx]`` into
     the current GPU. Use it as a context manager or call :meth:`close`.
+
+    Raises:
+        TypeError: ``source`` not a CPU tensor, numpy array or memmap;
+            ``devices`` a single device or string rather than a list;
+            ``hot_order`` not integers, ``hotness`` not real numbers;
+            ``progress`` not a bool.
+        ValueError: ``source`` of no dimension; ``devices`` empty, repeated,
+            mixing GPUs and the CPU, or more than 8; ``gpu_budget`` missing,
+            negative or unreadable; ``replicate`` over ``gpu_budget``; both
+            ``hot_order`` and ``hotness``; ``hot_order`` repeating a row;
+            ``hotness`` not one score per row, or NaN; ``max_sms`` not None
+            or an integer >= 1 (on every device).
+        IndexError: a ``hot_order`` id outside ``[0, N)``.
+        MemoryError: a GPU's tiers do not fit on it.
     """
 
     def __init__(self, source, devices, *, gpu_budget=None, hot_order=None, hotness=None, replicate=0,
                  max_sms: int | None = None, progress: bool = True):
         self._source, read_only = as_host_tensor(source)
+        if isinstance(devices, (str, torch.device, int)) or not hasattr(devices, "__iter__"):
+            raise TypeError(f"devices is a list of devices, e.g. ['cuda:0', 'cuda:1'] (['cpu'] on the CPU), got "
+                            f"{devices!r}")
+        max_sms = checks.sm_cap(max_sms)  # here, not only in the GPU views: a CPU run refuses it as a GPU run
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress is a bool, got {progress!r}")
         self.devices = [resolve_device(d) for d in devices]
         if not self.devices:
             raise ValueError("devices is empty; pass the GPUs to shard over, e.g. ['cuda:0', 'cuda:1']")
