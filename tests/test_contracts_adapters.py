@@ -6,6 +6,7 @@ called, or exact results.
 """
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -102,7 +103,12 @@ def test_a_part_file_replaced_while_it_is_read_is_refused(tmp_path, monkeypatch)
     values = np.load(row)
     values[3] = 10**6
     np.save(row, values)
-    with pytest.raises(ValueError, match=rf"row\.npy.*1000000 at position 3.*{NODES} nodes"):
+    with pytest.raises(ValueError, match=r"row\.npy is not the file partition\(\) wrote.*--overwrite"):
+        load_partition(tmp_path / "p", 0, "cpu", progress=False)
+    meta_path = tmp_path / "p" / "part0" / "meta.json"  # a part without records: the sources are still checked
+    meta_path.write_text(json.dumps({k: v for k, v in json.loads(meta_path.read_text()).items() if k != "files"}))
+    with pytest.warns(UserWarning, match="records no size and checksum"), \
+            pytest.raises(ValueError, match=rf"row\.npy.*1000000 at position 3.*{NODES} nodes"):
         load_partition(tmp_path / "p", 0, "cpu", progress=False)
 
 

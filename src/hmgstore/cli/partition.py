@@ -83,20 +83,26 @@ def main(argv=None) -> None:
 
         g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
     else:
-        g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
-    if args.by in ("range", "hash"):
-        book = getattr(PartitionBook, args.by)(g.num_nodes, args.parts)
-    else:
         try:
-            book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
-        except (TypeError, ValueError) as err:
-            parser.error(f"--by {args.by}: {err}")
-    split = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
+            g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
+        except ValueError as err:
+            parser.error(f"--synthetic {args.synthetic} --avg-degree {args.avg_degree} --feat-dim {args.feat_dim}: "
+                         f"{err}")
     try:
+        if args.by in ("range", "hash"):
+            book = getattr(PartitionBook, args.by)(g.num_nodes, args.parts)
+        else:
+            book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
+    except (TypeError, ValueError) as err:
+        parser.error(f"--parts {args.parts} --by {args.by}: {err}")
+    split = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
+    try:  # the split, features and edges are checked against the book's nodes before anything is written
         folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, split=split,
                             overwrite=args.overwrite, progress=progress)
     except FileExistsError as err:  # filled while the graph was built
         parser.error(str(err))
+    except (TypeError, ValueError, IndexError) as err:  # the dataset's split or edges do not fit its nodes
+        parser.error(f"{args.ogb or 'the synthetic graph'}: {err}")
     log.info("%s: %d nodes, %d edges in %d parts of %s nodes under %s", book.kind, g.num_nodes,
                  g.edge_index.shape[1], len(folders), list(book.sizes), args.out_dir)
 

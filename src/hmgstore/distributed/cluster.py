@@ -62,7 +62,12 @@ EXCHANGE_TIMEOUT = datetime.timedelta(minutes=30)
 
 @dataclass
 class Cluster:
-    """The job's machines as this process sees them; see :func:`this_cluster`."""
+    """The job's machines as this process sees them; made by :func:`this_cluster`, not by hand.
+
+    Raises:
+        PeerLostError: from :meth:`check` once an exchange failed or a peer of this node died.
+        ValueError: from :meth:`exchange` for a backend other than ``"gloo"`` and ``"nccl"``.
+    """
 
     world: object  # the default process group this was made for
     node: Node  # this process's node (a machine), whose watch tells of dead peers
@@ -93,7 +98,10 @@ class Cluster:
             raise PeerLostError(f"hmgstore's exchanges among machines failed earlier: {self.broken}")
 
     def exchange(self, backend: str) -> Exchange:
-        """This rank's counterpart group on ``backend`` ("gloo" or "nccl"), made on first use (collective)."""
+        """This rank's counterpart group on ``backend`` ("gloo" or "nccl"), made on first use (collective).
+        Raises ValueError for another backend, on this rank, before any group is made."""
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"an exchange runs over 'gloo' or 'nccl', got {backend!r}")
         if backend not in self.exchanges:
             mine = None
             for local in range(len(self.machines[0])):  # every rank makes every group, in the same order
@@ -183,6 +191,17 @@ class ClusterTensor:
     Gathers return rows of this attribute for global node ids, on
     ``local``'s device, bit-exact as ``full_table[ids]`` (see the module
     docstring: collective).
+
+    Raises:
+        TypeError: for a ``local`` that is neither a :class:`~hmgstore.HybridTensor` nor a
+            :class:`DistributedTensor`, a ``book`` that is not a :class:`PartitionBook` (on this rank, before any
+            collective); in a gather, for ids that are not integers and for ``t[i, j]`` (rows only).
+        ValueError: on every rank, naming the ranks, when ranks disagree on the book, dtype, row shape or device
+            type, when a rank's row count is not its partition's, or when the book's machines are not the job's.
+        IndexError: in a gather, for an id outside ``[0, num_nodes)`` (value and position), before anything is
+            sent.
+        RuntimeError: without ``init_process_group``; in a gather, once this table or its local table is closed.
+        PeerLostError: in a gather, as :func:`gather_many` says.
     """
 
     def __init__(self, local, book: PartitionBook):

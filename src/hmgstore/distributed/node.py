@@ -73,7 +73,14 @@ def _default_group():
 
 
 def this_node() -> Node:
-    """This node's state for the current process group, made on first use (collective over it)."""
+    """This node's state for the current process group, made on first use (collective over it).
+
+    Takes no arguments. Returns the :class:`Node`: the ranks on this host (by hostname, or
+    ``$HMGSTORE_NODE_ID``), their gloo group and the peer watch's state.
+
+    Raises:
+        RuntimeError: without ``torch.distributed.init_process_group`` (saying to call it first).
+    """
     global _node
     with _lock:
         if _node is not None and _node.world is not _default_group():  # a new process group: start afresh

@@ -23,7 +23,6 @@ device on first use there and kept (an assignment book of 100M nodes costs
 """
 from __future__ import annotations
 
-import operator
 import os
 import zlib
 from itertools import pairwise
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..rows import checks
 from ..rows.ids import check_range
 from ..table.files import load_torch_file
 
@@ -75,8 +75,16 @@ class PartitionBook:
 
     Build with :meth:`range`, :meth:`hash`, :meth:`from_assignment` or
     :meth:`load`. All methods that take ``ids`` accept a 1-D (or any shape)
-    integer tensor on any device and raise IndexError (value and position)
-    for an id outside ``[0, num_nodes)``.
+    integer tensor on any device.
+
+    Raises:
+        TypeError: for counts (``num_nodes``, ``num_machines``, ``machine``) that are not integers (floats are
+            never truncated, bools refused), an assignment or ids that are not integers.
+        ValueError: for a negative ``num_nodes``, ``num_machines`` under 1, a ``machine`` outside the book, an
+            assignment that is not 1-D, of another length than ``num_nodes`` or naming a machine outside
+            ``[0, num_machines)``; from :meth:`load`, naming the file, for one that is not a book or is damaged.
+        IndexError: for an id outside ``[0, num_nodes)`` (value and position).
+        FileNotFoundError: from :meth:`load`, for a missing file.
     """
 
     def __init__(self, kind: str, num_nodes: int, num_machines: int, *, assignment: torch.Tensor | None = None,
@@ -249,18 +257,8 @@ class PartitionBook:
 
 def _integer(value, name: str) -> int:
     """``value`` as an int; TypeError for anything that is not an integer (10.7 is refused, not truncated)."""
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    return checks.count(value, name, at_least=-(2**63))
 
 
 def _check_counts(num_nodes, num_machines) -> tuple[int, int]:
-    num_nodes, num_machines = _integer(num_nodes, "num_nodes"), _integer(num_machines, "num_machines")
-    if num_nodes < 0:
-        raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
-    if num_machines < 1:
-        raise ValueError(f"num_machines must be >= 1, got {num_machines}")
-    return num_nodes, num_machines
+    return checks.count(num_nodes, "num_nodes"), checks.count(num_machines, "num_machines", at_least=1)

@@ -5,7 +5,7 @@ in increasing global id order (row ``r`` of the part is node
 ``book.nodes_of(m)[r]``)::
 
     out_dir/part{m}/book.pt               the whole book (each part is enough on its own)
-    out_dir/part{m}/meta.json             machine, sizes, the attributes' shapes and dtypes
+    out_dir/part{m}/meta.json             machine, sizes, the attributes' shapes and dtypes, each file's record
     out_dir/part{m}/features/{name}.npy   the part's rows of each node attribute
     out_dir/part{m}/colptr.npy            int64 [nodes + 1]: in-edges of the part's nodes (CSC)
     out_dir/part{m}/row.npy               int64 [edges]: their sources, as global ids
@@ -18,13 +18,22 @@ fit in memory twice; :func:`load_partition` reads them with
 and renames it into place (:mod:`hmgstore.distributed.replace`): ``out_dir``
 holds the old parts or the new ones, never a mix, and a folder that holds
 anything is refused unless ``overwrite=True``. :func:`load_partition` checks
-every file against ``meta.json`` and the book before it trusts it: shapes
-and dtypes from the ``.npy`` headers, ``colptr`` rising from 0 to the
-number of edges, and every source in ``row`` a node of the book.
+every file against ``meta.json`` and the book before it trusts it: each
+file's size and checksum as :func:`partition` recorded them (``files`` in
+``meta.json``: the CRC-32 of the first page and of pages spread to the end,
+:class:`hmgstore.rows.file_identity.FileIdentity`'s), shapes and dtypes from
+the ``.npy`` headers, ``colptr`` rising from 0 to the number of edges, and
+every source in ``row`` a node of the book. A file changed, cut short or
+replaced (even by another part's file of the same size) is refused, naming
+it. Parts whose ``meta.json`` records no files (written before the record
+existed) still load, with a warning: the other checks hold, but a file
+replaced by one of the same shape cannot be told apart; rewrite them to get
+the check.
 """
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +63,16 @@ class Partition:
     ``features``: name -> :class:`~hmgstore.HybridTensor` of the part's rows;
     ``colptr``/``row``: int64 CPU tensors, the in-edges of the part's nodes
     (``row`` holds global ids of sources, which may live on any machine);
-    ``nodes``: int64 global id of each of the part's rows.
+    ``nodes``: int64 global id of each of the part's rows. Made by :func:`load_partition` or :func:`part_of`;
+    one made by hand is checked as they check theirs (the sources in ``row`` are checked by the sampler).
+
+    Raises:
+        TypeError: for a ``machine`` that is not an integer, a ``book`` that is not a :class:`PartitionBook`,
+            ``features`` that are not a dict of :class:`~hmgstore.HybridTensor` s, a ``colptr`` or ``row`` that is
+            not an int64 tensor.
+        ValueError: for a ``machine`` outside ``[0, book.num_machines)``; a feature table whose row count is not
+            the part's (``book.sizes[machine]``); a ``colptr`` or ``row`` that is not 1-D, a ``colptr`` without
+            one offset per node of the part plus one, or not starting at 0 and ending at ``len(row)``.
     """
 
     machine: int
@@ -63,6 +81,31 @@ class Partition:
     colptr: torch.Tensor
     row: torch.Tensor
 
+    def __post_init__(self):
+        if not isinstance(self.book, PartitionBook):
+            raise TypeError(f"book must be a PartitionBook, got {type(self.book).__name__}")
+        self.machine = checks.count(self.machine, "machine")
+        if self.machine >= self.book.num_machines:
+            raise ValueError(f"machine {self.machine} is not one of the book's {self.book.num_machines}")
+        rows = self.book.sizes[self.machine]
+        if not isinstance(self.features, dict) or not all(
+                isinstance(k, str) and isinstance(t, HybridTensor) for k, t in self.features.items()):
+            raise TypeError("features is a dict of attribute name -> HybridTensor of the part's rows")
+        for name, table in self.features.items():
+            if table.num_rows != rows:
+                raise ValueError(f"feature {name!r} has {table.num_rows} rows; part {self.machine} has {rows} nodes")
+        for name in ("colptr", "row"):
+            value = getattr(self, name)
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
+                raise TypeError(f"{name} is an int64 tensor, got "
+                                f"{value.dtype if isinstance(value, torch.Tensor) else type(value).__name__}")
+            if value.dim() != 1:
+                raise ValueError(f"{name} is 1-D, got shape {tuple(value.shape)}")
+        if len(self.colptr) != rows + 1 or int(self.colptr[0]) != 0 or int(self.colptr[-1]) != len(self.row):
+            raise ValueError(f"colptr holds one offset per node of part {self.machine} ({rows}) plus one, from 0 to "
+                             f"len(row) ({len(self.row)}); got {len(self.colptr)} offsets from "
+                             f"{int(self.colptr[0])} to {int(self.colptr[-1])}")
+
     @property
     def nodes(self) -> torch.Tensor:
         return self.book.nodes_of(self.machine)
@@ -70,6 +113,12 @@ class Partition:
     def close(self) -> None:
         for table in self.features.values():
             table.close()
+
+
+def _check_book(book) -> None:
+    if not isinstance(book, PartitionBook):
+        raise TypeError(f"book must be a PartitionBook (PartitionBook.range, .hash, .from_assignment), got "
+                        f"{type(book).__name__}")
 
 
 def part_dir(out_dir, machine: int) -> Path:
@@ -126,18 +175,28 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     ``progress=False``. ``split``: name -> ids, each written to
     ``out_dir/split/{name}.npy`` with the parts. ``out_dir`` is replaced
     whole, in one step, once everything is written: it must not exist, be
-    empty, or ``overwrite=True`` (which deletes what it held). Returns the
-    parts' folders. Raises FileExistsError for a folder that holds anything
-    without ``overwrite`` (before writing), ValueError for attributes or
-    graphs whose node count is not the book's, IndexError for edges naming
-    nodes beyond it; TypeError, ValueError or IndexError for ``split`` ids
-    that are not integer node ids of the book (:func:`hmgstore.rows.checks.id_list`);
-    whatever fails, ``out_dir`` is left as it was.
+    empty, or ``overwrite=True`` (which deletes what it held). Each part's
+    ``meta.json`` records the size and checksum of every file written, which
+    :func:`load_partition` compares. Returns the parts' folders. Every
+    argument is checked before anything is written; whatever fails,
+    ``out_dir`` is left as it was.
+
+    Raises:
+        FileExistsError: for a folder that holds anything without ``overwrite``.
+        TypeError: for a ``book`` that is not a :class:`PartitionBook`, a ``split`` that is not a dict;
+            ``split`` ids that are not integers (floats are never truncated, bools refused).
+        ValueError: for attributes or graphs whose node count is not the book's, attribute or split names that
+            cannot be file names, dtypes ``.npy`` cannot hold; ``split`` ids that are not 1-D.
+        IndexError: for edges naming nodes beyond the book; ``split`` ids outside ``[0, num_nodes)``, negative
+            ones included (:func:`hmgstore.rows.checks.id_list`).
     """
+    _check_book(book)
     n = book.num_nodes
     tables = _features(features, n)
     csc = _csc(edge_index, n)
     split = {} if split is None else split
+    if not isinstance(split, dict):
+        raise TypeError(f"split is a dict of name -> node ids, got {type(split).__name__}")
     if not all(isinstance(name, str) and name.isidentifier() for name in split):
         raise ValueError(f"split names become file names: use letters, digits and _, got {list(split)}")
     split = {name: checks.id_list(ids, f"split {name!r}", n) for name, ids in split.items()}  # before writing
@@ -165,10 +224,31 @@ def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, pro
             _write_rows(folder / "colptr.npy", colptr, None, bar)
             _write_rows(folder / "row.npy", csc.row, edges, bar)
             book.save(folder / "book.pt")
+            written = [f"features/{name}.npy" for name in tables] + ["colptr.npy", "row.npy", "book.pt"]
             meta = {"machine": m, "num_machines": book.num_machines, "num_nodes": n, "part_nodes": len(nodes),
                     "part_edges": len(edges),
-                    "features": {k: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for k, t in tables.items()}}
+                    "features": {k: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for k, t in tables.items()},
+                    "files": {name: _record(folder / name) for name in written}}
             (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def _record(path: Path) -> dict:
+    """What load_partition compares a part's file with: its size and the CRC-32 of its sampled pages."""
+    identity = FileIdentity.of(path)
+    return {"size": identity.size, "crc32": identity.checksum}
+
+
+def _check_record(path: Path, recorded: dict | None) -> None:
+    """Refuse ``path`` when it is not the file :func:`partition` recorded (ValueError naming it and the fix)."""
+    if recorded is None:  # parts without records: load_partition warned once for the part
+        return
+    now = _record(path)
+    if now != recorded:
+        what = (f"it holds {now['size']} bytes, {recorded['size']} were written" if now["size"] != recorded["size"]
+                else "its sampled pages' CRC-32 differs from the one recorded")
+        raise ValueError(f"{path} is not the file partition() wrote: {what}. It was changed, cut short or replaced "
+                         "since; rewrite the parts: python -m hmgstore.cli.partition OUT_DIR --parts N ... "
+                         "--overwrite (or partition(..., overwrite=True))")
 
 
 def part_of(features, edge_index, book: PartitionBook, machine: int, device=None, *, progress: bool = True,
@@ -178,9 +258,18 @@ def part_of(features, edge_index, book: PartitionBook, machine: int, device=None
     whole graph first).
 
     ``features``, ``edge_index``: as for :func:`partition`; ``device``, ``placement``: as for
-    :func:`load_partition` (the part's rows are copied into new tables). Raises as :func:`partition` does.
+    :func:`load_partition` (the part's rows are copied into new tables).
+
+    Raises:
+        TypeError: for a ``machine`` that is not an integer (a float, a bool), a ``book`` that is not a
+            :class:`PartitionBook`; as :func:`partition` and :class:`~hmgstore.HybridTensor` do.
+        ValueError: for a ``machine`` outside ``[0, book.num_machines)``; as :func:`partition` does (node counts
+            that are not the book's) and as :class:`~hmgstore.HybridTensor` does (``placement``).
+        IndexError: for edges naming nodes beyond the book.
     """
-    if not 0 <= machine < book.num_machines:
+    _check_book(book)
+    machine = checks.count(machine, "machine")
+    if machine >= book.num_machines:
         raise ValueError(f"machine {machine} is not one of the book's {book.num_machines}")
     tables = _features(features, book.num_nodes, files=False)
     csc = _csc(edge_index, book.num_nodes)
@@ -226,19 +315,42 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     topology is read into CPU tensors. ``share``: read the part once per
     machine into shared memory (:func:`hmgstore.distributed.share_on_node`)
     that every rank of the machine maps, instead of a copy per rank;
-    collective over the machine's ranks. Raises FileNotFoundError for a
-    missing part, ValueError naming the file when one does not match its
-    book or ``meta.json`` (a shape, dtype or length; a colptr that does not
-    rise from 0 to the number of edges; a source outside the book), is cut
-    short or damaged, and :class:`~hmgstore.rows.file_identity.FileChangedError`
-    (a ValueError) naming a file replaced or rewritten between the check
-    of its header and the read of its rows (another writer in the folder).
+    collective over the machine's ranks.
+
+    Raises:
+        FileNotFoundError: for a missing part (no ``part{machine}/meta.json``) or book.
+        TypeError: for a ``machine`` that is not an integer (a float, a bool).
+        ValueError: for a negative ``machine``; naming the file, for one that is not the file :func:`partition`
+            recorded in ``meta.json`` (its size or its sampled pages' CRC-32 differ: changed, cut short, or replaced
+            by another file, another part's of the same size included), with the fix (rewrite the parts with
+            ``python -m hmgstore.cli.partition ... --overwrite``); naming the file, for one that does not match its
+            book or ``meta.json`` (a shape, dtype or length; a colptr that does not rise from 0 to the number of
+            edges; a source outside the book) or is damaged; as :class:`~hmgstore.HybridTensor` does
+            (``placement``).
+        FileChangedError: (:mod:`hmgstore.rows.file_identity`, a ValueError) naming a file replaced or rewritten
+            between the check of its header and the read of its rows (another writer in the folder).
+
+    Warns:
+        UserWarning: for a part whose ``meta.json`` records no files (written before partition() recorded them):
+            it loads after the other checks, but a file replaced by one of the same shape would go unnoticed.
     """
+    machine = checks.count(machine, "machine")
     folder = part_dir(out_dir, machine)
     if not (folder / "meta.json").is_file():
         raise FileNotFoundError(f"no part {machine} under {out_dir} (looked for {folder / 'meta.json'}); write the "
                                 "parts with python -m hmgstore.cli.partition")
     meta = _read_meta(folder / "meta.json")
+    records = meta.get("files")
+    if records is None:
+        warnings.warn(f"{folder / 'meta.json'} records no size and checksum of the part's files (parts written "
+                      "before partition() recorded them): a file replaced by another of the same shape cannot be "
+                      "told apart. Rewrite the parts with python -m hmgstore.cli.partition ... --overwrite to get "
+                      "the check", UserWarning, stacklevel=2)
+        records = {}
+    elif not (folder / "book.pt").is_file():
+        raise FileNotFoundError(f"no partition book at {folder / 'book.pt'}")
+    else:
+        _check_record(folder / "book.pt", _recorded(folder / "meta.json", records, "book.pt"))
     book = PartitionBook.load(folder / "book.pt")
     said = (meta["machine"], meta["num_machines"], meta["num_nodes"], meta["part_nodes"])
     if said != (machine, book.num_machines, book.num_nodes, book.sizes[machine] if machine < book.num_machines else -1):
@@ -247,10 +359,14 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                          f"has {book.num_machines} machines, {book.num_nodes} nodes"
                          + (f", {book.sizes[machine]} in part {machine}" if machine < book.num_machines else ""))
     nodes, edges = meta["part_nodes"], meta["part_edges"]
-    checked = [_expect(folder / "features" / f"{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
+
+    def expect(name, shape, dtype):
+        recorded = _recorded(folder / "meta.json", records, name) if meta.get("files") is not None else None
+        return _expect(folder / name, shape, dtype, recorded)
+
+    checked = [expect(f"features/{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
                for name, attr in meta["features"].items()]
-    checked += [_expect(folder / "colptr.npy", (nodes + 1,), "torch.int64"),
-                _expect(folder / "row.npy", (edges,), "torch.int64")]
+    checked += [expect("colptr.npy", (nodes + 1,), "torch.int64"), expect("row.npy", (edges,), "torch.int64")]
     features = {}
     if share:
         def read_once(path):  # the machine's first rank reads; every rank maps the same pages
@@ -285,15 +401,33 @@ def _read_meta(path: Path) -> dict:
         isinstance(a, dict) and isinstance(a.get("dtype"), str) and isinstance(a.get("shape"), list)
         and all(type(s) is int and s >= 0 for s in a["shape"]) and str(name).isidentifier()
         for name, a in meta["features"].items())
+    files = meta.get("files") if isinstance(meta, dict) else None
+    ok = ok and (files is None or isinstance(files, dict) and all(
+        isinstance(r, dict) and set(r) == {"size", "crc32"} and all(type(v) is int and v >= 0 for v in r.values())
+        for r in files.values()))
     if not ok:
-        raise ValueError(f"{path} does not hold what partition() writes: non-negative integers {', '.join(counts)} "
-                         "and features {name: {shape: [ints], dtype: str}}; the part is damaged")
+        raise ValueError(f"{path} does not hold what partition() writes: non-negative integers {', '.join(counts)}, "
+                         "features {name: {shape: [ints], dtype: str}} and files {name: {size: int, crc32: int}}; "
+                         "the part is damaged")
     return meta
 
 
-def _expect(path: Path, shape: tuple, dtype: str) -> FileIdentity:
-    """Refuse a .npy file whose header gives another shape or dtype than the part's book and meta.json; the
-    identity of the file checked (:mod:`hmgstore.rows.file_identity`), to check again once it is read."""
+def _recorded(meta_path: Path, records: dict, name: str) -> dict:
+    """The record ``meta.json`` holds for the part's file ``name``; ValueError when it holds none."""
+    if name not in records:
+        raise ValueError(f"{meta_path} records no size and checksum for {name}, which partition() writes; the "
+                         "part is damaged: rewrite the parts with python -m hmgstore.cli.partition ... --overwrite")
+    return records[name]
+
+
+def _expect(path: Path, shape: tuple, dtype: str, recorded: dict | None) -> FileIdentity:
+    """Refuse a .npy file that is not the one partition() recorded, or whose header gives another shape or dtype
+    than the part's book and meta.json; the identity of the file checked (:mod:`hmgstore.rows.file_identity`), to
+    check again once it is read."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the part; rewrite the parts with python -m "
+                                "hmgstore.cli.partition ... --overwrite")
+    _check_record(path, recorded)
     identity = FileIdentity.of(path)
     found_shape, found_dtype = npy_layout(path)
     try:

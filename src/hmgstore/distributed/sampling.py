@@ -50,6 +50,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -59,7 +60,9 @@ from ..graph.hop import _floyd_cpu, _sample_hop, draw, slot_counts
 from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
+from ..rows.hotness import parse_budget
 from ..rows.ids import check_range, normalize_many
+from ..util.device import resolve_device
 from .cluster import this_cluster
 from .exchange import all_to_all, finish
 from .parts import Partition
@@ -166,13 +169,41 @@ class DistributedNeighborSampler:
             ``gpu_budget`` bytes, all of them by default, the rest read
             zero-copy from the host). Batches come back on the CPU when
             partitioned.
-        gpu_budget: partitioned, on a GPU: see ``device``.
+        gpu_budget: partitioned, on a GPU: see ``device``; bytes (int or ``"4GB"``). Refused elsewhere (a
+            replicated topology, a CPU device), where it cannot apply.
+
+    Raises:
+        TypeError: for a ``topology`` that is neither a :class:`Partition` nor a CSC, ``num_neighbors`` that is
+            not a list of whole numbers, a ``replace`` that is not a bool, a ``generator`` that is not a
+            ``torch.Generator``; in :meth:`sample`, for seeds that are not integers.
+        ValueError: for a fanout below -1, a generator on another device than the CPU, a ``gpu_budget`` where it
+            cannot apply or that is not a byte count, a device that is neither cpu nor cuda, a part whose
+            topology its book does not bear out; on every rank, naming them, when ranks disagree on the book,
+            fanouts or ``replace``, or hold another machine's part.
+        IndexError: in :meth:`sample`, for a seed outside ``[0, num_nodes)``, before anything is sent.
+        RuntimeError: partitioned, without ``init_process_group``.
+        PeerLostError: in :meth:`sample`, partitioned, as :func:`gather_many` says.
     """
 
     def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
                  device=None, gpu_budget=None):
         self.num_neighbors = check_fanout(num_neighbors)
-        self.replace, self.generator = replace, generator
+        if not isinstance(replace, (bool, np.bool_)):
+            raise TypeError(f"replace is True or False, got {replace!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator is a torch.Generator or None, got {type(generator).__name__}")
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError(f"generator keys the draws on the CPU: pass a CPU torch.Generator, got one on "
+                             f"{generator.device}")
+        if device is not None:
+            device = resolve_device(device)
+        if gpu_budget is not None:
+            parse_budget(gpu_budget)  # a typo is told as such, whatever the device
+            if not isinstance(topology, Partition) or device is None or device.type != "cuda":
+                kind = "partitioned" if isinstance(topology, Partition) else "replicated"
+                raise ValueError("gpu_budget applies only to a partitioned topology sampled on a GPU (device='cuda'); "
+                                 f"here the topology is {kind} on {device or 'cpu'}: leave gpu_budget out")
+        self.replace, self.generator = bool(replace), generator
         self._owned = None  # partitioned, on a GPU: the part's topology, which this machine samples for every requester
         if isinstance(topology, CSC):
             self.partitioned = False
@@ -189,7 +220,7 @@ class DistributedNeighborSampler:
         self.book, self.colptr, self.row = topology.book, topology.colptr, topology.row
         self.num_nodes = self.book.num_nodes
         _check_part(topology)  # a Partition made by hand, or changed since load_partition checked it
-        if device is not None and torch.device(device).type == "cuda":
+        if device is not None and device.type == "cuda":
             part = CSC(self.row, self.colptr, None, (self.num_nodes, len(self.colptr) - 1))
             self._owned = Topology(part, device, gpu_budget=2**62 if gpu_budget is None else gpu_budget,
                                    progress=False)
@@ -226,8 +257,12 @@ class DistributedNeighborSampler:
         keyed by None, int64 tensors on the sampler's device: ``node``
         (seeds first, then each hop's new nodes), ``row``/``col`` (local ids
         of each edge's neighbour and seed), per-hop counts; ``edge`` the CSC
-        positions (replicated) or None (partitioned). Raises IndexError for
-        ids outside ``[0, num_nodes)`` before anything is sent.
+        positions (replicated) or None (partitioned).
+
+        Raises:
+            TypeError: for seeds that are not integers (floats are never truncated).
+            IndexError: for a seed outside ``[0, num_nodes)``, before anything is sent.
+            PeerLostError: partitioned, as :func:`gather_many` says.
         """
         if not self.partitioned:
             return self._local.sample({None: seeds})

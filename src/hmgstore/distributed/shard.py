@@ -22,8 +22,10 @@ import torch.distributed as dist
 from ..cuda import check_device, peer
 from ..gather.plan import fill_rows
 from ..graph import Topology
+from ..graph.csc import CSC
 from ..memory.pinned import PinnedHost, as_host_tensor, row_layout
-from ..rows import formats
+from ..rows import checks, formats
+from ..rows.hotness import parse_bytes
 from ..rows.ids import rows_only
 from ..rows.placement import Placement, host_only, sharded
 from ..table.interface import gather_each
@@ -53,12 +55,22 @@ def _signature(source: torch.Tensor, p: Placement) -> tuple:
 
 
 class DistributedTensor:
-    """This process's part of a table sharded over its node's GPUs; see :func:`shard`.
+    """This process's part of a table sharded over its node's GPUs; made by :func:`shard`, not by hand.
 
     ``table``: the :class:`~hmgstore.HybridTensor` view to gather with (pass
     it to PyG's or DGL's adapters); ``placement``: the node-wide placement,
     where shard ``s`` belongs to the node's ``s``-th rank. ``close()`` is
     collective over the node; it waits until no peer reads this shard.
+    Gathers (``t[ids]``, :meth:`gather`) take what :meth:`HybridTensor.gather <hmgstore.HybridTensor.gather>`
+    takes and return ``[*ids.shape, *row_shape]`` rows on ``device``.
+
+    Raises:
+        TypeError: in a gather, for ids that are not integers (floats, bools) and for ``t[i, j]`` (one index
+            only: rows); in :meth:`close`, for a ``timeout`` that is not a number.
+        ValueError: in :meth:`close`, for a negative or non-finite ``timeout``.
+        IndexError: in a gather, for an id outside ``[0, num_rows)`` (its value and position).
+        RuntimeError: in a gather after :meth:`close`.
+        PeerLostError: in a gather (and :meth:`check`) once a process of the node sharing the table has died.
     """
 
     table: HybridTensor  # the view this rank gathers through (set by the builder when made without one)
@@ -115,8 +127,10 @@ class DistributedTensor:
         """Free this process's shard, close its peers' and unpin host memory (collective, idempotent).
 
         Waits (at most ``timeout`` seconds) until every process of the node
-        has stopped gathering; skips the wait when a peer has died.
+        has stopped gathering; skips the wait when a peer has died. Raises TypeError for a ``timeout`` that is not
+        a number, ValueError for a negative or non-finite one (before anything is freed).
         """
+        timeout = checks.seconds(timeout, "timeout")
         if self._closed:
             return
         self._closed = True
@@ -168,19 +182,43 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     ``gpu_budget``/``hot_order``/``replicate`` (as for
     :class:`~hmgstore.ShardedTensor`) and its own ``device`` (default: the
     current GPU; set it with ``torch.cuda.set_device(local_rank)``). The
-    node's ``s``-th rank owns shard ``s``. Ranks that disagree on the table
-    or placement get a ValueError naming what differs. A pair of GPUs without
-    peer access reads each other's rows from host memory, with a warning.
-    ``peer_exit_timeout``: seconds this process may go on after a node peer
-    died before hmgstore ends it (None: never). ``compress``: ``"int8"``,
-    ``"float8"``, ``"bfloat16"`` or ``"float16"`` (:mod:`hmgstore.rows.formats`):
-    the node's first rank encodes the float32 ``source`` once into
-    node-shared memory, and every tier (shards, replica, host) keeps rows
-    in that format, decoded by the gather; ``gpu_budget`` and ``replicate``
-    then count stored bytes (int8 holds about 3.6x the rows of float32).
+    node's ``s``-th rank owns shard ``s``. A pair of GPUs without
+    peer access reads each other's rows from host memory, with a warning. A
+    rank that cannot build its own shard (GPU memory) makes every rank raise
+    RuntimeError naming it.
 
-    Returns a :class:`DistributedTensor`; gather with its ``.table``.
+    Args:
+        source: ``[N, *row_shape]`` torch CPU tensor, numpy array or memmap, the same on every rank of the node.
+        gpu_budget: bytes each GPU gives to the table (int or ``"20GB"``), the replica included.
+        hot_order: 1-D row ids hottest first, each in ``[0, N)`` at most once (it may list only some rows).
+        replicate: bytes (int or string) of the hottest rows copied on every GPU; at most ``gpu_budget``.
+        device: this rank's device, ``"cuda:k"`` or ``"cpu"`` (gathers then read the shared host table).
+        max_sms: an integer >= 1 or None, as for :class:`~hmgstore.HybridTensor` (checked on the CPU too).
+        compress: ``"int8"``, ``"float8"``, ``"bfloat16"`` or ``"float16"`` (:mod:`hmgstore.rows.formats`):
+            the node's first rank encodes the float32 ``source`` once into node-shared memory, and every tier
+            (shards, replica, host) keeps rows in that format, decoded by the gather; ``gpu_budget`` and
+            ``replicate`` then count stored bytes (int8 holds about 3.6x the rows of float32).
+        progress: progress bars while pinning and filling.
+        peer_exit_timeout: seconds (a finite number >= 0) this process may go on after a node peer died before
+            hmgstore ends it; None: never.
+
+    Returns:
+        A :class:`DistributedTensor`; gather with its ``.table``.
+
+    Raises:
+        RuntimeError: without ``torch.distributed.init_process_group``; for a CUDA device where torch sees no GPU.
+        TypeError: for a source that is not a CPU table (a CUDA or sparse tensor, another kind), float or bool
+            ``hot_order`` ids, a ``peer_exit_timeout`` that is not a number or None.
+        ValueError: when ranks of the node disagree on the table, its placement or the device type (naming
+            them); for a missing ``gpu_budget`` or ``hot_order``, a budget or ``replicate`` that is not a byte
+            count, ``replicate`` above ``gpu_budget``, a repeated ``hot_order`` id, an unknown ``compress`` or
+            one of a table that is not float32, a bad ``max_sms`` (0, negative, a float, a bool, a string),
+            a negative or non-finite ``peer_exit_timeout``, more than 8 ranks on the node, a device that is
+            neither cpu nor cuda.
+        IndexError: for a ``hot_order`` id outside ``[0, N)``.
     """
+    max_sms = checks.sm_cap(max_sms)  # here, before any collective: the CPU path never reaches a kernel
+    peer_exit_timeout = checks.seconds(peer_exit_timeout, "peer_exit_timeout", allow_none=True)
     state = this_node()
     state.peer_exit_timeout = peer_exit_timeout
     state.check()
@@ -313,8 +351,22 @@ def sharded_topology(csc, device=None, *, gpu_budget, hot_order=None, replicate=
     hottest (read by the others over NVLink), the rest read zero-copy from
     host memory. ``close()`` on the topology (or its sampler) is collective. ``weight``: edge weights for
     weighted sampling (see :class:`~hmgstore.graph.Topology`), chunked and sharded alike; ``src_time`` /
-    ``edge_time``: times for temporal sampling, held whole on each GPU.
+    ``edge_time``: times for temporal sampling, held whole on each GPU. On the CPU nothing is sharded (sampling
+    reads host memory) and no process group is needed; the arguments are checked alike. Chunks that are sharded
+    raise what :func:`shard` raises (no process group, ranks that disagree).
+
+    Raises:
+        TypeError: for a ``csc`` that is not a :class:`hmgstore.graph.CSC`, float or bool ``hot_order`` ids.
+        ValueError: for a ``gpu_budget`` or ``replicate`` that is not a byte count (negative, unreadable, a
+            bool), a repeated ``hot_order`` id, a ``hot_order`` that is not 1-D, weights that do not fit the graph.
+        IndexError: for a ``hot_order`` id outside ``[0, num_dst)``.
+        RuntimeError: for a CUDA device where torch sees no GPU.
     """
+    if not isinstance(csc, CSC):
+        raise TypeError(f"sharded_topology takes a hmgstore.graph.CSC (hmgstore.graph.to_csc builds one), got "
+                        f"{type(csc).__name__}")
+    parse_bytes(replicate)  # here: only a GPU whose topology does not fit would read it
+
     def place(chunks, chunk_order, budget, where, bars):
         # min: the weights' chunks are placed with their share of the budget, which may be below `replicate`
         return shard(chunks, gpu_budget=budget, hot_order=chunk_order, replicate=min(replicate, budget), device=where,

@@ -28,7 +28,16 @@ WATCH_SECONDS = 0.25
 
 
 class PeerLostError(RuntimeError):
-    """A process of this node that shares a table with this one has exited."""
+    """A process this one shares tables or exchanges with has exited (or an exchange with it failed).
+
+    Raised, never taken: by gathers of a :class:`~hmgstore.distributed.DistributedTensor` (and its ``check()``)
+    once a process of this node died with tables open; by :class:`~hmgstore.distributed.ClusterTensor` gathers,
+    :func:`~hmgstore.distributed.gather_many` and :class:`~hmgstore.distributed.DistributedNeighborSampler`
+    when a counterpart on another machine is gone, did not answer within
+    :data:`~hmgstore.distributed.EXCHANGE_TIMEOUT`, or an earlier exchange failed (every later one raises at
+    once). The message names the ranks. A RuntimeError: the job cannot go on; restart it (``torchrun
+    --max-restarts``).
+    """
 
 
 def start(state) -> None:

@@ -1,4 +1,4 @@
-"""The checks public entry points share: counts and sizes, id lists, permutations, keywords.
+"""The checks public entry points share: counts and sizes, timeouts, id lists, permutations, keywords.
 
 An entry point states its contract by calling these at its boundary, before
 any work, so every entry point that takes a batch size, an SM cap, a list
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import operator
 
 import numpy as np
@@ -112,6 +113,24 @@ def offsets(ptr, name: str, total: int | None = None, *, length: int | None = No
     if total is not None and int(ptr[-1]) != total:
         raise ValueError(f"{name} must end at the number of edges ({total}), got {int(ptr[-1])}")
     return ptr
+
+
+def seconds(value, name: str, *, allow_none: bool = False) -> float | None:
+    """``value`` as a float after checking it is a finite number of seconds >= 0 (a timeout, a wait).
+
+    Accepts Python and numpy ints and floats; None where ``allow_none`` (no limit). Raises TypeError for bools,
+    strings, ``datetime.timedelta`` and other kinds (with None where it is not accepted), ValueError for a
+    negative, infinite or NaN value.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        accepted = "a number of seconds or None" if allow_none else "a number of seconds"
+        raise TypeError(f"{name} takes {accepted}, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return value
 
 
 def shape(value, name: str = "shape") -> tuple[int, ...]:
