@@ -195,3 +195,19 @@ def test_bytes_with_a_fraction_are_refused_with_the_unit_to_write(size):
                                          ("0.5KiB", 512)])
 def test_whole_bytes_and_fractions_of_a_unit_are_read(size, value):
     assert hotness.parse_bytes(size) == value
+
+
+def test_by_hotness_states_and_keeps_its_contract():
+    assert hotness.by_hotness(torch.tensor([5, 1, 3]), 24, 8).tolist() == [5, 1, 3]
+    assert hotness.by_hotness([5, 1, 3], "16B", 8).tolist() == [5, 1]
+    assert hotness.by_hotness(torch.tensor([5, 1]), 100, 0).tolist() == []  # rows of no bytes: none resident
+    with pytest.raises(TypeError, match="order holds torch.float32"):
+        hotness.by_hotness(torch.tensor([1.0, 2.0]), 100, 8)
+    with pytest.raises(ValueError, match="order must be 1-D"):
+        hotness.by_hotness(torch.zeros(2, 2, dtype=torch.int64), 100, 8)
+    with pytest.raises(TypeError, match="row_bytes"):
+        hotness.by_hotness(torch.tensor([1]), 100, True)
+    with pytest.raises(ValueError, match="row_bytes"):
+        hotness.by_hotness(torch.tensor([1]), 100, -4)
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        hotness.by_hotness(torch.tensor([1]), 2.5, 8)

@@ -53,6 +53,8 @@ def read_assignment(path) -> torch.Tensor:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command's argument parser (its ``--help``). Raises nothing; the parser exits with status 2 on a bad
+    command line."""
     p = argparse.ArgumentParser(prog="python -m hmgstore.cli.partition", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path, help="folder to write part0 ... part{N-1} and split/ into")
@@ -72,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+    """Run the command on ``argv`` (default: the process's arguments).
+
+    Raises:
+        SystemExit: status 2 with a usage error naming the flag for a bad command line: an OUT_DIR that holds
+            anything without ``--overwrite``, ``--parts`` under 1, a synthetic graph's sizes, an assignment file
+            that does not fit the graph, a dataset whose split or edges do not fit its nodes.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -38,7 +38,8 @@ class HostBound:
     ``us_per_page``: a page's cost past the knee. ``batches_per_s``: the
     bound, ``math.inf`` when no row is read from host memory; ``by``:
     ``"bytes"`` or ``"pages"``, whichever term of the model is larger;
-    ``fix``: what would cut the host reads most, or None.
+    ``fix``: what would cut the host reads most, or None. :func:`host_bound`
+    makes them; building one by hand checks nothing and raises nothing.
     """
 
     batches: int

@@ -18,6 +18,7 @@ import re
 
 import torch
 
+from . import checks
 from .ids import as_tensor, check_range
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -115,12 +116,22 @@ def order_by_score(score: torch.Tensor) -> torch.Tensor:
 def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
     """The rows that fit in ``budget`` bytes of GPU memory, hottest first.
 
-    ``order``: 1-D integer tensor of row ids, hottest first (it may list only
-    some rows). ``budget``: bytes (int or string, see :func:`parse_bytes`).
-    Returns int64 ids, a prefix of ``order``.
+    Args:
+        order: 1-D integer tensor of row ids, hottest first (it may list only some rows; checked by
+            :func:`check_order` where a table takes it).
+        budget: bytes (int or string, see :func:`parse_bytes`).
+        row_bytes: bytes of GPU memory one row takes, an integer >= 0 (0: no row is resident).
+
+    Returns:
+        int64 ids, a prefix of ``order``.
+
+    Raises:
+        TypeError: ``order`` of floats or bools, or ``row_bytes`` not an integer.
+        ValueError: ``order`` not 1-D, ``row_bytes`` negative, or a ``budget`` :func:`parse_bytes` refuses.
     """
-    order = torch.as_tensor(order)
-    if row_bytes <= 0:
+    order = checks.integers(order, "order")
+    row_bytes = checks.count(row_bytes, "row_bytes")
+    if row_bytes == 0:
         return order.reshape(-1)[:0].to(torch.int64)
     count = parse_bytes(budget) // row_bytes
     return order.reshape(-1)[:count].to(torch.int64)
@@ -182,6 +193,10 @@ def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) 
     """Group -> score: ``hotness`` when given, else in-degree (zeros for groups no edge points to).
 
     ``in_degree``: group -> int64 [rows]; ``num_rows``: group -> rows of the group.
+
+    Raises:
+        ValueError: as :func:`check_hotness`, for a given ``hotness`` that lacks a group of ``num_rows``, holds
+            a score of another length, or NaN.
     """
     if hotness is not None:
         return check_hotness(hotness, num_rows)  # the caller's scores: checked on every device
