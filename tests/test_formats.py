@@ -11,6 +11,8 @@ import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hmgstore
 from helpers import assert_same, random_table
@@ -36,7 +38,8 @@ def torch_rounding(x: torch.Tensor, name: str) -> torch.Tensor:
 def varied_table(rows: int, row_shape, seed: int) -> torch.Tensor:
     """Rows of very different magnitudes, a zero row, tiny (subnormal-scaled) and negative-zero values."""
     x = random_table(rows, row_shape, torch.float32, seed=seed)
-    x *= torch.logspace(-6, 6, rows).reshape(rows, *([1] * len(row_shape)))
+    # up to 1e4 (times randn): within float16's range, which refuses finite values past 65504
+    x *= torch.logspace(-6, 4, rows).reshape(rows, *([1] * len(row_shape)))
     x[rows // 2] = 0.0
     x.view(rows, -1)[1, 0] = -0.0
     x.view(rows, -1)[2, :] = 1e-42  # subnormal float32
@@ -282,3 +285,23 @@ def test_pyg_stores_keep_float_attributes_compressed_and_labels_as_they_are(smal
         assert_same(batch.x, want[batch.n_id])
         assert_same(batch.y, g.y[batch.n_id])
     assert_same(stores[0].get_tensor(group_name=None, attr_name="x", index=None), want)  # whole-table reads decode
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["float16", "bfloat16"]), st.integers(0, 5), st.integers(0, 7),
+       st.floats(1.0, 3.4e38, allow_nan=False), st.booleans(), st.booleans())
+def test_16_bit_rows_refuse_finite_values_past_their_range(name, at, col, magnitude, negative, with_inf):
+    fmt = formats.get(name)
+    rows = torch.randn(6, 8)
+    if with_inf:
+        rows[(at + 1) % 6, 0] = float("inf")  # an infinity the table already held: kept as it is
+    value = -magnitude if negative else magnitude
+    rows[at, col] = value
+    past = abs(torch.tensor(value).to(fmt.element).float()) == float("inf")
+    ids = torch.arange(100, 106)
+    if past:
+        with pytest.raises(ValueError, match=f"row {100 + at} holds .*past {name}'s largest finite value"):
+            fmt.encode(rows, ids)
+    else:
+        stored = fmt.encode(rows, ids)
+        assert torch.equal(fmt.decode(stored, (8,)), rows.to(fmt.element).float())

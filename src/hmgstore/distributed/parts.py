@@ -33,7 +33,6 @@ the check.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,12 +42,13 @@ import torch
 from ..graph.csc import CSC, to_csc
 from ..memory.pinned import as_host_tensor
 from ..rows import checks
-from ..rows.file_identity import FileIdentity
 from ..rows.ids import check_range
-from ..table.files import load, npy_layout, read
+from ..table.files import load, read
 from ..table.tensor import HybridTensor
 from ..util.progress import tqdm
 from .node import share_on_node
+from .part_files import check_topology, read_meta_and_book, record, recorded
+from .part_files import expect as expect_file
 from .partition_book import PartitionBook
 from .replace import new_folder
 
@@ -228,27 +228,8 @@ def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, pro
             meta = {"machine": m, "num_machines": book.num_machines, "num_nodes": n, "part_nodes": len(nodes),
                     "part_edges": len(edges),
                     "features": {k: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for k, t in tables.items()},
-                    "files": {name: _record(folder / name) for name in written}}
+                    "files": {name: record(folder / name) for name in written}}
             (folder / "meta.json").write_text(json.dumps(meta, indent=1))
-
-
-def _record(path: Path) -> dict:
-    """What load_partition compares a part's file with: its size and the CRC-32 of its sampled pages."""
-    identity = FileIdentity.of(path)
-    return {"size": identity.size, "crc32": identity.checksum}
-
-
-def _check_record(path: Path, recorded: dict | None) -> None:
-    """Refuse ``path`` when it is not the file :func:`partition` recorded (ValueError naming it and the fix)."""
-    if recorded is None:  # parts without records: load_partition warned once for the part
-        return
-    now = _record(path)
-    if now != recorded:
-        what = (f"it holds {now['size']} bytes, {recorded['size']} were written" if now["size"] != recorded["size"]
-                else "its sampled pages' CRC-32 differs from the one recorded")
-        raise ValueError(f"{path} is not the file partition() wrote: {what}. It was changed, cut short or replaced "
-                         "since; rewrite the parts: python -m hmgstore.cli.partition OUT_DIR --parts N ... "
-                         "--overwrite (or partition(..., overwrite=True))")
 
 
 def part_of(features, edge_index, book: PartitionBook, machine: int, device=None, *, progress: bool = True,
@@ -336,33 +317,12 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     """
     machine = checks.count(machine, "machine")
     folder = part_dir(out_dir, machine)
-    if not (folder / "meta.json").is_file():
-        raise FileNotFoundError(f"no part {machine} under {out_dir} (looked for {folder / 'meta.json'}); write the "
-                                "parts with python -m hmgstore.cli.partition")
-    meta = _read_meta(folder / "meta.json")
-    records = meta.get("files")
-    if records is None:
-        warnings.warn(f"{folder / 'meta.json'} records no size and checksum of the part's files (parts written "
-                      "before partition() recorded them): a file replaced by another of the same shape cannot be "
-                      "told apart. Rewrite the parts with python -m hmgstore.cli.partition ... --overwrite to get "
-                      "the check", UserWarning, stacklevel=2)
-        records = {}
-    elif not (folder / "book.pt").is_file():
-        raise FileNotFoundError(f"no partition book at {folder / 'book.pt'}")
-    else:
-        _check_record(folder / "book.pt", _recorded(folder / "meta.json", records, "book.pt"))
-    book = PartitionBook.load(folder / "book.pt")
-    said = (meta["machine"], meta["num_machines"], meta["num_nodes"], meta["part_nodes"])
-    if said != (machine, book.num_machines, book.num_nodes, book.sizes[machine] if machine < book.num_machines else -1):
-        raise ValueError(f"{folder / 'meta.json'} does not describe part {machine} of {folder / 'book.pt'}: it says "
-                         f"part {said[0]} of {said[1]} machines, {said[2]} nodes, {said[3]} in the part; the book "
-                         f"has {book.num_machines} machines, {book.num_nodes} nodes"
-                         + (f", {book.sizes[machine]} in part {machine}" if machine < book.num_machines else ""))
+    meta, records, book = read_meta_and_book(folder, machine, out_dir)
     nodes, edges = meta["part_nodes"], meta["part_edges"]
 
     def expect(name, shape, dtype):
-        recorded = _recorded(folder / "meta.json", records, name) if meta.get("files") is not None else None
-        return _expect(folder / name, shape, dtype, recorded)
+        record_of = recorded(folder / "meta.json", records, name) if meta.get("files") is not None else None
+        return expect_file(folder / name, shape, dtype, record_of)
 
     checked = [expect(f"features/{name}.npy", (nodes, *attr["shape"]), attr["dtype"])
                for name, attr in meta["features"].items()]
@@ -378,7 +338,7 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                 else load(path, device, progress=progress, **placement)
         colptr, row = ((read_once if share else lambda p: read(p, progress=progress))(folder / name)
                        for name in ("colptr.npy", "row.npy"))
-        _check_topology(folder, colptr, row, book.num_nodes)
+        check_topology(folder, colptr, row, book.num_nodes)
         for identity in checked:  # each file is still the one whose header was checked: not replaced meanwhile
             identity.check("load_partition checked its header against meta.json")
     except BaseException:
@@ -386,74 +346,3 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
             table.close()
         raise
     return Partition(machine, book, features, colptr, row)
-
-
-def _read_meta(path: Path) -> dict:
-    """``meta.json``, its keys and their types checked (ValueError naming it)."""
-    try:
-        meta = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not the JSON partition() writes: {err}; the part is cut short or damaged") \
-            from err
-    counts = ("machine", "num_machines", "num_nodes", "part_nodes", "part_edges")
-    ok = isinstance(meta, dict) and all(type(meta.get(k)) is int and meta[k] >= 0 for k in counts)
-    ok = ok and isinstance(meta.get("features"), dict) and all(
-        isinstance(a, dict) and isinstance(a.get("dtype"), str) and isinstance(a.get("shape"), list)
-        and all(type(s) is int and s >= 0 for s in a["shape"]) and str(name).isidentifier()
-        for name, a in meta["features"].items())
-    files = meta.get("files") if isinstance(meta, dict) else None
-    ok = ok and (files is None or isinstance(files, dict) and all(
-        isinstance(r, dict) and set(r) == {"size", "crc32"} and all(type(v) is int and v >= 0 for v in r.values())
-        for r in files.values()))
-    if not ok:
-        raise ValueError(f"{path} does not hold what partition() writes: non-negative integers {', '.join(counts)}, "
-                         "features {name: {shape: [ints], dtype: str}} and files {name: {size: int, crc32: int}}; "
-                         "the part is damaged")
-    return meta
-
-
-def _recorded(meta_path: Path, records: dict, name: str) -> dict:
-    """The record ``meta.json`` holds for the part's file ``name``; ValueError when it holds none."""
-    if name not in records:
-        raise ValueError(f"{meta_path} records no size and checksum for {name}, which partition() writes; the "
-                         "part is damaged: rewrite the parts with python -m hmgstore.cli.partition ... --overwrite")
-    return records[name]
-
-
-def _expect(path: Path, shape: tuple, dtype: str, recorded: dict | None) -> FileIdentity:
-    """Refuse a .npy file that is not the one partition() recorded, or whose header gives another shape or dtype
-    than the part's book and meta.json; the identity of the file checked (:mod:`hmgstore.rows.file_identity`), to
-    check again once it is read."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the part; rewrite the parts with python -m "
-                                "hmgstore.cli.partition ... --overwrite")
-    _check_record(path, recorded)
-    identity = FileIdentity.of(path)
-    found_shape, found_dtype = npy_layout(path)
-    try:
-        found = str(torch.from_numpy(np.empty(0, found_dtype)).dtype)  # meta.json names torch dtypes
-    except TypeError:
-        found = str(found_dtype)
-    if found_shape != tuple(shape) or found != dtype:
-        raise ValueError(f"{path} should hold shape {tuple(shape)} of {dtype} (from the part's book and meta.json), "
-                         f"found {found_shape} of {found}; the part is damaged or from another partition")
-    return identity
-
-
-def _check_topology(folder: Path, colptr: torch.Tensor, row: torch.Tensor, num_nodes: int) -> None:
-    """colptr rises from 0 to ``len(row)``; every source in ``row`` is a node of the book."""
-    if int(colptr[0]) != 0:
-        raise ValueError(f"{folder / 'colptr.npy'} must start at 0, found {int(colptr[0])}")
-    falls = colptr[1:] < colptr[:-1]
-    if bool(falls.any()):
-        i = int(falls.nonzero()[0, 0])
-        raise ValueError(f"{folder / 'colptr.npy'} decreases at entry {i + 1} ({int(colptr[i])} then "
-                         f"{int(colptr[i + 1])}); offsets into row.npy never decrease")
-    if int(colptr[-1]) != len(row):
-        raise ValueError(f"{folder / 'colptr.npy'} ends at {int(colptr[-1])}, but {folder / 'row.npy'} holds "
-                         f"{len(row)} edges")
-    try:
-        check_range(row, num_nodes)
-    except IndexError as err:
-        raise ValueError(f"{folder / 'row.npy'} names a source outside the book: {err}; the book has {num_nodes} "
-                         "nodes") from None

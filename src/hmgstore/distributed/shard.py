@@ -235,16 +235,8 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
     cuda = device.type == "cuda"
     if cuda:
         check_device(device)
-    mine = (_signature(source, p), peer.pci_bus_id(device.index) if cuda else None, device.type)
-    everyone: list[Any] = [None] * len(state.ranks)
-    dist.all_gather_object(everyone, mine, group=state.group)
-    for k, theirs in enumerate(everyone):
-        if theirs[0] != mine[0] or theirs[2] != mine[2]:
-            raise ValueError(
-                f"rank {state.ranks[k]} builds a different table than rank {state.rank}: (shape, dtype, tiers, "
-                f"bounds, checksum of resident rows, checksum of sampled rows' data, device type) "
-                f"{(*theirs[0], theirs[2])} vs {(*mine[0], mine[2])}; pass every rank the same source "
-                "(hmgstore.distributed.share_on_node builds it once per node), gpu_budget, hot_order and replicate")
+    everyone = _same_on_every_rank(state, (_signature(source, p), peer.pci_bus_id(device.index) if cuda else None,
+                                           device.type))
     if not cuda:
         result = DistributedTensor(state, source, p, None)
         # Gathers check the node's peers here too.
@@ -254,6 +246,21 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
         return result
     return _shard_cuda(state, source, read_only, p, device, [bus for _, bus, _ in everyone], max_sms, progress,
                        fmt, shape)
+
+
+def _same_on_every_rank(state: Node, mine: tuple) -> list:
+    """Every rank's ``(signature, PCI bus, device type)`` (collective), after checking that all describe one table
+    on one kind of device: ValueError naming the rank that differs."""
+    everyone: list[Any] = [None] * len(state.ranks)
+    dist.all_gather_object(everyone, mine, group=state.group)
+    for k, theirs in enumerate(everyone):
+        if theirs[0] != mine[0] or theirs[2] != mine[2]:
+            raise ValueError(
+                f"rank {state.ranks[k]} builds a different table than rank {state.rank}: (shape, dtype, tiers, "
+                f"bounds, checksum of resident rows, checksum of sampled rows' data, device type) "
+                f"{(*theirs[0], theirs[2])} vs {(*mine[0], mine[2])}; pass every rank the same source "
+                "(hmgstore.distributed.share_on_node builds it once per node), gpu_budget, hot_order and replicate")
+    return everyone
 
 
 def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progress, fmt, shape) -> DistributedTensor:

@@ -35,7 +35,9 @@ with torch, and :meth:`Format.decode` is the reference the gather kernel
 stored value to float32, then one float32 multiply by the scale. Rows with
 NaN or infinity cannot be scaled (their scale would be NaN or infinite and
 take the whole row with it): encoding raises ValueError, naming the first
-such row. The 16-bit formats keep NaN and infinity as they are.
+such row. The 16-bit formats keep NaN and infinity as they are, but refuse a
+finite value past their range (float16's 65504, bfloat16's 3.39e38), which
+would read back as infinity: ValueError naming the row.
 """
 from __future__ import annotations
 
@@ -91,9 +93,10 @@ class Format:
         caller's row id, never a position;
         ``out``: where to write them (a CPU tensor of that shape and dtype,
         e.g. the rows of a host tier), returned; default a new tensor.
-        Raises ValueError for a non-float32 input, and for scaled formats a
-        row holding NaN or infinity (found from each row's extremes, which
-        also give its scale). Quantised in blocks of rows whose temporaries
+        Raises ValueError for a non-float32 input, for scaled formats a row
+        holding NaN or infinity (found from each row's extremes, which also
+        give its scale), and for 16-bit formats a row with a finite value past
+        their range. Quantised in blocks of rows whose temporaries
         stay in the CPU's caches: about 5x the encode that scanned every
         value and worked on all rows at once (1M rows of 128 values, 2-core
         VM, interleaved: 0.21-0.24 against 1.09-1.12 s; the blocks alone
@@ -107,7 +110,10 @@ class Format:
             raise ValueError(f"out must be a CPU tensor of shape {stored} and dtype {self.stored_dtype()}; got "
                              f"{tuple(out.shape)}, {out.dtype} on {out.device}")
         if not self.scaled:
-            return rows.to(self.element) if out is None else out.copy_(rows)
+            out = rows.to(self.element) if out is None else out.copy_(rows)
+            if bool(torch.isinf(out).any()):  # one pass over the 16-bit rows; the culprit only then
+                self._refuse_overflow(rows, out, first_row)
+            return out
         flat = rows.reshape(n, elems)
         if elems:  # a row's largest magnitude, from its extremes: NaN or infinite exactly where the row holds one
             low, high = torch.aminmax(flat, dim=1)
@@ -139,6 +145,20 @@ class Format:
                 q.round_()
             out[a:a + step, :width].view(self.element).copy_(q)  # converted as .to() would, straight into place
         return out
+
+    def _refuse_overflow(self, rows: torch.Tensor, stored: torch.Tensor, first_row) -> None:
+        """ValueError naming the first row with a finite value past this 16-bit format's range (it would read
+        back as infinity); infinities the table already held are kept, as the module docstring says."""
+        grown = (torch.isinf(stored) & torch.isfinite(rows)).reshape(rows.shape[0], -1)
+        if not bool(grown.any()):
+            return
+        at, where = (int(i) for i in grown.nonzero()[0])
+        row = int(first_row[at]) if isinstance(first_row, torch.Tensor) else first_row + at
+        value = float(rows[at].reshape(-1)[where])
+        largest = torch.finfo(self.element).max
+        raise ValueError(f"row {row} holds {value:.6g}, past {self.name}'s largest finite value ({largest:.6g}): "
+                         f"it would read back as infinity; store the table as int8 or float8 (scaled per row)"
+                         + (" or bfloat16" if self.element == torch.float16 else ""))
 
     def decode(self, stored: torch.Tensor, row_shape) -> torch.Tensor:
         """Stored rows (as :meth:`encode` returns them, any device) back as float32 ``[n, *row_shape]``."""
