@@ -14,7 +14,7 @@ import datetime
 import logging
 import warnings
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -130,7 +130,7 @@ class DistributedTensor:
         has stopped gathering; skips the wait when a peer has died. Raises TypeError for a ``timeout`` that is not
         a number, ValueError for a negative or non-finite one (before anything is freed).
         """
-        timeout = checks.seconds(timeout, "timeout")
+        timeout = cast(float, checks.seconds(timeout, "timeout"))  # None refused: allow_none is off
         if self._closed:
             return
         self._closed = True
@@ -217,7 +217,7 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
             neither cpu nor cuda.
         IndexError: for a ``hot_order`` id outside ``[0, N)``.
     """
-    max_sms = checks.sm_cap(max_sms)  # here, before any collective: the CPU path never reaches a kernel
+    max_sms = cast("int | None", checks.sm_cap(max_sms))  # before any collective: the CPU path has no kernel
     peer_exit_timeout = checks.seconds(peer_exit_timeout, "peer_exit_timeout", allow_none=True)
     state = this_node()
     state.peer_exit_timeout = peer_exit_timeout

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
+from typing import cast
 
 import torch
 
@@ -105,7 +106,7 @@ class ShardedTensor:
         if isinstance(devices, (str, torch.device, int)) or not hasattr(devices, "__iter__"):
             raise TypeError(f"devices is a list of devices, e.g. ['cuda:0', 'cuda:1'] (['cpu'] on the CPU), got "
                             f"{devices!r}")
-        max_sms = checks.sm_cap(max_sms)  # here, not only in the GPU views: a CPU run refuses it as a GPU run
+        max_sms = cast("int | None", checks.sm_cap(max_sms))  # here, not only in the GPU views: a CPU run too
         if not isinstance(progress, bool):
             raise TypeError(f"progress is a bool, got {progress!r}")
         self.devices = [resolve_device(d) for d in devices]
