@@ -286,8 +286,9 @@ def main(argv=None) -> dict | None:
                                     gradient_as_bucket_view=True)  # gradients all-reduced in place, not copied
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
-    timer.watch_gather(train_loader)
     pipelined = args.pipeline == "on" or (args.pipeline is None and device.type == "cuda")
+    if not pipelined:  # timing the gathers synchronises the GPU: in the pipeline's thread it would serialise
+        timer.watch_gather(train_loader)  # the loader with every rank's step (StepTimer refuses it)
 
     def train(epoch: int) -> dict:
         train_sampler.set_epoch(epoch)

@@ -37,6 +37,7 @@ import json
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -178,9 +179,15 @@ class StepTimer:
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.thread = threading.get_ident()
 
     @contextmanager
     def __call__(self, phase: str):
+        # A synchronisation waits for every stream of the GPU: in a pipeline's thread it would hold each batch
+        # until the step (and, under DDP, every rank's all-reduce) is done, so the loader never overlaps.
+        if threading.get_ident() != self.thread:
+            raise RuntimeError("StepTimer times the training loop's own thread; a pipelined loader must not be "
+                               "watched (watch_gather only without a pipeline)")
         self.sync()
         start = time.perf_counter()
         try:
@@ -379,13 +386,14 @@ def main(argv=None) -> dict:
     model = SAGE(graph.x.shape[1], args.hidden, graph.num_classes, len(args.fanout), trim=not args.no_trim).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     timer = StepTimer(device)
-    timer.watch_gather(train_loader)
 
     producer = None
     if args.pipeline == "producer":  # <-- hmgstore: the training batches made in a process of their own
         producer = hmgstore.Producer(functools.partial(make_train_loader, args, device), seed=args.seed).start()
     pipelined = producer is not None or args.pipeline == "on" or (
         args.pipeline is None and args.sampler == "hmgstore" and device.type == "cuda" and args.features != "cpu")
+    if not pipelined:  # the phases are timed only in the loop's own thread (StepTimer)
+        timer.watch_gather(train_loader)
 
     def train(epoch: int) -> dict:
         total = min(len(train_loader), args.max_batches or len(train_loader))

@@ -302,3 +302,41 @@ def test_minimal_example_is_short_marked_and_trains(script):
     assert [line.split(":")[0] for line in done.stdout.splitlines()[:3]] == ["epoch 0", "epoch 1", "epoch 2"]
     accuracy = float(done.stdout.split("test accuracy")[1].split()[0])
     assert accuracy > 0.5  # 8 classes: chance is 0.125 (0.98 here)
+
+
+def _example_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_step_timer_refuses_the_pipelines_thread():
+    """Its synchronisations in a pipeline's thread would hold each batch until the step is done (and under DDP
+    until every rank's all-reduce is): the loader would never overlap."""
+    import threading
+
+    example = _example_module(PYG_EXAMPLE, "pyg_graphsage_timer")
+    timer = example.StepTimer(torch.device("cpu"))
+    with timer("train"):
+        pass
+    errors = []
+
+    def other():
+        try:
+            with timer("filter"):
+                pass
+        except RuntimeError as err:
+            errors.append(str(err))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert errors and "pipelined loader must not be watched" in errors[0]
+
+
+def test_a_pipelined_run_leaves_the_loaders_filter_untimed(tmp_path):
+    example = _example_module(PYG_EXAMPLE, "pyg_graphsage_pipelined")
+    out = str(tmp_path / "r.json")
+    result = example.main([*PYG_SMALL, "--dataset", "synthetic", "--pipeline", "on", "--json", out])
+    assert result["pipeline"] and result["epochs"][0]["batches"] == 3  # the timer raised in the pipeline thread before
