@@ -373,8 +373,12 @@ def test_empty_tables_are_filled_by_writes_in_every_tier(device):
 def test_half_width_host_rows_read_as_rounded_float32(device, host_dtype, width):
     x = random_table(20_000, (width,), torch.float32, seed=64)
     x[0, :3] = torch.tensor([float("inf"), -float("inf"), 3e-7])  # infinities; a float16 subnormal
-    x[1, :2] = torch.tensor([70000.0, -0.0])  # beyond float16: inf; negative zero
+    x[1, :2] = torch.tensor([60000.0, -0.0])  # near float16's largest; negative zero
     want = x.to(host_dtype).to(torch.float32)
+    past = x.clone()
+    past[2, 3] = 70000.0 if host_dtype == torch.float16 else 3.4e38  # would read back as infinity: refused
+    with pytest.raises(ValueError, match="row 2 holds .* past"):
+        hmgstore.HybridTensor(past, device, host_dtype=host_dtype)
     t = hmgstore.HybridTensor(x, device, host_dtype=host_dtype, gpu_rows=torch.arange(0, 20_000, 5))
     assert t.dtype == torch.float32 and t.host_dtype == host_dtype and t.source.dtype == host_dtype
     assert "host_dtype" in repr(t)

@@ -58,7 +58,8 @@ class HybridTensor(Table):
         copy: copy the source into owned host memory (``backing``) instead of pinning it in place: small rows read
             faster from it, and forked DataLoader workers share it (docs/host-memory.md).
         host_dtype: ``torch.bfloat16`` or ``torch.float16``: a float32 table's host tier in half-width rows (a
-            copy); every row then reads as ``x.to(host_dtype).to(x.dtype)``.
+            copy); every row then reads as ``x.to(host_dtype).to(x.dtype)``. A finite value past the type's range
+            (float16's 65504) would read back as infinity: refused (ValueError naming the row).
         backing: the owned memory: ``"auto"`` (cudaHostAlloc for a GPU table, 2 MiB pages for a CPU one),
             ``"hugepage"`` or ``"cuda"`` (:mod:`hmgstore.memory.owned`).
         compress: ``"int8"``, ``"float8"``, ``"bfloat16"`` or ``"float16"``: a float32 table's rows stored so in
