@@ -159,9 +159,8 @@ def dgl_supports_cuda() -> bool:
         False for CPU builds of DGL (whatever torch can do) and where torch sees no GPU; True for a CUDA build
         of DGL that sees GPU 0.
 
-    Raises:
-        Nothing once DGL imports (it does wherever :mod:`hmgstore.plugins.dgl` imported): DGL is imported
-        through :func:`import_dgl` here if it was not yet.
+    It raises nothing once DGL imports (it does wherever :mod:`hmgstore.plugins.dgl` imported): DGL is
+    imported through :func:`import_dgl` here if it was not yet.
     """
     if not torch.cuda.is_available():
         return False

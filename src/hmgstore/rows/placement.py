@@ -49,10 +49,12 @@ class Tier:
     Args:
         name: ``"gpu"``, ``"replica"``, ``"shard{s}"`` (``s`` a whole
             number) or ``"host"``.
-        start, end: integers, ``0 <= start <= end``.
+        start: the first new id, an integer >= 0.
+        end: one past the last new id, an integer >= ``start``.
         rows: for a resident tier, 1-D integer old ids, ``end - start`` of
             them (kept as int64 on the CPU); None for the host tier.
-        base, pitch: integers >= 0.
+        base: the address of the tier's first row, an integer >= 0.
+        pitch: the bytes between rows, an integer >= 0.
         stored: None or a :class:`hmgstore.rows.formats.Format`.
 
     Raises:
