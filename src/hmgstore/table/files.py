@@ -45,6 +45,21 @@ def _torch_dtype(dtype, name: str = "a file") -> torch.dtype:
         raise ValueError(f"hmgstore tables hold numbers; cannot read {name} of dtype {dtype}") from None
 
 
+def _numpy_dtype(dtype, name: str) -> np.dtype:
+    """``dtype=`` (numpy or torch) as a numpy dtype; ValueError naming the file for a torch dtype numpy has no
+    match for (bfloat16, float8), which a raw or .npy file cannot say it holds."""
+    if not isinstance(dtype, torch.dtype):
+        try:
+            return np.dtype(dtype)
+        except TypeError as err:
+            raise ValueError(f"dtype={dtype!r} for {name} is not a dtype: {err}") from None
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        raise ValueError(f"{name}: dtype={dtype} has no numpy match to read the file's bytes as; read them as "
+                         f"torch.int{dtype.itemsize * 8} and .view({dtype}) the loaded rows") from None
+
+
 def _host(dtype: torch.dtype, host_dtype: torch.dtype | None, name: str) -> torch.dtype:
     """The dtype the host tier keeps a file's rows in."""
     if host_dtype is not None and host_dtype != dtype and dtype != torch.float32:
@@ -77,6 +92,9 @@ def _np_load(path: Path) -> np.memmap:
 def _check_layout(path: Path, shape: tuple, np_dtype: np.dtype, source: str) -> None:
     """Refuse a layout no table has: no dimension, negative sizes, Python objects. ``source`` says who
     gave the layout ("its header says", "shape=")."""
+    if np_dtype.subdtype is not None or np_dtype.fields is not None:
+        raise ValueError(f"{path.name} holds a record or sub-array dtype ({np_dtype}); a table holds one number per "
+                         "element: give the element's dtype and put the sub-array in shape=")
     if np_dtype.hasobject:
         raise ValueError(f"{path.name} holds Python objects (dtype {np_dtype}), which hmgstore never unpickles; "
                          "save numbers")
@@ -126,7 +144,7 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
     if dtype is None or shape is None:
         raise ValueError(f"cannot tell the layout of {path.name}: pass dtype= and shape= (the first size may be "
                          "-1, read from the file's length) for a raw binary file, or use a .npy or .pt file")
-    np_dtype = np.dtype(dtype) if not isinstance(dtype, torch.dtype) else torch.empty(0, dtype=dtype).numpy().dtype
+    np_dtype = _numpy_dtype(dtype, path.name)
     shape, offset = _raw_layout(path, shape, np_dtype, offset)
     return _read_raw(path, offset, shape, np_dtype, host_dtype, backing, progress)
 
@@ -153,7 +171,7 @@ def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
         return
     found_shape, _, found_dtype, _, _ = _npy_checked(path)
     if dtype is not None:
-        wanted = torch.empty(0, dtype=dtype).numpy().dtype if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+        wanted = _numpy_dtype(dtype, path.name)
         if wanted != found_dtype:
             raise ValueError(f"{path.name} is a .npy file whose header says dtype {found_dtype}; dtype={wanted} "
                              "disagrees. A .npy file describes itself: drop dtype= (convert the table after "
@@ -172,6 +190,8 @@ def _raw_layout(path: Path, shape, np_dtype: np.dtype, offset) -> tuple[tuple[in
     """``(shape, offset)`` of a raw file, checked: integers, offset inside the file, ``shape[0] == -1`` made the
     number of whole rows after ``offset`` (bytes left over are refused: a wrong dtype, shape or offset)."""
     try:
+        if isinstance(offset, (bool, np.bool_)) or any(isinstance(s, (bool, np.bool_)) for s in shape):
+            raise TypeError  # operator.index(True) is 1: a flag passed by mistake would be read as a size
         shape, offset = tuple(operator.index(s) for s in shape), operator.index(offset)
     except TypeError:
         raise TypeError(f"shape= (a tuple) and offset= take integers; got shape={shape!r}, offset={offset!r} "
@@ -287,10 +307,13 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
         if key is None and len(tensors) == 1:
             key = next(iter(tensors))
         if key not in tensors:
-            raise ValueError(f"{path.name} holds a dict; pass key= one of {sorted(map(str, tensors))}")
+            if not tensors:
+                raise ValueError(f"{path.name} holds a dict without a tensor among its values")
+            raise ValueError(f"{path.name} holds a dict; pass key= one of {', '.join(sorted(map(repr, tensors)))}")
         obj = tensors[key]
     elif key is not None:
-        raise ValueError(f"{path.name} holds a single tensor; drop key={key!r}")
+        what = "a single tensor" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}, not a dict"
+        raise ValueError(f"{path.name} holds {what}; drop key={key!r}")
     if not isinstance(obj, torch.Tensor):
         raise ValueError(f"{path.name} holds a {type(obj).__name__}, not a tensor")
     if obj.layout != torch.strided:
