@@ -8,8 +8,13 @@ rows, and a file truncated under the mapping makes the next read of a lost
 page a SIGBUS that kills the interpreter. So:
 
 - :class:`FileIdentity` records what identifies a file's contents: device,
-  inode, size, ``mtime_ns`` and a CRC-32 of its first page and
-  :data:`SAMPLED_PAGES` pages spread over it. :meth:`FileIdentity.check`
+  inode, size, ``mtime_ns``, ``ctime_ns`` and a CRC-32 of its first page and
+  :data:`SAMPLED_PAGES` pages spread over it. ``ctime_ns`` is there because
+  the others can all be kept by a rewrite in place: ``os.utime`` (``cp -p``,
+  ``rsync -t``, ``touch -r``) puts the old mtime back, and a change outside the
+  sampled pages leaves the checksum. The kernel sets ``ctime`` on every write
+  and every ``utime``, and no call sets it back; a ``chmod`` or a new hard
+  link sets it too, which is refused as a change (rebuild the table). :meth:`FileIdentity.check`
   compares the file on disk with the record and raises
   :class:`FileChangedError` (a ValueError) naming the file and what changed.
   A process that reopens a table's file (unpickling, spawn, fork) and
@@ -62,13 +67,15 @@ class FileIdentity:
     size: int
     mtime_ns: int
     checksum: int
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, path) -> FileIdentity:
         """The identity of the file at ``path`` now. Raises FileNotFoundError/OSError as ``open`` does."""
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, _checksum(f, st.st_size))
+            return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, _checksum(f, st.st_size),
+                       st.st_ctime_ns)
 
     def changes(self, other: FileIdentity) -> list[str]:
         """What differs between two identities of the same path, in words (empty: the same file)."""
@@ -79,6 +86,8 @@ class FileIdentity:
             said.append(f"its size went from {self.size} to {other.size} bytes")
         if self.mtime_ns != other.mtime_ns:
             said.append("it was modified (mtime)")
+        elif self.ctime_ns != other.ctime_ns:
+            said.append("it was written to, its times set back, or its mode or links changed (ctime)")
         if self.checksum != other.checksum:
             said.append("its sampled pages differ (checksum)")
         return said
