@@ -24,6 +24,7 @@ them in memory: papers100M needs about 60 GB of RAM.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import logging
 import os
@@ -122,21 +123,26 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     files are absent (see :func:`check_present`), ImportError without ogb,
     and ValueError naming the dataset's folder when the files disagree with
     each other (:func:`_checked`: the node count, features, labels, edges
-    and split ids are all checked before any is trusted).
+    and split ids are all checked before any is trusted; a split lists each
+    node once, in one of train/valid/test), when ``processed/data_processed``
+    is older than a raw file (ogb would read the old rows), and when ogb kept
+    fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it).
     """
     try:
         from ogb.nodeproppred import NodePropPredDataset
     except ImportError as err:
         raise ImportError(f"reading OGB datasets needs the ogb package ({err}); pip install ogb") from None
     folder = check_present(root, name)
+    _check_processed_is_current(folder)
+    from_raw = not (folder / "processed" / "data_processed").exists()
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly():
         dataset = NodePropPredDataset(name, root=str(root))
         split = dataset.get_idx_split()
     graph, labels = dataset[0]
-    labels, edge_index, split = _checked(folder, graph, labels, split)
-    if labels.dtype.kind == "f":  # papers100M: NaN marks unlabelled nodes
-        labels = np.where(np.isnan(labels), -1, labels)
+    if from_raw:  # ogb kept the edges num-edge-list counts: a short count drops the rest of raw/edge in silence
+        _check_all_edges_kept(folder, graph, _meta(name))
+    labels, edge_index, split = _checked(folder, graph, labels, split, int(dataset.num_classes))
     features = graph["node_feat"]
     if owned_memory:  # column-major CSV reads are made row-major by the copy, piece by piece
         x = owned.copy_in(owned.empty(features.shape, torch.from_numpy(features[:0]).dtype, zero=False), features,
@@ -148,13 +154,65 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     return NodeGraph(
         edge_index=edge_index,
         x=x,
-        y=torch.from_numpy(labels.astype(np.int64)),
+        y=torch.from_numpy(labels),
         train_idx=split["train"], val_idx=split["valid"], test_idx=split["test"],
         num_classes=int(dataset.num_classes),
     )
 
 
-def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray, torch.Tensor, dict]:
+def _check_processed_is_current(folder: Path) -> None:
+    """Refuse ``processed/data_processed`` older than a raw file: ogb reads it whenever it exists, so raw files
+    replaced since (new features, fixed labels) would be ignored in silence. Raises ValueError naming both."""
+    processed = folder / "processed" / "data_processed"
+    if not processed.exists() or not (folder / "raw").is_dir():
+        return
+    written = processed.stat().st_mtime_ns
+    newer = sorted(p.name for p in (folder / "raw").iterdir() if p.is_file() and p.stat().st_mtime_ns > written)
+    if newer:
+        raise ValueError(f"{folder}: processed/data_processed is older than raw/{newer[0]}; ogb would read the "
+                         "rows it processed before, not the raw files as they are now. Delete "
+                         f"{processed} to read the raw files again")
+
+
+def _raw_edge_count(folder: Path, binary: bool) -> int:
+    """The number of edges in ``raw/edge.csv.gz`` (its non-blank lines, counted without parsing) or in
+    ``raw/data.npz``'s ``edge_index`` (from its header)."""
+    if binary:
+        import zipfile
+
+        with zipfile.ZipFile(folder / "raw" / "data.npz") as z, z.open("edge_index.npy") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape = read(f)[0]  # the header only, never the edges
+        return int(shape[1]) if len(shape) == 2 else -1
+    lines, last = 0, b"\n"
+    with gzip.open(folder / "raw" / "edge.csv.gz", "rb") as f:
+        while chunk := f.read(1 << 24):
+            both = last + chunk
+            lines += chunk.count(b"\n") - both.count(b"\n\n")  # a blank line is no row (pandas skips it)
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
+def _check_all_edges_kept(folder: Path, graph: dict, meta) -> None:
+    """Refuse a graph with fewer edges than the raw edge file: ogb cuts ``raw/edge`` into graphs by
+    ``num-edge-list`` and keeps the first, so a count short of the file drops edges without a word."""
+    edges = np.asarray(graph.get("edge_index"))
+    kept = edges.shape[1] if edges.ndim == 2 else -1
+    try:
+        held = _raw_edge_count(folder, meta["binary"] == "True")
+    except (OSError, KeyError, ValueError, EOFError) as err:  # ogb read it; a header it skips is no evidence
+        log.debug("not counting %s's raw edges: %s", folder, err)
+        return
+    if meta["add_inverse_edge"] == "True":
+        held *= 2
+    if kept != held:
+        raise ValueError(f"{folder}: the graph ogb read has {kept} edges, but raw/edge holds {held} (inverse edges "
+                         "counted); raw/num-edge-list does not count the edge file's rows, the file is damaged")
+
+
+def _checked(folder: Path, graph: dict, labels, split: dict, num_classes: int | None = None
+             ) -> tuple[np.ndarray, torch.Tensor, dict]:
     """``(labels [N], edge_index int64 [2, E], split as int64 id tensors)``, after checking what ogb read
     against the node count.
 
@@ -162,7 +220,10 @@ def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray
     features must have one row per node, the labels one per node (a label
     file with more or fewer rows is refused, never reshaped), every edge must
     join two nodes, and every split id must be an integer node id (floats
-    are refused, never truncated). Raises ValueError naming ``folder``.
+    are refused, never truncated) listed once in one split only. Labels are
+    whole numbers in ``[0, num_classes)`` or -1 (NaN, papers100M's
+    unlabelled nodes, becomes -1; 2.5 is refused, never truncated). Returns
+    the labels as int64. Raises ValueError naming ``folder``.
     """
     where = f"{folder}"
     n = graph.get("num_nodes")
@@ -180,7 +241,7 @@ def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray
     if labels.ndim not in (1, 2) or labels.shape[0] != n or (labels.ndim == 2 and labels.shape[1] != 1):
         raise ValueError(f"{where}: the labels (raw/node-label) have shape {tuple(labels.shape)}, not one label per "
                          f"node of the {n} the dataset says (raw/num-node-list)")
-    labels = labels.reshape(n)
+    labels = _whole_labels(where, labels.reshape(n), num_classes)
     edges = np.asarray(graph.get("edge_index"))
     if edges.ndim != 2 or edges.shape[0] != 2 or (edges.size and edges.dtype.kind not in "iu"):
         raise ValueError(f"{where}: the edges (raw/edge) have shape {tuple(edges.shape)} of {edges.dtype}, not "
@@ -192,4 +253,32 @@ def _checked(folder: Path, graph: dict, labels, split: dict) -> tuple[np.ndarray
         if part not in split:
             raise ValueError(f"{where}: the split has no {part!r} ids (split/<name>/{part}.csv.gz)")
         ids[part] = checks.id_list(np.asarray(split[part]).reshape(-1), f"the {part} split", n, source=where)
+    # a node listed twice weighs twice in training; one in train and test leaks the test labels into training
+    times = torch.bincount(torch.cat(list(ids.values())), minlength=n) if n else torch.zeros(0, dtype=torch.int64)
+    if bool((times > 1).any()):
+        node = int((times > 1).nonzero()[0, 0])
+        parts = [part for part, part_ids in ids.items() if bool((part_ids == node).any())]
+        count = sum(int((ids[part] == node).sum()) for part in parts)
+        raise ValueError(f"{where}: node {node} is listed {count} times in the split ({', '.join(parts)}); each node "
+                         "is in one split, once. The split files are damaged or belong to another dataset")
     return labels, edge_index, ids
+
+
+def _whole_labels(where: str, labels: np.ndarray, num_classes: int | None) -> np.ndarray:
+    """``labels`` as int64: NaN (an unlabelled node) is -1; other values must be whole numbers in
+    ``[-1, num_classes)``, never truncated or wrapped by the cast."""
+    if labels.dtype.kind == "f":
+        finite = labels[~np.isnan(labels)]
+        if finite.size and not bool(np.all(np.isfinite(finite) & (finite == np.round(finite)))):
+            bad = finite[~(np.isfinite(finite) & (finite == np.round(finite)))][0].item()
+            raise ValueError(f"{where}: the labels (raw/node-label) hold {bad!r}, not a class number; labels are "
+                             "whole numbers (NaN marks an unlabelled node)")
+        labels = np.where(np.isnan(labels), -1, labels)
+    elif labels.dtype.kind not in "iub":
+        raise ValueError(f"{where}: the labels (raw/node-label) hold {labels.dtype} values, not class numbers")
+    high = num_classes if num_classes is not None else np.inf
+    out = (labels < -1) | (labels >= high)
+    if bool(out.any()):
+        raise ValueError(f"{where}: the labels (raw/node-label) hold {labels[out][0].item()!r}; labels are in "
+                         f"[0, {num_classes}) (num classes), or -1 for an unlabelled node")
+    return labels.astype(np.int64)
