@@ -350,10 +350,13 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     only, ``key=`` to ``.pt`` files only: anything else is refused with a
     ValueError naming the file, never obeyed. Raises TypeError for a
     ``path`` that is an array, memmap or tensor (build a
-    :class:`HybridTensor` over it instead) and for a keyword ``load`` does
-    not take; FileNotFoundError for a missing file; ValueError for a file
+    :class:`HybridTensor` over it instead), for a keyword ``load`` does
+    not take and for ``shape=``/``offset=`` that are not integers (a bool
+    included); FileNotFoundError for a missing file; ValueError for a file
     that does not hold what it says (too short, bytes left over, a header
-    that lies, an unknown layout, a dict without ``key``), for a ``layout``
+    that lies, an unknown layout, a dict without ``key``), for a ``dtype=``
+    a file's bytes cannot be read as (bfloat16, record and sub-array
+    dtypes), for a ``layout``
     that is not a permutation of the rows, and as :class:`HybridTensor`
     does for the placement arguments.
     """
