@@ -123,9 +123,9 @@ def test_locality_batches_visit_every_seed_once_from_few_parts():
 
 def test_locality_batches_refuse_bad_arguments():
     with pytest.raises(ValueError, match="at least 1"):
-        locality.LocalityBatchSampler(torch.arange(10), torch.zeros(10), 0)
+        locality.LocalityBatchSampler(torch.arange(10), torch.zeros(10, dtype=torch.int64), 0)
     with pytest.raises(ValueError, match="has none"):
-        locality.LocalityBatchSampler(torch.tensor([3, 20]), torch.zeros(10), 4)
+        locality.LocalityBatchSampler(torch.tensor([3, 20]), torch.zeros(10, dtype=torch.int64), 4)
     with pytest.raises(ValueError, match="at least 1"):
         locality.parts_of(torch.arange(10), 0)
 

@@ -60,8 +60,10 @@ def label_propagation(csc: CSC, rounds: int = 8, generator: torch.Generator | No
     to compute (a GPU sorts the ``2E`` keys of a round far faster; default
     the CPU); ``generator``: a CPU generator for the tie-breaks and the
     halves. Cost: a sort of ``2E`` keys per round; memory about ``48 * E``
-    bytes. Raises ValueError for a graph that is not square.
+    bytes. Raises ValueError for a graph that is not square and for
+    negative ``rounds``, TypeError for ``rounds`` that is not an integer.
     """
+    rounds = checks.count(rounds, "rounds")  # -1 would silently run no round
     if csc.size[0] != csc.size[1]:
         raise ValueError(f"label propagation needs a square graph, got {csc.size[0]} -> {csc.size[1]} nodes")
     n = csc.size[1]
@@ -109,15 +111,15 @@ def metis_order(csc: CSC, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Needs ``pymetis`` (``pip install pymetis``, or ``pip install 'hmgstore[locality]'``): ImportError
     otherwise. METIS holds the whole graph in memory (about ``16 * E`` bytes) and takes minutes past
-    tens of millions of edges.
+    tens of millions of edges. Raises ValueError for ``num_parts`` under 1, TypeError for one that is not
+    an integer.
     """
+    num_parts = checks.count(num_parts, "num_parts", at_least=1)
     try:
         import pymetis
     except ImportError:
         raise ImportError("metis_order needs pymetis: pip install pymetis (or hmgstore[locality]); "
                           "community_order needs nothing beyond torch") from None
-    if num_parts < 1:
-        raise ValueError(f"num_parts must be at least 1, got {num_parts}")
 
     n = csc.size[1]
     if num_parts == 1:
@@ -139,8 +141,10 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
     ``seeds`` in their own order in runs of ``batch_size``. Rows that the
     same batches read then sit together: the layout pays off for batches
     made the same way (locality-aware ones), not for a fresh random order.
-    Raises TypeError for another sampler or non-integer seeds, IndexError
-    for seeds that are not nodes, ValueError for ``batch_size`` under 1.
+    Raises TypeError for another sampler or non-integer seeds or positions,
+    IndexError for seeds that are not nodes and for positions outside
+    ``[0, len(seeds))`` (a negative one included: never wrapped to the end),
+    ValueError for ``batch_size`` under 1.
     """
     if not isinstance(sampler, NeighborSampler) or sampler.hetero:
         raise TypeError("coaccess_order takes a homogeneous hmgstore.graph.NeighborSampler")
@@ -151,7 +155,8 @@ def coaccess_order(sampler, seeds: torch.Tensor, batch_size: int = 1024, *, batc
         batches = [torch.arange(a, min(a + batch_size, len(seeds))) for a in range(0, len(seeds), batch_size)]
     first = torch.full((n,), math.inf, dtype=torch.float64, device=sampler.device)
     for b, positions in enumerate(tqdm(batches, desc="co-access order", disable=not progress, leave=False)):
-        nodes = sampler.sample({None: seeds[torch.as_tensor(positions)].to(sampler.device)}).node[None]
+        positions = checks.id_list(positions, f"batches[{b}]", len(seeds))  # no bool mask, no wrapped -1
+        nodes = sampler.sample({None: seeds[positions].to(sampler.device)}).node[None]
         first[nodes] = torch.clamp(first[nodes], max=float(b))  # the first batch that touched each node
     return torch.argsort(first.cpu(), stable=True)
 
@@ -169,7 +174,11 @@ def parts_of(layout: torch.Tensor, part_rows: int) -> torch.Tensor:
 
 
 def rows_per_page(row_bytes: int) -> int:
-    """Rows of ``row_bytes`` bytes in one :data:`PAGE_BYTES` host page (at least 1)."""
+    """Rows of ``row_bytes`` bytes in one :data:`PAGE_BYTES` host page (at least 1; rows of 0 bytes count as 1).
+
+    Raises TypeError for a ``row_bytes`` that is not an integer, ValueError for a negative one.
+    """
+    row_bytes = checks.count(row_bytes, "row_bytes")  # a float would make page numbers floats
     return max(1, PAGE_BYTES // max(1, row_bytes))
 
 
@@ -181,13 +190,14 @@ def pages_touched(ids: torch.Tensor, row_bytes: int, layout: torch.Tensor | None
     ``layout``: a permutation of the table's rows. Raises as
     :func:`hmgstore.rows.checks.permutation` and
     :func:`hmgstore.rows.checks.id_list` do: never reads a position the
-    layout does not give."""
+    layout does not give; and as :func:`rows_per_page` for ``row_bytes``."""
+    per_page = rows_per_page(row_bytes)
     if layout is not None:
         layout = checks.permutation(layout, len(layout), "layout")  # every row once: no position left unwritten
         ids = checks.inverse(layout)[checks.id_list(ids, "ids", len(layout))]
     else:
         ids = checks.id_list(ids, "ids", 2**62)  # no table to bound them: non-negative integers
-    return int(torch.unique(ids // rows_per_page(row_bytes)).numel())
+    return int(torch.unique(ids // per_page).numel())
 
 
 class LocalityBatchSampler(Sampler):
@@ -202,19 +212,26 @@ class LocalityBatchSampler(Sampler):
     ``batch_sampler=`` (with no ``batch_size``/``shuffle`` there):
     ``NeighborLoader(data, fanout, input_nodes=train, batch_sampler=LocalityBatchSampler(train, part, 1024))``.
 
-    ``input_nodes``: int64 node ids (or a bool mask); ``node_part``: int64
-    [N], the part of every node (:func:`parts_of`, or METIS's parts);
-    ``generator``: a ``torch.Generator`` for the shuffles (default: torch's
-    global one). Raises ValueError for a window or batch size under 1, and
-    for parts that do not cover the input nodes (a negative id included);
-    TypeError for float ids and for sizes that are not integers.
+    ``input_nodes``: int64 node ids (or a bool mask, one entry per node);
+    ``node_part``: 1-D integers [N], the part of every node
+    (:func:`parts_of`, or METIS's parts); ``generator``: a
+    ``torch.Generator`` for the shuffles (default: torch's global one).
+    Raises ValueError for a window or batch size under 1, for parts that do
+    not cover the input nodes (a negative id included), a ``node_part`` that
+    is not 1-D and a mask of another length than ``node_part``; TypeError
+    for float ids, float or bool parts (never truncated: 0.2 and 0.7 are
+    not one part) and sizes that are not integers.
     """
 
     def __init__(self, input_nodes, node_part, batch_size: int, window: int = 8, *,
                  generator: torch.Generator | None = None, drop_last: bool = False):
-        node_part = torch.as_tensor(node_part).to(torch.int64).reshape(-1)  # part labels (grouped, never addressed)
+        # Part labels are grouped, never addressed, but a float label truncated would merge parts silently.
+        node_part = checks.integers(node_part, "node_part").to(torch.int64)
         nodes = torch.as_tensor(input_nodes)
         if nodes.dtype == torch.bool:
+            if nodes.shape != node_part.shape:  # a short mask would silently leave out the nodes past its end
+                raise ValueError(f"input_nodes is a bool mask of shape {tuple(nodes.shape)}; a mask has one entry "
+                                 f"per node, as node_part does: ({len(node_part)},)")
             nodes = nodes.nonzero().flatten()
         batch_size = checks.count(batch_size, "batch_size", at_least=1)
         window = checks.count(window, "window", at_least=1)

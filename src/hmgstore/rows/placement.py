@@ -280,21 +280,15 @@ def host_only(num_rows: int, host_layout: torch.Tensor | None = None) -> Placeme
 
 
 def check_layout(layout, num_rows: int) -> torch.Tensor:
-    """``layout`` as int64 CPU ids after checking it is a permutation of ``range(num_rows)``.
+    """``layout`` as int64 CPU ids after checking it is a permutation of ``range(num_rows)``
+    (:func:`hmgstore.rows.checks.permutation`, the one check of orders).
 
-    Raises ValueError for another length, IndexError for ids out of range
-    and ValueError naming a row listed twice.
+    Raises TypeError for non-integers (floats and bools: a bool tensor is
+    not read as a mask, which would make any all-True layout the identity),
+    ValueError for another length or rank and naming a row listed twice,
+    IndexError for ids out of range.
     """
-    layout, _ = as_tensor(layout, num_rows)
-    layout = layout.reshape(-1).to("cpu", torch.int64)
-    if len(layout) != num_rows:
-        raise ValueError(f"a layout lists every row once: {num_rows} ids, got {len(layout)}")
-    check_range(layout, num_rows)
-    seen = torch.bincount(layout, minlength=num_rows)
-    if bool((seen != 1).any()):
-        raise ValueError(f"a layout lists every row once; row {int((seen != 1).nonzero()[0, 0])} is listed "
-                         f"{int(seen[(seen != 1).nonzero()[0, 0]])} times")
-    return layout
+    return checks.permutation(layout, num_rows, "layout")
 
 
 def _ids(ids, num_rows: int, what: str) -> torch.Tensor:

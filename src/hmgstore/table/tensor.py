@@ -78,9 +78,10 @@ class HybridTensor(Table):
     is sent as its rows.
 
     Raises:
-        TypeError: for unusable sources (a CUDA or sparse tensor: with the fix) and ids that are not integers.
+        TypeError: for unusable sources (a CUDA or sparse tensor: with the fix) and ids that are not integers (a
+            ``layout`` of floats or bools included).
         ValueError: for unusable sources, conflicting placement arguments, repeated ids, a ``layout`` that is not a
-            permutation, a ``hotness`` of another length or with NaN (on every device) and a bad ``max_sms``.
+            1-D permutation, a ``hotness`` of another length or with NaN (on every device) and a bad ``max_sms``.
         IndexError: for placement ids out of range.
         RuntimeError: when CUDA is asked for without a GPU (ImportError without CuPy).
 
@@ -245,10 +246,13 @@ class HybridTensor(Table):
         at once, the GPU tier's copies on the current stream (gathers in flight may see old or new rows).
 
         Raises:
-            TypeError: for a read-only source or a view of a sharded table.
+            TypeError: for a read-only source, a view of a sharded table and a sparse value (with the fix).
             IndexError: for ids out of range; ValueError for a value that does not broadcast; RuntimeError when closed.
         """
         rows_only(index)
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            # expand() refuses a sparse value with a message that blames the shape, which is right
+            raise TypeError(f"a {value.layout} sparse value is not rows to write; pass value.to_dense()")
         if self.read_only:
             raise TypeError("this table's source is read-only memory (e.g. a memmap opened with mode='r'); "
                             "build it with copy=True to write rows")
