@@ -21,7 +21,8 @@ even, as ``torch.round``; float8: torch's conversion). A row of zeros
 stores scale 1; a scale is at least ``MIN_SCALE`` (2^-117), so that every
 decoded value is a normal float32 or zero, which a GPU computes exactly as
 the CPU does whatever its handling of subnormal numbers (rows whose largest
-magnitude is under about 1e-33 keep only their largest values). A scaled
+magnitude is under about 1e-33 keep only their largest values; int8 rows under
+half of ``MIN_SCALE``, about 3e-36, read back as zeros). A scaled
 row is laid out as bytes: the ``elems`` values at offset 0, the scale at
 :meth:`Format.scale_offset` (the next multiple of 4), the row padded to a
 multiple of 16 bytes (:meth:`Format.pitch`) so that
