@@ -207,6 +207,23 @@ def test_partition_command_reads_an_ogb_folder(tmp_path):
     check_parts(tmp_path / "parts", book, {"x": written["feats"], "y": written["labels"]}, both_ways)
 
 
+def test_partition_command_names_a_bad_ogb_folder_as_a_usage_error(tmp_path, capsys):
+    pytest.importorskip("ogb")
+    from helpers import write_fake_products
+
+    write_fake_products(tmp_path / "ogb")
+    labels = tmp_path / "ogb" / "ogbn_products" / "raw" / "node-label.csv.gz"
+    pd = pytest.importorskip("pandas")
+    pd.DataFrame([[2.5]] * 5).to_csv(labels, header=False, index=False, compression="gzip")  # 5 labels, not whole
+    with pytest.raises(SystemExit) as exit_info:
+        partition_command([str(tmp_path / "parts"), "--parts", "2", "--ogb", str(tmp_path / "ogb"), "--no-progress"])
+    assert exit_info.value.code == 2
+    assert "--ogb" in capsys.readouterr().err and not (tmp_path / "parts").exists()
+    with pytest.raises(SystemExit):
+        partition_command([str(tmp_path / "p2"), "--parts", "2", "--ogb", str(tmp_path / "none"), "--no-progress"])
+    assert "--ogb" in capsys.readouterr().err
+
+
 def test_partition_errors(tmp_path):
     g, features = graph()
     with pytest.raises(ValueError, match="3000 rows for a book of 10 nodes"):

@@ -79,7 +79,8 @@ def main(argv=None) -> None:
     Raises:
         SystemExit: status 2 with a usage error naming the flag for a bad command line: an OUT_DIR that holds
             anything without ``--overwrite``, ``--parts`` under 1, a synthetic graph's sizes, an assignment file
-            that does not fit the graph, a dataset whose split or edges do not fit its nodes.
+            that does not fit the graph, an OGB folder that is missing or whose files disagree (the reader's
+            error), a dataset whose split or edges do not fit its nodes.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -90,7 +91,10 @@ def main(argv=None) -> None:
     if args.ogb is not None:
         from ..data.ogb import load_node_dataset
 
-        g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
+        try:
+            g = load_node_dataset(args.ogb, args.name, owned_memory=False, progress=progress)
+        except (FileNotFoundError, ValueError) as err:  # a missing or inconsistent dataset: the flag's fault
+            parser.error(f"--ogb {args.ogb} --name {args.name}: {err}")
     else:
         try:
             g = synthetic(args.synthetic, args.avg_degree, args.feat_dim, seed=args.seed)
