@@ -73,6 +73,16 @@ class CSC:
         if self.perm is not None and checks.integers(self.perm, "perm").numel() != self.row.numel():
             raise ValueError(f"perm holds {self.perm.numel()} edge ids for {self.row.numel()} edges")
 
+    @classmethod
+    def trusted(cls, row: torch.Tensor, colptr: torch.Tensor, perm: torch.Tensor | None,
+                size: tuple[int, int]) -> CSC:
+        """A CSC of parts its builder has already checked or made valid (:func:`to_csc`, a reorder of a
+        CSC's edges): no second scan of every id and offset, which costs seconds at papers100M's size."""
+        csc = object.__new__(cls)
+        for name, value in (("row", row), ("colptr", colptr), ("perm", perm), ("size", (int(size[0]), int(size[1])))):
+            object.__setattr__(csc, name, value)
+        return csc
+
     @property
     def num_edges(self) -> int:
         return self.row.numel()
@@ -272,7 +282,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
-        return CSC(row, colptr, None, (num_src, colptr.numel() - 1))
+        return CSC.trusted(row, colptr, None, (num_src, colptr.numel() - 1))  # checked above
 
     if layout == "csr":
         rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
@@ -294,7 +304,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
     else:
         col, perm = sort(col, num_dst)
         row = row[perm]
-    return CSC(row, index2ptr(col, num_dst), perm, (num_src, num_dst))
+    return CSC.trusted(row, index2ptr(col, num_dst), perm, (num_src, num_dst))  # checked above
 
 
 def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:

@@ -53,7 +53,7 @@ def sort_by_time(csc: CSC, node_time=None, edge_time=None) -> CSC:
     order = torch.argsort(t, stable=True)
     order = order.index_select(0, torch.argsort(csc.col().index_select(0, order), stable=True))
     perm = order if csc.perm is None else csc.perm.index_select(0, order)
-    return CSC(csc.row.index_select(0, order), csc.colptr, perm, csc.size)
+    return CSC.trusted(csc.row.index_select(0, order), csc.colptr, perm, csc.size)  # the same edges, reordered
 
 
 def check_sorted(csc_times: torch.Tensor, csc: CSC) -> None:
