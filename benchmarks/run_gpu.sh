@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run hmgstore's GPU checks and benchmarks on a GPU machine (a cloud VM) (no registry there).
-#   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
+#   bash benchmarks/run_gpu.sh STAGE...     stages: env gpu-tests gpu-tests-split multigpu-tests tests tests-all tests-fixed probe probe-kernel tune bench bench-quick
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
@@ -25,6 +25,17 @@ for stage in "$@"; do
          python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__, "gpus", torch.cuda.device_count())' ;;
     gpu-tests) timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" tests >"$OUT/gpu-tests.log" 2>&1; rc=$?
          grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests.log" | tail -30 ;;
+    # The same suite spread over every GPU of the machine, one pytest per GPU, test files dealt out in turn
+    gpu-tests-split) n=$(nvidia-smi -L | wc -l); files=(tests/test_*.py); pids=""
+         for ((g = 0; g < n; g++)); do
+           mine=(); for ((i = g; i < ${#files[@]}; i += n)); do mine+=("${files[$i]}"); done
+           CUDA_VISIBLE_DEVICES=$g timeout 420 python3 -m pytest -q -rfE -p no:cacheprovider -m "gpu and not multigpu" \
+             "${mine[@]}" >"$OUT/gpu-tests-$g.log" 2>&1 & pids="$pids $!"
+         done
+         rc=0; for pid in $pids; do wait $pid || rc=1; done
+         for ((g = 0; g < n; g++)); do grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests-$g.log" | tail -15; done ;;
+    multigpu-tests) timeout ${LIMIT:-400} python3 -m pytest -q -rfE -p no:cacheprovider -m multigpu tests \
+         >"$OUT/gpu-tests-multigpu.log" 2>&1; rc=$?; grep -E "passed|failed|FAILED|ERROR" "$OUT/gpu-tests-multigpu.log" | tail -15 ;;
     probe-split) timeout 400 python3 benchmarks/probes/probe_split.py --gb 2 8 40 --row-bytes 512 128 >"$OUT/probe_split.log" 2>&1; rc=$?; tail -3 "$OUT/probe_split.log" ;;
     probe-sorted) timeout 200 python3 benchmarks/probes/probe_sorted.py --gb 2 --row-bytes 128 512 --profile "$OUT/profile" >"$OUT/probe_sorted.json" \
                     2>"$OUT/probe_sorted.log"; rc=$?; cat "$OUT/probe_sorted.json"; tail -3 "$OUT/probe_sorted.log" ;;

@@ -46,6 +46,7 @@ figures and their aggregate; ``--json`` writes them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -114,11 +115,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     flags.add_max_batches(p)
     flags.add_seed(p)
     p.add_argument("--json", default=None, help="rank 0 writes the results (aggregate and every rank's) here")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="trace 10 steps of the last epoch (after 25) with torch.profiler on every rank: "
+                        "DIR/rank<R>.json (a Chrome trace) and DIR/rank<R>.txt (kernels by GPU time)")
     flags.add_no_progress(p)
     args = p.parse_args(argv)
     if args.num_nodes is None:
         args.num_nodes = 1_000_000 if torch.cuda.is_available() else 20_000
     return args
+
+
+def step_profiler(folder: str, rank: int, total: int):
+    """A torch.profiler over 10 steps from the 26th (earlier in a short epoch; ``.step()`` after each) that
+    writes this rank's trace and table."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def save(prof) -> None:
+        os.makedirs(folder, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(folder, f"rank{rank}.json"))
+        with open(os.path.join(folder, f"rank{rank}.txt"), "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=40))
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                   schedule=schedule(wait=max(0, min(20, total - 15)), warmup=5, active=10, repeat=1),
+                   on_trace_ready=save)
 
 
 def graph_spec(text: str) -> tuple:
@@ -304,9 +324,17 @@ def main(argv=None) -> dict | None:
         max_sms = None if args.max_sms is None else args.max_sms if args.max_sms == "auto" else int(args.max_sms)
         pipeline = hmgstore.Pipeline(train_loader, depth=2, max_sms=max_sms) if pipelined else None  # <-- hmgstore
         total = min(len(train_loader), args.max_batches or len(train_loader))
-        result = train_epoch(model, optimizer, train_loader, device, total=total, timer=timer, pipeline=pipeline,
-                             desc=f"epoch {epoch}", progress=progress, loss_every=args.loss_every,
-                             after_step=mark_seeds)
+        prof = step_profiler(args.profile, rank, total) if args.profile and epoch == args.epochs else None
+
+        def after_step(batch) -> None:
+            mark_seeds(batch)
+            if prof is not None:
+                prof.step()
+
+        with prof if prof is not None else contextlib.nullcontext():
+            result = train_epoch(model, optimizer, train_loader, device, total=total, timer=timer,
+                                 pipeline=pipeline, desc=f"epoch {epoch}", progress=progress,
+                                 loss_every=args.loss_every, after_step=after_step)
         trained = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=device)
         for marked in marks.values():
             trained |= marked.to(device)

@@ -127,6 +127,7 @@ def scenario_shard(report):
     free = _gpu_free()
     x, t = build(report)
     check_every_tier(report, x, t)
+    report["peer_mappings"] = sorted({m.kind for m in t._opened})
     try:
         t.table[torch.tensor([0, N])]
     except IndexError as err:

@@ -196,11 +196,11 @@ def test_shard_needs_an_initialised_process_group():
 
 
 # ---- one process per GPU (NCCL) -------------------------------------------------------------
-def launch_on_every_gpu(scenario: str, tmp_path) -> dict:
+def launch_on_every_gpu(scenario: str, tmp_path, env=None) -> dict:
     """The scenario on one rank per GPU; each rank's report, after checking every rank ended well and read every
     tier (each shard, the replica, the host) exactly."""
     k = torch.cuda.device_count()
-    codes, reports, errs = launch(scenario, k, tmp_path, device="cuda", timeout=300)
+    codes, reports, errs = launch(scenario, k, tmp_path, device="cuda", timeout=300, env=env)
     assert codes == [0] * k, errs
     for rank, r in reports.items():
         assert r["tiers"] == ["replica", *(f"shard{s}" for s in range(k)), "host"]
@@ -210,8 +210,12 @@ def launch_on_every_gpu(scenario: str, tmp_path) -> dict:
 
 @pytest.mark.gpu
 @pytest.mark.multigpu
-def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks):
-    for rank, r in launch_on_every_gpu("shard", tmp_path).items():
+@pytest.mark.parametrize("mapping", ["vmm", "ipc"])
+def test_distributed_every_tier_on_every_rank(tmp_path, no_leaks, mapping):
+    """Peers' shards mapped by cuMemCreate (the default) and by legacy CUDA IPC (HMGSTORE_PEER_MEMORY=ipc)."""
+    env = {"HMGSTORE_PEER_MEMORY": "ipc"} if mapping == "ipc" else None
+    for rank, r in launch_on_every_gpu("shard", tmp_path, env).items():
+        assert r["peer_mappings"] == [mapping], rank
         assert r["shared_equal"] and r["segments_after_setup"] == []
         assert r["bad_index"]
         assert r["registered_ranges"] == 0 and r["ipc_mappings_open"] == 0

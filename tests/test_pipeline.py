@@ -279,12 +279,14 @@ def test_epochs_reuse_the_gpu_memory_of_the_last_one():
                 yield torch.full((4 << 20,), float(k), device="cuda")  # 16 MB a batch, made on the side stream
 
     reserved = []
-    for _epoch in range(6):  # a pipeline an epoch, as a user's loop may build it
+    for _epoch in range(8):  # a pipeline an epoch, as a user's loop may build it
         for k, batch in enumerate(hmgstore.Pipeline(Loader(), depth=2)):
             assert float(batch[-1]) == k
         del batch
         torch.cuda.synchronize()
         reserved.append(torch.cuda.memory_reserved())
-    # The first epochs may leave the pool a block short (a batch freed while the training stream still used it,
-    # H100: 64, 80, 80, 80, 80 MB with one pipeline); after that, nothing more.
-    assert reserved[-1] <= reserved[2], f"reserved GPU memory grew over epochs: {reserved}"
+    # The pool may end an epoch a block short (a batch freed while the training stream still used it), early or
+    # once later (H100: 64, 80, 80, 80, 80 MB; H200: 144.7 MB for four epochs, then 161.5): one batch's block at
+    # most over the last five epochs. A stream an epoch grew it by the working set (3 batches) every epoch.
+    batch_bytes = (4 << 20) * 4
+    assert reserved[-1] - reserved[2] <= batch_bytes, f"reserved GPU memory grew over epochs: {reserved}"

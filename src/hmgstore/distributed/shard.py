@@ -1,8 +1,9 @@
 """Tables sharded over the GPUs of a node, one process per GPU: :func:`shard`.
 
 Collective: each process allocates and fills its own shard (and a copy of
-the replicated hot rows) on its GPU, the shards' CUDA IPC handles are
-exchanged over the node's gloo group, and each process gets a
+the replicated hot rows) on its GPU, the shards' handles are exchanged over
+the node's gloo group (cuMemCreate memory, its descriptor passed over a Unix
+socket; :mod:`hmgstore.cuda.vmm`), and each process gets a
 :class:`~hmgstore.HybridTensor` view reading its own rows, its peers' shards
 over NVLink and the rest from the host table, in one launch. Across nodes
 each node holds the whole table, sharded over its own GPUs.
@@ -143,9 +144,9 @@ class DistributedTensor:
                 log.warning("hmgstore: not every process of the node reached close() (%s); freeing anyway", err)
 
         errors = []
-        for ptr in self._opened:
+        for mapping in self._opened:
             try:
-                peer.ipc_close(ptr, self.device.index)
+                mapping.close()
             except Exception as err:
                 errors.append(err)
         self._opened.clear()
@@ -267,15 +268,15 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
     me, index = state.local_rank, device.index
     row_bytes = row_layout(source)[0]
     tiers: dict[str, torch.Tensor] = {}
-    opened: list[int] = []
+    opened: list[peer.PeerMapping] = []
     readable: list = []
     buffer: peer.DeviceBuffer | None = None
     pinned: PinnedHost | None = None
 
     def undo():
-        for ptr in opened:
+        for mapping in opened:
             with contextlib.suppress(Exception):
-                peer.ipc_close(ptr, index)
+                mapping.close()
         if buffer is not None:
             buffer.free()
         if pinned is not None:
@@ -290,7 +291,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
             tiers["replica"] = allocate_tier(p, "replica", source, device)
             fill_rows(pinned, p.rows_of("replica"), tiers["replica"], device)
             readable.append(p.tier("replica").bind(tiers["replica"].data_ptr(), row_bytes, fmt))
-        payload: tuple[str, bytes | str] = ("ok", buffer.ipc_handle())
+        payload: tuple[str, tuple | str] = ("ok", buffer.handle())
     except Exception as err:
         payload = ("error", f"{type(err).__name__}: {err}")
     handles: list[Any] = [None] * len(state.ranks)
@@ -324,10 +325,11 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
         raise
     state.opened(+1)
     dist.barrier(group=state.group)  # every shard is filled and mapped before anyone gathers
+    buffer.stop_sharing()  # every peer has mapped it
     return result
 
 
-def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, readable: list, tier,
+def _open_peer(handle: tuple, bus: str, device: torch.device, opened: list, readable: list, tier,
                row_bytes: int, fmt=None) -> str | None:
     """Map a peer's shard and add ``tier`` bound to it to ``readable``; returns why it cannot be read, or None."""
     ordinal = peer.local_ordinal(bus)
@@ -336,11 +338,11 @@ def _open_peer(handle: bytes, bus: str, device: torch.device, opened: list, read
     if not peer.can_access_peer(device.index, ordinal):
         return f"{device} has no peer access to cuda:{ordinal}"
     try:
-        ptr = peer.ipc_open(handle, device.index)
+        mapping = peer.open_handle(handle, device.index)
     except Exception as err:
-        return f"opening its CUDA IPC handle failed ({err})"
-    opened.append(ptr)
-    readable.append(tier.bind(ptr, row_bytes, fmt))
+        return f"mapping its GPU memory ({handle[0]}) failed ({err})"
+    opened.append(mapping)
+    readable.append(tier.bind(mapping.ptr, row_bytes, fmt))
     return None
 
 

@@ -11,7 +11,7 @@ that view reads the peer's rows from the host instead, with a warning.
 
 For one process per GPU (torchrun), see :mod:`hmgstore.distributed`, which
 builds the same placement and views from shards that processes share
-through CUDA IPC.
+(cuMemCreate memory mapped by each peer).
 """
 from __future__ import annotations
 
