@@ -12,6 +12,7 @@ TypeError naming the file (the folder for OGB), never other rows.
 """
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import pickle
@@ -264,6 +265,23 @@ def test_ogb_edge_count_must_cover_the_edge_file(ogb_folder, tmp_path_factory, c
     else:
         with pytest.raises(ValueError, match=rf"ogbn_products: the graph ogb read has {2 * counted} edges.*{2 * held}"):
             ogb.load_node_dataset(root, progress=False)
+
+
+@settings(max_examples=8)
+@given(st.sampled_from(["3.7", "12.0", "1e1", "nan", "x", "0x1"]), st.integers(0, 120), st.integers(0, 1))
+def test_ogb_edge_ids_are_integers_never_truncated(ogb_folder, tmp_path_factory, token, edge, side):
+    """ogb parses raw/edge.csv.gz with pandas and casts to int64: a float id would arrive truncated."""
+    from hmgstore.data import ogb
+
+    root, written = fresh_copy(ogb_folder, tmp_path_factory.getbasetemp() / "ogb-float-edges")
+    rows = [[str(v) for v in pair] for pair in written["edges"]]
+    rows[edge][side] = token
+    path = root / "ogbn_products" / "raw" / "edge.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("".join(",".join(pair) + "\n" for pair in rows))
+    with pytest.raises(ValueError, match=rf"ogbn_products: raw/edge.csv.gz line {edge + 1} holds .*{token}.*not "
+                                         "integer node ids"):
+        ogb.load_node_dataset(root, progress=False)
 
 
 def test_ogb_processed_rows_older_than_a_raw_file_are_refused(ogb_folder, tmp_path):

@@ -125,8 +125,10 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     each other (:func:`_checked`: the node count, features, labels, edges
     and split ids are all checked before any is trusted; a split lists each
     node once, in one of train/valid/test), when ``processed/data_processed``
-    is older than a raw file (ogb would read the old rows), and when ogb kept
-    fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it).
+    is older than a raw file (ogb would read the old rows), when ogb kept
+    fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it), and
+    when ``raw/edge.csv.gz`` holds anything but integer ids (a float such as
+    3.7, which ogb would truncate; the line is named).
     """
     try:
         from ogb.nodeproppred import NodePropPredDataset
@@ -135,13 +137,15 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     folder = check_present(root, name)
     _check_processed_is_current(folder)
     from_raw = not (folder / "processed" / "data_processed").exists()
+    # Before ogb parses the raw edges (it truncates float ids): their count, for the check below.
+    held = _raw_edges_held(folder, _meta(name)) if from_raw else None
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly():
         dataset = NodePropPredDataset(name, root=str(root))
         split = dataset.get_idx_split()
     graph, labels = dataset[0]
-    if from_raw:  # ogb kept the edges num-edge-list counts: a short count drops the rest of raw/edge in silence
-        _check_all_edges_kept(folder, graph, _meta(name))
+    if held is not None:  # ogb kept the edges num-edge-list counts: a short count drops the rest of raw/edge
+        _check_all_edges_kept(folder, graph, held)
     labels, edge_index, split = _checked(folder, graph, labels, split, int(dataset.num_classes))
     features = graph["node_feat"]
     if owned_memory:  # column-major CSV reads are made row-major by the copy, piece by piece
@@ -174,9 +178,15 @@ def _check_processed_is_current(folder: Path) -> None:
                          f"{processed} to read the raw files again")
 
 
+#: The bytes of a CSV of integer edge ids; ogb parses the file with pandas and casts to int64, so an id such as
+#: 3.7 or 1e3 reaches us truncated: any other byte in the file is refused first.
+_INTEGER_CSV_BYTES = b"0123456789,-+ \t\r\n"
+
+
 def _raw_edge_count(folder: Path, binary: bool) -> int:
     """The number of edges in ``raw/edge.csv.gz`` (its non-blank lines, counted without parsing) or in
-    ``raw/data.npz``'s ``edge_index`` (from its header)."""
+    ``raw/data.npz``'s ``edge_index`` (from its header). Raises :class:`_NotIntegerIds` naming the first line
+    of the CSV with a byte no integer id holds (a float, a NaN, a letter)."""
     if binary:
         import zipfile
 
@@ -185,27 +195,46 @@ def _raw_edge_count(folder: Path, binary: bool) -> int:
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape = read(f)[0]  # the header only, never the edges
         return int(shape[1]) if len(shape) == 2 else -1
-    lines, last = 0, b"\n"
+    lines, last, newlines = 0, b"\n", 0
     with gzip.open(folder / "raw" / "edge.csv.gz", "rb") as f:
         while chunk := f.read(1 << 24):
+            if chunk.translate(None, _INTEGER_CSV_BYTES):  # one C pass; the culprit is located only then
+                at = next(k for k, byte in enumerate(chunk) if byte not in _INTEGER_CSV_BYTES)
+                line = newlines + chunk.count(b"\n", 0, at) + 1
+                start = chunk.rfind(b"\n", 0, at) + 1
+                end = chunk.find(b"\n", at)
+                raise _NotIntegerIds(f"{folder}: raw/edge.csv.gz line {line} holds "
+                                     f"{chunk[start:end if end >= 0 else None][:60].decode(errors='replace')!r}, not "
+                                     "integer node ids (ogb would truncate it to an id); fix or regenerate the file")
             both = last + chunk
             lines += chunk.count(b"\n") - both.count(b"\n\n")  # a blank line is no row (pandas skips it)
+            newlines += chunk.count(b"\n")
             last = chunk[-1:]
     return lines + (last != b"\n")
 
 
-def _check_all_edges_kept(folder: Path, graph: dict, meta) -> None:
+class _NotIntegerIds(ValueError):
+    """An edge file with something other than integer ids: refused, never counted around."""
+
+
+def _raw_edges_held(folder: Path, meta) -> int | None:
+    """The edges the raw files hold (inverse edges counted), None where they cannot be counted (ogb will say
+    why, or read a header this count does not); raises ValueError for non-integer ids in a CSV."""
+    try:
+        held = _raw_edge_count(folder, meta["binary"] == "True")
+    except _NotIntegerIds:
+        raise
+    except (OSError, KeyError, ValueError, EOFError) as err:
+        log.debug("not counting %s's raw edges: %s", folder, err)
+        return None
+    return 2 * held if meta["add_inverse_edge"] == "True" else held
+
+
+def _check_all_edges_kept(folder: Path, graph: dict, held: int) -> None:
     """Refuse a graph with fewer edges than the raw edge file: ogb cuts ``raw/edge`` into graphs by
     ``num-edge-list`` and keeps the first, so a count short of the file drops edges without a word."""
     edges = np.asarray(graph.get("edge_index"))
     kept = edges.shape[1] if edges.ndim == 2 else -1
-    try:
-        held = _raw_edge_count(folder, meta["binary"] == "True")
-    except (OSError, KeyError, ValueError, EOFError) as err:  # ogb read it; a header it skips is no evidence
-        log.debug("not counting %s's raw edges: %s", folder, err)
-        return
-    if meta["add_inverse_edge"] == "True":
-        held *= 2
     if kept != held:
         raise ValueError(f"{folder}: the graph ogb read has {kept} edges, but raw/edge holds {held} (inverse edges "
                          "counted); raw/num-edge-list does not count the edge file's rows, the file is damaged")
