@@ -163,6 +163,10 @@ def test_presampling_no_seeds_makes_no_batches(graph, epochs, batch_size):
             presample(sampler, torch.arange(n), batch_size=bad, progress=False)
     with pytest.raises(TypeError, match="seeds.*integers"):
         presample(sampler, torch.tensor([0.5]), progress=False)
+    with pytest.raises(ValueError, match="seeds"):  # two dimensions: refused, not flattened
+        presample(sampler, torch.zeros(1, 1, dtype=torch.int64), progress=False)
+    if n:  # one seed as a 0-d tensor: one batch
+        assert presample(sampler, torch.tensor(n - 1), epochs=1, progress=False).batches == 1
 
 
 @given(st.integers(0, 3))

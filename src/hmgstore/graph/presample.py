@@ -80,8 +80,9 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     into batches of ``batch_size`` each epoch with ``generator``. No seeds
     make no batches (``Hotness.batches == 0``, every count 0). Raises
     TypeError for another sampler or non-integer seeds, IndexError for seeds
-    that are not nodes of ``node_type``, ValueError for an unknown
-    ``node_type``, ``batch_size`` under 1 or negative ``epochs``.
+    that are not nodes of ``node_type``, ValueError for seeds of two or more
+    dimensions, an unknown ``node_type``, ``batch_size`` under 1 or negative
+    ``epochs``.
     """
     core = getattr(sampler, "sampler", sampler)
     if not isinstance(core, NeighborSampler):
@@ -89,7 +90,8 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
                         f"got {type(sampler).__name__}")
     if node_type not in core.num_nodes:
         raise ValueError(f"node_type {node_type!r} is not a node type of the sampler's graph: {list(core.num_nodes)}")
-    seeds = checks.id_list(torch.as_tensor(seeds).reshape(-1) if isinstance(seeds, torch.Tensor) else seeds,
+    # One seed (a 0-d tensor) is a list of one; seeds of two or more dimensions are refused, not flattened.
+    seeds = checks.id_list(seeds.reshape(1) if isinstance(seeds, torch.Tensor) and seeds.dim() == 0 else seeds,
                            "seeds", core.num_nodes[node_type])
     epochs = checks.count(epochs, "epochs")
     batch_size = checks.count(batch_size, "batch_size", at_least=1)
