@@ -279,3 +279,39 @@ def test_locality_batches_take_integer_node_ids_in_range(nodes):
         bad = next(n for n in nodes if not 0 <= n < 10)
         with pytest.raises(ValueError, match=f"node_part has 10 entries.*index {bad} "):
             locality.LocalityBatchSampler(torch.tensor(nodes), part, 3)
+
+
+# ---- gather_many: several tables, one launch ------------------------------------------------------------
+@given(st.lists(st.tuples(st.integers(1, 40), st.sampled_from([torch.float32, torch.int64, torch.float16]),
+                          st.lists(st.integers(-45, 45), max_size=12)), min_size=1, max_size=4),
+       st.booleans())
+def test_gather_many_gives_each_tables_rows_or_refuses_before_writing(requests, with_outs):
+    """Every request's rows bit for bit, or IndexError with every destination untouched (ids are 0..n-1; a
+    negative id is out of range, not counted from the end)."""
+    tables, pairs, outs, expected = [], [], [], []
+    for k, (n, dtype, ids) in enumerate(requests):
+        x = (torch.arange(n * 3, dtype=torch.float64).reshape(n, 3) * (k + 1)).to(dtype)
+        tables.append(hmgstore.HybridTensor(x, "cpu"))
+        index = torch.tensor(ids, dtype=torch.int64)
+        pairs.append((tables[-1], index))
+        outs.append(torch.full((len(ids), 3), 7, dtype=dtype))  # poison: no row holds 7 in every column
+        expected.append(x[index] if all(0 <= i < n for i in ids) else None)
+    if any(e is None for e in expected):
+        with pytest.raises(IndexError):
+            hmgstore.gather_many(pairs, outs=outs if with_outs else None)
+        assert all(bool((o == 7).all()) for o in outs), "a refused gather wrote rows"
+        return
+    got = hmgstore.gather_many(pairs, outs=outs if with_outs else None)
+    for g, e, o in zip(got, expected, outs):
+        assert torch.equal(g, e) and g.dtype == e.dtype
+        if with_outs:
+            assert g.data_ptr() == o.data_ptr()
+
+
+def test_gather_many_refuses_float_ids_and_bad_destinations_by_kind():
+    t = hmgstore.HybridTensor(torch.arange(12.0).reshape(6, 2), "cpu")
+    with pytest.raises(TypeError):
+        hmgstore.gather_many([(t, torch.tensor([0.5]))])
+    for bad in ([torch.zeros(2, 3)], [torch.zeros(2, 2, dtype=torch.int64)], [torch.zeros(2, 2), torch.zeros(2, 2)]):
+        with pytest.raises(ValueError):
+            hmgstore.gather_many([(t, torch.tensor([0, 1]))], outs=bad)
