@@ -642,3 +642,19 @@ def test_a_producer_checks_its_arguments_before_starting():
         hmgstore.Producer(_loader, max_sms=0)
     with pytest.raises(ValueError, match="overlap_reads is True, False or 'auto'"):
         hmgstore.Producer(_loader, overlap_reads="yes")
+
+
+def test_offsets_edited_after_the_stores_are_built_do_not_reach_the_sampler():
+    """The sampler reads row through its own copy of colptr: a caller's later edit (here past every edge)
+    changes nothing it samples, and never makes it read outside row."""
+    from torch_geometric.sampler import NodeSamplerInput
+
+    from hmgstore.plugins.pyg import HybridNeighborSampler, from_tensors
+
+    row, colptr = torch.tensor([1, 2, 3, 4, 0]), torch.tensor([0, 1, 2, 3, 4, 5])
+    stores = from_tensors(csc=(row, colptr), x=torch.randn(5, 2), progress=False)
+    before = HybridNeighborSampler(stores, [-1])
+    colptr[1], colptr[5] = 7, 10**6
+    for sampler in (before, HybridNeighborSampler(stores, [-1])):
+        out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=torch.arange(5)))
+        assert sorted(out.node.tolist()) == [0, 1, 2, 3, 4] and out.row.numel() == 5

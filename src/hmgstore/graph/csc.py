@@ -240,8 +240,8 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
 
     ``edge_index``: for ``layout="coo"`` a ``[2, E]`` tensor (or numpy
     array) or a pair ``(row, col)``; for ``"csr"`` a pair ``(rowptr, col)``;
-    for ``"csc"`` a pair ``(row, colptr)``. Integer tensors (int64 is kept
-    without a copy; other dtypes and devices are converted). ``size``:
+    for ``"csc"`` a pair ``(row, colptr)``. Integer tensors (int64 ids are kept
+    without a copy, CSC offsets are copied; other dtypes and devices are converted). ``size``:
     ``(num_src, num_dst)``, inferred from the ids when None. ``is_sorted``:
     COO edges already sorted by destination (checked; saves the sort).
     ``sort``: how COO edges are ordered by destination, ``(col, num_dst) ->
@@ -282,7 +282,10 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
-        return CSC.trusted(row, colptr, None, (num_src, colptr.numel() - 1))  # checked above
+        # colptr copied (8 bytes a node; row is kept): samplers trust the checked offsets for every read of
+        # row, so an edit of the caller's tensor afterwards must not reach them (it read past row before).
+        return CSC.trusted(row, colptr.clone() if colptr is second else colptr, None,
+                           (num_src, colptr.numel() - 1))  # checked above
 
     if layout == "csr":
         rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
