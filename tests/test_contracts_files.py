@@ -189,6 +189,19 @@ def test_a_file_cut_short_under_a_live_table_is_refused_at_the_next_gather(folde
     assert file_identity.watch(copied.source) is None  # a copy has no file to watch
 
 
+@pytest.mark.parametrize("plain", [np.asarray, lambda mm: mm.view(np.ndarray), lambda mm: np.asarray(mm)[::2]])
+def test_a_plain_array_over_a_memmap_is_watched_as_the_memmap(folder, plain):
+    """A plain numpy array viewing a memmap's pages is cut short with its file: refused, never a SIGBUS."""
+    path = folder / "p.npy"
+    np.save(path, np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64))
+    table = hmgstore.HybridTensor(plain(np.load(path, mmap_mode="r")), "cpu")
+    last = table.num_rows - 1
+    assert table[[last]].shape == (1, 64)
+    os.truncate(path, 4096)
+    with pytest.raises(RuntimeError, match=r"p\.npy was cut short under a live table"):
+        table[[last]]
+
+
 def test_identities_name_what_changed(folder):
     path = folder / "i.bin"
     path.write_bytes(b"a" * 10000)

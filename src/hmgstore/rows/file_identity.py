@@ -168,13 +168,26 @@ class LiveFile:
         self._closer()
 
 
+def _memmap_under(source) -> np.memmap | None:
+    """The memmap whose pages ``source`` views: itself, or one down its ``.base`` chain (``np.asarray(mm)``
+    and ``mm.view(np.ndarray)`` are plain arrays over a memmap's pages); None for memory no file backs."""
+    array = source
+    while isinstance(array, np.ndarray):
+        if isinstance(array, np.memmap) and getattr(array, "filename", None) is not None:
+            return array
+        array = array.base
+    return None
+
+
 def watch(source) -> LiveFile | None:
-    """For a memmap ``source``: record its file's identity (:func:`identity_of`) and return a
-    :class:`LiveFile` over it; None for any other source (nothing can change under it)."""
-    filename = getattr(source, "filename", None)
-    if not isinstance(source, np.memmap) or filename is None:
+    """For a ``source`` over a memmap's pages (the memmap or a numpy array viewing it): record its file's
+    identity (:func:`identity_of`) and return a :class:`LiveFile` over the bytes ``source`` spans; None for any
+    other source (nothing can change under it). A torch tensor made from such an array
+    (``torch.from_numpy``) does not show its file and is not watched."""
+    mapped = _memmap_under(source)
+    if mapped is None:
         return None
-    identity_of(source)
-    base = _base(source)
+    identity_of(mapped)
+    base = _base(mapped)
     end = np.lib.array_utils.byte_bounds(source)[1] - base.__array_interface__["data"][0]
-    return LiveFile(str(Path(filename)), base.offset + end)
+    return LiveFile(str(Path(mapped.filename)), base.offset + end)
