@@ -213,3 +213,25 @@ def test_identities_name_what_changed(folder):
     os.remove(path)
     with pytest.raises(FileChangedError, match=r"i\.bin.*gone"):
         before.check()
+
+
+@pytest.mark.parametrize("kind", ["npy", "pt", "raw"])
+@pytest.mark.parametrize("host_dtype,value", [(torch.float16, 1e6), (torch.bfloat16, -3.4028e38)])
+def test_load_refuses_values_past_a_half_width_host_tier_by_row(folder, kind, host_dtype, value):
+    """hmgstore.load(host_dtype=...) checks what HybridTensor(host_dtype=...) checks: a finite value that would
+    read back as infinity is refused, naming its row; in range, the rows are the cast ones."""
+    x = np.array([[1.0, 2.0], [value, 1.0], [0.5, -0.25]], np.float32)
+    path, kw = folder / f"half.{kind}", {}
+    if kind == "npy":
+        np.save(path, x)
+    elif kind == "pt":
+        torch.save(torch.from_numpy(x), path)
+    else:
+        x.tofile(path)
+        kw = dict(dtype=np.float32, shape=(-1, 2))
+    with pytest.raises(ValueError, match=r"row 1 holds .*largest finite value"):
+        hmgstore.load(path, host_dtype=host_dtype, progress=False, **kw)
+    x[1, 0] = 3.0
+    (np.save(path, x) if kind == "npy" else torch.save(torch.from_numpy(x), path) if kind == "pt" else x.tofile(path))
+    got = hmgstore.load(path, host_dtype=host_dtype, progress=False, **kw)[torch.arange(3)]
+    assert torch.equal(got, torch.from_numpy(x).to(host_dtype).float())

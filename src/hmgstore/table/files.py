@@ -242,22 +242,32 @@ def _npy_checked(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int, np.n
     return shape, fortran, np_dtype, start, array
 
 
+def _narrowing(dtype: torch.dtype, host: torch.dtype):
+    """The encode of float32 rows into a 16-bit float host tier (:mod:`hmgstore.rows.formats`: a finite value
+    past the format's range is refused, naming its row, as for a HybridTensor), None for any other copy."""
+    from ..rows import formats
+
+    names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return formats.get(names[host]).encode if dtype == torch.float32 and host in names else None
+
+
 def _read_npy(path: Path, host_dtype, backing, progress) -> torch.Tensor:
     """A .npy file, its header checked against its length before any row is read."""
     shape, fortran, np_dtype, start, array = _npy_checked(path)
     if not fortran:
         return _read_raw(path, start, shape, np_dtype, host_dtype, backing, progress)
     array = _np_load(path) if array is None else array  # Fortran order: numpy's reader
-    host = _host(_torch_dtype(array.dtype, path.name), host_dtype, path.name)
+    dtype = _torch_dtype(array.dtype, path.name)
+    host = _host(dtype, host_dtype, path.name)
     return owned.copy_in(owned.empty(array.shape, host, backing, zero=False), array, progress,
-                         desc=f"reading {path.name}")
+                         desc=f"reading {path.name}", encode=_narrowing(dtype, host))
 
 
 def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, backing, progress) -> torch.Tensor:
     dtype = _torch_dtype(np_dtype, path.name)  # byte order: checked by _check_layout
     nbytes = _check_size(path, start, shape, np_dtype, exact=False)  # a raw file may hold more than is read
     out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing, zero=False)  # every byte is read in
-    direct = out.dtype == dtype
+    direct, narrowing = out.dtype == dtype, _narrowing(dtype, out.dtype)
     target = out.view(-1).view(torch.uint8) if direct else None
     row_bytes = max(1, nbytes // max(shape[0], 1)) if shape else nbytes
     step = max(row_bytes, READ_CHUNK_BYTES // row_bytes * row_bytes)
@@ -278,7 +288,10 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
             if not direct:
                 rows = torch.frombuffer(view, dtype=dtype).view(-1, *shape[1:])
                 first = done // row_bytes
-                out[first:first + len(rows)].copy_(rows)
+                if narrowing is not None:
+                    narrowing(rows, first, out=out[first:first + len(rows)])
+                else:
+                    out[first:first + len(rows)].copy_(rows)
             done += size
             bar.update(size)
     return out
@@ -321,9 +334,9 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
     if obj.dim() == 0:
         raise ValueError(f"{path.name} holds a 0-dim tensor (a single {obj.dtype} value); a table has at least one "
                          "dimension (rows): save x.reshape(1) or x[None]")
-    return owned.copy_in(owned.empty(obj.shape, _host(obj.dtype, host_dtype, path.name), backing, zero=False), obj,
-                         progress,
-                         desc=f"reading {path.name}")
+    host = _host(obj.dtype, host_dtype, path.name)
+    return owned.copy_in(owned.empty(obj.shape, host, backing, zero=False), obj, progress,
+                         desc=f"reading {path.name}", encode=_narrowing(obj.dtype, host))
 
 
 def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
