@@ -235,3 +235,16 @@ def test_load_refuses_values_past_a_half_width_host_tier_by_row(folder, kind, ho
     (np.save(path, x) if kind == "npy" else torch.save(torch.from_numpy(x), path) if kind == "pt" else x.tofile(path))
     got = hmgstore.load(path, host_dtype=host_dtype, progress=False, **kw)[torch.arange(3)]
     assert torch.equal(got, torch.from_numpy(x).to(host_dtype).float())
+
+
+@pytest.mark.parametrize("name", ["rows.bin", "rows", "rows.raw"])
+def test_a_npy_file_under_another_name_is_read_by_its_header(folder, name):
+    """Its header is never read as rows: the arguments must agree with it, as for a .npy name."""
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    np.save(folder / "x.npy", x)
+    os.replace(folder / "x.npy", folder / name)
+    for kw in ({}, dict(dtype=np.float32, shape=(-1, 4)), dict(dtype=np.float32, shape=(6, 4))):
+        t = hmgstore.load(folder / name, progress=False, **kw)
+        assert t.shape == (6, 4) and torch.equal(t[torch.arange(6)], torch.from_numpy(x))
+    with pytest.raises(ValueError, match="header says dtype float32; dtype=int32 disagrees"):
+        hmgstore.load(folder / name, dtype=np.int32, shape=(-1, 4), progress=False)

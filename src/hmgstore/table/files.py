@@ -138,7 +138,7 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
     if key is not None:
         raise ValueError(f"key= picks a tensor of a .pt file's dict; {path.name} is not a torch file: drop "
                          f"key={key!r}")
-    if suffix == ".npy":
+    if suffix == ".npy" or _starts_as_npy(path):  # a .npy under another name: its header, never read as rows
         _npy_arguments_agree(path, dtype, shape, offset)
         return _read_npy(path, host_dtype, backing, progress)
     if dtype is None or shape is None:
@@ -147,6 +147,15 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
     np_dtype = _numpy_dtype(dtype, path.name)
     shape, offset = _raw_layout(path, shape, np_dtype, offset)
     return _read_raw(path, offset, shape, np_dtype, host_dtype, backing, progress)
+
+
+def _starts_as_npy(path: Path) -> bool:
+    """Whether the file begins with the .npy magic (``\\x93NUMPY``), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:  # absent or unreadable: the raw reader says so
+        return False
 
 
 def _as_path(path) -> Path:
@@ -358,8 +367,9 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     caller's (``t[i]`` is the file's row ``i``).
 
     Contract: a file that describes itself is believed over the arguments.
-    ``dtype=``/``shape=`` given for a ``.npy`` file must agree with its
-    header (``shape[0]`` may be -1), and ``offset=`` applies to raw files
+    ``dtype=``/``shape=`` given for a ``.npy`` file (any file that starts
+    with the ``.npy`` magic, whatever its name) must agree with its header
+    (``shape[0]`` may be -1), and ``offset=`` applies to raw files
     only, ``key=`` to ``.pt`` files only: anything else is refused with a
     ValueError naming the file, never obeyed. Raises TypeError for a
     ``path`` that is an array, memmap or tensor (build a
