@@ -315,3 +315,11 @@ def test_gather_many_refuses_float_ids_and_bad_destinations_by_kind():
     for bad in ([torch.zeros(2, 3)], [torch.zeros(2, 2, dtype=torch.int64)], [torch.zeros(2, 2), torch.zeros(2, 2)]):
         with pytest.raises(ValueError):
             hmgstore.gather_many([(t, torch.tensor([0, 1]))], outs=bad)
+
+
+@pytest.mark.parametrize("make", [np.array, torch.tensor, lambda v: np.array(v, dtype=np.int32)])
+def test_a_0d_index_gives_one_row_without_its_dimension(make):
+    x = torch.arange(20.0).reshape(10, 2)
+    t = hmgstore.HybridTensor(x, "cpu")
+    assert torch.equal(t[make(3)], x[3]) and t[make(3)].shape == (2,)
+    assert hmgstore.gather_many([(t, make(3))])[0].shape == (2,)

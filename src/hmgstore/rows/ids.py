@@ -84,8 +84,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if isinstance(index, np.ndarray):
         if index.dtype.kind not in "iub":
             raise TypeError(f"index must hold integers or bools, got numpy {index.dtype}")
-        index = torch.from_numpy(np.ascontiguousarray(index).copy() if not index.flags.writeable
-                                 else np.ascontiguousarray(index))
+        # reshape: ascontiguousarray makes a 0-d array 1-d, and t[np.array(3)] is one row, as x[3] is
+        dense = np.ascontiguousarray(index).reshape(index.shape)
+        index = torch.from_numpy(dense.copy() if not index.flags.writeable else dense)
     elif isinstance(index, (list, tuple)):
         if len(index) == 0:
             return torch.empty(0, dtype=torch.int64), (0,)
