@@ -323,3 +323,22 @@ def test_a_0d_index_gives_one_row_without_its_dimension(make):
     t = hmgstore.HybridTensor(x, "cpu")
     assert torch.equal(t[make(3)], x[3]) and t[make(3)].shape == (2,)
     assert hmgstore.gather_many([(t, make(3))])[0].shape == (2,)
+
+
+def test_writes_are_never_cut_in_silence():
+    """A tensor value of a kind the table cannot hold is refused as torch refuses x[ids] = v; integers past an
+    integer table's range are refused; the table is unchanged after either."""
+    t64 = hmgstore.HybridTensor(torch.zeros(3, 2, dtype=torch.int64), "cpu")
+    with pytest.raises(TypeError, match="torch.float32 value would be cut to this table's torch.int64"):
+        t64[[0]] = torch.tensor([[float("nan"), 2.7]])
+    t32 = hmgstore.HybridTensor(torch.zeros(3, 2, dtype=torch.int32), "cpu")
+    with pytest.raises(ValueError, match=r"past this table's torch.int32 range"):
+        t32[[0]] = torch.tensor([[2**40, 1]])
+    tf = hmgstore.HybridTensor(torch.zeros(3, 2), "cpu")
+    with pytest.raises(TypeError, match="complex64"):
+        tf[[0]] = torch.tensor([[1 + 2j, 0j]])
+    assert int(t64[torch.arange(3)].abs().sum()) == 0 and int(t32[torch.arange(3)].abs().sum()) == 0
+    t32[[1]] = torch.tensor([[7, -7]])  # int64 values in range: written
+    tf[[2]] = np.array([[1, 2]], dtype=np.int64)  # integers into floats: exact here
+    t64[[2]] = 5  # a Python number converts as torch's x[ids] = 5 does
+    assert t32[[1]].tolist() == [[7, -7]] and tf[[2]].tolist() == [[1.0, 2.0]] and t64[[2]].tolist() == [[5, 5]]

@@ -241,3 +241,19 @@ def misspelt(function: str, given, named, others: str = "node attributes") -> No
         if close and name not in named:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}; did you mean {close[0]!r}? "
                             f"(other keywords are {others})")
+
+
+def rows_to_write(value, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` as CPU rows of ``dtype`` (a value requiring grad: its numbers), never cut in silence: a tensor or
+    array of a kind ``dtype`` cannot hold raises TypeError, integers past an integer dtype's range ValueError.
+    Python numbers convert as torch's ``x[ids] = 2.5`` converts them."""
+    given = torch.as_tensor(value).detach()
+    if isinstance(value, (torch.Tensor, np.ndarray)) and not torch.can_cast(given.dtype, dtype):
+        raise TypeError(f"a {given.dtype} value would be cut to this table's {dtype} rows; convert it first "
+                        f"(value.to({dtype})) if that is what you mean")
+    rows = given.to("cpu", dtype)
+    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool) and given.dtype != dtype \
+            and not given.dtype.is_floating_point and not torch.equal(rows.to(given.dtype), given.cpu()):
+        info = torch.iinfo(dtype)
+        raise ValueError(f"the value holds integers past this table's {dtype} range [{info.min}, {info.max}]")
+    return rows

@@ -190,4 +190,4 @@ def watch(source) -> LiveFile | None:
     identity_of(mapped)
     base = _base(mapped)
     end = np.lib.array_utils.byte_bounds(source)[1] - base.__array_interface__["data"][0]
-    return LiveFile(str(Path(mapped.filename)), base.offset + end)
+    return LiveFile(str(Path(str(mapped.filename))), base.offset + end)

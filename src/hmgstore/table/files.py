@@ -257,7 +257,8 @@ def _narrowing(dtype: torch.dtype, host: torch.dtype):
     from ..rows import formats
 
     names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    return formats.get(names[host]).encode if dtype == torch.float32 and host in names else None
+    fmt = formats.get(names[host]) if dtype == torch.float32 and host in names else None
+    return None if fmt is None else fmt.encode
 
 
 def _read_npy(path: Path, host_dtype, backing, progress) -> torch.Tensor:

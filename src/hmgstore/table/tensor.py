@@ -246,8 +246,11 @@ class HybridTensor(Table):
         at once, the GPU tier's copies on the current stream (gathers in flight may see old or new rows).
 
         Raises:
-            TypeError: for a read-only source, a view of a sharded table and a sparse value (with the fix).
-            IndexError: for ids out of range; ValueError for a value that does not broadcast; RuntimeError when closed.
+            TypeError: for a read-only source, a view of a sharded table, a sparse value (with the fix) and a tensor
+                or array value of a kind the table's dtype cannot hold (float into int, complex into float:
+                ``torch.can_cast``), as torch's ``x[ids] = v`` refuses it.
+            IndexError: for ids out of range; RuntimeError when closed.
+            ValueError: for a value that does not broadcast, or integers past the range of an integer table.
         """
         rows_only(index)
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
@@ -262,7 +265,7 @@ class HybridTensor(Table):
         try:
             self._ready()
             ids = normalize(index, self.num_rows, torch.device("cpu")).ids
-            rows = torch.as_tensor(value).detach().to("cpu", self.dtype)  # a value requiring grad: its numbers
+            rows = checks.rows_to_write(value, self.dtype)
             try:
                 rows = rows.expand(len(ids), *self.row_shape)
             except RuntimeError:
