@@ -248,3 +248,15 @@ def test_a_npy_file_under_another_name_is_read_by_its_header(folder, name):
         assert t.shape == (6, 4) and torch.equal(t[torch.arange(6)], torch.from_numpy(x))
     with pytest.raises(ValueError, match="header says dtype float32; dtype=int32 disagrees"):
         hmgstore.load(folder / name, dtype=np.int32, shape=(-1, 4), progress=False)
+
+
+def test_a_writable_memmap_cut_short_is_not_sent_nor_grown_back(folder):
+    """Sending a table over an r+ memmap whose file was cut short is refused: opened again (mode r+), numpy
+    would grow the file with zeros and the rows would read back as zeros."""
+    path = folder / "w.bin"
+    np.arange(64 * 256, dtype=np.float32).tofile(path)
+    table = hmgstore.HybridTensor(np.memmap(path, np.float32, mode="r+", shape=(64, 256)), "cpu")
+    os.truncate(path, 4096)
+    with pytest.raises(FileChangedError, match=r"w\.bin was cut short"):
+        pickle.dumps(table)
+    assert os.path.getsize(path) == 4096  # left as it is

@@ -12,6 +12,7 @@ says why, and the first gather there raises with that text.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -90,11 +91,24 @@ class MemmapSpec:
         # Offset of this view from the file's start: the memmap's own offset plus the view's.
         view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
-        identity = file_identity.identity_of(array, refresh=array.mode != "r")  # its own writes are not changes
-        return cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C", identity)
+        spec = cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C")
+        spec.check_length("a table was built over it")  # before a writable file's identity is taken anew
+        spec.identity = file_identity.identity_of(array, refresh=array.mode != "r")  # its own writes: no change
+        return spec
+
+    def check_length(self, why: str) -> None:
+        """FileChangedError when the file holds fewer bytes than the table maps: a writable memmap opened over
+        it would grow it with zeros (numpy does, for mode r+), and read those as rows."""
+        needed = self.offset + int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        size = os.stat(self.filename).st_size
+        if size < needed:
+            raise file_identity.FileChangedError(
+                f"{self.filename} was cut short ({size} bytes; {why}, mapping {needed}): its rows are gone. "
+                "Rebuild the table over the file as it is now, or build it with copy=True")
 
     def open(self) -> np.memmap:
         """The memmap again, after checking the file is the one the table was built over (FileChangedError)."""
+        self.check_length("a table was built over it and sent to this process")
         if self.identity is not None:
             self.identity.check("a table was built over it and sent to this process")
         return np.memmap(self.filename, dtype=self.dtype, mode=self.mode, offset=self.offset, shape=self.shape,
