@@ -403,9 +403,15 @@ def test_a_graph_renumbered_after_attach_is_refused_even_at_the_same_size(hdgl, 
     if change != "add nodes":
         with pytest.raises(ValueError, match=r"(renumbered the edges|edges now).*edge feature 'w'.*attach"):
             graph.get_edge_storage("w")
+        with pytest.raises(ValueError, match=r"(renumbered the edges|edges now).*edge feature 'w'.*attach"):
+            graph.edata["w"]  # the whole-table view is refused alike
+    if change != "remove then add edges":
+        with pytest.raises(ValueError, match=r"node feature 'feat'"):
+            graph.ndata["feat"]
     rows = graph.num_nodes()
     hdgl.attach(graph, {"feat": torch.ones(rows, 2)}, device="cpu")  # attached again: served again
     assert graph.get_node_storage("feat").fetch(torch.tensor([0]), "cpu").wait().tolist() == [[1.0, 1.0]]
+    assert graph.ndata["feat"].shape == (rows, 2)
 
 
 def test_removing_nothing_keeps_the_features(hdgl):

@@ -49,13 +49,18 @@ class _ReadsThrough:
             storage = self._attached().get((key, self._types()[0]))
             if storage is None:
                 raise
-            return storage.whole(key)
+            return self._checked(key, self._types()[0]).whole(key)
         if many:
             for t in self._types():
                 storage = self._attached().get((key, t))
                 if t not in value and storage is not None:
-                    value[t] = storage.whole(key)
+                    value[t] = self._checked(key, t).whole(key)
         return value
+
+    def _checked(self, key, type_):
+        """The storage as the graph's ``get_*_storage`` serves it: refused (ValueError) once the graph's ids no
+        longer name its rows (nodes removed or added after ``attach``), as DGL's fetches are."""
+        raise NotImplementedError
 
     def _keys(self) -> list:
         keys = list(super().keys())  # type: ignore[misc]  # a mixin: super() is the DGL view it is mixed into
@@ -86,6 +91,9 @@ class AttachedNodeDataView(_ReadsThrough, HeteroNodeDataView):
     def _attached(self) -> dict:
         return self._graph.__dict__.get("_hmgstore_storages", {})
 
+    def _checked(self, key, type_):
+        return self._graph.get_node_storage(key, type_)
+
 
 class AttachedEdgeDataView(_ReadsThrough, HeteroEdgeDataView):
     """``g.edata`` of a :class:`~hmgstore.plugins.dgl.HybridDGLGraph` (see the module docstring)."""
@@ -102,3 +110,6 @@ class AttachedEdgeDataView(_ReadsThrough, HeteroEdgeDataView):
 
     def _attached(self) -> dict:
         return self._graph.__dict__.get("_hmgstore_edge_storages", {})
+
+    def _checked(self, key, type_):
+        return self._graph.get_edge_storage(key, type_)
