@@ -435,3 +435,19 @@ def test_the_graph_refuses_what_it_cannot_serve(hdgl):
         graph.get_node_storage("feat")
     with pytest.raises(ValueError, match="'w' is served by hmgstore.*gpu_cache"):
         graph.get_edge_storage("w")
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "layout"])
+def test_ndata_of_a_decoded_table_shows_later_writes(hdgl, kind):
+    """g.ndata[key] of a table whose host tier is not its rows (a stored format, a layout) is a copy, kept
+    until the table is written."""
+    import dgl
+
+    x = torch.arange(12.0).reshape(6, 2)
+    opts = {"compress": "bfloat16"} if kind == "bfloat16" else {"layout": torch.tensor([5, 4, 3, 2, 1, 0])}
+    table = hmgstore.HybridTensor(x.clone(), "cpu", **opts)
+    graph = dgl.graph((torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3])), num_nodes=6)
+    graph = hdgl.attach(graph, {"feat": table}) or graph
+    assert torch.equal(graph.ndata["feat"], x)
+    table[[0]] = torch.tensor([[100.0, 200.0]])
+    assert graph.ndata["feat"][0].tolist() == [100.0, 200.0] and torch.equal(graph.ndata["feat"][1:], x[1:])

@@ -59,6 +59,7 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
                             f"DistributedTensor, ClusterTensor: any hmgstore.FeatureTable), got {type(table).__name__}")
         self.table: FeatureTable = table
         self._whole: torch.Tensor | None = None  # a decoded or copied whole table, made once (see whole())
+        self._whole_writes = 0  # the table's writes when it was made
 
     def whole(self, key: str = "") -> torch.Tensor:
         """Every row: ``[N, *row_shape]`` of the table's dtype, a CPU tensor, for ``g.ndata[key]``/``g.edata[key]``.
@@ -74,14 +75,15 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
                            "whole table here; read rows with table[ids]")
         if not isinstance(self.table, HybridTensor):  # a ShardedTensor or DistributedTensor: its host table
             return self.table.dense()  # type: ignore[attr-defined]  # both have dense(); no GPU holds every row
-        if self._whole is not None:
+        if self._whole is not None and self._whole_writes == self.table.writes:
             return self._whole
         if self.table.closed:
             raise RuntimeError(f"the table of {key!r} is closed")
         rows = self.table.dense()
         source = self.table.source
         if not (isinstance(source, torch.Tensor) and rows.data_ptr() == source.data_ptr()):
-            self._whole = rows  # a copy: keep it, so that g.ndata[key] in a loop does not decode every time
+            # a copy: kept (until the table is written), so that g.ndata[key] in a loop does not decode every time
+            self._whole, self._whole_writes = rows, self.table.writes
         return rows
 
     def __getstate__(self):

@@ -90,6 +90,9 @@ class HybridTensor(Table):
         >>> rows = table[batch_ids]  # [len(batch_ids), *x.shape[1:]] on the GPU
     """
 
+    #: Writes so far (``table[ids] = rows``); a copy of the whole table taken at another count is old.
+    writes: int = 0
+
     _counter: TierCounter | None = None  # per-tier statistics, once counting
     _tier_starts: torch.Tensor | None = None
     _split: cpu_share.Setting | None = None  # the split gather's setting when splitting
@@ -284,6 +287,7 @@ class HybridTensor(Table):
                 if self.gpu_format is None and fmt is not None:  # the GPU tier keeps rows as they read
                     host_rows = fmt.decode(host_rows, self.row_shape)
                 gpu[new[resident].long()] = host_rows.to(self.device)[resident]
+            self.writes += 1  # copies made of the whole table (a DGL g.ndata view) know they are old
         finally:
             self._exit()
 
