@@ -343,11 +343,18 @@ def command(out: Path, *args: str) -> None:
 def test_partition_command_refuses_counts_and_splits_that_do_not_fit(tmp_path, monkeypatch, capsys):
     for args, message in ((["--parts", "0", "--synthetic", "100"], "--parts 0 --by range: num_machines must be"),
                           (["--parts", "2", "--by", "hash", "--synthetic", "1"], "--synthetic 1"),
-                          (["--parts", "2", "--synthetic", "100", "--feat-dim", "0"], "--feat-dim 0")):
+                          (["--parts", "2", "--synthetic", "100", "--feat-dim", "0"], "--feat-dim 0"),
+                          (["--parts", "2", "--by", "Hash", "--synthetic", "100"], "--by Hash: no such assignment"),
+                          (["--parts", "2", "--by", str(tmp_path / "none.npy"), "--synthetic", "100"],
+                           "no such assignment file")):
         with pytest.raises(SystemExit) as exit_:
             command(tmp_path / "p", *args)
         assert exit_.value.code == 2 and message in capsys.readouterr().err, args
         assert not (tmp_path / "p").exists()
+    (tmp_path / "a-file").write_text("not a folder")
+    with pytest.raises(SystemExit) as exit_:
+        command(tmp_path / "a-file", "--parts", "2", "--synthetic", "100")
+    assert exit_.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
     import hmgstore.cli.partition as cli
 
     real = cli.synthetic

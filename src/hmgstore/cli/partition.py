@@ -77,17 +77,23 @@ def main(argv=None) -> None:
     """Run the command on ``argv`` (default: the process's arguments).
 
     Raises:
-        SystemExit: status 2 with a usage error naming the flag for a bad command line: an OUT_DIR that holds
-            anything without ``--overwrite``, ``--parts`` under 1, a synthetic graph's sizes, an assignment file
-            that does not fit the graph, an OGB folder that is missing or whose files disagree (the reader's
-            error), a dataset whose split or edges do not fit its nodes.
+        SystemExit: status 2 with a usage error naming the flag for a bad command line: an OUT_DIR that is a
+            file or holds anything without ``--overwrite``, a ``--by`` that is no method and no file,
+            ``--parts`` under 1, a synthetic graph's sizes, an assignment file that does not fit the graph, an
+            OGB folder that is missing or whose files disagree (the reader's error), a dataset whose split or
+            edges do not fit its nodes.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     progress = not args.no_progress
-    if args.out_dir.is_dir() and any(args.out_dir.iterdir()) and not args.overwrite:  # before building the graph
+    if args.out_dir.exists() and not args.out_dir.is_dir():  # before building the graph
+        parser.error(f"OUT_DIR {args.out_dir} is a file, not a folder; name a folder to write the parts into")
+    if args.out_dir.is_dir() and any(args.out_dir.iterdir()) and not args.overwrite:
         parser.error(f"{args.out_dir} is not empty; pass --overwrite to replace it and everything in it")
+    if args.by not in ("range", "hash") and not Path(args.by).is_file():  # before building the graph
+        parser.error(f"--by {args.by}: no such assignment file; --by is 'range', 'hash' (lower case) or the path "
+                     "of a .npy/.pt/text file with each node's machine")
     if args.ogb is not None:
         from ..data.ogb import load_node_dataset
 
