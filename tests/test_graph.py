@@ -47,7 +47,8 @@ def test_coo_inputs_of_every_kind_agree():
 def test_csc_input_is_kept_as_given():
     row, colptr = torch.tensor([1, 2, 2, 0, 3]), torch.tensor([0, 2, 3, 5])
     csc = to_csc((row, colptr), "csc", (4, 3))
-    assert csc.row.data_ptr() == row.data_ptr() and csc.colptr.data_ptr() == colptr.data_ptr()  # no copy
+    assert csc.row.data_ptr() == row.data_ptr()  # the ids: no copy
+    assert torch.equal(csc.colptr, colptr) and csc.colptr.data_ptr() != colptr.data_ptr()  # offsets: its own
     assert csc.perm is None and csc.size == (4, 3)
     assert to_csc((row, colptr), "csc").size == (4, 3)  # sources inferred, destinations from colptr
     converted = to_csc((row.int(), colptr.int()), "csc")

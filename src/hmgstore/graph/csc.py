@@ -35,7 +35,7 @@ class CSC:
         row: 1-D integer tensor [E] (int32 or int64), the source of each edge,
             each in ``[0, num_src)``.
         colptr: 1-D integer tensor [num_dst + 1]: starts at 0, never
-            decreases, ends at E.
+            decreases, ends at E (copied: the CSC's offsets are its own).
         perm: None, or a 1-D integer tensor [E]: the given edge id of each
             CSC edge, a permutation of ``range(E)`` (checked where it is
             inverted, :meth:`coo_in_given_order`).
@@ -65,6 +65,9 @@ class CSC:
             if not (isinstance(value, torch.Tensor) or (name == "perm" and value is None)):
                 raise TypeError(f"CSC's {name} is a 1-D integer tensor, got {type(value).__name__}")
         checks.integers(self.row, "row")
+        # Offsets copied (8 bytes a node), then checked: samplers trust them for every read of row, so an edit of
+        # the caller's tensor afterwards must not reach them (it made the CPU sampler read past row).
+        object.__setattr__(self, "colptr", self.colptr.clone())
         checks.offsets(self.colptr, "colptr", self.row.numel(), length=size[1] + 1)
         try:
             check_range(self.row, size[0])
@@ -282,8 +285,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
-        # colptr copied (8 bytes a node; row is kept): samplers trust the checked offsets for every read of
-        # row, so an edit of the caller's tensor afterwards must not reach them (it read past row before).
+        # colptr copied as CSC() copies it (row is kept): samplers trust the checked offsets
         return CSC.trusted(row, colptr.clone() if colptr is second else colptr, None,
                            (num_src, colptr.numel() - 1))  # checked above
 

@@ -144,9 +144,7 @@ class Topology:
                                             "(a degree, a count) into one")
         gpu_budget = hotness.parse_budget(gpu_budget)  # a typo fails on a CPU machine too
         if self.device.type == "cpu":
-            # A copy (8 bytes a node): the sampler trusts these offsets for every read of row, so a caller who
-            # edits the tensor they passed must not reach it (it once read past row and corrupted the heap).
-            self.colptr = csc.colptr.clone()
+            self.colptr = csc.colptr  # the CSC's own copy (CSC() and to_csc copy the caller's offsets)
             return
 
         cuda.check_device(self.device)
