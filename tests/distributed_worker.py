@@ -53,7 +53,9 @@ def make_on_leader_only():
 def build(report, budget=40 * N, replicate=10 * N, **kwargs):
     x = hd.share_on_node(make_on_leader_only(), progress=False)
     t = hd.shard(x, gpu_budget=budget, hot_order=hot_order(), replicate=replicate, device=device(), **kwargs)
-    report["segments_after_setup"] = sorted(n for n in os.listdir("/dev/shm") if n.startswith("hmgstore-"))
+    # hmgstore's own segments; "hmgstore-test-*" files are test_producer.py's stand-ins, made while this runs
+    report["segments_after_setup"] = sorted(n for n in os.listdir("/dev/shm")
+                                            if n.startswith("hmgstore-") and not n.startswith("hmgstore-test-"))
     report["tiers"] = list(t.placement.names)
     report["bounds"] = list(t.placement.bounds)
     report["node_ranks"] = hd.this_node().ranks
