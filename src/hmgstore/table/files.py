@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..memory import owned
-from ..rows import checks
+from ..rows import checks, formats
 from ..util.device import resolve_device
 from ..util.progress import tqdm
 from .tensor import HybridTensor
@@ -254,8 +254,6 @@ def _npy_checked(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int, np.n
 def _narrowing(dtype: torch.dtype, host: torch.dtype):
     """The encode of float32 rows into a 16-bit float host tier (:mod:`hmgstore.rows.formats`: a finite value
     past the format's range is refused, naming its row, as for a HybridTensor), None for any other copy."""
-    from ..rows import formats
-
     names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
     fmt = formats.get(names[host]) if dtype == torch.float32 and host in names else None
     return None if fmt is None else fmt.encode
