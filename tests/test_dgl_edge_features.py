@@ -7,6 +7,7 @@ copy when they read as stored; decoded once otherwise).
 """
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -116,3 +117,79 @@ def test_attach_checks_edge_tables(small_graph):
     assert type(g) is dgl.DGLGraph
     hdgl.attach(g, edata={"w": w})  # edge features alone
     assert torch.equal(g.edata["w"], w)
+
+
+def _changes():
+    """Removals after attach, each leaving every edge type with as many edges as before or fewer."""
+    return {
+        "remove an isolated node": lambda g: g.remove_nodes(torch.tensor([g.num_nodes() - 1])),
+        "remove a node": lambda g: g.remove_nodes(torch.tensor([3])),
+        "remove edges": lambda g: g.remove_edges(torch.tensor([0, 7])),
+        "remove then add self loops": lambda g: dgl.add_self_loop(dgl.remove_self_loop(g)),
+    }
+
+
+# DGL removes edges only from a graph that keeps its COO (a CSR-only graph: "CSR only support Edges of order
+# 'srcdst'"), so the edge removals run on the default and COO formats.
+@pytest.mark.parametrize(("change", "fmt"), [(c, f) for c in _changes() for f in (None, "coo", "csr", "csc")
+                                             if f in (None, "coo") or "node" in c])
+def test_edge_rows_after_a_removal_follow_their_edges_or_are_refused(change, fmt):
+    """Never the old rows under new edge ids: DGL's own column of the same rows is the truth. Removing a
+    node, even an isolated one, rebuilds the edges from a CSR or CSC and can reorder the ids of the edges
+    left at the same count, which a count check alone missed."""
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(3))
+    src, dst = torch.arange(40)[order] % 10, (torch.arange(40)[order] * 7 + 1) % 10  # self loops, node 10 alone
+    g = dgl.graph((src, dst), num_nodes=11)
+    g = g if fmt is None else g.formats(fmt)
+    w = random_table(g.num_edges(), (EDGE_DIM,), torch.float32, seed=2)
+    g.edata["truth"] = w.clone()  # DGL's own frame: reindexed by DGL itself
+    hdgl.attach(g, edata={"w": w}, device="cpu")
+    shared = copy.copy(g)  # shares g's frames: the tag hmgstore puts on them must never show there
+    changed = _changes()[change](g) or g
+    assert "_hmgstore_edge_id_before" not in {*changed.edata.keys(), *shared.edata.keys(), *g.edata.keys()}
+    try:
+        storage = changed.get_edge_storage("w")
+    except ValueError as err:
+        assert ("renumbered the edges" in str(err) or "edges now" in str(err)) and "attach(g, ...) again" in str(err)
+        return
+    rows = storage.fetch(torch.arange(changed.num_edges()), "cpu").wait()
+    assert torch.equal(rows, changed.edata["truth"])
+
+
+def test_removing_an_isolated_node_that_reorders_edge_ids_is_refused():
+    src, dst = torch.tensor([2, 0, 5, 3, 1, 4, 2, 4]), torch.tensor([2, 1, 0, 3, 1, 5, 3, 4])
+    g = dgl.graph((src, dst), num_nodes=7)  # node 6 has no edge
+    w = torch.arange(8, dtype=torch.float32)[:, None]
+    g.edata["truth"] = w.clone()
+    hdgl.attach(g, edata={"w": w}, device="cpu")
+    g.remove_nodes(torch.tensor([6]))
+    assert g.num_edges() == 8 and not torch.equal(g.edata["truth"], w)  # DGL moved the edges' ids
+    with pytest.raises(ValueError, match=r"g.remove_nodes renumbered the edges of type \('_N', '_E', '_N'\) "
+                                         r"\(as many edges as before, under other ids\) after attach.*'w'"):
+        g.get_edge_storage("w")
+    with pytest.raises(ValueError, match="as many edges as before, under other ids"):
+        g.edata["w"]  # noqa: B018
+    hdgl.attach(g, edata={"w": g.edata["truth"].clone()}, device="cpu")  # tables for the graph as it is
+    assert torch.equal(g.get_edge_storage("w").fetch(torch.arange(8), "cpu").wait(), g.edata["truth"])
+
+
+def test_removing_nodes_of_one_type_checks_the_edge_ids_of_every_type():
+    """DGL rebuilds every edge type when nodes of one type go: ``cites`` (papers only) moves too."""
+    gen = torch.Generator().manual_seed(0)
+    cites = torch.randint(0, 20, (2, 60), generator=gen)
+    writes = torch.stack([torch.randint(0, 6, (30,), generator=gen), torch.randint(0, 20, (30,), generator=gen)])
+    g = dgl.heterograph({("paper", "cites", "paper"): tuple(cites), ("author", "writes", "paper"): tuple(writes)},
+                        num_nodes_dict={"paper": 20, "author": 6})
+    tables = {et: random_table(g.num_edges(et), (EDGE_DIM,), torch.float32, seed=k)
+              for k, et in enumerate(g.canonical_etypes)}
+    for et, table in tables.items():
+        g.edges[et].data["truth"] = table.clone()
+    hdgl.attach(g, edata={"w": tables}, device="cpu")
+    g.remove_nodes(torch.tensor([5]), ntype="author")
+    for et in g.canonical_etypes:
+        try:
+            rows = g.get_edge_storage("w", et).fetch(torch.arange(g.num_edges(et)), "cpu").wait()
+        except ValueError as err:
+            assert f"renumbered the edges of type {et}" in str(err) or "edges now" in str(err)
+            continue
+        assert torch.equal(rows, g.edges[et].data["truth"])

@@ -16,6 +16,7 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch_geometric.typing
@@ -100,6 +101,73 @@ def test_hetero_inputs(hetero_stores, hetero):
     assert len(loader) == math.ceil(hetero["paper"].num_nodes / 512)
     batch = next(iter(loader))
     assert torch.equal(batch["paper"].x, hetero["paper"].x[batch["paper"].n_id])
+
+
+def _batches(stores, input_nodes, node_type=None):
+    """Every batch's seeds, sampled nodes and features, from a fresh sampler with the same draws."""
+    torch.manual_seed(0)
+    sampler = HybridNeighborSampler(stores, [3], device="cpu", progress=False)
+    loader = NeighborLoader(stores, [3], neighbor_sampler=sampler, input_nodes=input_nodes, batch_size=16)
+    out = []
+    for batch in loader:
+        part = batch if node_type is None else batch[node_type]
+        out.append((part.n_id.tolist(), part.x, batch[node_type].input_id if node_type else batch.input_id))
+    return out
+
+
+def _same(ours, theirs) -> bool:
+    return len(ours) == len(theirs) and all(a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+                                            for a, b in zip(ours, theirs))
+
+
+def test_input_nodes_as_numpy_lists_and_ranges_give_the_batches_of_a_tensor(stores):
+    """PyG's Data path reads non-tensor ids with torch.tensor(ids); its store path failed on them (``cannot
+    unpack non-iterable NoneType``, or an AssertionError for a list)."""
+    ids = np.array([3, 17, 40, 41, 99, 250, 7, 1999, 0, 12] * 4)
+    expected = _batches(stores, torch.from_numpy(ids))
+    for given in (ids, ids.astype(np.int32), ids.astype(np.uint16), ids.tolist(), [3, 17]):
+        assert _same(_batches(stores, given), expected if len(given) > 2 else _batches(stores, torch.tensor(given)))
+    assert _same(_batches(stores, range(5, 60, 3)), _batches(stores, torch.arange(5, 60, 3)))
+    assert _same(_batches(stores, (None, ids)), expected)
+
+
+def test_a_numpy_bool_mask_is_a_mask_as_a_torch_one_is(stores, hetero_stores, data, hetero):
+    mask = np.zeros(data.num_nodes, dtype=bool)
+    mask[[5, 9, 300, 1200]] = True
+    assert _same(_batches(stores, mask), _batches(stores, torch.from_numpy(mask)))
+    assert _batches(stores, mask)[0][0][:4] == [5, 9, 300, 1200]  # PyG's Data path: ids 0 and 1
+    papers = np.zeros(hetero["paper"].num_nodes, dtype=bool)
+    papers[[2, 8]] = True
+    ours = _batches(hetero_stores, ("paper", papers), "paper")
+    assert _same(ours, _batches(hetero_stores, ("paper", torch.from_numpy(papers)), "paper"))
+    assert ours[0][0][:2] == [2, 8]
+    with pytest.raises(ValueError, match=r"input_nodes is a bool mask of shape \(10,\); a mask holds one entry "
+                                         rf"per node, \({data.num_nodes},\)"):
+        NeighborLoader(stores, [3], input_nodes=np.ones(10, dtype=bool), batch_size=4)
+
+
+def test_input_nodes_hetero_numpy_ids(hetero_stores):
+    ids = np.arange(0, 90, 3)
+    assert _same(_batches(hetero_stores, ("paper", ids), "paper"),
+                 _batches(hetero_stores, ("paper", torch.from_numpy(ids)), "paper"))
+
+
+def test_bad_input_nodes_are_refused_when_the_loader_is_built(stores, hetero_stores, data, hetero):
+    sampler = HybridNeighborSampler(stores, [3], device="cpu", progress=False)
+    with pytest.raises(TypeError, match="input_nodes holds float64 values; ids are integers"):
+        NeighborLoader(stores, [3], neighbor_sampler=sampler, input_nodes=np.array([1.0, 2.5]))  # PyG: truncated
+    with pytest.raises(IndexError, match=rf"input_nodes: index {data.num_nodes} at position 1 is out of range"):
+        NeighborLoader(stores, [3], neighbor_sampler=sampler, input_nodes=np.array([1, data.num_nodes]))
+    with pytest.raises(ValueError, match=r"input_nodes must be 1-D"):
+        NeighborLoader(stores, [3], neighbor_sampler=sampler, input_nodes=np.ones((2, 2), dtype=np.int64))
+    het = HybridNeighborSampler(hetero_stores, [3], device="cpu", progress=False)
+    with pytest.raises(ValueError, match=r"input_nodes=ids names no node type.*pass \(node type, ids\)"):
+        NeighborLoader(hetero_stores, [3], neighbor_sampler=het, input_nodes=np.arange(4))
+    with pytest.raises(ValueError, match=r"node type 'papers', which these stores do not hold; they hold "
+                                         r"\['author', 'paper'\]"):
+        NeighborLoader(hetero_stores, [3], neighbor_sampler=het, input_nodes=("papers", np.arange(4)))
+    with pytest.raises(IndexError, match=r"input_nodes of 'paper': index -1 at position 0"):
+        NeighborLoader(hetero_stores, [3], neighbor_sampler=het, input_nodes=("paper", [-1]))
 
 
 def test_link_loader_takes_a_plain_edge_label_index_on_homogeneous_stores(stores, data):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from hmgstore import FeatureTable, HybridTensor
 
 from ._compat import import_dgl
@@ -29,8 +31,12 @@ class HybridDGLGraph(dgl.DGLGraph):
     frames lack read the whole table (:mod:`hmgstore.plugins.dgl.views`).
 
     ``remove_nodes``/``remove_edges`` renumber the ids that name the
-    attached tables' rows, so they mark the features of the types whose
-    nodes or edges they removed as stale; ``attach`` again serves them anew.
+    attached tables' rows, so they mark stale the node features of the
+    types whose nodes they removed and the edge features of every type
+    whose edges they removed or moved to other ids (removing nodes, of any
+    type, rebuilds every edge type from a CSR or CSC, which can reorder the
+    edges' ids at the same count: each edge's old id is carried through the
+    removal as DGL carries ``g.edata``); ``attach`` again serves them anew.
 
     Raises:
         ValueError: from ``get_node_storage``/``get_edge_storage`` (what DGL's DataLoader calls before every
@@ -51,16 +57,22 @@ class HybridDGLGraph(dgl.DGLGraph):
 
     def _renumbering(self, remove, *args, **kwargs):
         nodes = {t: self.num_nodes(t) for t in self.ntypes}
-        edges = {t: self.num_edges(t) for t in self.canonical_etypes}
-        result = remove(*args, **kwargs)
+        edge_types = sorted({etype for _, etype in self.__dict__.get("_hmgstore_edge_storages", {})}, key=str)
+        edges = {etype: self.num_edges(etype) for etype in edge_types}
+        frames, tagged = self._edge_frames, None
+        try:
+            tagged = _tag_edges(self, edge_types)
+            result = remove(*args, **kwargs)
+            moved = {etype: _edges_moved(self, etype, edges[etype]) for etype in edge_types}
+        finally:
+            _untag_edges(self, frames, tagged)
         stale = dict(self.__dict__.get("_hmgstore_stale", {}))  # a new dict: copies of the graph keep theirs
         for (key, ntype) in self.__dict__.get("_hmgstore_storages", {}):
-            if self.num_nodes(ntype) != nodes[ntype]:
+            if self.num_nodes(ntype) != nodes[ntype]:  # DGL keeps the nodes left in order: same count, same ids
                 stale[("node", key, ntype)] = f"g.remove_nodes renumbered the nodes of type {ntype!r}"
         for (key, etype) in self.__dict__.get("_hmgstore_edge_storages", {}):
-            if self.num_edges(etype) != edges[etype]:
-                stale[("edge", key, etype)] = f"g.remove_{'nodes' if remove.__name__ == 'remove_nodes' else 'edges'}" \
-                                              f" renumbered the edges of type {etype}"
+            if moved[etype] is not None:
+                stale[("edge", key, etype)] = f"g.{remove.__name__} renumbered the edges of type {etype}{moved[etype]}"
         self._hmgstore_stale = stale
         return result
 
@@ -133,6 +145,50 @@ def _not_stale(graph, which: tuple, what: str) -> None:
     if why is not None:
         raise ValueError(f"{why} after attach, so its ids no longer name the rows of the table attached for "
                          f"{what}; call attach(g, ...) again with tables for the graph as it is")
+
+
+#: A column DGL carries through ``remove_nodes``/``remove_edges`` for us: each edge's id before the call.
+EDGE_ID_TAG = "_hmgstore_edge_id_before"
+
+
+def _tag_edges(graph, edge_types: list) -> list | None:
+    """Put each attached edge type's edge ids in a column of its frame, which the removal then reindexes as it
+    reindexes ``g.edata``; the tagged frames, or None when no edge feature is attached. The edge count alone
+    does not tell whether ids moved: ``remove_nodes`` (of an isolated node, too) rebuilds the edges from a CSR
+    or CSC, which can reorder the ids of the edges left at the same count. The tagged frames are shallow
+    copies (no tensor copied) in a new list, so that graphs sharing the old ones (``copy.copy``) never see
+    the column."""
+    if not edge_types:
+        return None
+    graph._edge_frames = [frame.clone() for frame in graph._edge_frames]
+    for etype in edge_types:
+        graph._edge_frames[graph.get_etype_id(etype)][EDGE_ID_TAG] = torch.arange(
+            graph.num_edges(etype), dtype=torch.int64, device=graph.device)
+    return graph._edge_frames
+
+
+def _edges_moved(graph, etype, count: int) -> str | None:
+    """None when no edge of ``etype`` was removed and each kept its id; otherwise what the stale message adds
+    (a note when the count stayed and only the ids moved)."""
+    before = graph._edge_frames[graph.get_etype_id(etype)][EDGE_ID_TAG]
+    if len(before) != count:
+        return ""
+    if torch.equal(before, torch.arange(count, dtype=before.dtype, device=before.device)):
+        return None
+    return " (as many edges as before, under other ids)"
+
+
+def _untag_edges(graph, frames: list, tagged: list | None) -> None:
+    """Drop the tag column :func:`_tag_edges` added: the old frames back where the removal did not replace
+    them (it removed nothing, or failed), else the column taken out of the frames it left."""
+    if tagged is None:
+        return
+    if graph._edge_frames is tagged:
+        graph._edge_frames = frames
+        return
+    for frame in graph._edge_frames:
+        if EDGE_ID_TAG in frame.keys():
+            del frame[EDGE_ID_TAG]
 
 
 def _node_type(graph, ntype, key: str) -> str:

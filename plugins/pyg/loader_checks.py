@@ -14,6 +14,10 @@ pair and :class:`~hmgstore.plugins.pyg.HybridNeighborSampler` unchanged, but
   that is None or a plain ``[2, E]`` tensor (a ``Data``: those edges, or all).
   ``input_nodes=(node_type, None)`` passes ``None`` on as the node type and
   ends in "Unable to accurately infer the number of nodes ... query None";
+  ids that are not a torch tensor (a numpy array, a list, a range), which a
+  ``Data`` takes, fall through every branch of its store path
+  (``cannot unpack non-iterable NoneType object``, or an AssertionError for a
+  list);
 - PyG's own sampler needs pyg-lib or torch-sparse; without them it fails at
   the first batch: ``ImportError: 'NeighborSampler' requires either 'pyg-lib'
   or 'torch-sparse'``, after a 30-line traceback.
@@ -36,6 +40,11 @@ stores, or a ``HybridNeighborSampler``, is built; importing
   None (or ``(None, None)``) is every edge in the order it was put. On
   heterogeneous stores, where no default is clear, it raises ValueError
   naming the node or edge types and what to pass;
+- checks seed ids where they are given: numpy arrays, lists and ranges of
+  ids become tensors (the batches of the same ids as a tensor), a numpy bool
+  mask a torch one (a ``Data`` reads it as the ids 0 and 1), and every id is
+  checked against its node type's count, floats refused (a ``Data``
+  truncates them), an unknown node type named, before any batch is drawn;
 - on stores that hold edge tables (:func:`from_data` of a ``Data`` with
   ``edge_attr``, or ``put_edge_tables``), puts the edge rows on every batch
   as a ``Data`` would (``batch.edge_attr``): the hooks of
@@ -70,11 +79,14 @@ import inspect
 import logging
 import warnings
 
+import numpy as np
 import torch
 import torch_geometric.typing
-from torch_geometric.data import FeatureStore, GraphStore
+from torch_geometric.data import FeatureStore, GraphStore, remote_backend_utils
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+
+from hmgstore.rows import checks
 
 from .cluster import ClusterFeatureStore
 from .edge_features import EdgeFeatures, edge_features
@@ -145,26 +157,64 @@ def _all_edges(graph_store) -> torch.Tensor:
 
 # ---- the checks -------------------------------------------------------------------------------
 def _input_nodes(args: dict, data) -> None:
-    """NeighborLoader over a store pair: ``input_nodes`` as a ``Data``/``HeteroData`` would read it."""
+    """NeighborLoader over a store pair: ``input_nodes`` as a ``Data``/``HeteroData`` would read it, its ids
+    checked against the node count of their type (PyG's store path takes torch tensors only: anything else
+    falls through its branches into ``cannot unpack non-iterable NoneType``, or an ``AssertionError``)."""
     nodes = args.get("input_nodes")
-    homogeneous = None in _edge_types(data[1]) or _node_types(data[0]) == [None]
+    node_types = _node_types(data[0])
+    homogeneous = None in _edge_types(data[1]) or node_types == [None]
     if nodes is None:
         if not homogeneous:
             raise ValueError(
                 "NeighborLoader over heterogeneous stores needs input_nodes: a node type (all its nodes, e.g. "
-                f"input_nodes={_node_types(data[0])[0]!r}) or (node type, ids); the stores hold node types "
-                f"{_node_types(data[0])}")
+                f"input_nodes={node_types[0]!r}) or (node type, ids); the stores hold node types {node_types}")
         args["input_nodes"] = torch.arange(_num_nodes(data))
         log.debug("input_nodes=None over a store pair: every node, as with a Data")
-    elif isinstance(nodes, (tuple, list)) and len(nodes) == 2 and not isinstance(nodes[0], int):
-        node_type, ids = nodes
-        if node_type is None and homogeneous:
-            args["input_nodes"] = torch.arange(_num_nodes(data)) if ids is None else ids
-        elif isinstance(node_type, str) and ids is None:
-            args["input_nodes"] = node_type  # what PyG means by (node_type, None); its store path loses the type
-        elif node_type is None:
-            raise ValueError(f"input_nodes=(None, ids) names no node type, and these stores hold several: "
-                             f"{_node_types(data[0])}; pass (node type, ids)")
+        return
+    if isinstance(nodes, str):
+        _known_node_type(nodes, node_types, homogeneous)
+        return
+    typed = isinstance(nodes, (tuple, list)) and len(nodes) == 2 and (nodes[0] is None or isinstance(nodes[0], str))
+    node_type, ids = nodes if typed else (None, nodes)  # a list of ids (even two of them) is ids, as with a Data
+    if node_type is None and not homogeneous:
+        raise ValueError(f"input_nodes={'(None, ids)' if typed else 'ids'} names no node type, and these stores "
+                         f"hold several: {node_types}; pass (node type, ids), e.g. ({node_types[0]!r}, ids)")
+    if node_type is not None:
+        _known_node_type(node_type, node_types, homogeneous)
+    if ids is None:  # (node_type, None): every node of the type; PyG's store path loses the type
+        args["input_nodes"] = torch.arange(_num_nodes(data)) if node_type is None else node_type
+        return
+    count = _num_nodes(data) if homogeneous else remote_backend_utils.num_nodes(data[0], data[1], node_type)
+    seeds = _seeds(ids, count, "input_nodes" if node_type is None else f"input_nodes of {node_type!r}")
+    args["input_nodes"] = seeds if node_type is None else (node_type, seeds)
+
+
+def _known_node_type(node_type, node_types: list, homogeneous: bool) -> None:
+    if not homogeneous and node_type not in node_types:
+        raise ValueError(f"input_nodes names the node type {node_type!r}, which these stores do not hold; "
+                         f"they hold {node_types}")
+
+
+def _seeds(ids, num_nodes: int, name: str) -> torch.Tensor:
+    """Seed ids as PyG's loader takes them over a ``Data``: ids (torch, numpy, list, range) or a bool mask of
+    ``num_nodes`` entries; each id checked to lie in ``[0, num_nodes)`` (:func:`hmgstore.rows.checks.id_list`).
+
+    A torch tensor is handed on as given; anything else becomes an int64 CPU tensor, and a numpy bool mask
+    a torch bool mask (PyG's ``Data`` path turns it into the ids 0 and 1). Raises TypeError for floats (never
+    truncated, as PyG's ``Data`` path truncates them) and other kinds, ValueError for a mask of another length
+    or ids of another rank, IndexError naming the first id out of range.
+    """
+    mask = (isinstance(ids, np.ndarray) and ids.dtype == np.bool_) or \
+        (isinstance(ids, torch.Tensor) and ids.dtype == torch.bool)
+    if mask:
+        if tuple(ids.shape) != (num_nodes,):
+            raise ValueError(f"{name} is a bool mask of shape {tuple(ids.shape)}; a mask holds one entry per node, "
+                             f"({num_nodes},); pass ids otherwise")
+        return ids if isinstance(ids, torch.Tensor) else torch.from_numpy(np.array(ids))
+    if isinstance(ids, range):
+        ids = torch.arange(ids.start, ids.stop, ids.step, dtype=torch.int64)
+    checked = checks.id_list(ids, name, num_nodes)
+    return ids if isinstance(ids, torch.Tensor) else checked
 
 
 def _edge_label_index(args: dict, data) -> None:
