@@ -118,3 +118,25 @@ def test_unsorted_times_and_missing_seed_times_are_refused():
         sampler.sample({None: torch.tensor([1, 2])})
     with pytest.raises(ValueError, match="temporal_strategy"):
         build(ei, 20, ("cpu", None), "edge", node_time, edge_time, [2], "latest")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["uniform", "last"])
+def test_captured_batches_take_each_batchs_seed_times(strategy):
+    """The trees' times are a captured batch's input: every replay samples with its own batch's times, as the
+    CPU does with the same draw keys."""
+    ei, node_time, edge_time = temporal_graph(n=500, m=8000)
+    cpu, _ = build(ei, 500, ("cpu", None), "edge", node_time, edge_time, [4, 3], strategy)
+    gpu, _ = build(ei, 500, ("cuda", 0.5), "edge", node_time, edge_time, [4, 3], strategy)
+    assert gpu.cuda_graphs
+    for step in range(5):  # eager (warm-up), captured, then replays, each with new seeds and times
+        g = torch.Generator().manual_seed(step)
+        seeds = torch.randint(0, 500, (64,), generator=g)
+        seed_time = torch.randint(0, 50, (64,), generator=g)
+        torch.manual_seed(100 + step)
+        a = cpu.sample({None: seeds}, {None: seed_time})
+        torch.manual_seed(100 + step)
+        b = gpu.sample({None: seeds.cuda()}, {None: seed_time})
+        for field in ("node", "row", "col", "edge", "batch"):
+            assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), (step, field)
+    assert any(gpu._graphs.values())  # a graph was captured and replayed

@@ -26,8 +26,10 @@ Variants:
   weights (uniform in [0.1, 1.1), float32, in the same tiers), with edge
   times (each list's times rising 0..1000 along it, seed times uniform in
   [0, 1000): on average half a list is in a seed's past; temporal sampling
-  is disjoint, as PyG's), or LABOR-0 sampling. The report gives each as a
-  ratio to its uniform variant, measured in the same run.
+  is disjoint, as PyG's), LABOR-0 sampling, or uniform sampling with one
+  tree per seed (``*_disjoint``: temporal sampling's cost without the time
+  windows). The report gives each as a ratio to its uniform variant,
+  measured in the same run.
 
 Graphs are power-law CSC topologies generated directly (degrees from a Zipf
 law over randomly permuted node ids; neighbours uniform over the nodes):
@@ -54,8 +56,9 @@ log = logging.getLogger(__name__)
 
 VARIANTS = ("hmg_gpu", "hmg_host", "hmg_cache", "hmg_gpu_sort", "hmg_cpu", "pyg_cpu", "dgl_cpu",
             "hmg_gpu_weighted", "hmg_host_weighted", "hmg_cpu_weighted", "hmg_gpu_temporal", "hmg_host_temporal",
-            "hmg_cpu_temporal", "hmg_gpu_labor", "hmg_host_labor", "hmg_cpu_labor")
-MODES = ("weighted", "temporal", "labor")
+            "hmg_cpu_temporal", "hmg_gpu_labor", "hmg_host_labor", "hmg_cpu_labor", "hmg_gpu_disjoint",
+            "hmg_host_disjoint", "hmg_cpu_disjoint")
+MODES = ("weighted", "temporal", "labor", "disjoint")
 #: Edge times run 0 .. TIME_SPAN - 1 along each list; seed times are uniform over the same span.
 TIME_SPAN = 1000
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
@@ -132,7 +135,8 @@ def _time_hmg(csc, fanout, seeds, args, device, budget, name, dedup=None, mode=N
     if mode == "temporal":
         csc = CSC(csc.row, csc.colptr, None, csc.size)  # the times are given in CSC order
     topo = Topology(csc, device, gpu_budget=budget, progress=not args.no_progress, **_extras(csc, mode, args.seed))
-    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup, labor=mode == "labor")
+    sampler = NeighborSampler({None: topo}, {None: csc.size[1]}, fanout, dedup=dedup, labor=mode == "labor",
+                              disjoint=mode == "disjoint")
     g = torch.Generator().manual_seed(args.seed)
     seed_times = [{None: torch.randint(0, TIME_SPAN, (len(s),), generator=g)} if mode == "temporal" else None
                   for s in seeds]

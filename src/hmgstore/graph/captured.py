@@ -16,12 +16,13 @@ def _sizes(keys: dict, state) -> torch.Tensor:
 class CapturedBatch:
     """One seed count's queued batch, captured in a CUDA graph and replayed with new seeds and keys.
 
-    The graph's inputs are static buffers (the seeds' keys, the draw keys);
-    :meth:`run` copies a batch's values in, replays, reads the sizes back and
-    copies the outputs out of the graph's memory, which the next replay reuses.
+    The graph's inputs are static buffers (the seeds' keys, the draw keys
+    and, for a temporal sampler, the trees' times); :meth:`run` copies a
+    batch's values in, replays, reads the sizes back and copies the outputs
+    out of the graph's memory, which the next replay reuses.
     """
 
-    def __init__(self, sampler, keys: dict, draws: torch.Tensor):
+    def __init__(self, sampler, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None):
         device = sampler.device
         self.sampler = sampler
         self.seeds = {nt: torch.empty_like(k) for nt, k in keys.items()}
@@ -30,21 +31,26 @@ class CapturedBatch:
         for nt, k in keys.items():  # valid inputs during capture, so the capture itself is a valid batch
             self.seeds[nt].copy_(k)
         self.draws.copy_(draws)
+        self.times = None if tree_time is None else tree_time.clone()  # one per tree: as many as the seeds
         torch.cuda.current_stream(device).synchronize()
         self.graph = torch.cuda.CUDAGraph()
         collecting = gc.isenabled()
         gc.disable()  # a finalizer run during capture (one that waits for the GPU) would break the capture
         try:
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.state = sampler._queue_batch(self.seeds, self.draws)
+                self.state = sampler._queue_batch(self.seeds, self.draws, self.times)
                 self.sizes = _sizes(self.seeds, self.state)
         finally:
             if collecting:
                 gc.enable()
 
-    def run(self, keys: dict, draws: torch.Tensor):
+    def run(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None):
         for nt, k in keys.items():
             self.seeds[nt].copy_(k)
+        if (tree_time is None) != (self.times is None):
+            raise ValueError("a captured batch replays with seed times exactly when it was captured with them")
+        if tree_time is not None:
+            self.times.copy_(tree_time)
         self.draws_host.copy_(draws)
         self.draws.copy_(self.draws_host, non_blocking=True)
         self.graph.replay()

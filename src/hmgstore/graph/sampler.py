@@ -68,8 +68,8 @@ class NeighborSampler:
         temporal_strategy: ``"uniform"`` or ``"last"``, how a temporal
             topology's time windows are sampled (:mod:`.temporal`). A sampler
             with a temporal topology is disjoint (as PyG's) and takes seed
-            times in :meth:`sample`; its batches are not captured in CUDA
-            graphs.
+            times in :meth:`sample`; the trees' times are among a captured
+            batch's inputs, like the seeds.
         dedup: ``"sort"`` or ``"hash"`` (GPU only), how nodes are relabelled;
             both give the same output. Default: ``"hash"`` on a GPU, where a
             batch's hops are then queued with their sizes kept on the device
@@ -129,7 +129,7 @@ class NeighborSampler:
         self._max_degree: dict = {}  # edge type -> its largest in-degree, once a fanout needs it
         dense = self.device.type == "cpu" and not disjoint  # CPU relabelling without sorts (see .relabel)
         self._dense = {nt: DenseMaps(n) for nt, n in self.num_nodes.items() if dense and n <= DENSE_MAX_NODES}
-        self.cuda_graphs = cuda_graphs and not self.temporal  # seed times are not among a graph's static inputs
+        self.cuda_graphs = cuda_graphs
         self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
         self._closed, self._active, self._idle = False, 0, threading.Condition()  # see close()
 
@@ -296,14 +296,14 @@ class NeighborSampler:
                 # Captured in the main thread only: a capture puts torch's CUDA random generator in capture
                 # mode, and another thread drawing from it meanwhile (dropout in a training loop) would fail.
                 try:
-                    captured = self._graphs[shape] = CapturedBatch(self, keys, draws)
+                    captured = self._graphs[shape] = CapturedBatch(self, keys, draws, tree_time)
                 except Exception as err:  # noqa: BLE001 - sampling goes on without graphs
                     log.warning("hmgstore: capturing the sampler's CUDA graph failed (%s: %s); sampling goes on "
                                 "without CUDA graphs", type(err).__name__, str(err).splitlines()[0])
                     self.cuda_graphs = False
                     self._graphs.clear()
             if captured is not None:
-                return captured.run(keys, draws)
+                return captured.run(keys, draws, tree_time)
             self._graphs.setdefault(shape, None)  # warmed up by this eager batch
         state = self._queue_batch(keys, draws.to(self.device), tree_time)
         return self._finish_queued(state, _sizes(keys, state).tolist(), copy=False)
