@@ -160,6 +160,53 @@ def test_a_reopened_table_refuses_a_replaced_or_rewritten_file(folder):
         pickle.loads(sent)
 
 
+def test_each_change_of_a_tables_file_is_refused_with_what_it_means_and_the_fix(folder):
+    """Rewritten in place, the file shows its new bytes through the sender's mapping (the sender's table does
+    not hold the old rows); only ctime moved, the rows may be the same (a chmod); replaced, the sender keeps
+    the old file. Each message says which, and the fix that fits it."""
+    path = folder / "r.npy"
+    table = memmap_table(path)
+    sent = pickle.dumps(table)
+    rewrite = np.load(path, mmap_mode="r+")
+    rewrite[3] = -1.0
+    rewrite.flush()
+    del rewrite
+    assert torch.equal(table[[3]], torch.full((1, 8), -1.0))  # the sender's table reads the new bytes already
+    with pytest.raises(FileChangedError, match=r"r\.npy changed.*\(checksum\)\. It was rewritten in place: a table "
+                                               r"built over it before reads the new bytes.*Build the table again.*"
+                                               r"table\[ids\] = rows.*mode='r\+'") as err:
+        pickle.loads(sent)
+    assert "are not the ones the table holds" not in str(err.value)
+    table = memmap_table(path)
+    sent = pickle.dumps(table)
+    os.chmod(path, 0o600)  # ctime alone: the same rows, or a write with its times set back
+    with pytest.raises(FileChangedError, match=r"\(ctime\)\. Its size, mtime and sampled pages are as recorded: a "
+                                               r"chmod .* cannot be told apart\. Build the table again"):
+        pickle.loads(sent)
+    writable = memmap_table(folder / "rw.npy", mode="r+")
+    np.save(folder / "new.npy", np.zeros((1000, 8), dtype=np.float32))
+    os.replace(folder / "new.npy", folder / "rw.npy")
+    with pytest.raises(FileChangedError, match=r"rw\.npy was replaced by another file \(another inode\) since a "
+                                               r"table was built over it\. A table built over it before still reads "
+                                               r"the old file.*Build the table again over the file now at that path"):
+        pickle.dumps(writable)  # its own writes would be taken anew: another inode is not its own write
+    assert torch.equal(writable[[3]], torch.full((1, 8), 24.0).add(torch.arange(8.0)))  # still the old file
+
+
+def test_a_caller_gives_its_own_fix(folder):
+    path = folder / "f.bin"
+    path.write_bytes(b"a" * 10000)
+    before = FileIdentity.of(path)
+    path.write_bytes(b"b" * 10000)
+    with pytest.raises(FileChangedError, match=r"f\.bin changed since it was read: .*checksum\)\. Read it again$"):
+        before.check("it was read", fix="Read it again")
+    os.remove(path)
+    with pytest.raises(FileChangedError, match=r"gone\. Read it again$"):
+        before.check("it was read", fix="Read it again")
+    with pytest.raises(FileChangedError, match=r"gone\. A table built over it before still reads it.*copy=True"):
+        before.check()
+
+
 def test_a_writable_memmap_table_is_sent_with_its_own_writes(folder):
     table = memmap_table(folder / "w.npy", mode="r+")
     table[[5]] = torch.full((1, 8), 7.0)

@@ -80,15 +80,15 @@ class HybridDGLGraph(dgl.DGLGraph):
     def ndata(self):
         """DGL's ``ndata``, reading attached keys through their tables (see :mod:`hmgstore.plugins.dgl.views`)."""
         if len(self.ntypes) == 1:
-            return AttachedNodeDataView(self, self.ntypes[0], self.get_ntype_id(None), dgl.base.ALL)
-        return AttachedNodeDataView(self, self.ntypes, [self.get_ntype_id(t) for t in self.ntypes], dgl.base.ALL)
+            return AttachedNodeDataView(self, self.ntypes[0], self.get_ntype_id(None), dgl.ALL)
+        return AttachedNodeDataView(self, self.ntypes, [self.get_ntype_id(t) for t in self.ntypes], dgl.ALL)
 
     @property
     def edata(self):
         """DGL's ``edata``, reading attached keys through their tables (see :mod:`hmgstore.plugins.dgl.views`)."""
         if len(self.canonical_etypes) == 1:
-            return AttachedEdgeDataView(self, None, dgl.base.ALL)
-        return AttachedEdgeDataView(self, self.canonical_etypes, dgl.base.ALL)
+            return AttachedEdgeDataView(self, None, dgl.ALL)
+        return AttachedEdgeDataView(self, self.canonical_etypes, dgl.ALL)
 
     def get_edge_storage(self, key, etype=None):
         """Where DGL fetches edge feature ``key`` of ``etype`` from: the attached table, else ``edata``."""

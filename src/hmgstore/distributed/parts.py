@@ -340,7 +340,10 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
                        for name in ("colptr.npy", "row.npy"))
         check_topology(folder, colptr, row, book.num_nodes)
         for identity in checked:  # each file is still the one whose header was checked: not replaced meanwhile
-            identity.check("load_partition checked its header against meta.json")
+            identity.check("load_partition checked its header against meta.json",
+                           fix="Another process wrote to the part's folder while load_partition read it: load it "
+                               "again once that writer is done, or write the parts again with "
+                               "python -m hmgstore.cli.partition")
     except BaseException:
         for table in features.values():
             table.close()

@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from ..cuda.runtime import synchronize
+from ..rows import checks
 from ..util.cpu_load import CpuLoad, cpu_load  # noqa: F401  (CpuLoad: part of this module's story)
 from . import finish_scope
 
@@ -204,12 +205,10 @@ class Setting:
     """
 
     def __init__(self, value, run, threads: int | None = None):
-        if value != "auto" and (not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1):
-            raise ValueError(f"split must be None, 'auto' or a share in [0, 1], got {value!r}")
-        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"the split's threads must be None or a count >= 1, got {threads!r}")
-        self.threads = threads
-        self.value = value if value == "auto" else float(value)
+        self.value = checks.setting(value, "split must be None, 'auto' or a share in [0, 1]", at_least=0.0,
+                                    at_most=1.0, words=("auto",), real_number=True)
+        self.threads = None if threads is None else checks.setting(threads, "the split's threads must be None or "
+                                                                            "a count >= 1")
         self.run = run
         self.shares: dict[int, float] = {}  # "auto": the measured share by batch size class
         self.skipped = 0  # "auto": batches read by the kernel alone because the CPUs were busy

@@ -110,7 +110,13 @@ def read_host(table, ids: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def check_out(out: torch.Tensor, shape, dtype, device) -> None:
-    """Raise ValueError unless ``out`` is a contiguous tensor of ``shape``, ``dtype`` on ``device``."""
+    """Raise ValueError unless ``out`` is a contiguous tensor of ``shape``, ``dtype`` on ``device`` that does not
+    require grad (a gather writes it outside autograd, which would not know), TypeError for what is not a tensor."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out is a tensor to write the rows into, or None; got {type(out).__name__}")
+    if out.requires_grad:
+        raise ValueError("out requires grad, and a gather writes it outside autograd (as torch's index_select(out=) "
+                         "refuses to); pass out.detach() (the same memory), or no out to get a new tensor")
     shape = torch.Size(shape)
     if out.shape != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
         raise ValueError(

@@ -80,10 +80,11 @@ def reads_can_overlap(loader) -> bool:
             and hasattr(loader, "transform") and loader.transform is None)
 
 
-def check_fuse(fuse) -> None:
-    """Refuse a ``fuse`` other than ``"auto"`` or an int >= 1 (ValueError, for every kind, as ``max_sms``)."""
-    if fuse != "auto" and (not isinstance(fuse, int) or isinstance(fuse, bool) or fuse < 1):
-        raise ValueError(f"fuse is the number of batches gathered together (at least 1) or 'auto'; got {fuse!r}")
+def check_fuse(fuse) -> int | str:
+    """``fuse`` as ``"auto"`` or a Python int >= 1 (numpy and torch integers too); ValueError for every other kind,
+    as ``max_sms``."""
+    return checks.setting(fuse, "fuse is the number of batches gathered together (at least 1) or 'auto'",
+                          words=("auto",))
 
 
 def check_max_sms(max_sms):
@@ -155,7 +156,7 @@ class Pipeline:
             ``DataLoader``, ...); it may be iterated several times (epochs).
             A one-shot iterator (a generator) gives one epoch: iterating
             the Pipeline again raises RuntimeError saying so.
-        depth: batches prepared ahead (1 or more).
+        depth: batches prepared ahead (1 or more; a Python, numpy or torch integer).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).
         max_sms: cap the gathers that make a batch at this many SMs' worth of
@@ -202,11 +203,9 @@ class Pipeline:
     warm = 2
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
-                 fuse: int = 1, overlap_reads: bool | str = False):
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth is the number of batches prepared ahead, at least 1; got {depth}")
-        max_sms = check_max_sms(max_sms)
-        check_fuse(fuse)
+                 fuse: int | str = 1, overlap_reads: bool | str = False):
+        depth = checks.setting(depth, "depth is the number of batches prepared ahead, at least 1")
+        max_sms, fuse = check_max_sms(max_sms), check_fuse(fuse)
         check_overlap_reads(overlap_reads)
         self.loader, self.depth, self.max_sms, self.fuse = loader, depth, max_sms, fuse
         self.overlap_reads = overlap_reads
@@ -240,9 +239,10 @@ class Pipeline:
         if cuda:
             max_sms = self._auto_sms() if self.max_sms == "auto" else \
                 self.max_sms if isinstance(self.max_sms, int) else None  # checked at construction: int or None
-        if self.fuse == "auto":
-            self.fuse = batches_to_fuse(tables_of(self.loader), self.device) if cuda else 1
-        return _Maker(self.device if cuda else None, max_sms, self.fuse, cuda and self._overlaps_reads())
+        fuse = self.fuse
+        if isinstance(fuse, str):  # "auto": decided on the first pass, kept for the next
+            fuse = self.fuse = batches_to_fuse(tables_of(self.loader), self.device) if cuda else 1
+        return _Maker(self.device if cuda else None, max_sms, fuse, cuda and self._overlaps_reads())
 
     def __iter__(self) -> Iterator:
         maker = self._maker()

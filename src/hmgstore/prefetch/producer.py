@@ -136,15 +136,14 @@ class Producer:
     _length: int | None
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
-                 max_sms: int | str | None = None, fuse: int = 1, sm_percent: int | None = None,
+                 max_sms: int | str | None = None, fuse: int | str = 1, sm_percent: int | None = None,
                  overlap_reads: bool | str = False):
         if not callable(make_loader):
             raise TypeError(f"make_loader is a picklable callable that returns the loader, got "
                             f"{type(make_loader).__name__}")
         depth = checks.count(depth, "depth", at_least=1)
         seed = None if seed is None else checks.count(seed, "seed", at_least=-2**63)
-        max_sms = check_max_sms(max_sms)
-        check_fuse(fuse)
+        max_sms, fuse = check_max_sms(max_sms), check_fuse(fuse)
         check_overlap_reads(overlap_reads)
         if sm_percent is not None and checks.count(sm_percent, "sm_percent") not in range(1, 101):
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")

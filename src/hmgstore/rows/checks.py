@@ -1,4 +1,5 @@
-"""The checks public entry points share: counts and sizes, timeouts, id lists, permutations, keywords.
+"""The checks public entry points share: counts, settings and sizes, timeouts, id lists, permutations, keywords,
+table dtypes and rows to write.
 
 An entry point states its contract by calling these at its boundary, before
 any work, so every entry point that takes a batch size, an SM cap, a list
@@ -143,20 +144,41 @@ def shape(value, name: str = "shape") -> tuple[int, ...]:
     return tuple(count(s, f"{name}[{k}]") for k, s in enumerate(sizes))
 
 
+def setting(value, says: str, *, at_least=1, at_most=None, words=(), real_number: bool = False):
+    """A constructor's setting (a depth, a number of SMs or of batches, a share) as a Python int (a float with
+    ``real_number``), or one of the strings ``words`` (``"auto"``).
+
+    Accepts what :func:`count` accepts (Python, numpy and 0-d torch
+    integers; with ``real_number``, what :func:`real` accepts) from
+    ``at_least`` to ``at_most``. Refuses everything else (bools, floats such
+    as ``2.5`` or ``2.0`` for a count, other strings, values out of range)
+    with one ValueError: ``says`` (what the setting is, e.g. ``"depth is the
+    number of batches prepared ahead, at least 1"``) and the value given, so
+    that every setting of every entry point is refused in the same words.
+    """
+    if isinstance(value, str) and value in words:
+        return value
+    try:
+        number = real(value, "setting", at_least=at_least) if real_number else count(value, "setting",
+                                                                                       at_least=at_least)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or (at_most is not None and number > at_most):
+        raise ValueError(f"{says}; got {value!r}")
+    return number
+
+
 def sm_cap(max_sms, *, allow_auto: bool = False) -> int | str | None:
     """A cap on the SMs a gather holds: None (no cap), an integer >= 1, or ``"auto"`` where ``allow_auto``.
 
     What :class:`hmgstore.HybridTensor` and :class:`hmgstore.Pipeline` take as
     ``max_sms``. Raises ValueError for 0, negative numbers, floats, strings
-    and bools, with what is accepted.
+    and bools, with what is accepted (:func:`setting`).
     """
-    if max_sms is None or (allow_auto and max_sms == "auto"):
-        return max_sms
+    if max_sms is None:
+        return None
     accepted = "a number of SMs (at least 1), 'auto' or None" if allow_auto else "a number of SMs (at least 1) or None"
-    try:
-        return count(max_sms, "max_sms", at_least=1)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_sms is {accepted}; got {max_sms!r}") from None
+    return setting(max_sms, f"max_sms is {accepted}", words=("auto",) if allow_auto else ())
 
 
 def id_list(ids, name: str, num_rows: int, *, source: str | None = None) -> torch.Tensor:
@@ -243,17 +265,77 @@ def misspelt(function: str, given, named, others: str = "node attributes") -> No
                             f"(other keywords are {others})")
 
 
+#: The dtypes a table holds: those torch reads, writes (``index_copy_``) and sends between processes in full.
+TABLE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+                torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+#: The dtype to hold the values of a dtype torch only half supports instead, and why it loses none.
+_INSTEAD = {torch.uint16: (torch.int32, "which holds every uint16 value"),
+            torch.uint32: (torch.int64, "which holds every uint32 value"),
+            torch.uint64: (torch.int64, "if every value is under 2**63")}
+
+
+def table_dtype(dtype, what: str = "the source table") -> torch.dtype:
+    """``dtype`` after checking a table can hold it: one of :data:`TABLE_DTYPES`.
+
+    Torch gathers rows of uint16/32/64 and float8 tensors but cannot write
+    them (``index_copy_``) or pickle them, so a table of them would fail
+    deep inside at its first write or its first trip to a DataLoader
+    worker. Raises TypeError naming ``what`` (the source, a file), the
+    supported dtypes and the dtype to use instead, for those and for what
+    is not a torch dtype.
+    """
+    if isinstance(dtype, torch.dtype) and dtype in TABLE_DTYPES:
+        return dtype
+    names = ", ".join(str(d).removeprefix("torch.") for d in TABLE_DTYPES)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{what}: a table's dtype is a torch dtype ({names}); got {dtype!r}")
+    instead, why = _INSTEAD.get(dtype, (torch.float32, "or keep float32 rows stored in a narrow format: "
+                                        "compress='float8', 'bfloat16' ..."))
+    raise TypeError(f"{what}: {dtype} is not a dtype hmgstore tables hold ({names}); use {instead} ({why}): "
+                    f"x.to({instead})")
+
+
 def rows_to_write(value, dtype: torch.dtype) -> torch.Tensor:
     """``value`` as CPU rows of ``dtype`` (a value requiring grad: its numbers), never cut in silence: a tensor or
-    array of a kind ``dtype`` cannot hold raises TypeError, integers past an integer dtype's range ValueError.
-    Python numbers convert as torch's ``x[ids] = 2.5`` converts them."""
+    array of a kind ``dtype`` cannot hold raises TypeError, integers past an integer dtype's range ValueError
+    naming the first such value as given (a uint64 ``2**64 - 1`` is reported as that, not as the ``-1`` it
+    would wrap to). Python numbers convert as torch's ``x[ids] = 2.5`` converts them; a Python integer past
+    int64 into a float table is converted as ``float(value)``."""
+    if isinstance(value, np.integer):  # as the Python int it is: torch reads a uint64 scalar past 2**63 as nothing
+        value = int(value)
+    integral = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if integral:
+            _within(value, dtype)
+        elif not -2**63 <= value < 2**63:  # past what torch reads a Python int as
+            value = float(value)
     given = torch.as_tensor(value).detach()
     if isinstance(value, (torch.Tensor, np.ndarray)) and not torch.can_cast(given.dtype, dtype):
         raise TypeError(f"a {given.dtype} value would be cut to this table's {dtype} rows; convert it first "
                         f"(value.to({dtype})) if that is what you mean")
-    rows = given.to("cpu", dtype)
-    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool) and given.dtype != dtype \
-            and not given.dtype.is_floating_point and not torch.equal(rows.to(given.dtype), given.cpu()):
-        info = torch.iinfo(dtype)
-        raise ValueError(f"the value holds integers past this table's {dtype} range [{info.min}, {info.max}]")
-    return rows
+    if integral and given.dtype != dtype and not (given.dtype.is_floating_point or given.dtype.is_complex
+                                                  or given.dtype == torch.bool):
+        _all_within(given, dtype)
+    return given.to("cpu", dtype)
+
+
+def _within(value: int, dtype: torch.dtype) -> None:
+    info = torch.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise ValueError(f"the value holds {value}, past this table's {dtype} range [{info.min}, {info.max}]")
+
+
+def _all_within(given: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse integers of ``given`` past ``dtype``'s range (ValueError naming the first, exactly as given).
+
+    Compared in numpy within ``given``'s own dtype, against the bounds both
+    dtypes share: a round trip through ``dtype`` misses a value that wraps and
+    wraps back (uint64 ``2**64 - 1`` is int64 ``-1``, whose uint64 is it again).
+    """
+    values, info, have = given.cpu().numpy(), torch.iinfo(dtype), torch.iinfo(given.dtype)
+    low, high = max(info.min, have.min), min(info.max, have.max)
+    if low == have.min and high == have.max:
+        return
+    bad = (values < np.array(low, values.dtype)) | (values > np.array(high, values.dtype))
+    if bool(bad.any()):
+        _within(int(values[bad].flat[0]), dtype)

@@ -16,7 +16,10 @@ page a SIGBUS that kills the interpreter. So:
   and every ``utime``, and no call sets it back; a ``chmod`` or a new hard
   link sets it too, which is refused as a change (rebuild the table). :meth:`FileIdentity.check`
   compares the file on disk with the record and raises
-  :class:`FileChangedError` (a ValueError) naming the file and what changed.
+  :class:`FileChangedError` (a ValueError) naming the file, what changed and
+  what that means for a table built over it, with the fix
+  (:meth:`FileIdentity.advice`: replaced, rewritten in place, or only its
+  ``ctime`` moved; a caller with another fix passes it).
   A process that reopens a table's file (unpickling, spawn, fork) and
   :func:`hmgstore.distributed.load_partition` check it.
 - :func:`watch` keeps a descriptor of a table's mapped file open and checks
@@ -92,16 +95,45 @@ class FileIdentity:
             said.append("its sampled pages differ (checksum)")
         return said
 
-    def check(self, why: str = "a table was built over it") -> None:
-        """Raise :class:`FileChangedError` naming the file and what changed since it was recorded."""
+    def advice(self, other: FileIdentity) -> str:
+        """What the change from this identity to ``other`` means for a table built over the file, and the fix.
+
+        A table maps its file's pages: a file renamed into its place leaves the table on the old file (kept
+        alive by the mapping) while a process that opens the name reads the new one; a file rewritten in
+        place shows its new bytes through the mapping at once, beside the rows the table copied when it was
+        built (its GPU tier, a pinned copy). Only ``ctime`` moved: the rows may be the same (a ``chmod``, a
+        new hard link) or not (a write with its times set back), which nothing tells apart.
+        """
+        if (self.device, self.inode) != (other.device, other.inode):
+            return ("A table built over it before still reads the old file, which its mapping keeps alive, and "
+                    "anything that opens the name now reads the new one. Build the table again over the file "
+                    "now at that path (to keep the old rows, build it with copy=True before the file is "
+                    "replaced)")
+        if (self.size, self.mtime_ns, self.checksum) == (other.size, other.mtime_ns, other.checksum):
+            return ("Its size, mtime and sampled pages are as recorded: a chmod or a new hard link leaves the "
+                    "rows as they were, a write with its times set back (cp -p, rsync -t, touch -r) does not, "
+                    "and the two cannot be told apart. Build the table again over the file as it is now")
+        return ("It was rewritten in place: a table built over it before reads the new bytes through its mapping "
+                "already, beside the old rows it copied when it was built (its GPU tier, a pinned copy), so it "
+                "can serve old and new rows mixed. Build the table again over the file as it is now; to change "
+                "rows of a live table, write them through it (table[ids] = rows, on a table over a memmap opened "
+                "with mode='r+'), which updates every copy of them")
+
+    def check(self, why: str = "a table was built over it", fix: str | None = None) -> None:
+        """Raise :class:`FileChangedError` naming the file, what changed since it was recorded (``why``: when
+        that was) and ``fix`` (default: :meth:`advice`, what the change means for a table built over it)."""
         try:
             now = FileIdentity.of(self.path)
         except OSError as err:
-            raise FileChangedError(f"{self.path} cannot be opened again ({err}); {why}, and it is gone") from None
+            gone = ("A table built over it before still reads it (its mapping keeps the file alive), but nothing "
+                    "can open it by name again: put the file back, or build the table with copy=True to hold its "
+                    "rows in memory")
+            raise FileChangedError(f"{self.path} cannot be opened again ({err}); {why}, and it is gone. "
+                                   f"{gone if fix is None else fix}") from None
         changed = self.changes(now)
         if changed:
-            raise FileChangedError(f"{self.path} changed since {why}: {'; '.join(changed)}. Its rows are not the "
-                                   "ones the table holds; rebuild the table over the file as it is now")
+            raise FileChangedError(f"{self.path} changed since {why}: {'; '.join(changed)}. "
+                                   f"{self.advice(now) if fix is None else fix}")
 
 
 def _base(array: np.memmap) -> np.memmap:
@@ -129,10 +161,13 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
         try:
             now = FileIdentity.of(array.filename)
         except OSError as err:
-            raise FileChangedError(f"{array.filename} cannot be opened ({err}); a table was built over it") \
-                from None
+            raise FileChangedError(
+                f"{array.filename} cannot be opened ({err}); a table was built over it. The table still reads "
+                "it (its mapping keeps the file alive), but a process it is sent to opens it by name: put the "
+                "file back, or build the table with copy=True to send its rows instead") from None
         if recorded is not None and (recorded.device, recorded.inode) != (now.device, now.inode):
-            raise FileChangedError(f"{array.filename} was replaced by another file since a table was built over it")
+            raise FileChangedError(f"{array.filename} was replaced by another file (another inode) since a table "
+                                   f"was built over it. {recorded.advice(now)}")
         if id(base) not in _recorded:  # forgotten with the mapping (ids are reused once it is gone)
             weakref.finalize(base, _recorded.pop, id(base), None)
         _recorded[id(base)] = recorded = now

@@ -195,30 +195,39 @@ _ALIASES = {torch.bfloat16: "bfloat16", torch.float16: "float16", "bf16": "bfloa
             torch.float8_e4m3fn: "float8", torch.int8: "int8"}
 
 
-def get(spec) -> Format | None:
+def get(spec, name: str = "compress") -> Format | None:
     """The format ``spec`` names: a :class:`Format`, a name (``"int8"``, ``"fp8"``, ``"bf16"`` ...), a torch
-    dtype (``torch.bfloat16``), or None (rows kept as they are). Raises ValueError for anything else."""
+    dtype (``torch.bfloat16``, ``torch.int8``), or None (rows kept as they are): the one reading of
+    ``host_dtype=`` and ``compress=`` for every entry point. Raises ValueError for anything else (another
+    dtype, an unknown name, a number), naming the argument ``name`` and listing the choices."""
     if spec is None or isinstance(spec, Format):
         return spec
-    name = _ALIASES.get(spec, spec)
-    if isinstance(name, str):
-        name = _ALIASES.get(name.lower().removeprefix("torch."), name.lower().removeprefix("torch."))
-    if name not in FORMATS:
-        raise ValueError(f"unknown stored row format {spec!r}; use one of {', '.join(FORMATS)} "
-                         "(or torch.bfloat16 / torch.float16)")
-    return FORMATS[name]
+    try:
+        key = _ALIASES.get(spec, spec)
+    except TypeError:  # unhashable (a list, a dict): no name of a format
+        key = None
+    if isinstance(key, str):
+        key = key.lower().removeprefix("torch.")
+        key = _ALIASES.get(key, key)
+    if not isinstance(key, str) or key not in FORMATS:
+        names = ", ".join(repr(n) for n in FORMATS)
+        raise ValueError(f"unknown stored row format {spec!r} for {name}=; use one of {names} (or the torch dtypes "
+                         "torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int8), or None to keep rows as "
+                         "they are")
+    return FORMATS[key]
 
 
-def check_table(dtype: torch.dtype, fmt: Format | None) -> None:
-    """Refuse a stored format ``fmt`` for a table of ``dtype`` other than float32 (ValueError); None: nothing."""
+def check_table(dtype: torch.dtype, fmt: Format | None, what: str = "this table") -> None:
+    """Refuse a stored format ``fmt`` for a table of ``dtype`` other than float32 (ValueError naming ``what``, the
+    table or the file it is read from); None: nothing."""
     if fmt is not None and dtype != torch.float32:
-        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; this table is {dtype}. "
-                         "Convert it first (x.float()), or keep its rows as they are")
+        raise ValueError(f"stored row formats ({fmt.name} here) keep float32 tables; {what} holds {dtype}. "
+                         "Convert it first (x.float()), or keep its rows as they are (host_dtype=None)")
 
 
 def for_tiers(host_dtype, compress):
     """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
-    host, both = get(host_dtype), get(compress)
+    host, both = get(host_dtype, "host_dtype"), get(compress, "compress")
     if both is not None:
         if host is not None and host != both:
             raise ValueError(f"compress={both.name!r} stores both tiers as {both.name}; host_dtype={host.name!r} "

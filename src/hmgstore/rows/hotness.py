@@ -14,8 +14,11 @@ rows chosen into tiers, and its names for these functions stay public.
 from __future__ import annotations
 
 import math
+import operator
 import re
+from fractions import Fraction
 
+import numpy as np
 import torch
 
 from . import checks
@@ -23,39 +26,70 @@ from .ids import as_tensor, check_range
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+#: A number and a unit: digits with an optional point and exponent (``"1.5e9"``, ``"1e-3GB"``), read exactly.
+_SIZE = re.compile(r"\s*\+?((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+#: The most bytes a size may say: int64's largest, what torch and the kernels count bytes in (8 EiB).
+MAX_BYTES = 2**63 - 1
 
 
 def parse_bytes(size) -> int:
-    """Read a byte count: an int, or a string such as ``"8GB"``, ``"512 MiB"``, ``"1.5e9"``.
+    """Read a byte count: an integer (Python, numpy or 0-d torch), or a string such as ``"8GB"``, ``"512 MiB"``,
+    ``"1.5e9"``, ``"1e-3GB"``, read exactly (decimal, never through a float: ``"9007199254740993"`` is that many
+    bytes, not 2**53).
 
-    Raises ValueError for negative or non-finite sizes, strings it cannot read, and a number of bytes with a
-    fraction (``2.5``: bytes come whole, and a user who wrote it meant gigabytes or a share; ``"2.5GB"`` is read).
+    A size with a unit is rounded down to whole bytes (``"3.3KiB"`` is 3379). Raises ValueError for bools,
+    negative or non-finite sizes, strings it cannot read, a number of bytes with a fraction (``2.5``: bytes come
+    whole, and a user who wrote it meant gigabytes or a share; ``"2.5GB"`` is read), a size under one byte that
+    is not 0 (``"1e-12GB"``) and one past :data:`MAX_BYTES`.
     """
-    if isinstance(size, bool):
+    if isinstance(size, (bool, np.bool_)):
         raise ValueError(f"not a byte count: {size!r}")
-    if isinstance(size, (int, float)):
-        value = size
-        if isinstance(size, float) and math.isfinite(size) and not size.is_integer():
-            raise ValueError(f"{size!r} is not a whole number of bytes; write the unit for a size such as "
-                             f"{size!r} gigabytes ('{size}GB'), or give bytes as an int")
+    if isinstance(size, str):
+        value, whole = _size_text(size)
     else:
-        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(size))
-        unit = m.group(2).upper() if m else None
-        if not m or unit not in _UNITS:
-            raise ValueError(
-                f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB' or '512MiB'")
         try:
-            value = float(m.group(1)) * _UNITS[unit]
-        except ValueError:
-            raise ValueError(f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB'") from None
-        if unit in ("", "B") and math.isfinite(value) and not value.is_integer():
-            raise ValueError(f"{size!r} is not a whole number of bytes; write its unit, e.g. '{m.group(1)}GB'")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"a size must be finite, got {size!r}")
-    value = int(value)
+            value, whole = Fraction(operator.index(size)), False
+        except TypeError:
+            if not isinstance(size, (float, np.floating)):
+                raise ValueError(f"not a byte count: {size!r} ({type(size).__name__}); give an int or a string "
+                                 "like '8GB'") from None
+            if not math.isfinite(size):
+                raise ValueError(f"a size must be finite, got {size!r}") from None
+            value, whole = Fraction(float(size)), False
+    if value.denominator != 1 and not whole:
+        raise ValueError(f"{size!r} is not a whole number of bytes; write the unit for a size such as {size!r} "
+                         f"gigabytes ('{size}GB'), or give bytes as an int")
     if value < 0:
         raise ValueError(f"a size cannot be negative: {size!r}")
-    return value
+    if 0 < value < 1:
+        raise ValueError(f"{size!r} is less than one byte; give 0 for none, or check its unit")
+    if value > MAX_BYTES:
+        raise ValueError(f"{size!r} is past {MAX_BYTES} bytes (8 EiB), more than any machine holds; for a table "
+                         "whole on the GPU give its size, or gpu_budget='auto'")
+    return math.floor(value)
+
+
+def _size_text(size: str) -> tuple[Fraction, bool]:
+    """``(bytes, whether a unit was written)`` of a size string, exactly; the float reading only guards the exact
+    one against exponents whose powers of ten would take long to build (``"1e999999999"``)."""
+    m = _SIZE.fullmatch(size)
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _UNITS:
+        raise ValueError(f"cannot read {size!r} as a size; write bytes as an int or a string like '8GB', "
+                         "'512MiB' or '1.5e9'")
+    number, whole = m.group(1), unit not in ("", "B")  # "3.3KiB" is rounded down; "2.5" and "2.5B" refused
+    approx = float(number) * _UNITS[unit]
+    try:
+        if approx > 2 * MAX_BYTES:  # inf included
+            return Fraction(2 * MAX_BYTES), whole
+        if approx < 1e-30:  # 0, or far under a byte
+            return (Fraction(0) if Fraction(number.lower().partition("e")[0]) == 0 else Fraction(1, 2)), whole
+        value = Fraction(number) * _UNITS[unit]
+    except ValueError:  # more digits than Python reads as an int
+        raise ValueError(f"cannot read {size!r} as a size: too many digits") from None
+    if not whole and value.denominator != 1:
+        raise ValueError(f"{size!r} is not a whole number of bytes; write its unit, e.g. '{number}GB'")
+    return value, whole
 
 
 #: ``gpu_budget="auto"``: the share of the GPU memory free at build time (``torch.cuda.mem_get_info``) that one
@@ -156,9 +190,8 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
     if len(groups) == 1:  # one group: the same answer without a per-row cost tensor (16 B a row)
         (g,) = groups
         return {g: by_hotness(order_by_score(hotness[g]), budget, row_bytes[g])}
-    scores = torch.cat([hotness[g].to(torch.float64) for g in groups])
     cost = torch.cat([torch.full((hotness[g].numel(),), row_bytes[g], dtype=torch.int64) for g in groups])
-    order = order_by_score(scores)
+    order = _order_across(hotness)
     count = int((cost[order].cumsum(0) <= parse_bytes(budget)).sum())
     chosen, rows, start = order[:count], {}, 0
     for g in groups:
@@ -166,6 +199,43 @@ def hot_rows_under_budget(hotness: dict, row_bytes: dict, budget) -> dict:
         rows[g] = chosen[(chosen >= start) & (chosen < end)] - start
         start = end
     return rows
+
+
+#: The largest float64 under 2**63: integer scores are ranked by their nearest float64, capped here, which
+#: int64 holds, and the rest (n - that float), so that no integer past 2**53 ties with another in silence.
+_BELOW_2_63 = 2.0**63 - 1024
+
+
+def _order_across(hotness: dict) -> torch.Tensor:
+    """The rows of all groups' scores (``hotness``: group -> 1-D real tensor) hottest first, ranked exactly
+    whatever their dtypes; ties keep group then id order.
+
+    Integer scores alone are compared as int64, floats alone as float64 (which holds every float32 exactly).
+    Both together: each integer ``n`` as the pair (its nearest float64 ``f``, ``n - f``) against a float's
+    ``(x, 0)``; rounding never reorders, so the pairs order as the scores do, where ``.double()`` would tie
+    ``2**53`` with ``2**53 + 1``. Raises ValueError for uint64 scores past int64 beside other groups.
+    """
+    scores = [torch.as_tensor(s).reshape(-1) for s in hotness.values()]
+    for s in scores:
+        if s.dtype == torch.uint64 and s.numel() and int(s.numpy().max()) > 2**63 - 1:
+            raise ValueError("hotness scores past 2**63 - 1 (uint64) cannot be ranked against other node types' "
+                             "scores; scale them down (the order within a type is all that counts)")
+    if not any(s.is_floating_point() for s in scores):
+        return order_by_score(torch.cat([s.to(torch.int64) for s in scores]))
+    if all(s.is_floating_point() for s in scores):
+        return order_by_score(torch.cat([s.to(torch.float64) for s in scores]))
+    first, rest = [], []
+    for s in scores:
+        if s.is_floating_point():
+            first.append(s.to(torch.float64))
+            rest.append(torch.zeros(s.numel(), dtype=torch.int64))
+        else:
+            n = s.to(torch.int64)
+            near = n.to(torch.float64).clamp(max=_BELOW_2_63).to(torch.int64)
+            first.append(near.to(torch.float64))
+            rest.append(n - near)
+    by_rest = order_by_score(torch.cat(rest))  # stable sorts: by the rest, then by the float (ties keep the rest's)
+    return by_rest[order_by_score(torch.cat(first)[by_rest])]
 
 
 def check_hotness(hotness: dict, num_rows: dict) -> dict:

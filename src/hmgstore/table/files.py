@@ -37,12 +37,14 @@ READ_CHUNK_BYTES = 64 << 20
 
 
 def _torch_dtype(dtype, name: str = "a file") -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
-    except TypeError:
-        raise ValueError(f"hmgstore tables hold numbers; cannot read {name} of dtype {dtype}") from None
+    """A file's dtype (numpy or torch) as a torch dtype a table holds (:func:`hmgstore.rows.checks.table_dtype`:
+    TypeError naming the file otherwise), checked before a row is read."""
+    if not isinstance(dtype, torch.dtype):
+        try:
+            dtype = torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
+        except TypeError:
+            raise ValueError(f"hmgstore tables hold numbers; cannot read {name} of dtype {dtype}") from None
+    return checks.table_dtype(dtype, name)
 
 
 def _numpy_dtype(dtype, name: str) -> np.dtype:
@@ -60,12 +62,15 @@ def _numpy_dtype(dtype, name: str) -> np.dtype:
                          f"torch.int{dtype.itemsize * 8} and .view({dtype}) the loaded rows") from None
 
 
-def _host(dtype: torch.dtype, host_dtype: torch.dtype | None, name: str) -> torch.dtype:
-    """The dtype the host tier keeps a file's rows in."""
-    if host_dtype is not None and host_dtype != dtype and dtype != torch.float32:
-        raise ValueError(f"{name} holds {dtype}; half-width host rows (host_dtype={host_dtype}) are for float32 "
-                         "tables")
-    return host_dtype or dtype
+def _stored(shape, dtype, fmt, name: str, backing: str):
+    """``(host tier, encode)`` for a file's ``shape`` rows of ``dtype`` (numpy or torch): owned memory for the
+    rows as they read (``encode`` None), or in the stored format ``fmt`` with its encoder (a value a format
+    cannot keep is refused, naming its row, as for a HybridTensor). Nothing is read yet."""
+    dtype = _torch_dtype(dtype, name)
+    formats.check_table(dtype, fmt, name)
+    if fmt is None:
+        return owned.empty(shape, dtype, backing, zero=False), None  # every byte is read in
+    return owned.empty(fmt.stored_shape(shape), fmt.stored_dtype(), backing, zero=False), fmt.encode
 
 
 def _npy_header(path: Path, f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
@@ -121,9 +126,15 @@ def _check_size(path: Path, start: int, shape: tuple, np_dtype: np.dtype, exact:
     return nbytes
 
 
-def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
-         host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True) -> torch.Tensor:
-    """The table stored at ``path`` as a CPU tensor on owned memory (see :func:`load` for the arguments)."""
+def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None, host_dtype=None,
+         backing: str = "auto", progress: bool = True) -> torch.Tensor:
+    """The table stored at ``path`` as a CPU tensor on owned memory, its rows in the stored format ``host_dtype``
+    names (:func:`hmgstore.rows.formats.get`; None: as the file holds them). See :func:`load` for the arguments."""
+    return _read(path, dtype, shape, offset, key, formats.get(host_dtype, "host_dtype"), backing, progress)[0]
+
+
+def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """:func:`read` of rows stored as ``fmt`` (a Format or None), and the table's shape (not a scaled host tier's)."""
     path = _as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
@@ -131,22 +142,30 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
     if suffix in (".pt", ".pth"):
         if dtype is not None or shape is not None:
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
-        if not (type(offset) is int and offset == 0):
+        if not _zero(offset):
             raise ValueError(f"{path.name} is a torch file: offset= (the byte a raw file's rows start at) does not "
                              f"apply; drop offset={offset!r}")
-        return _read_torch(path, key, host_dtype, backing, progress)
+        return _read_torch(path, key, fmt, backing, progress)
     if key is not None:
         raise ValueError(f"key= picks a tensor of a .pt file's dict; {path.name} is not a torch file: drop "
                          f"key={key!r}")
     if suffix == ".npy" or _starts_as_npy(path):  # a .npy under another name: its header, never read as rows
         _npy_arguments_agree(path, dtype, shape, offset)
-        return _read_npy(path, host_dtype, backing, progress)
+        return _read_npy(path, fmt, backing, progress)
     if dtype is None or shape is None:
         raise ValueError(f"cannot tell the layout of {path.name}: pass dtype= and shape= (the first size may be "
                          "-1, read from the file's length) for a raw binary file, or use a .npy or .pt file")
     np_dtype = _numpy_dtype(dtype, path.name)
     shape, offset = _raw_layout(path, shape, np_dtype, offset)
-    return _read_raw(path, offset, shape, np_dtype, host_dtype, backing, progress)
+    return _read_raw(path, offset, shape, np_dtype, fmt, backing, progress)
+
+
+def _zero(offset) -> bool:
+    """Whether ``offset`` is the integer 0 (a Python, numpy or torch integer; not False, a flag passed by mistake)."""
+    try:
+        return checks.count(offset, "offset") == 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _starts_as_npy(path: Path) -> bool:
@@ -173,18 +192,14 @@ def _as_path(path) -> Path:
 def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
     """A .npy file describes itself: ``dtype=``, ``shape=`` and ``offset=`` that disagree with its header are
     refused (ValueError naming the file and both values), never obeyed; ones that agree are accepted."""
-    if not (type(offset) is int and offset == 0):
+    if not _zero(offset):
         raise ValueError(f"{path.name} is a .npy file, whose rows start where its header ends; offset= is for raw "
                          f"binary files: drop offset={offset!r}")
     if dtype is None and shape is None:
         return
     found_shape, _, found_dtype, _, _ = _npy_checked(path)
     if dtype is not None:
-        wanted = _numpy_dtype(dtype, path.name)
-        if wanted != found_dtype:
-            raise ValueError(f"{path.name} is a .npy file whose header says dtype {found_dtype}; dtype={wanted} "
-                             "disagrees. A .npy file describes itself: drop dtype= (convert the table after "
-                             "loading if you need another dtype)")
+        _npy_dtype_agrees(path, dtype, found_dtype)
     if shape is not None:
         given = tuple(shape)
         same = len(given) == len(found_shape) and all(
@@ -193,6 +208,21 @@ def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
             raise ValueError(f"{path.name} is a .npy file whose header says shape {found_shape}; shape={given} "
                              "disagrees. A .npy file describes itself: drop shape= (reshape the rows after "
                              "loading if you need another shape)")
+
+
+def _npy_dtype_agrees(path: Path, dtype, found: np.dtype) -> None:
+    """Refuse a ``dtype=`` other than the .npy header's (ValueError saying what it says and what to pass). Torch
+    dtypes are compared as such: bfloat16, which numpy lacks, is not a reason to read the bytes as int16 but to
+    drop ``dtype=`` (a float32 file's rows are kept as bfloat16 with ``host_dtype=``)."""
+    header = _torch_dtype(found, path.name)
+    if dtype == header if isinstance(dtype, torch.dtype) else _numpy_dtype(dtype, path.name) == found:
+        return
+    shown = dtype if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+    stored = formats.FORMATS.get(str(shown).removeprefix("torch.")) if header == torch.float32 else None
+    to_do = (f"to keep its rows as {stored.name} in host memory, pass host_dtype={stored.name!r} instead"
+             if stored is not None else f"to get {shown} rows, convert the table after loading")
+    raise ValueError(f"{path.name} is a .npy file whose header says dtype {found}; dtype={shown} disagrees. A .npy "
+                     f"file describes itself: drop dtype= (or pass dtype={header}, what it holds); {to_do}")
 
 
 def _raw_layout(path: Path, shape, np_dtype: np.dtype, offset) -> tuple[tuple[int, ...], int]:
@@ -251,32 +281,21 @@ def _npy_checked(path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int, np.n
     return shape, fortran, np_dtype, start, array
 
 
-def _narrowing(dtype: torch.dtype, host: torch.dtype):
-    """The encode of float32 rows into a 16-bit float host tier (:mod:`hmgstore.rows.formats`: a finite value
-    past the format's range is refused, naming its row, as for a HybridTensor), None for any other copy."""
-    names = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    fmt = formats.get(names[host]) if dtype == torch.float32 and host in names else None
-    return None if fmt is None else fmt.encode
-
-
-def _read_npy(path: Path, host_dtype, backing, progress) -> torch.Tensor:
+def _read_npy(path: Path, fmt, backing, progress) -> tuple[torch.Tensor, tuple[int, ...]]:
     """A .npy file, its header checked against its length before any row is read."""
     shape, fortran, np_dtype, start, array = _npy_checked(path)
     if not fortran:
-        return _read_raw(path, start, shape, np_dtype, host_dtype, backing, progress)
+        return _read_raw(path, start, shape, np_dtype, fmt, backing, progress)
     array = _np_load(path) if array is None else array  # Fortran order: numpy's reader
-    dtype = _torch_dtype(array.dtype, path.name)
-    host = _host(dtype, host_dtype, path.name)
-    return owned.copy_in(owned.empty(array.shape, host, backing, zero=False), array, progress,
-                         desc=f"reading {path.name}", encode=_narrowing(dtype, host))
+    out, encode = _stored(array.shape, array.dtype, fmt, path.name, backing)
+    return owned.copy_in(out, array, progress, desc=f"reading {path.name}", encode=encode), tuple(array.shape)
 
 
-def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, backing, progress) -> torch.Tensor:
+def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, fmt, backing, progress) -> tuple[torch.Tensor, tuple]:
     dtype = _torch_dtype(np_dtype, path.name)  # byte order: checked by _check_layout
     nbytes = _check_size(path, start, shape, np_dtype, exact=False)  # a raw file may hold more than is read
-    out = owned.empty(shape, _host(dtype, host_dtype, path.name), backing, zero=False)  # every byte is read in
-    direct, narrowing = out.dtype == dtype, _narrowing(dtype, out.dtype)
-    target = out.view(-1).view(torch.uint8) if direct else None
+    out, encode = _stored(shape, dtype, fmt, path.name, backing)
+    target = out.view(-1).view(torch.uint8) if encode is None else None  # rows read straight into place
     row_bytes = max(1, nbytes // max(shape[0], 1)) if shape else nbytes
     step = max(row_bytes, READ_CHUNK_BYTES // row_bytes * row_bytes)
     with open(path, "rb") as f, tqdm(total=nbytes, unit="B", unit_scale=True, desc=f"reading {path.name}",
@@ -285,7 +304,7 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
         done = 0
         while done < nbytes:
             size = min(step, nbytes - done)
-            if target is not None:  # direct
+            if target is not None:
                 # an ndarray is a buffer: numpy's stubs say so (__buffer__) for Python 3.12 on only
                 view = memoryview(target[done:done + size].numpy())  # type: ignore[arg-type]
             else:
@@ -293,16 +312,13 @@ def _read_raw(path: Path, start: int, shape, np_dtype: np.dtype, host_dtype, bac
             got = f.readinto(view)
             if got != size:
                 raise ValueError(f"{path.name} ended early while reading (got {got} of {size} bytes at {done})")
-            if not direct:
+            if encode is not None:
                 rows = torch.frombuffer(view, dtype=dtype).view(-1, *shape[1:])
                 first = done // row_bytes
-                if narrowing is not None:
-                    narrowing(rows, first, out=out[first:first + len(rows)])
-                else:
-                    out[first:first + len(rows)].copy_(rows)
+                encode(rows, first, out=out[first:first + len(rows)])
             done += size
             bar.update(size)
-    return out
+    return out, tuple(shape)
 
 
 def load_torch_file(path: Path, what: str = "a torch file"):
@@ -321,7 +337,7 @@ def load_torch_file(path: Path, what: str = "a torch file"):
                          f"{detail}); it is cut short, damaged or not written by torch.save") from err
 
 
-def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
+def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, tuple[int, ...]]:
     obj = load_torch_file(path)
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
@@ -342,14 +358,12 @@ def _read_torch(path: Path, key, host_dtype, backing, progress) -> torch.Tensor:
     if obj.dim() == 0:
         raise ValueError(f"{path.name} holds a 0-dim tensor (a single {obj.dtype} value); a table has at least one "
                          "dimension (rows): save x.reshape(1) or x[None]")
-    host = _host(obj.dtype, host_dtype, path.name)
-    return owned.copy_in(owned.empty(obj.shape, host, backing, zero=False), obj, progress,
-                         desc=f"reading {path.name}", encode=_narrowing(obj.dtype, host))
+    out, encode = _stored(obj.shape, obj.dtype, fmt, path.name, backing)
+    return owned.copy_in(out, obj, progress, desc=f"reading {path.name}", encode=encode), tuple(obj.shape)
 
 
 def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
-         host_dtype: torch.dtype | None = None, backing: str = "auto", progress: bool = True,
-         **kwargs) -> HybridTensor:
+         host_dtype=None, compress=None, backing: str = "auto", progress: bool = True, **kwargs) -> HybridTensor:
     """A :class:`HybridTensor` read from ``path`` into host memory hmgstore owns (``backing``, see
     :mod:`hmgstore.memory.owned`).
 
@@ -358,8 +372,11 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     ``dtype`` and ``shape``; ``shape[0]`` may be -1, meaning as many rows as
     the file holds after ``offset`` bytes). The rows are read piece by piece
     into the table's memory, under a progress bar; no second copy is made.
-    ``host_dtype``: keep float32 rows half-width on the host (see
-    :class:`HybridTensor`). ``device`` and ``kwargs`` (``gpu_rows``,
+    ``host_dtype`` and ``compress``: keep float32 rows in a stored format,
+    named as :class:`HybridTensor` takes them (:func:`hmgstore.rows.formats.get`:
+    ``"bfloat16"``, ``"float16"``, ``"int8"``, ``"float8"`` or their torch
+    dtypes; anything else: ValueError listing them, before a byte is read;
+    for a file of another dtype: ValueError). ``device`` and ``kwargs`` (``gpu_rows``,
     ``gpu_budget``, ``hot_order``, ``hotness``, ``max_sms``, ``stats``,
     ``split``, ``layout``) are as for :class:`HybridTensor`: with ``layout``
     the file's rows (in id order) are put in layout order, and ids stay the
@@ -373,26 +390,28 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     ValueError naming the file, never obeyed. Raises TypeError for a
     ``path`` that is an array, memmap or tensor (build a
     :class:`HybridTensor` over it instead), for a keyword ``load`` does
-    not take and for ``shape=``/``offset=`` that are not integers (a bool
-    included); FileNotFoundError for a missing file; ValueError for a file
+    not take, for ``shape=``/``offset=`` that are not integers (a bool
+    included) and for a file of a dtype tables do not hold (uint16/32/64,
+    float8: :func:`hmgstore.rows.checks.table_dtype`); FileNotFoundError for a missing file; ValueError for a file
     that does not hold what it says (too short, bytes left over, a header
     that lies, an unknown layout, a dict without ``key``), for a ``dtype=``
     a file's bytes cannot be read as (bfloat16, record and sub-array
-    dtypes), for a ``layout``
+    dtypes) or one a ``.npy`` header disagrees with (saying what it holds), for a ``layout``
     that is not a permutation of the rows, and as :class:`HybridTensor`
     does for the placement arguments.
     """
     checks.keywords("hmgstore.load", kwargs, LOAD_OPTIONS, named=inspect.signature(load).parameters)
+    host_format, gpu_format = formats.for_tiers(host_dtype, compress)  # before a byte is read
     device = resolve_device(device)
-    host = read(path, dtype=dtype, shape=shape, offset=offset, key=key, host_dtype=host_dtype,
-                backing=owned.chosen(backing, device), progress=progress)
-    table_dtype = torch.float32 if host_dtype is not None else host.dtype
+    host, table_shape = _read(path, dtype, shape, offset, key, host_format, owned.chosen(backing, device), progress)
+    table_dtype = torch.float32 if host_format is not None else host.dtype
     layout = kwargs.pop("layout", None)
     if layout is not None:  # the file holds rows in id order; the host tier keeps them in layout order
         layout = checks.permutation(layout, host.shape[0], "layout")
         host = owned.copy_in(owned.empty(host.shape, host.dtype, owned.chosen(backing, device), zero=False), host,
                              progress, "putting rows in layout order", order=layout)
-    return HybridTensor.over_host_tier(host, device, table_dtype, layout=layout, progress=progress, **kwargs)
+    return HybridTensor.over_host_tier(host, device, table_dtype, fmt=host_format, shape=table_shape,
+                                       gpu_format=gpu_format, layout=layout, progress=progress, **kwargs)
 
 
 #: The keywords :func:`load` passes on to the table (as :class:`HybridTensor` takes them).

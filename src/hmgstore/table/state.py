@@ -58,6 +58,7 @@ class Table:
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)
+        checks.table_dtype(self._source.dtype if dtype is None else dtype)  # before any copy, write or pickle
         row_layout(self._source)  # unusable layouts raise before any copy
         if layout is not None:
             layout = check_layout(layout, self._source.shape[0] if shape is None else shape[0])

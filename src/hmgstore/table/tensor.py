@@ -57,9 +57,10 @@ class HybridTensor(Table):
         stats: count rows and time per tier from the start (see :meth:`stats`).
         copy: copy the source into owned host memory (``backing``) instead of pinning it in place: small rows read
             faster from it, and forked DataLoader workers share it (docs/host-memory.md).
-        host_dtype: ``torch.bfloat16`` or ``torch.float16``: a float32 table's host tier in half-width rows (a
-            copy); every row then reads as ``x.to(host_dtype).to(x.dtype)``. A finite value past the type's range
-            (float16's 65504) would read back as infinity: refused (ValueError naming the row).
+        host_dtype: a float32 table's host tier in a stored row format (a copy), named as ``compress`` names them
+            (:func:`hmgstore.rows.formats.get`: ``torch.bfloat16``, ``"float16"``, ``"int8"`` ...; anything else:
+            ValueError listing them); 16-bit rows read as ``x.to(host_dtype).to(x.dtype)``. A finite value past the
+            type's range (float16's 65504) would read back as infinity: refused (ValueError naming the row).
         backing: the owned memory: ``"auto"`` (cudaHostAlloc for a GPU table, 2 MiB pages for a CPU one),
             ``"hugepage"`` or ``"cuda"`` (:mod:`hmgstore.memory.owned`).
         compress: ``"int8"``, ``"float8"``, ``"bfloat16"`` or ``"float16"``: a float32 table's rows stored so in
@@ -78,8 +79,9 @@ class HybridTensor(Table):
     is sent as its rows.
 
     Raises:
-        TypeError: for unusable sources (a CUDA or sparse tensor: with the fix) and ids that are not integers (a
-            ``layout`` of floats or bools included).
+        TypeError: for unusable sources (a CUDA or sparse tensor: with the fix; uint16/32/64 or float8 values, which
+            torch cannot write: naming the dtypes tables hold, :func:`hmgstore.rows.checks.table_dtype`) and ids that
+            are not integers (a ``layout`` of floats or bools included).
         ValueError: for unusable sources, conflicting placement arguments, repeated ids, a ``layout`` that is not a
             1-D permutation, a ``hotness`` of another length or with NaN (on every device) and a bad ``max_sms``.
         IndexError: for placement ids out of range.
@@ -166,6 +168,7 @@ class HybridTensor(Table):
         device = resolve_device(device)
         host_format, gpu_format = formats.for_tiers(host_dtype, compress)
         shape = checks.shape(shape)  # integers >= 0: a float size is refused, never truncated
+        dtype = checks.table_dtype(dtype, "HybridTensor.empty")  # before the memory is taken
         if host_format is None:
             host = owned.empty(shape, dtype, backing, device)
         else:  # zero bytes are zero rows in every format (a scaled row's scale 0 decodes to 0)
@@ -210,7 +213,7 @@ class HybridTensor(Table):
         Args:
             index: integer tensor (CPU or CUDA, any shape and integer dtype), numpy array, list, int, slice or
                 bool mask.
-            out: optional contiguous destination of the result's shape, dtype and device.
+            out: optional contiguous destination of the result's shape, dtype and device, not requiring grad.
             stream: torch CUDA stream to run on (default: the current one); the result is ready on it.
             check: ids already on a GPU are range-checked ``"deferred"`` (no waiting; a bad id raises at a later gather,
                 :mod:`hmgstore.rows.ids`) or ``"sync"`` (one device-to-host read; raises here).
@@ -221,7 +224,8 @@ class HybridTensor(Table):
         Raises:
             IndexError: for ids out of range (CPU ids: before any memory is read).
             TypeError: for non-integer indices.
-            ValueError: for a bad ``out``; RuntimeError for a closed table.
+            ValueError: for a bad ``out`` (one that requires grad: pass ``out.detach()``); RuntimeError for a
+                closed table.
         """
         if (self.device.type == "cpu" and type(index) is torch.Tensor and index.device.type == "cpu"
                 and index.dtype in (torch.int64, torch.int32) and index.dim() and index.layout == torch.strided
@@ -352,6 +356,8 @@ def _check_requests(requests, outs) -> torch.device:
         if table.device != device:
             raise ValueError(f"all tables of one gather_many must share a device: {device} and {table.device}")
     given = [out for out in outs if out is not None]
+    if any(not isinstance(out, torch.Tensor) for out in given):
+        raise TypeError(f"outs holds a tensor (or None) per request; got {[type(o).__name__ for o in given]}")
     if len({out.data_ptr() for out in given if out.numel()}) != len([o for o in given if o.numel()]):
         raise ValueError("the same out buffer is given for two requests; give each its own")
     return device
