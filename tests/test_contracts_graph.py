@@ -8,6 +8,8 @@ reference) or the documented error, never a crash, a hang or uninitialised memor
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,7 @@ from hmgstore.graph import (
     stable_sort,
     to_csc,
 )
+from hmgstore.graph.csc import edge_weight_in_csc_order
 from hmgstore.rows.formats import get as get_format
 
 FAST = settings(max_examples=40, deadline=None)
@@ -658,3 +661,16 @@ def test_offsets_edited_after_the_stores_are_built_do_not_reach_the_sampler():
     for sampler in (before, HybridNeighborSampler(stores, [-1])):
         out = sampler.sample_from_nodes(NodeSamplerInput(input_id=None, node=torch.arange(5)))
         assert sorted(out.node.tolist()) == [0, 1, 2, 3, 4] and out.row.numel() == 5
+
+
+@pytest.mark.parametrize("value", [1e300, 3.5e38, -1e300, float("nan"), float("inf")])
+def test_an_edge_weight_past_float32_is_named_as_given(value):
+    """Weights are stored as float32: a float64 weight past its range is refused by its own value, not as
+    the inf the cast would make of it; the largest float32 itself is accepted."""
+    csc = to_csc(torch.tensor([[0, 1, 2], [1, 2, 0]]), "coo", (3, 3))
+    weight = torch.tensor([1.0, value, 2.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=re.escape(f"edge weight 1 is {weight[1].item()}")):
+        edge_weight_in_csc_order(weight, csc)
+    top = float(torch.finfo(torch.float32).max)
+    stored = edge_weight_in_csc_order(np.array([1.0, top, 2.0]), csc)
+    assert stored.dtype == torch.float32 and sorted(stored.tolist()) == [1.0, 2.0, top]

@@ -329,14 +329,22 @@ def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
         raise TypeError(f"edge weights must be real numbers, got dtype {weight.dtype}")
     if weight.dim() == 2 and weight.shape[1] == 1:  # PyG's [E, 1] edge attributes
         weight = weight.view(-1)
-    weight = weight.detach().to("cpu", torch.float32)
-    if weight.dim() != 1 or weight.numel() != csc.num_edges:
+    given = weight.detach().cpu()
+    if given.dim() != 1 or given.numel() != csc.num_edges:
         raise ValueError(f"edge weights must hold one number per edge ({csc.num_edges}), got shape "
-                         f"{tuple(weight.shape)}")
-    bad = (~torch.isfinite(weight) | (weight < 0)).nonzero()
+                         f"{tuple(given.shape)}")
+    wide = given.double()  # checked as given: a float64 weight past float32's range would turn inf in the cast
+    bad = (~torch.isfinite(wide) | (wide < 0)).nonzero()
     if len(bad):
         at = int(bad[0])
-        raise ValueError(f"edge weight {at} is {float(weight[at])}: sampling weights must be finite and 0 or more "
+        raise ValueError(f"edge weight {at} is {given[at].item()}: sampling weights must be finite and 0 or more "
                          "(clamp or drop such edges first)")
+    big = (wide > torch.finfo(torch.float32).max).nonzero()
+    if len(big):
+        at = int(big[0])
+        raise ValueError(f"edge weight {at} is {given[at].item()}: above float32's largest "
+                         f"({torch.finfo(torch.float32).max:.3g}), the type weights are stored in; divide every "
+                         "weight by the same number (only their ratios matter)")
+    weight = given.to(torch.float32)
     return weight if csc.perm is None else weight.index_select(0, csc.perm)
 
