@@ -674,3 +674,49 @@ def test_an_edge_weight_past_float32_is_named_as_given(value):
     top = float(torch.finfo(torch.float32).max)
     stored = edge_weight_in_csc_order(np.array([1.0, top, 2.0]), csc)
     assert stored.dtype == torch.float32 and sorted(stored.tolist()) == [1.0, 2.0, top]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=120),
+       st.integers(1, 6), st.integers(1, 7))
+def test_expected_draws_sums_each_lists_share_per_source(n, edges, fanout, chunk):
+    """expected_draws(csc, k)[u] = sum over the lists holding u of min(1, k / len(list)), whatever the chunking."""
+    import importlib
+
+    from hmgstore.graph import expected_draws
+    presample_module = importlib.import_module("hmgstore.graph.presample")
+    edges = [(s % n, d % n) for s, d in edges]
+    csc = to_csc(torch.tensor(edges, dtype=torch.int64).reshape(-1, 2).t(), "coo", size=(n, n))
+    want = [0.0] * n
+    for d in range(n):
+        src = [s for s, dd in edges if dd == d]
+        for s in src:
+            want[s] += min(1.0, fanout / len(src))
+    original = presample_module._DRAWS_CHUNK
+    presample_module._DRAWS_CHUNK = chunk
+    try:
+        got = expected_draws(csc, fanout)
+    finally:
+        presample_module._DRAWS_CHUNK = original
+    assert got.dtype == torch.float64 and got.tolist() == pytest.approx(want)
+    with pytest.raises(ValueError, match="fanout"):
+        expected_draws(csc, 0)
+
+
+def test_the_stores_default_hotness_is_expected_draws_per_source_type():
+    """from_data's default ranking: expected draws summed over the edge types out of each node type (a node
+    type no edge draws from scores 0), not the in-degree, which ranks a directed graph's rows no better than
+    chance."""
+    pyg = pytest.importorskip("torch_geometric")
+    from hmgstore.plugins.pyg import from_data
+    data = pyg.data.HeteroData()
+    data["a"].x, data["b"].x = torch.randn(4, 2), torch.randn(3, 2)
+    data["a", "to", "b"].edge_index = torch.tensor([[0, 0, 1, 2], [0, 1, 1, 2]])
+    data["b", "to", "b"].edge_index = torch.tensor([[0, 1], [2, 2]])
+    _, graph_store = from_data(data, device="cpu", gpu_budget=None, progress=False)
+    draws = graph_store.expected_draws()
+    # a0 is in b0's and b1's lists, a1 in b1's, a2 in b2's (lists of at most 2: fanout 10 takes them whole);
+    # b0 and b1 are in b2's list of the b -> b edges
+    assert draws["a"].tolist() == [2.0, 1.0, 1.0, 0.0]
+    assert draws["b"].tolist() == [1.0, 1.0, 0.0]
+    assert set(draws) == {"a", "b"}

@@ -126,9 +126,9 @@ def test_store_pickles_and_rebuilds_its_tables(data):
 
 # ---- on a CUDA GPU ------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_budget_keeps_highest_in_degree_rows(data, cuda_device):
+def test_budget_keeps_the_rows_drawn_most_often(data, cuda_device):
     feature_store, graph_store = hpyg.from_data(data, device=cuda_device, gpu_budget=500 * ROW_BYTES)
-    order = hmgstore.hotness.order_by_score(graph_store.in_degree()[None])
+    order = hmgstore.hotness.order_by_score(graph_store.expected_draws()[None])
     for name in ("x", "y"):
         table = feature_store.table(None, name)
         assert table.device == cuda_device and table.num_gpu_rows == 500
@@ -154,7 +154,7 @@ def test_gpu_whole_keeps_the_labels_whole_on_the_gpu_out_of_the_budget(data, dev
         x_row = data.x.shape[1] * data.x.element_size()
         assert y.num_gpu_rows == data.num_nodes and not y.reads_host
         assert x.num_gpu_rows == (budget - y_bytes) // x_row  # what the labels left, hottest first
-        order = hmgstore.hotness.order_by_score(graph_store.in_degree()[None])
+        order = hmgstore.hotness.order_by_score(graph_store.expected_draws()[None])
         assert torch.equal(x.placement.gpu_rows, order[:x.num_gpu_rows])
         # compressed features laid out hottest first; the whole labels need no host layout
         store, _ = hpyg.from_data(data, device=device, gpu_budget=budget, gpu_whole="y", compress="int8",

@@ -12,7 +12,8 @@ CSC, the same order PyG builds from a ``Data``, so the same seeds draw the
 same batches); each batch's node attributes, for every node type, come from
 the :class:`HybridFeatureStore` in one :func:`hmgstore.gather_many`, on the
 store's device. Rows kept on the GPU under ``gpu_budget`` are chosen by
-in-degree, or by a ``hotness`` the caller passes.
+how often one hop draws each node as a neighbour
+(:func:`hmgstore.graph.expected_draws`), or by a ``hotness`` the caller passes.
 
 Without a ``Data``: :func:`from_tensors` takes host arrays (torch tensors,
 numpy arrays, memmaps) and a topology as COO, CSR or CSC; OGB datasets on
@@ -51,7 +52,7 @@ import inspect
 from torch_geometric.data import Data, HeteroData
 
 from hmgstore.rows import checks
-from hmgstore.rows.hotness import hotness_or_in_degree, parse_budget
+from hmgstore.rows.hotness import hotness_or_default, parse_budget
 from hmgstore.util.device import resolve_device
 
 from . import graph_store as _graph_store
@@ -105,7 +106,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     tensors (``edge_label_index``) are left alone. ``device``: where batches' attributes land (None: the
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
     rows to keep on the GPU, hottest first by ``hotness``: a score tensor
-    [num_nodes] (homogeneous) or ``{node_type: score}``; default in-degree.
+    [num_nodes] (homogeneous) or ``{node_type: score}``; default: how often
+    one hop draws each node as a neighbour (:func:`hmgstore.graph.expected_draws`).
     The default, ``"auto"``, keeps the lesser of every node table and half
     the GPU's free memory at build time
     (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None
@@ -159,7 +161,7 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
             raise ValueError("the Data object has no node attributes to store (x, y, ...)")
     else:
         raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
-    hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
+    hotness = _hotness(hotness, graph_store, sources, progress) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, gpu_whole=gpu_whole,
                                                     **options)
@@ -172,7 +174,7 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
 def _put_edge_attributes(feature_store, graph_store, edge_sources: dict, budget, hotness, sources: dict,
                          **options) -> None:
     """Edge tables into ``feature_store``; hottest edges by the hotness of the node they point to (default
-    in-degree). The store is closed if this fails."""
+    expected draws). The store is closed if this fails."""
     try:
         scores = None
         if budget is not None:
@@ -217,7 +219,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     graph_store = CSCGraphStore()
     graph_store.put_edge_index(topology, edge_type=None, layout=layout, size=(num_nodes, num_nodes))
     sources = {(None, name): value for name, value in features.items()}
-    hotness = _hotness(hotness, graph_store, sources) if _ranks_rows(gpu_budget, hotness, device) else None
+    hotness = _hotness(hotness, graph_store, sources, progress) if _ranks_rows(gpu_budget, hotness, device) else None
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, gpu_whole=gpu_whole)
     return feature_store, graph_store
@@ -236,7 +238,7 @@ def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, in
 
 def _ranks_rows(gpu_budget, hotness, device) -> bool:
     """Whether a store needs its nodes' hotness: a budget given (a typo raises here, on every device), except
-    the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: in-degree unused)."""
+    the default ``"auto"`` on a CPU with no hotness of the caller's to check (no GPU tier: no ranking needed)."""
     budget = parse_budget(gpu_budget)
     if hotness is not None:  # the caller's scores are checked on every device, with or without a budget
         return True
@@ -245,11 +247,12 @@ def _ranks_rows(gpu_budget, hotness, device) -> bool:
     return budget != "auto" or resolve_device(device).type == "cuda"
 
 
-def _hotness(hotness, graph_store: CSCGraphStore, sources: dict) -> dict:
-    """Node type -> score: the caller's, or in-degree (see :func:`hmgstore.hotness.hotness_or_in_degree`)."""
+def _hotness(hotness, graph_store: CSCGraphStore, sources: dict, progress: bool = False) -> dict:
+    """Node type -> score: the caller's, or how often one hop draws each node (see
+    :func:`hmgstore.hotness.hotness_or_default` and :meth:`CSCGraphStore.expected_draws`)."""
     rows = {group: source.shape[0] for (group, _), source in sources.items()}
     if hotness is not None and not isinstance(hotness, dict):
         if list(rows) != [None]:
             raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
         hotness = {None: hotness}
-    return hotness_or_in_degree(hotness, graph_store.in_degree(), rows)
+    return hotness_or_default(hotness, lambda: graph_store.expected_draws(progress=progress), rows)

@@ -27,7 +27,7 @@ from torch_geometric.data import EdgeAttr, GraphStore
 from torch_geometric.data.graph_store import EdgeLayout
 from torch_geometric.utils import index_sort
 
-from hmgstore.graph import CSC
+from hmgstore.graph import CSC, expected_draws
 from hmgstore.graph import to_csc as _to_csc
 from hmgstore.rows import checks
 
@@ -191,6 +191,17 @@ class CSCGraphStore(GraphStore):
             d = csc.in_degree()
             degree[dst] = d if dst not in degree else degree[dst] + d
         return degree
+
+    def expected_draws(self, progress: bool = False) -> dict:
+        """Node type -> float64 score: how often one hop draws each node as a neighbour over every edge type
+        out of it (:func:`hmgstore.graph.expected_draws`; key None when homogeneous), the stores' default
+        hotness."""
+        draws: dict = {}
+        for edge_type, csc in self._edges.items():
+            src = None if edge_type is None else edge_type[0]
+            d = expected_draws(csc, progress=progress)
+            draws[src] = d if src not in draws else draws[src] + d
+        return draws
 
     def __repr__(self) -> str:
         held = ", ".join(f"{t}: {c.num_edges} edges {c.size}" for t, c in self._edges.items())

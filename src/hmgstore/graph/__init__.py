@@ -7,7 +7,7 @@
   arguments checked in :mod:`.arguments`), returning a :class:`~.sample.Sample`;
 - :mod:`.hop`: one hop of it, and the draws (the same on both devices);
 - :mod:`.relabel`: sampled node keys to local ids (sort, or a GPU hash table);
-- :mod:`.presample`: node hotness from an epoch of real sampling;
+- :mod:`.presample`: node hotness from an epoch of real sampling, or predicted from the topology;
 - :mod:`.locality`: host-tier layouts that keep neighbours together, and batches from few parts.
 """
 from . import locality
@@ -15,10 +15,10 @@ from .csc import CSC, LAYOUTS, index2ptr, ptr2index, stable_sort, to_csc
 from .fanout import check_fanout, parse_fanout
 from .hop import sample_hop
 from .locality import LocalityBatchSampler
-from .presample import Hotness, hit_ratio, presample
+from .presample import Hotness, expected_draws, hit_ratio, presample
 from .sampler import NeighborSampler, Sample
 from .topology import Topology
 
 __all__ = ["CSC", "LAYOUTS", "index2ptr", "ptr2index", "stable_sort", "to_csc", "NeighborSampler", "Sample",
-           "sample_hop", "Topology", "Hotness", "hit_ratio", "presample", "check_fanout", "parse_fanout",
-           "locality", "LocalityBatchSampler"]
+           "sample_hop", "Topology", "Hotness", "expected_draws", "hit_ratio", "presample", "check_fanout",
+           "parse_fanout", "locality", "LocalityBatchSampler"]

@@ -47,10 +47,10 @@ class CapturedBatch:
     def run(self, keys: dict, draws: torch.Tensor, tree_time: torch.Tensor | None = None):
         for nt, k in keys.items():
             self.seeds[nt].copy_(k)
-        if (tree_time is None) != (self.times is None):
-            raise ValueError("a captured batch replays with seed times exactly when it was captured with them")
-        if tree_time is not None:
+        if self.times is not None and tree_time is not None:
             self.times.copy_(tree_time)
+        elif (tree_time is None) != (self.times is None):
+            raise ValueError("a captured batch replays with seed times exactly when it was captured with them")
         self.draws_host.copy_(draws)
         self.draws.copy_(self.draws_host, non_blocking=True)
         self.graph.replay()

@@ -259,10 +259,12 @@ def check_hotness(hotness: dict, num_rows: dict) -> dict:
     return checked
 
 
-def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) -> dict:
-    """Group -> score: ``hotness`` when given, else in-degree (zeros for groups no edge points to).
+def hotness_or_default(hotness: dict | None, default, num_rows: dict) -> dict:
+    """Group -> score: ``hotness`` when given, else ``default()`` (called only then: it may cost a pass over
+    the edges), with zeros for the groups it leaves out (no edge draws them).
 
-    ``in_degree``: group -> int64 [rows]; ``num_rows``: group -> rows of the group.
+    ``default``: a callable returning group -> 1-D score tensor [rows]; ``num_rows``: group -> rows of the
+    group.
 
     Raises:
         ValueError: as :func:`check_hotness`, for a given ``hotness`` that lacks a group of ``num_rows``, holds
@@ -270,7 +272,8 @@ def hotness_or_in_degree(hotness: dict | None, in_degree: dict, num_rows: dict) 
     """
     if hotness is not None:
         return check_hotness(hotness, num_rows)  # the caller's scores: checked on every device
-    return {g: in_degree.get(g, torch.zeros(n, dtype=torch.int64)) for g, n in num_rows.items()}
+    scores = default()
+    return {g: scores.get(g, torch.zeros(n, dtype=torch.float64)) for g, n in num_rows.items()}
 
 
 _SCORES_HINT = ("a score per row (a degree, a count, a float) goes in hotness=score, or through "
