@@ -31,7 +31,9 @@
 //
 // Edge weights (weighted sampling) sit beside the ids in the same position space: `gpu_weight[at]`
 // for at < G, `host_weight[at - G]` above, or, for a chunked topology, their own placed chunk table
-// (`wtiers`, same chunk size) and `wtail`. They are float32.
+// (`wtiers`, same chunk size) and `wtail`. They are float32. `wmax[v]` (float32, per destination, on
+// this GPU) is v's largest weight where its list is balanced enough for rejection sampling, else 0
+// (graph/weighted.py's rejection_wmax decides, once per topology, for the CPU and the GPU alike).
 //
 // Temporal sampling (hmgstore/graph/temporal.py) narrows each seed's list to a *window*: positions
 // [win_lo[i], win_lo[i] + win_deg[i]) of its list, the edges no later than the seed's time. When
@@ -51,8 +53,14 @@
 //   or j if r was taken already. Every c-subset is equally likely. The membership test
 //   reads the seed's earlier slots (c^2/2 reads, L1-resident for the fanouts GNNs use).
 // - hmg_sample_weighted: per seed of a weighted topology (hmgstore/graph/weighted.py is the same
-//   algorithm in torch). Without replacement (seeds with c_i < deg_i): the thread walks the seed's
-//   list once, gives position p the key -log(u_p) / w_p (u_p = unit_open(i, p); weight 0: after
+//   algorithm in torch). Without replacement (seeds with c_i < deg_i), a seed whose list qualifies for
+//   rejection sampling (deg > ratio * c and wmax[v] > 0: weighted.py's REJECT_RATIO and rejection_wmax)
+//   runs trials t = 0, 1, ...: position p = draw of counter REJECT_COUNTER + 2t mod deg, u =
+//   unit_closed_open of counter REJECT_COUNTER + 2t + 1, accepted when u * wmax[v] < w_p (in double, as
+//   on the CPU); an accepted p not among the seed's slots so far becomes the next one (a linear search of
+//   them, as in hmg_sample_floyd), until c are taken. After per_slot * c + extra trials without them
+//   (probability below 1e-63) it scans the list instead. Every other seed scans: the thread walks the
+//   seed's list once, gives position p the key -log(u_p) / w_p (u_p = unit_open(i, p); weight 0: after
 //   every positive weight, random among themselves) and keeps the c smallest keys sorted by
 //   insertion in the seed's slots of `pos` and of the float64 scratch `keys` (so any fanout works
 //   without local arrays; a key enters only if it beats the c-th, O(c log(deg / c)) times on
@@ -60,12 +68,15 @@
 //   With replacement: one pass sums the weights, then each slot t walks the running sum to the
 //   first position past unit_closed_open(i, t) * total (uniform when every weight is 0).
 //   Neighbouring threads serve different seeds: reads are not coalesced, as in hmg_sample_floyd.
-// - hmg_sample_weighted_warp: the same without replacement, one warp per seed, for fanouts up to 32:
-//   lane l reads positions l, l + 32, ... (coalesced: one 128-byte read of weights per round) and
-//   computes their keys; the c smallest so far live one per lane (lane j holds the j-th, EMPTY
-//   past those found). Keys below the c-th are inserted one at a time, in position order, each by
-//   one shuffle: a lane whose key is larger takes the new key or its left neighbour's. Same keys,
-//   same ties (a key goes after equal ones), so the same slots as hmg_sample_weighted.
+// - hmg_sample_weighted_warp: the same without replacement, one warp per seed, for fanouts up to 32.
+//   Rejection: lane l runs trial base + l (32 random single-weight reads a round); the round's accepted
+//   trials are taken in trial order, one at a time: a ballot over the slots found so far (lane j holds
+//   slot j) says whether the position is taken, else lane n takes it as slot n. Same trials, same slots as
+//   the thread kernel. The scan: lane l reads positions l, l + 32, ... (coalesced: one 128-byte read of
+//   weights per round) and computes their keys; the c smallest so far live one per lane (lane j holds
+//   the j-th, EMPTY past those found). Keys below the c-th are inserted one at a time, in position
+//   order, each by one shuffle: a lane whose key is larger takes the new key or its left neighbour's.
+//   Same keys, same ties (a key goes after equal ones), so the same slots as hmg_sample_weighted.
 // - hmg_sample_read: per slot. Finds its seed by binary search over `ends`, fills in the
 //   position (t itself when the seed takes every neighbour; a draw mod deg with replacement;
 //   else what hmg_sample_floyd wrote; with `given`, what hmg_sample_weighted wrote), reads the
@@ -131,6 +142,74 @@ __device__ __forceinline__ double unit_open(u64 h, i64 t) {
 }
 __device__ __forceinline__ double unit_closed_open(u64 h, i64 t) {
   return (double)(mix64(h + (u64)t) >> 11) * 1.1102230246251565e-16 /* 2^-53 */;
+}
+
+// A weighted topology's weights in their tiers (load_weight's arguments, in one place).
+struct Weights {
+  const float* gpu;
+  const float* host;
+  i64 gpu_edges;
+  const i64* tiers;
+  i64 chunk;
+  const float* tail;
+  i64 tail_start;
+  __device__ __forceinline__ float at(i64 p) const {
+    return load_weight(p, gpu, host, gpu_edges, tiers, chunk, tail, tail_start);
+  }
+};
+
+// Rejection trial t draws counters REJECT_COUNTER + 2t and + 2t + 1: graph/weighted.py's, above any position.
+#define REJECT_COUNTER (1ll << 40)
+
+// Rejection trial t for a list of deg weights read from position at0, its largest weight wm: sets p, its
+// position, and returns whether it is accepted (u * wm < w_p in double, so the CPU accepts the same trials).
+__device__ __forceinline__ bool reject_trial(u64 h, i64 t, i64 deg, double wm, i64 at0, const Weights& w, i64& p) {
+  const i64 counter = REJECT_COUNTER + 2 * t;
+  p = (i64)((mix64(h + (u64)counter) >> 1) % (u64)deg);
+  return unit_closed_open(h, counter + 1) * wm < (double)w.at(at0 + p);
+}
+
+// Rejection sampling of c slots into out[0 .. c) by one thread (see the header): whether `bound` trials found them.
+__device__ bool reject_thread(u64 h, i64 deg, i64 c, double wm, i64 bound, i64 at0, const Weights& w, i64* out) {
+  i64 n = 0;  // slots taken: out[0 .. n)
+  for (i64 t = 0; t < bound && n < c; ++t) {
+    i64 p;
+    if (!reject_trial(h, t, deg, wm, at0, w, p)) continue;
+    bool taken = false;
+    for (i64 s = 0; s < n && !taken; ++s) taken = out[s] == p;
+    if (!taken) out[n++] = p;
+  }
+  return n == c;
+}
+
+// The same by a whole warp (every lane calls it with the same arguments; c <= 32): the same trials, the same
+// slots. Its branches depend only on warp-wide values, so the full-mask ballots and shuffles are legal.
+__device__ bool reject_warp(u64 h, i64 deg, i64 c, double wm, i64 bound, i64 at0, const Weights& w, i64* out) {
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  i64 mine = -1;  // lane j < n: slot j
+  i64 n = 0;
+  for (i64 base = 0; base < bound && n < c; base += 32) {
+    i64 p = -1;
+    const bool accepted = base + lane < bound && reject_trial(h, base + lane, deg, wm, at0, w, p);
+    unsigned todo = __ballot_sync(all, accepted);
+    while (todo && n < c) {  // the round's accepted trials, in trial order
+      const int from = __ffs(todo) - 1;
+      todo &= todo - 1;
+      const i64 x = __shfl_sync(all, p, from);
+      if (__any_sync(all, lane < n && mine == x)) continue;  // an earlier trial took this position
+      if (lane == n) mine = x;
+      ++n;
+    }
+  }
+  if (n < c) return false;
+  if (lane < c) out[lane] = mine;
+  return true;
+}
+
+// Whether seed node v's list is drawn by rejection (see the header): its largest weight, or 0 to scan it.
+__device__ __forceinline__ double reject_wmax(const float* wmax, i64 v, i64 deg, i64 c, i64 ratio) {
+  return (wmax && deg > ratio * c) ? (double)wmax[v] : 0.0;
 }
 
 // The node id of seed i, or -1 past the hop's seeds.
@@ -232,9 +311,11 @@ extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, co
                                                const i64* __restrict__ key_ptr, const i64* __restrict__ draw_index,
                                                const float* gpu_weight, const float* host_weight, i64 gpu_edges,
                                                const i64* __restrict__ wtiers, i64 chunk, const float* wtail,
-                                               i64 tail_start, int replace, i64* __restrict__ pos,
+                                               i64 tail_start, const float* __restrict__ wmax, i64 ratio,
+                                               i64 per_slot, i64 extra, int replace, i64* __restrict__ pos,
                                                double* __restrict__ keys) {
   const u64 key = (u64)*key_ptr;
+  const Weights wt{gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start};
   for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < max_seeds; i += (i64)gridDim.x * blockDim.x) {
     const i64 v = seed_node(nodes, lohi, i, num_dst, disjoint);
     if (v < 0) continue;
@@ -245,8 +326,7 @@ extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, co
     i64* out = pos + ends[i] - c;
     if (replace) {
       double total = 0.0;
-      for (i64 p = 0; p < deg; ++p)
-        total += load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+      for (i64 p = 0; p < deg; ++p) total += wt.at(at0 + p);
       for (i64 t = 0; t < c; ++t) {
         if (!(total > 0.0)) {  // every weight 0: uniform
           out[t] = (i64)((mix64(h + (u64)t) >> 1) % (u64)deg);
@@ -256,7 +336,7 @@ extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, co
         double acc = 0.0;
         i64 chosen = -1, last = 0;
         for (i64 p = 0; p < deg; ++p) {
-          const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+          const float w = wt.at(at0 + p);
           if (w > 0.0f) {
             acc += (double)w;
             last = p;
@@ -270,10 +350,12 @@ extern "C" __global__ void hmg_sample_weighted(const i64* __restrict__ nodes, co
       }
       continue;
     }
-    double* kk = keys + ends[i] - c;
+    const double wm = reject_wmax(wmax, v, deg, c, ratio);
+    if (wm > 0.0 && reject_thread(h, deg, c, wm, c * per_slot + extra, at0, wt, out)) continue;
+    double* kk = keys + ends[i] - c;  // the scan
     i64 n = 0;  // slots filled so far; kk[0 .. n) ascending
     for (i64 p = 0; p < deg; ++p) {
-      const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+      const float w = wt.at(at0 + p);
       const double u = unit_open(h, p);
       const double k = w > 0.0f ? -log(u) / (double)w : ZERO_KEY * (1.0 + u);
       if (n == c && k >= kk[c - 1]) continue;
@@ -299,8 +381,10 @@ extern "C" __global__ void hmg_sample_weighted_warp(const i64* __restrict__ node
                                                     const i64* __restrict__ draw_index, const float* gpu_weight,
                                                     const float* host_weight, i64 gpu_edges,
                                                     const i64* __restrict__ wtiers, i64 chunk, const float* wtail,
-                                                    i64 tail_start, i64* __restrict__ pos) {
+                                                    i64 tail_start, const float* __restrict__ wmax, i64 ratio,
+                                                    i64 per_slot, i64 extra, i64* __restrict__ pos) {
   const unsigned all = 0xffffffffu;
+  const Weights wt{gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start};
   const u64 key = (u64)*key_ptr;
   const int lane = threadIdx.x & 31;
   const i64 warps = ((i64)gridDim.x * blockDim.x) >> 5;
@@ -313,13 +397,15 @@ extern "C" __global__ void hmg_sample_weighted_warp(const i64* __restrict__ node
     if (c == 0 || c >= deg) continue;
     const i64 at0 = start ? start[v] : first;
     const u64 h = seed_hash(key, draw_index ? draw_index[i] : i);
-    double mine = EMPTY_KEY;  // lane j < c: the j-th smallest key so far
+    const double wm = reject_wmax(wmax, v, deg, c, ratio);
+    if (wm > 0.0 && reject_warp(h, deg, c, wm, c * per_slot + extra, at0, wt, pos + ends[i] - c)) continue;
+    double mine = EMPTY_KEY;  // the scan. Lane j < c: the j-th smallest key so far
     i64 mine_pos = -1;
     for (i64 base = 0; base < deg; base += 32) {
       const i64 p = base + lane;
       double k = EMPTY_KEY;
       if (p < deg) {
-        const float w = load_weight(at0 + p, gpu_weight, host_weight, gpu_edges, wtiers, chunk, wtail, tail_start);
+        const float w = wt.at(at0 + p);
         const double u = unit_open(h, p);
         k = w > 0.0f ? -log(u) / (double)w : ZERO_KEY * (1.0 + u);
       }

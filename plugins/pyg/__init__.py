@@ -105,9 +105,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
     graph-level values (0-d tensors, numbers, ``num_nodes``) and index
     tensors (``edge_label_index``) are left alone. ``device``: where batches' attributes land (None: the
     current GPU, or the CPU). ``gpu_budget``: bytes (int or ``"8GB"``) of
-    rows to keep on the GPU, hottest first by ``hotness``: a score tensor
-    [num_nodes] (homogeneous) or ``{node_type: score}``; default: how often
-    one hop draws each node as a neighbour (:func:`hmgstore.graph.expected_draws`).
+    rows to keep on the GPU, hottest first by ``hotness``: a score tensor [num_nodes] (homogeneous) or
+    ``{node_type: score}``; default: :func:`hmgstore.graph.expected_draws`.
     The default, ``"auto"``, keeps the lesser of every node table and half
     the GPU's free memory at build time
     (:func:`hmgstore.rows.hotness.resolve_budget`; no GPU tier on a CPU); None

@@ -52,16 +52,25 @@ def floyd(nodes, lohi, max_seeds: int, colptr, counts, ends, num_dst: int, disjo
             np.int32(disjoint), _p(key), _p(index), _p(win_deg), _p(pos)), pos.device)
 
 
+def _weight_args(topology, rejection: tuple[int, int, int]) -> tuple:
+    """The weights' tiers and the rejection arguments, as hmg_sample_weighted(_warp) take them after ``index``.
+    ``rejection``: ``(ratio, trials per slot, extra trials)``, hmgstore/graph/weighted.py's constants."""
+    ratio, per_slot, extra = rejection
+    return (_p(topology.gpu_weight), np.uint64(topology.host_weight_address), np.int64(topology.gpu_edges),
+            _p(topology.weight_tiers), np.int64(topology.chunk), _p(topology.weight_tail),
+            np.int64(topology.tail_start), _p(topology.rejection_wmax), np.int64(ratio), np.int64(per_slot),
+            np.int64(extra))
+
+
 def weighted(topology, nodes, lohi, max_seeds: int, counts, ends, num_dst: int, disjoint: bool, key, pos, keys,
-             replace: bool, index=None) -> None:
+             replace: bool, rejection: tuple[int, int, int], index=None) -> None:
     """Positions drawn by weighted sampling (``hmg_sample_weighted``) into the seeds' slots of ``pos``;
-    ``keys``: float64 scratch as long as ``pos`` (unused with replacement)."""
+    ``keys``: float64 scratch as long as ``pos`` (unused with replacement); ``rejection``: see
+    :func:`_weight_args` (``topology.rejection_wmax`` says which lists qualify)."""
     launch(FILES, "hmg_sample_weighted", max_seeds,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
-            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), _p(topology.gpu_weight),
-            np.uint64(topology.host_weight_address), np.int64(topology.gpu_edges), _p(topology.weight_tiers),
-            np.int64(topology.chunk), _p(topology.weight_tail), np.int64(topology.tail_start), np.int32(replace),
-            _p(pos), _p(keys)), pos.device)
+            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), *_weight_args(topology, rejection),
+            np.int32(replace), _p(pos), _p(keys)), pos.device)
 
 
 #: Weighted sampling without replacement at fanouts up to :data:`WARP_FANOUT` runs one warp per seed
@@ -71,13 +80,12 @@ WARP_FANOUT = 32
 
 
 def weighted_warp(topology, nodes, lohi, max_seeds: int, counts, ends, num_dst: int, disjoint: bool, key, pos,
-                  index=None) -> None:
+                  rejection: tuple[int, int, int], index=None) -> None:
     """:func:`weighted` without replacement, one warp per seed; every count at most :data:`WARP_FANOUT`."""
     launch(FILES, "hmg_sample_weighted_warp", max_seeds * 32,
            (_p(nodes), _p(lohi), np.int64(max_seeds), _p(topology.colptr), _p(topology.start), _p(counts), _p(ends),
-            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), _p(topology.gpu_weight),
-            np.uint64(topology.host_weight_address), np.int64(topology.gpu_edges), _p(topology.weight_tiers),
-            np.int64(topology.chunk), _p(topology.weight_tail), np.int64(topology.tail_start), _p(pos)), pos.device)
+            np.int64(num_dst), np.int32(disjoint), _p(key), _p(index), *_weight_args(topology, rejection), _p(pos)),
+           pos.device)
 
 
 def read(topology, nodes, lohi, max_seeds: int, counts, ends, max_slots: int, pos, replace: bool, key,

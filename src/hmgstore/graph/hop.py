@@ -210,12 +210,14 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     ends = counts.cumsum(0)
     slots = max_seeds * k if max_slots is None else max_slots
     pos, nbr, eid, seed_local = (torch.empty(slots, dtype=torch.int64, device=device) for _ in range(4))
+    rejection = (weighted.REJECT_RATIO, weighted.TRIALS_PER_SLOT, weighted.TRIALS_EXTRA)  # as the CPU reads them
     if topology.weighted and not replace and 0 <= k <= kernels.WARP_FANOUT and kernels.WEIGHTED_WARP:
-        kernels.weighted_warp(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, index)
+        kernels.weighted_warp(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, rejection,
+                              index)
     elif topology.weighted:
         keys = None if replace else torch.empty(slots, dtype=torch.float64, device=device)
         kernels.weighted(topology, nodes, lohi, max_seeds, counts, ends, num_dst, disjoint, key, pos, keys, replace,
-                         index)
+                         rejection, index)
     elif not replace:
         kernels.floyd(nodes, lohi, max_seeds, topology.colptr, counts, ends, num_dst, disjoint, key, pos, index,
                       win_deg)

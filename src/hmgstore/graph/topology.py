@@ -24,7 +24,9 @@ Edge weights (``weight``, for weighted sampling) are float32 and held beside
 the neighbour ids in the same tiers: the hot lists' weights packed in GPU
 memory in the same order, the whole array pinned in host memory, or chunks
 placed like the ids' chunks. The GPU budget covers both (4 more bytes an
-edge).
+edge). Beside them, per destination, the float32 largest weight of a list that
+weighted sampling may draw by rejection (:func:`.weighted.rejection_wmax`),
+held whole on the sampling device like ``colptr``, outside the budget.
 
 Times (temporal sampling, :mod:`.temporal`), int64, are held whole on the
 sampling device: per edge (``edge_time``, CSC order) or per source node
@@ -46,6 +48,7 @@ from ..util.device import resolve_device
 from ..util.progress import tqdm
 from .csc import CSC, edge_weight_in_csc_order
 from .temporal import check_sorted, check_times
+from .weighted import rejection_wmax
 
 #: Neighbour ids per chunk of a sharded topology: 128 bytes of int32 ids (a GraphSAGE fanout's reads of one
 #: list mostly fall in one or two chunks).
@@ -106,8 +109,10 @@ class Topology:
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
     host array the host tier reads), ``weight`` (float32 [E] in CSC order on
-    the host, or None), ``perm`` (CSC position -> given edge id,
-    or None), ``gpu_edges`` (positions held on the GPU).
+    the host, or None), ``rejection_wmax`` (float32 [num_dst] on ``device``,
+    or None: see :func:`~hmgstore.graph.weighted.rejection_wmax`), ``perm``
+    (CSC position -> given edge id, or None), ``gpu_edges`` (positions held on
+    the GPU).
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
@@ -115,6 +120,8 @@ class Topology:
         self.device = resolve_device(device)
         self.src_time, self.edge_time, self.time_device = self._times(csc, src_time, edge_time)
         self.weight = None if weight is None else edge_weight_in_csc_order(weight, csc)
+        # Computed once here, the same for the CPU and GPU samplers, which must agree on each node's method.
+        self.rejection_wmax = None if self.weight is None else rejection_wmax(self.weight, csc.colptr, progress)
         self.gpu_weight: torch.Tensor | None = None  # the GPU tier's weights, in the GPU tier's order
         self._pinned_weight: PinnedHost | None = None
         self._placed_weight: Any = None  # a chunked topology's weight chunks, placed as the ids' chunks
@@ -157,6 +164,8 @@ class Topology:
     def _build(self, colptr: torch.Tensor, gpu_budget, hot_order, progress: bool, place_chunks) -> None:
         device, item = self.device, self.row.element_size() + (0 if self.weight is None else 4)
         self.colptr = colptr.to(device)
+        if self.rejection_wmax is not None:
+            self.rejection_wmax = self.rejection_wmax.to(device)
         budget = hotness.resolve_budget(gpu_budget, self.num_edges * item, device) or 0
         degree = colptr.diff()
         if budget >= self.num_edges * item:  # every list fits: the whole topology on the GPU
@@ -324,6 +333,7 @@ class Topology:
                 placed.close()  # sharded over a node's GPUs: collective, every rank closes its sampler
         self._pinned = self.gpu_row = self.start = self._placed = self.tiers = self.tail = None
         self._pinned_weight = self.gpu_weight = self._placed_weight = self.weight_tiers = self.weight_tail = None
+        self.rejection_wmax = None
         self.time_device = None
 
     def __repr__(self) -> str:
