@@ -720,3 +720,19 @@ def test_the_stores_default_hotness_is_expected_draws_per_source_type():
     assert draws["a"].tolist() == [2.0, 1.0, 1.0, 0.0]
     assert draws["b"].tolist() == [1.0, 1.0, 0.0]
     assert set(draws) == {"a", "b"}
+
+
+def test_expected_draws_checks_its_inputs():
+    from hmgstore.graph import CSC, expected_draws
+    edge_index = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    with pytest.raises(TypeError, match="to_csc"):
+        expected_draws(edge_index, 5)
+    csc = to_csc(edge_index, "coo", (3, 3))
+    assert expected_draws(csc, 2**70).tolist() == [1.0, 1.0, 1.0]  # past every list: every edge, no overflow
+    with pytest.raises(TypeError, match="one integer"):
+        expected_draws(csc, torch.tensor([3]))
+    row = csc.row.clone()
+    mine = CSC(row, csc.colptr, None, csc.size)
+    row[0] = 100  # the caller's row, edited after the CSC was built
+    with pytest.raises(IndexError, match="neighbour id 100"):
+        expected_draws(mine, 2)

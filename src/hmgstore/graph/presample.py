@@ -166,11 +166,16 @@ def expected_draws(csc: CSC, fanout: int = EXPECTED_FANOUT, progress: bool = Fal
     giving it ``min(1, k / degree)`` of a draw; so this ranks rows as pre-sampling does, without seeds or a
     sampler (benchmarks/results/default-hotness-cpu.md: within 0.01 of a pre-sampled epoch's hit rate on
     directed power-law and community graphs, where in-degree ranks no better than chance; on a symmetric
-    graph within 0.008 of degree). One pass over the edges in chunks of destinations. Raises ValueError
-    for ``fanout`` under 1.
+    graph within 0.008 of degree). One pass over the edges in chunks of destinations. Raises TypeError for
+    anything but a :class:`~hmgstore.graph.CSC` or a non-integer ``fanout``, ValueError for ``fanout`` under 1
+    and IndexError for a neighbour id outside the source nodes (``row`` changed after the CSC was built).
     """
+    if not isinstance(csc, CSC):
+        raise TypeError(f"expected_draws takes a hmgstore.graph.CSC, got {type(csc).__name__}: build one with "
+                        "hmgstore.graph.to_csc(edge_index, 'coo', size=(num_src, num_dst))")
     fanout = checks.count(fanout, "fanout", at_least=1)
     degree = csc.colptr.diff()
+    fanout = min(fanout, max(int(degree.max()) if len(degree) else 1, 1))  # more than the longest list: every edge
     share = (fanout / degree.clamp(min=1).double()).clamp(max=1.0)  # each edge's chance to be drawn
     draws = torch.zeros(csc.size[0], dtype=torch.float64)
     steps = range(0, len(degree), _DRAWS_CHUNK)
@@ -180,6 +185,11 @@ def expected_draws(csc: CSC, fanout: int = EXPECTED_FANOUT, progress: bool = Fal
             hi = min(lo + _DRAWS_CHUNK, len(degree))
             first, last = int(csc.colptr[lo]), int(csc.colptr[hi])
             weights = share[lo:hi].repeat_interleave(degree[lo:hi], output_size=last - first)
-            draws.index_add_(0, csc.row[first:last].long(), weights)
+            ids = csc.row[first:last].long()
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(draws)):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise IndexError(f"the CSC's row holds neighbour id {bad}, outside [0, {len(draws)}): was row "
+                                 "changed after the CSC was built? Build it again with to_csc")
+            draws.index_add_(0, ids, weights)
             bar.update()
     return draws

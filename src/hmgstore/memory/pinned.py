@@ -80,6 +80,10 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
                 "pass the CPU tensor (hmgstore decides what to copy to the GPU)")
         tensor, read_only = source.detach(), False
     elif isinstance(source, np.ndarray):
+        if any(step < 0 for step in source.strides):  # torch has no negative strides: say what to do instead
+            raise ValueError(f"the source array runs backwards in memory (strides {source.strides}, e.g. x[::-1]); "
+                             f"pass np.ascontiguousarray(x), which copies {source.nbytes / 1e9:.2f} GB, or build "
+                             "the table over the forward array and reverse the ids you gather")
         read_only = not source.flags.writeable
         with warnings.catch_warnings():  # non-writable arrays: hmgstore only reads them
             warnings.simplefilter("ignore", UserWarning)

@@ -38,6 +38,8 @@ def count(value, name: str, *, at_least: int = 0) -> int:
     """
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name} takes an integer, got the bool {value!r}")
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim != 0:  # one-element arrays index as ints too
+        raise TypeError(f"{name} takes one integer, got an array of shape {tuple(value.shape)}")
     try:
         n = operator.index(value)
     except TypeError:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import operator
 import os
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from ..memory import owned
 from ..rows import checks, formats
 from ..util.device import resolve_device
 from ..util.progress import tqdm
+from .file_args import as_path, integer_layout, starts_as_npy, valid_bools, zero
 from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).
@@ -135,64 +135,35 @@ def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = Non
 
 def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) -> tuple[torch.Tensor, tuple[int, ...]]:
     """:func:`read` of rows stored as ``fmt`` (a Format or None), and the table's shape (not a scaled host tier's)."""
-    path = _as_path(path)
+    path = as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
     suffix = path.suffix.lower()
     if suffix in (".pt", ".pth"):
         if dtype is not None or shape is not None:
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
-        if not _zero(offset):
+        if not zero(offset):
             raise ValueError(f"{path.name} is a torch file: offset= (the byte a raw file's rows start at) does not "
                              f"apply; drop offset={offset!r}")
         return _read_torch(path, key, fmt, backing, progress)
     if key is not None:
         raise ValueError(f"key= picks a tensor of a .pt file's dict; {path.name} is not a torch file: drop "
                          f"key={key!r}")
-    if suffix == ".npy" or _starts_as_npy(path):  # a .npy under another name: its header, never read as rows
+    if suffix == ".npy" or starts_as_npy(path):  # a .npy under another name: its header, never read as rows
         _npy_arguments_agree(path, dtype, shape, offset)
-        return _read_npy(path, fmt, backing, progress)
+        return valid_bools(_read_npy(path, fmt, backing, progress), path.name)
     if dtype is None or shape is None:
         raise ValueError(f"cannot tell the layout of {path.name}: pass dtype= and shape= (the first size may be "
                          "-1, read from the file's length) for a raw binary file, or use a .npy or .pt file")
     np_dtype = _numpy_dtype(dtype, path.name)
     shape, offset = _raw_layout(path, shape, np_dtype, offset)
-    return _read_raw(path, offset, shape, np_dtype, fmt, backing, progress)
-
-
-def _zero(offset) -> bool:
-    """Whether ``offset`` is the integer 0 (a Python, numpy or torch integer; not False, a flag passed by mistake)."""
-    try:
-        return checks.count(offset, "offset") == 0
-    except (TypeError, ValueError):
-        return False
-
-
-def _starts_as_npy(path: Path) -> bool:
-    """Whether the file begins with the .npy magic (``\\x93NUMPY``), whatever its name."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(6) == b"\x93NUMPY"
-    except OSError:  # absent or unreadable: the raw reader says so
-        return False
-
-
-def _as_path(path) -> Path:
-    """``path`` as a Path; arrays and tensors are refused with the call that takes them (TypeError)."""
-    if isinstance(path, (np.ndarray, torch.Tensor)):
-        what = "an np.memmap" if isinstance(path, np.memmap) else f"a {type(path).__name__}"
-        raise TypeError(f"hmgstore.load reads a file by its path, and got {what}; build a table over an array "
-                        "or memmap with hmgstore.HybridTensor(x, device), or pass the file's path")
-    try:
-        return Path(path)
-    except TypeError:
-        raise TypeError(f"hmgstore.load takes a file path (str or os.PathLike), got {type(path).__name__}") from None
+    return valid_bools(_read_raw(path, offset, shape, np_dtype, fmt, backing, progress), path.name)
 
 
 def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
     """A .npy file describes itself: ``dtype=``, ``shape=`` and ``offset=`` that disagree with its header are
     refused (ValueError naming the file and both values), never obeyed; ones that agree are accepted."""
-    if not _zero(offset):
+    if not zero(offset):
         raise ValueError(f"{path.name} is a .npy file, whose rows start where its header ends; offset= is for raw "
                          f"binary files: drop offset={offset!r}")
     if dtype is None and shape is None:
@@ -201,7 +172,7 @@ def _npy_arguments_agree(path: Path, dtype, shape, offset) -> None:
     if dtype is not None:
         _npy_dtype_agrees(path, dtype, found_dtype)
     if shape is not None:
-        given = tuple(shape)
+        given, _ = integer_layout(path, shape, 0)
         same = len(given) == len(found_shape) and all(
             g == f or (k == 0 and g == -1) for k, (g, f) in enumerate(zip(given, found_shape)))
         if not same:
@@ -228,21 +199,17 @@ def _npy_dtype_agrees(path: Path, dtype, found: np.dtype) -> None:
 def _raw_layout(path: Path, shape, np_dtype: np.dtype, offset) -> tuple[tuple[int, ...], int]:
     """``(shape, offset)`` of a raw file, checked: integers, offset inside the file, ``shape[0] == -1`` made the
     number of whole rows after ``offset`` (bytes left over are refused: a wrong dtype, shape or offset)."""
-    try:
-        if isinstance(offset, (bool, np.bool_)) or any(isinstance(s, (bool, np.bool_)) for s in shape):
-            raise TypeError  # operator.index(True) is 1: a flag passed by mistake would be read as a size
-        shape, offset = tuple(operator.index(s) for s in shape), operator.index(offset)
-    except TypeError:
-        raise TypeError(f"shape= (a tuple) and offset= take integers; got shape={shape!r}, offset={offset!r} "
-                        f"for {path.name}") from None
+    shape, offset = integer_layout(path, shape, offset)
     size = os.path.getsize(path)
     if offset < 0:
         raise ValueError(f"offset must be >= 0 for {path.name}: the byte its rows start at; got {offset}")
     if offset > size:
         raise ValueError(f"offset={offset} is past the end of {path.name} ({size} bytes)")
     if shape and shape[0] == -1:
+        if any(s < 0 for s in shape[1:]):
+            raise ValueError(f"{path.name}: shape= shape {shape}, with a negative size past its first (-1)")
         row_bytes = math.prod(shape[1:]) * np_dtype.itemsize
-        if row_bytes <= 0 or any(s < 0 for s in shape[1:]):
+        if row_bytes <= 0:
             raise ValueError(f"cannot count the rows of {path.name} with shape {shape}: rows of {row_bytes} bytes")
         rows, left = divmod(size - offset, row_bytes)
         if left:

@@ -1,0 +1,69 @@
+"""The arguments of a file read (:func:`hmgstore.load`), checked before a byte of the file is read as rows."""
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..rows import checks
+
+
+def integer_layout(path: Path, shape, offset) -> tuple[tuple[int, ...], int]:
+    """``(shape, offset)`` as Python integers. Raises TypeError naming the file for a shape that is not a
+    sequence of integers (an int, floats such as ``10.0``, bools) or an offset that is not an integer: never
+    truncated, and a flag passed by mistake (``operator.index(True)`` is 1) never read as a size."""
+    try:
+        if isinstance(shape, (str, bytes)) or isinstance(offset, (bool, np.bool_)) or \
+                any(isinstance(s, (bool, np.bool_)) for s in shape):
+            raise TypeError
+        return tuple(operator.index(s) for s in shape), operator.index(offset)
+    except TypeError:
+        raise TypeError(f"shape= (a tuple) and offset= take integers; got shape={shape!r}, offset={offset!r} "
+                        f"for {path.name}") from None
+
+
+def valid_bools(read: tuple, name: str) -> tuple:
+    """``read`` (rows, shape) unchanged after checking bool rows hold bytes 0 and 1 only. A file's byte 2 or 255
+    read as a bool prints True yet compares and sums as itself, so such rows are refused (ValueError naming the
+    first one) instead of handed on."""
+    rows = read[0]
+    if rows.dtype == torch.bool:
+        data = rows.view(torch.uint8).reshape(-1)
+        bad = (data > 1).nonzero()
+        if len(bad):
+            at = int(bad[0])
+            raise ValueError(f"{name}: element {at} of its bool rows is the byte {int(data[at])}; "
+                             "a bool is stored as 0 or 1. Read the file as uint8 (dtype=np.uint8) and compare "
+                             "with 0 (x != 0)")
+    return read
+
+
+def zero(offset) -> bool:
+    """Whether ``offset`` is the integer 0 (a Python, numpy or torch integer; not False, a flag passed by mistake)."""
+    try:
+        return checks.count(offset, "offset") == 0
+    except (TypeError, ValueError):
+        return False
+
+
+def starts_as_npy(path: Path) -> bool:
+    """Whether the file begins with the .npy magic (``\\x93NUMPY``), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(6) == b"\x93NUMPY"
+    except OSError:  # absent or unreadable: the raw reader says so
+        return False
+
+
+def as_path(path) -> Path:
+    """``path`` as a Path; arrays and tensors are refused with the call that takes them (TypeError)."""
+    if isinstance(path, (np.ndarray, torch.Tensor)):
+        what = "an np.memmap" if isinstance(path, np.memmap) else f"a {type(path).__name__}"
+        raise TypeError(f"hmgstore.load reads a file by its path, and got {what}; build a table over an array "
+                        "or memmap with hmgstore.HybridTensor(x, device), or pass the file's path")
+    try:
+        return Path(path)
+    except TypeError:
+        raise TypeError(f"hmgstore.load takes a file path (str or os.PathLike), got {type(path).__name__}") from None
