@@ -43,6 +43,8 @@ class HybridDGLGraph(dgl.DGLGraph):
             fetch), an attached feature whose ids the graph renumbered since ``attach`` (``remove_nodes``,
             ``remove_edges``), or whose table's row count no longer matches the graph's nodes or edges
             (``add_nodes``, ...); an attached feature asked for through DGL's ``gpu_cache``.
+            From a write of some rows of an attached feature (``g.nodes[ids].data[key] = ...``); a whole
+            write (``g.ndata[key] = x``) or ``del``/``pop`` detaches the key instead, as DGL's last write wins.
         KeyError: a key neither attached nor in ``g.ndata``/``g.edata`` (DGL's own).
         dgl.DGLError: a node or edge type the graph does not have (DGL's own).
     """
@@ -75,6 +77,29 @@ class HybridDGLGraph(dgl.DGLGraph):
                 stale[("edge", key, etype)] = f"g.{remove.__name__} renumbered the edges of type {etype}{moved[etype]}"
         self._hmgstore_stale = stale
         return result
+
+    def _set_n_repr(self, ntid, u, data):
+        """DGL's node-feature write; writing a whole attached key detaches it (the new tensor wins, as in DGL)."""
+        name = self.ntypes[ntid]
+        _written(self, "_hmgstore_storages", "node", name, u, data, f"node type {name!r}")
+        super()._set_n_repr(ntid, u, data)
+        _detach(self, "_hmgstore_storages", "node", name, data)
+
+    def _set_e_repr(self, etid, edges, data):
+        """DGL's edge-feature write; writing a whole attached key detaches it (the new tensor wins, as in DGL)."""
+        canonical = self.canonical_etypes[etid]
+        _written(self, "_hmgstore_edge_storages", "edge", canonical, edges, data, f"edge type {canonical}")
+        super()._set_e_repr(etid, edges, data)
+        _detach(self, "_hmgstore_edge_storages", "edge", canonical, data)
+
+    def _pop_n_repr(self, ntid, key):
+        """DGL's ``del g.ndata[key]``/``pop``: detaches an attached key, and drops the frame's column if any."""
+        return _popped(self, "_hmgstore_storages", "node", self.ntypes[ntid], self._node_frames[ntid], key)
+
+    def _pop_e_repr(self, etid, key):
+        """DGL's ``del g.edata[key]``/``pop``: detaches an attached key, and drops the frame's column if any."""
+        canonical = self.canonical_etypes[etid]
+        return _popped(self, "_hmgstore_edge_storages", "edge", canonical, self._edge_frames[etid], key)
 
     @property
     def ndata(self):
@@ -145,6 +170,41 @@ def _not_stale(graph, which: tuple, what: str) -> None:
     if why is not None:
         raise ValueError(f"{why} after attach, so its ids no longer name the rows of the table attached for "
                          f"{what}; call attach(g, ...) again with tables for the graph as it is")
+
+
+def _written(graph, attr: str, kind: str, type_, ids, data, where: str) -> None:
+    """Refuse a write of some rows (``g.nodes[ids].data[key] = ...``) to an attached key: the table would keep
+    serving the old rows to the loader. A whole write (``g.ndata[key] = x``) detaches the key instead."""
+    if isinstance(ids, str) and ids == dgl.ALL:  # DGL's is_all
+        return
+    attached = graph.__dict__.get(attr, {})
+    for key in data:
+        if (key, type_) in attached:
+            raise ValueError(f"{kind} feature {key!r} of {where} is served by an attached hmgstore table, so "
+                             f"writing some of its rows would not reach the DataLoader: assign the whole "
+                             f"feature (g.{kind[0]}data[{key!r}] = x, which replaces the table), or call "
+                             f"attach(g, ...) again with the updated table")
+
+
+def _detach(graph, attr: str, kind: str, type_, keys) -> None:
+    """Stop serving ``keys`` of ``type_`` from attached tables (new dicts: copies of the graph keep theirs)."""
+    attached = graph.__dict__.get(attr, {})
+    if not any((key, type_) in attached for key in keys):
+        return
+    setattr(graph, attr, {k: v for k, v in attached.items() if not (k[1] == type_ and k[0] in keys)})
+    graph._hmgstore_stale = {k: v for k, v in graph.__dict__.get("_hmgstore_stale", {}).items()
+                             if not (k[0] == kind and k[2] == type_ and k[1] in keys)}
+
+
+def _popped(graph, attr: str, kind: str, type_, frame, key):
+    """``_pop_*_repr``: the frame's column (DGL's pop), else the attached table; the key detached."""
+    storage = graph.__dict__.get(attr, {}).get((key, type_))
+    if storage is None or key in frame.keys():
+        value = frame.pop(key)  # DGL's own KeyError for a key neither attached nor in the frame
+    else:
+        value = storage.table  # DGL's views discard it; reading it whole could copy a large table
+    _detach(graph, attr, kind, type_, [key])
+    return value
 
 
 #: A column DGL carries through ``remove_nodes``/``remove_edges`` for us: each edge's id before the call.
@@ -237,9 +297,13 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
     ``g.ndata[key]``/``g.edata[key]`` keep working: a key the graph's frames
     lack reads the whole table (:mod:`hmgstore.plugins.dgl.views`).
 
-    Attached keys take precedence over ``g.ndata`` columns of the same name;
-    other keys keep coming from ``g.ndata``. Calling ``attach`` again adds or
-    replaces keys. Raises TypeError for other graph or table types and
+    Attached keys replace ``g.ndata``/``g.edata`` columns of the same name
+    (dropped from the graph's frames); other keys keep coming from
+    ``g.ndata``. Calling ``attach`` again adds or replaces keys. Afterwards,
+    as in DGL, the last write wins: ``g.ndata[key] = x`` (all nodes) detaches
+    ``key`` and the loader serves ``x``; ``del g.ndata[key]``/``pop`` detaches
+    it; writing some rows of an attached key (``g.nodes[ids].data[key] = ...``)
+    raises ValueError. Same for ``g.edata``. Raises TypeError for other graph or table types and
     ValueError for unknown node types or a row count that does not match the
     graph; nothing changes then. A graph changed in place afterwards
     (``g.remove_nodes``, ``g.add_edges``) so that an attached table's rows
@@ -267,6 +331,7 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
                     f"the table for node feature {key!r} of node type {name!r} has {table.shape[0]} rows; "
                     f"the graph has {graph.num_nodes(name)} nodes of that type")
             storages[key, name] = HybridFeatureStorage(table)
+    _drop_shadowed(graph, storages, edge_storages)
     graph.__class__ = HybridDGLGraph
     # A new dict: copies of the graph (g.local_var(), copy.copy) share the old one.
     graph._hmgstore_storages = {**graph.__dict__.get("_hmgstore_storages", {}), **storages}
@@ -274,6 +339,19 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
     graph._hmgstore_stale = {k: v for k, v in graph.__dict__.get("_hmgstore_stale", {}).items()
                              if (k[1], k[2]) not in (storages if k[0] == "node" else edge_storages)}
     return graph
+
+
+def _drop_shadowed(graph, storages: dict, edge_storages: dict) -> None:
+    """Drop the frames' columns that newly attached keys replace, so ``g.ndata``/``g.edata`` read what the
+    loader serves. The frames are shallow copies in new lists, so copies of the graph keep their columns."""
+    for attr, keys, type_id in (("_node_frames", storages, graph.get_ntype_id),
+                                ("_edge_frames", edge_storages, graph.get_etype_id)):
+        shadowed = [(key, type_id(t)) for key, t in keys if key in getattr(graph, attr)[type_id(t)].keys()]
+        if shadowed:
+            frames = [frame.clone() for frame in getattr(graph, attr)]
+            for key, i in shadowed:
+                frames[i].pop(key)
+            setattr(graph, attr, frames)
 
 
 def _edge_storages(graph, edata: Mapping, device) -> dict:

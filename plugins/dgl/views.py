@@ -7,9 +7,11 @@ mini-batches from tables and does not copy them into the graph's frames, so
 these views answer a key the frames lack with its table's rows, read
 through the table (:meth:`HybridFeatureStorage.whole`): the host tier itself,
 no copy, when it keeps rows as they read, else a decoded copy made once.
-A key the frames hold (``g.ndata["feat"] = x`` before or after ``attach``) is
-DGL's, as always. Only ``g.ndata``/``g.edata`` (all nodes or edges) read
-through; ``g.nodes[ids].data`` and blocks are DGL's alone.
+Writes are DGL's, and the last one wins: ``attach`` drops the frames' columns
+of the keys it attaches, and ``g.ndata["feat"] = x`` (all nodes) or ``del
+g.ndata["feat"]`` after it detaches ``feat`` (``HybridDGLGraph._set_n_repr``,
+``_pop_n_repr``), so the views and DGL's DataLoader always read the same rows.
+Only ``g.ndata``/``g.edata`` (all nodes or edges) read through; ``g.nodes[ids].data`` and blocks are DGL's alone.
 """
 from __future__ import annotations
 
@@ -39,6 +41,15 @@ class _ReadsThrough:
     def _attached(self) -> dict:
         raise NotImplementedError
 
+    def _types_given(self):
+        raise NotImplementedError
+
+    def _ids(self) -> list:
+        raise NotImplementedError
+
+    def _pop(self, type_id, key):
+        raise NotImplementedError
+
     def __getitem__(self, key):
         many = isinstance(self._types_given(), list)
         try:
@@ -61,6 +72,14 @@ class _ReadsThrough:
         """The storage as the graph's ``get_*_storage`` serves it: refused (ValueError) once the graph's ids no
         longer name its rows (nodes removed or added after ``attach``), as DGL's fetches are."""
         raise NotImplementedError
+
+    def __delitem__(self, key) -> None:
+        """Detach an attached key (the graph's ``_pop_*_repr``) and drop the frames' column, as DGL's view does."""
+        if isinstance(self._types_given(), list):  # DGL's view skips the types whose frames lack the key
+            for type_, type_id in zip(self._types(), self._ids()):
+                if (key, type_) in self._attached():
+                    self._pop(type_id, key)
+        super().__delitem__(key)  # type: ignore[misc]  # a mixin: super() is the DGL view it is mixed into
 
     def _keys(self) -> list:
         keys = list(super().keys())  # type: ignore[misc]  # a mixin: super() is the DGL view it is mixed into
@@ -94,6 +113,12 @@ class AttachedNodeDataView(_ReadsThrough, HeteroNodeDataView):
     def _checked(self, key, type_):
         return self._graph.get_node_storage(key, type_)
 
+    def _ids(self) -> list:
+        return self._ntid
+
+    def _pop(self, type_id, key):
+        return self._graph._pop_n_repr(type_id, key)
+
 
 class AttachedEdgeDataView(_ReadsThrough, HeteroEdgeDataView):
     """``g.edata`` of a :class:`~hmgstore.plugins.dgl.HybridDGLGraph` (see the module docstring)."""
@@ -113,3 +138,9 @@ class AttachedEdgeDataView(_ReadsThrough, HeteroEdgeDataView):
 
     def _checked(self, key, type_):
         return self._graph.get_edge_storage(key, type_)
+
+    def _ids(self) -> list:
+        return self._etid
+
+    def _pop(self, type_id, key):
+        return self._graph._pop_e_repr(type_id, key)
