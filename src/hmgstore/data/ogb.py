@@ -24,7 +24,6 @@ them in memory: papers100M needs about 60 GB of RAM.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import logging
 import os
@@ -36,6 +35,7 @@ import torch
 
 from ..memory import owned
 from ..rows import checks
+from . import raw_csv
 from .community import NodeGraph
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,11 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     node once, in one of train/valid/test), when ``processed/data_processed``
     is older than a raw file (ogb would read the old rows), when ogb kept
     fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it), and
-    when ``raw/edge.csv.gz`` holds anything but integer ids (a float such as
-    3.7, which ogb would truncate; the line is named).
+    when a CSV file ogb reads (``raw/*.csv.gz``, ``split/*/*.csv.gz``) is
+    empty, has a line with a missing column, or holds anything but integer
+    ids in an id file (a float such as 3.7, which ogb would truncate, an id
+    past int64) or numbers in another (:mod:`hmgstore.data.raw_csv`; the
+    file and line are named).
     """
     try:
         from ogb.nodeproppred import NodePropPredDataset
@@ -137,8 +140,10 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     folder = check_present(root, name)
     _check_processed_is_current(folder)
     from_raw = not (folder / "processed" / "data_processed").exists()
-    # Before ogb parses the raw edges (it truncates float ids): their count, for the check below.
-    held = _raw_edges_held(folder, _meta(name)) if from_raw else None
+    # Before ogb parses the CSVs (pandas truncates floats, fills a missing column with NaN): every line checked,
+    # and the raw edges counted for the check below.
+    rows = raw_csv.check_dataset_csvs(folder, from_raw)
+    held = _raw_edges_held(folder, _meta(name), rows) if from_raw else None
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly():
         dataset = NodePropPredDataset(name, root=str(root))
@@ -178,56 +183,32 @@ def _check_processed_is_current(folder: Path) -> None:
                          f"{processed} to read the raw files again")
 
 
-#: The bytes of a CSV of integer edge ids; ogb parses the file with pandas and casts to int64, so an id such as
-#: 3.7 or 1e3 reaches us truncated: any other byte in the file is refused first.
-_INTEGER_CSV_BYTES = b"0123456789,-+ \t\r\n"
-
-
-def _raw_edge_count(folder: Path, binary: bool) -> int:
-    """The number of edges in ``raw/edge.csv.gz`` (its non-blank lines, counted without parsing) or in
-    ``raw/data.npz``'s ``edge_index`` (from its header). Raises :class:`_NotIntegerIds` naming the first line
-    of the CSV with a byte no integer id holds (a float, a NaN, a letter)."""
-    if binary:
-        import zipfile
-
-        with zipfile.ZipFile(folder / "raw" / "data.npz") as z, z.open("edge_index.npy") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape = read(f)[0]  # the header only, never the edges
-        return int(shape[1]) if len(shape) == 2 else -1
-    lines, last, newlines = 0, b"\n", 0
-    with gzip.open(folder / "raw" / "edge.csv.gz", "rb") as f:
-        while chunk := f.read(1 << 24):
-            if chunk.translate(None, _INTEGER_CSV_BYTES):  # one C pass; the culprit is located only then
-                at = next(k for k, byte in enumerate(chunk) if byte not in _INTEGER_CSV_BYTES)
-                line = newlines + chunk.count(b"\n", 0, at) + 1
-                start = chunk.rfind(b"\n", 0, at) + 1
-                end = chunk.find(b"\n", at)
-                raise _NotIntegerIds(f"{folder}: raw/edge.csv.gz line {line} holds "
-                                     f"{chunk[start:end if end >= 0 else None][:60].decode(errors='replace')!r}, not "
-                                     "integer node ids (ogb would truncate it to an id); fix or regenerate the file")
-            both = last + chunk
-            lines += chunk.count(b"\n") - both.count(b"\n\n")  # a blank line is no row (pandas skips it)
-            newlines += chunk.count(b"\n")
-            last = chunk[-1:]
-    return lines + (last != b"\n")
-
-
-class _NotIntegerIds(ValueError):
-    """An edge file with something other than integer ids: refused, never counted around."""
-
-
-def _raw_edges_held(folder: Path, meta) -> int | None:
-    """The edges the raw files hold (inverse edges counted), None where they cannot be counted (ogb will say
-    why, or read a header this count does not); raises ValueError for non-integer ids in a CSV."""
-    try:
-        held = _raw_edge_count(folder, meta["binary"] == "True")
-    except _NotIntegerIds:
-        raise
-    except (OSError, KeyError, ValueError, EOFError) as err:
-        log.debug("not counting %s's raw edges: %s", folder, err)
+def _raw_edges_held(folder: Path, meta, rows: dict[str, int]) -> int | None:
+    """The edges the raw files hold (inverse edges counted): ``raw/edge.csv.gz``'s rows (counted by
+    :func:`raw_csv.check_dataset_csvs`) or ``raw/data.npz``'s ``edge_index`` (from its header); None where
+    they cannot be counted (ogb will say why, or read a header this count does not)."""
+    if meta["binary"] != "True":
+        held = rows.get("raw/edge.csv.gz")
+    else:
+        try:
+            held = _npz_edge_count(folder)
+        except (OSError, KeyError, ValueError, EOFError) as err:
+            log.debug("not counting %s's raw edges: %s", folder, err)
+            return None
+    if held is None:
         return None
     return 2 * held if meta["add_inverse_edge"] == "True" else held
+
+
+def _npz_edge_count(folder: Path) -> int:
+    """The number of edges in ``raw/data.npz``'s ``edge_index``, read from its header only."""
+    import zipfile
+
+    with zipfile.ZipFile(folder / "raw" / "data.npz") as z, z.open("edge_index.npy") as f:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape = read(f)[0]  # the header only, never the edges
+    return int(shape[1]) if len(shape) == 2 else -1
 
 
 def _check_all_edges_kept(folder: Path, graph: dict, held: int) -> None:

@@ -89,7 +89,25 @@ def read_meta(path: Path) -> dict:
         raise ValueError(f"{path} does not hold what partition() writes: non-negative integers {', '.join(counts)}, "
                          "features {name: {shape: [ints], dtype: str}} and files {name: {size: int, crc32: int}}; "
                          "the part is damaged")
+    if files is not None:
+        _check_files_match_features(path, meta["features"], files)
     return meta
+
+
+def _check_files_match_features(path: Path, features: dict, files: dict) -> None:
+    """Refuse a ``meta.json`` whose ``files`` records are not exactly the files its ``features`` (and the
+    topology and book) name: an attribute dropped from ``features`` would load without it in silence, an
+    unknown record would vouch for nothing. ValueError naming both lists."""
+    expected = {f"features/{name}.npy" for name in features} | {"colptr.npy", "row.npy", "book.pt"}
+    if set(files) != expected:
+        unrecorded = sorted(expected - set(files))
+        unknown = sorted(set(files) - expected)
+        raise ValueError(f"{path}: its features ({', '.join(sorted(features)) or 'none'}) and its files records "
+                         f"({', '.join(sorted(files)) or 'none'}) disagree"
+                         + (f"; it records no size and checksum for {', '.join(unrecorded)}" if unrecorded else "")
+                         + (f"; records for {', '.join(unknown)}, which no feature names" if unknown else "")
+                         + ". The part is damaged or was edited by hand: rewrite the parts with python -m "
+                         "hmgstore.cli.partition ... --overwrite")
 
 
 def recorded(meta_path: Path, records: dict, name: str) -> dict:
