@@ -2,6 +2,8 @@
 
 Usage: python benchmarks/accuracy.py formats > formats.json     (float32 / bfloat16 / float8 / int8 rows)
        python benchmarks/accuracy.py batches > batches.json     (random batches / locality-aware, windows 4 and 16)
+       python benchmarks/accuracy.py labor > labor.json         (uniform / LABOR-0 sampling at the same fanout,
+                                                                 200,000 nodes of degree 20, layers trimmed)
        python benchmarks/accuracy.py step > step.json           (the plain step / layers trimmed per hop + TF32;
                                                                  on the GPU when there is one: TF32 is a GPU mode)
 
@@ -30,12 +32,14 @@ from hmgstore.graph import to_csc
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data
 
 
-def run(seed: int, compress=None, window=None, communities=None, degree=2, trim=False, tf32=False) -> dict:
+def run(seed: int, compress=None, window=None, communities=None, degree=2, trim=False, tf32=False, labor=False,
+        num_nodes=50_000) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    g = synthetic(num_nodes=50_000, avg_degree=degree, feat_dim=16, num_classes=16, communities=communities, seed=seed)
+    g = synthetic(num_nodes=num_nodes, avg_degree=degree, feat_dim=16, num_classes=16, communities=communities,
+                  seed=seed)
     stores = from_data(Data(x=g.x, y=g.y, edge_index=g.edge_index), device=device, compress=compress, progress=False)
-    sampler = HybridNeighborSampler(stores, [15, 10, 5], device=device, progress=False)
+    sampler = HybridNeighborSampler(stores, [15, 10, 5], device=device, progress=False, labor=labor)
     torch.manual_seed(seed)
     if window is None:
         loader = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.train_idx,
@@ -50,11 +54,12 @@ def run(seed: int, compress=None, window=None, communities=None, degree=2, trim=
     test = NeighborLoader(stores, [15, 10, 5], neighbor_sampler=sampler, input_nodes=g.test_idx, batch_size=2048)
     model = SAGE([16, 256, 256, 16]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    start = time.perf_counter()
+    start, nodes, batches = time.perf_counter(), 0, 0
     for _ in range(3):
         model.train()
         for batch in loader:
             train_step(model, optimizer, batch, trim)
+            nodes, batches = nodes + batch.num_nodes, batches + 1
     model.eval()
     correct = total = 0
     with torch.no_grad():
@@ -64,21 +69,25 @@ def run(seed: int, compress=None, window=None, communities=None, degree=2, trim=
             correct += int((pred == batch.y[:batch.batch_size]).sum())
             total += batch.batch_size
     return {"seed": seed, "compress": compress, "window": window, "trim": trim, "tf32": tf32, "device": device,
-            "test_acc": correct / total, "seconds": time.perf_counter() - start}
+            "labor": labor,
+            "test_acc": correct / total, "nodes_per_batch": nodes / batches, "seconds": time.perf_counter() - start}
 
 
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "formats"
     settings = {"formats": [dict(compress=c) for c in (None, "bfloat16", "float8", "int8")],
                 "batches": [dict(window=w, communities=500, degree=4) for w in (None, 4, 16)],
-                "step": [dict(trim=False, tf32=False), dict(trim=True, tf32=True)]}[what]
+                "step": [dict(trim=False, tf32=False), dict(trim=True, tf32=True)],
+                "labor": [dict(labor=False, degree=20, num_nodes=200_000, trim=True),
+                          dict(labor=True, degree=20, num_nodes=200_000, trim=True)]}[what]
     runs = []
     for seed in (0, 1, 2):
         for s in settings:
             r = run(seed, **s)
             runs.append({**s, **r})
             print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
-    base = [r for r in runs if r.get("compress") is None and r.get("window") is None and not r.get("trim")]
+    base = [r for r in runs if r.get("compress") is None and r.get("window") is None and not r.get("labor")
+            and r.get("trim") == (what == "labor")]
     summary = []
     for s in settings:
         mine = [r for r in runs if all(r.get(k) == v for k, v in s.items())]

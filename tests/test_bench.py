@@ -445,6 +445,34 @@ def test_train_sampler_graphs_flag_reaches_the_sampler(graphs):
     assert parse_args(["train", "--sampler-graphs", graphs]).sampler_graphs == graphs
 
 
+@pytest.mark.parametrize("labor", [False, True])
+def test_train_labor_flag_reaches_every_sampler_and_the_api_uses_the_default_hotness(labor, monkeypatch):
+    from types import SimpleNamespace
+
+    import hmgstore.plugins.pyg as pyg
+    from hmgstore.bench.train_alone import counted_stats
+    from hmgstore.bench.train_setup import build_graph, build_loader
+    from hmgstore.graph import expected_draws
+
+    given = {}
+
+    def from_data(*a, **kw):
+        given.update(kw)
+        return real(*a, **kw)
+
+    real = pyg.from_data
+    monkeypatch.setattr(pyg, "from_data", from_data)
+    data, csc, train, _, _ = build_graph("papers:4000:60000", 8)
+    args = SimpleNamespace(fanout=[5, 3], batch_size=16, no_progress=True, compress=None, cache=0.5, labor=labor)
+    built = build_loader("api", data, csc, train, torch.device("cpu"), args, None)
+    assert built.sampler.sampler.labor is labor
+    stats = counted_stats(built.stores, built.sampler, built.loader, batches=2)
+    assert stats["nodes_per_batch"] > 16  # the seeds and the neighbours they sampled
+    # the README's swap ranks rows as from_data does for a Data with edges (the bench's Data holds none)
+    assert torch.equal(given["hotness"], expected_draws(csc))
+    assert parse_args(["train", *(["--labor"] if labor else [])]).labor is labor
+
+
 # ---- scale ---------------------------------------------------------------------------------
 def test_scale_benchmark_runs_the_example_on_one_and_two_processes(tmp_path):
     """The multi-GPU example under torchrun on 1 and 2 processes (gloo without a GPU), and the ratios."""

@@ -174,6 +174,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
                         "Default: torch's count")
+    p.add_argument("--labor", action="store_true",
+                   help="every configuration (and the cache's pre-sampling) samples LABOR-0 instead of uniform "
+                        "(HybridNeighborSampler labor=True); the report's nodes_per_batch shows the rows it saves")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
@@ -359,7 +362,7 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
-        "labels_on_gpu": args.labels_on_gpu, "cap_mode": args.cap_mode,
+        "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,
         "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,
         "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
@@ -372,7 +375,7 @@ def run(args) -> dict:
         log.info("pre-sampling one epoch for the cache")
         torch.manual_seed(args.seed)
         sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, labor=args.labor)
         start = time.perf_counter()
         hot = presample(sampler, train, batch_size=args.batch_size, progress=not args.no_progress)
         report["presample_s"] = time.perf_counter() - start

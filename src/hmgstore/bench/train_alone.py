@@ -218,16 +218,17 @@ def counted_stats(stores, sampler, loader, batches: int = 5) -> dict:
     counters = [c for c in (stores[0] if stores else None, sampler) if c is not None]
     for c in counters:
         c.reset_stats()
-    counting, pages = _forever(loader), []
+    counting, pages, nodes = _forever(loader), [], 0
     for _ in range(batches):
         batch = next(counting)
+        nodes += batch.num_nodes
         if stores is not None:
             table = stores[0].table(None, "x")
             ids = batch.n_id.cpu()
             ids = ids[~torch.isin(ids, table.placement.gpu_rows)]  # rows the GPU tier holds are not read there
             pages.append(pages_touched(ids, table.source[:1].nbytes, table.layout))
     counting.close()
-    out: dict = {}
+    out: dict = {"nodes_per_batch": nodes / batches}
     if stores is not None:
         out["feature_stats"], out["pages_per_batch"] = stores[0].stats(), sum(pages) / len(pages)
     if sampler is not None:

@@ -19,6 +19,7 @@ import hmgstore
 
 from ..cli import flags
 from ..data import power_law_csc, synthetic
+from ..graph import expected_draws
 
 
 class SAGE(torch.nn.Module):
@@ -114,6 +115,7 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
     from ..plugins.pyg import HybridNeighborSampler, from_data
 
     progress = not args.no_progress
+    labor = getattr(args, "labor", False)  # --labor: every configuration's sampler LABOR-0 instead of uniform
     build = None
     stores = sampler = None
     topology_bytes = csc.row.element_size() * csc.num_edges if csc is not None else None
@@ -121,19 +123,20 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=2**62,
                            hotness=torch.zeros(data.num_nodes), progress=progress)
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
-                                        gpu_budget=2**62, progress=progress)
+                                        gpu_budget=2**62, progress=progress, labor=labor)
     elif base == "all_gpu":
         data = copy.copy(data).to(device)  # Data.to moves in place; a shallow copy keeps the CPU tensors, uncopied
         sampler = HybridNeighborSampler(_graph_source(data, csc), args.fanout, device=device, gpu_budget=2**62,
-                                        progress=progress)
+                                        progress=progress, labor=labor)
     elif base == "api":  # the README's swap: the public API with every default but the budget and row format
         budget = int(args.cache * data.x.element_size() * data.x.numel())
-        in_degree = csc.colptr.diff() if csc is not None else None  # from_data's default, for a graph made as CSC
         build = time.perf_counter()
-        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=in_degree,
+        # from_data's default hotness, computed here for a graph made as CSC (its Data then holds no edges)
+        draws = expected_draws(csc, progress=progress) if csc is not None else None
+        stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=draws,
                            compress=args.compress, progress=progress)
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
-                                        progress=progress)
+                                        progress=progress, labor=labor)
         build = time.perf_counter() - build
     elif base in ("host", "cache"):
         budget = None
@@ -153,7 +156,7 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
             edges = topology_bytes or 4 * data.edge_index.shape[1]
             topo_budget = int(_topology_share(args, topology_cache) * edges)
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
-                                        gpu_budget=topo_budget, progress=progress,
+                                        gpu_budget=topo_budget, progress=progress, labor=labor,
                                         hot_order=None if base == "host" else
                                         hmgstore.hotness.order_by_score(hot.topology[None]))
         build = time.perf_counter() - build
