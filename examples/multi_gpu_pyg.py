@@ -99,8 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="part of --topology-budget holding the hottest lists on every GPU (default: a quarter)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
                    help="hmgstore.Pipeline (default: on with GPUs, off on the CPU)")
-    p.add_argument("--max-sms", default=None,
-                   help="cap the pipeline's gathers at this many SMs ('auto': hmgstore's choice; default: no cap)")
+    p.add_argument("--max-sms", default="auto",
+                   help="cap the pipeline's gathers at this many SMs ('auto', the default: hmgstore's choice, "
+                        "hmgstore.Pipeline's own; 'none': no cap)")
     p.add_argument("--epochs", type=int, default=3)
     flags.add_batch_size(p, 1024, "seed nodes, per process,")
     flags.add_fanout(p)
@@ -321,7 +322,7 @@ def main(argv=None) -> dict | None:
                 marks[ids.device] = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=ids.device)
             marks[ids.device][ids] = True
 
-        max_sms = None if args.max_sms is None else args.max_sms if args.max_sms == "auto" else int(args.max_sms)
+        max_sms = None if args.max_sms == "none" else args.max_sms if args.max_sms == "auto" else int(args.max_sms)
         pipeline = hmgstore.Pipeline(train_loader, depth=2, max_sms=max_sms) if pipelined else None  # <-- hmgstore
         total = min(len(train_loader), args.max_batches or len(train_loader))
         prof = step_profiler(args.profile, rank, total) if args.profile and epoch == args.epochs else None

@@ -736,3 +736,18 @@ def test_expected_draws_checks_its_inputs():
     row[0] = 100  # the caller's row, edited after the CSC was built
     with pytest.raises(IndexError, match="neighbour id 100"):
         expected_draws(mine, 2)
+
+
+def test_expected_draws_are_the_same_in_any_edge_order_and_on_the_gpu():
+    """Fixed-point sums: the ranking of a graph's rows never depends on the order edges are added in, so the
+    GPU's atomics (any order) give the CPU's answer bit for bit and from_data places the same rows every run."""
+    from hmgstore.graph import expected_draws
+    csc = power_law_csc(2_000, 30_000, 1.5, seed=3)
+    want = expected_draws(csc, 7)
+    perm = torch.randperm(csc.num_edges, generator=torch.Generator().manual_seed(0))
+    shuffled = to_csc(torch.stack([csc.row.long()[perm], csc.col().long()[perm]]), "coo", csc.size)
+    assert not torch.equal(shuffled.row, csc.row)  # the lists hold their neighbours in another order
+    assert torch.equal(expected_draws(shuffled, 7), want)
+    if torch.cuda.is_available():
+        assert torch.equal(expected_draws(csc, 7, device="cuda"), want)
+    assert want.dtype == torch.float64 and float(want.sum()) > 0

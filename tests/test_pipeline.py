@@ -223,6 +223,14 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
     assert caps == [None, 2] and torch.equal(got.cpu(), x[:10])
 
 
+def test_the_default_cap_is_auto_and_none_turns_it_off():
+    """Pipeline(loader) caps host-reading gathers as max_sms='auto' does (the README's swap is the tuned path:
+    benchmarks/results/defaults-papers-h200.md); None leaves them uncapped; without a GPU nothing is capped."""
+    assert hmgstore.Pipeline([]).max_sms == "auto"
+    assert hmgstore.Pipeline([], max_sms=None).max_sms is None
+    assert hmgstore.Pipeline([], device="cpu")._maker().max_sms is None
+
+
 def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped(monkeypatch):
     """max_sms='auto' caps only where a table reads host memory: tables whole on the GPU gather uncapped. The
     pipeline learns a loader's tables from the finders adapters register."""

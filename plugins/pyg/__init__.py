@@ -160,7 +160,7 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
             raise ValueError("the Data object has no node attributes to store (x, y, ...)")
     else:
         raise TypeError(f"from_data takes a torch_geometric Data or HeteroData, got {type(data).__name__}")
-    hotness = _hotness(hotness, graph_store, sources, progress) if _ranks_rows(gpu_budget, hotness, device) else None
+    hotness = _ranking(hotness, gpu_budget, graph_store, sources, progress, device)
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, gpu_whole=gpu_whole,
                                                     **options)
@@ -218,7 +218,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     graph_store = CSCGraphStore()
     graph_store.put_edge_index(topology, edge_type=None, layout=layout, size=(num_nodes, num_nodes))
     sources = {(None, name): value for name, value in features.items()}
-    hotness = _hotness(hotness, graph_store, sources, progress) if _ranks_rows(gpu_budget, hotness, device) else None
+    hotness = _ranking(hotness, gpu_budget, graph_store, sources, progress, device)
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
                                                     max_sms=max_sms, progress=progress, gpu_whole=gpu_whole)
     return feature_store, graph_store
@@ -246,7 +246,13 @@ def _ranks_rows(gpu_budget, hotness, device) -> bool:
     return budget != "auto" or resolve_device(device).type == "cuda"
 
 
-def _hotness(hotness, graph_store: CSCGraphStore, sources: dict, progress: bool = False) -> dict:
+def _ranking(hotness, gpu_budget, graph_store: CSCGraphStore, sources: dict, progress: bool, device) -> dict | None:
+    """The stores' hotness where the budget ranks rows (:func:`_ranks_rows`), else None; summed on ``device``."""
+    return _hotness(hotness, graph_store, sources, progress, device) if _ranks_rows(gpu_budget, hotness, device) \
+        else None
+
+
+def _hotness(hotness, graph_store: CSCGraphStore, sources: dict, progress: bool = False, device=None) -> dict:
     """Node type -> score: the caller's, or how often one hop draws each node (see
     :func:`hmgstore.hotness.hotness_or_default` and :meth:`CSCGraphStore.expected_draws`)."""
     rows = {group: source.shape[0] for (group, _), source in sources.items()}
@@ -254,4 +260,4 @@ def _hotness(hotness, graph_store: CSCGraphStore, sources: dict, progress: bool 
         if list(rows) != [None]:
             raise ValueError("a heterogeneous graph needs hotness as {node_type: score}")
         hotness = {None: hotness}
-    return hotness_or_default(hotness, lambda: graph_store.expected_draws(progress=progress), rows)
+    return hotness_or_default(hotness, lambda: graph_store.expected_draws(progress=progress, device=device), rows)

@@ -30,6 +30,7 @@ from torch_geometric.utils import index_sort
 from hmgstore.graph import CSC, expected_draws
 from hmgstore.graph import to_csc as _to_csc
 from hmgstore.rows import checks
+from hmgstore.util.device import resolve_device
 
 __all__ = ["CSC", "CSCGraphStore", "to_csc"]
 
@@ -192,14 +193,18 @@ class CSCGraphStore(GraphStore):
             degree[dst] = d if dst not in degree else degree[dst] + d
         return degree
 
-    def expected_draws(self, progress: bool = False) -> dict:
+    def expected_draws(self, progress: bool = False, device=None) -> dict:
         """Node type -> float64 score: how often one hop draws each node as a neighbour over every edge type
         out of it (:func:`hmgstore.graph.expected_draws`; key None when homogeneous), the stores' default
-        hotness."""
+        hotness. Summed on ``device`` when that is a GPU with room for it (the CPU otherwise: same answer)."""
+        device = resolve_device(device)
         draws: dict = {}
         for edge_type, csc in self._edges.items():
             src = None if edge_type is None else edge_type[0]
-            d = expected_draws(csc, progress=progress)
+            try:
+                d = expected_draws(csc, progress=progress, device=device)
+            except torch.cuda.OutOfMemoryError:  # the GPU is full: its sums are the CPU's, bit for bit
+                d = expected_draws(csc, progress=progress)
             draws[src] = d if src not in draws else draws[src] + d
         return draws
 

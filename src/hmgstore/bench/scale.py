@@ -58,7 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-trim", action="store_true",
                    help="every layer over the batch's whole subgraph (default: the step trims per hop)")
     p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls (default: TF32 allowed)")
-    p.add_argument("--max-sms", default=None, help="the pipeline's cap on its gathers' SMs (default: none)")
+    p.add_argument("--max-sms", default="auto",
+                   help="the pipeline's cap on its gathers' SMs: a number, 'none' or 'auto' (the default, "
+                        "hmgstore.Pipeline's own)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
                    help="off: sampling, gathering and training one after another, each timed (default: on with GPUs)")
     flags.add_batch_size(p, 1024, "seed nodes per GPU")

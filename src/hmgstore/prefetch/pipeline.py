@@ -163,13 +163,15 @@ class Pipeline:
             blocks (:func:`hmgstore.cuda.gather.capped_gathers`), leaving the
             rest to training; the training thread's own gathers and the
             sampler's kernels are not capped, and a table's own tighter
-            ``max_sms`` still holds. None (the default): no cap but the
-            tables' own. ``"auto"``: :func:`auto_sms` where a table the loader
-            gathers from reads host memory (:func:`tables_of`), no cap where
-            every table is whole on the GPU. A gather that reads host memory
-            waits on PCIe, not on its SMs, so a cap helps beside a slow step
-            and costs beside a fast one (layers trimmed per hop, TF32):
-            ``benchmarks/results/strong-step-h100.md``.
+            ``max_sms`` still holds. ``"auto"`` (the default): :func:`auto_sms`
+            where a table the loader gathers from reads host memory
+            (:func:`tables_of`), no cap where every table is whole on the
+            GPU. A gather that reads host memory waits on PCIe, not on its
+            SMs, so uncapped it holds SMs the step could use: on the
+            papers-shaped graph with a 20% int8 cache, 12 SMs ran the epoch
+            at 1.06x uncapped beside the trimmed TF32 step
+            (``benchmarks/results/defaults-papers-h200.md``). None: no cap
+            but the tables' own.
         fuse: make this many batches at a time and gather their rows together,
             one kernel job per table (:mod:`hmgstore.gather.fusion`): big host
             tables read several times faster per row in launches of more rows.
@@ -202,7 +204,7 @@ class Pipeline:
 
     warm = 2
 
-    def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = None,
+    def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = "auto",
                  fuse: int | str = 1, overlap_reads: bool | str = False):
         depth = checks.setting(depth, "depth is the number of batches prepared ahead, at least 1")
         max_sms, fuse = check_max_sms(max_sms), check_fuse(fuse)
