@@ -208,10 +208,10 @@ def test_auto_caps_the_batches_gathers_not_the_training_threads(monkeypatch):
 
     limit = auto_sms(torch.device("cuda", torch.cuda.current_device()))
     assert 4 <= limit < torch.cuda.get_device_properties(0).multi_processor_count
-    for batch in hmgstore.Pipeline(Loader()):  # the default: no cap
+    for batch in hmgstore.Pipeline(Loader(), max_sms=None):  # no cap
         assert batch["cap"] is None
     caps.clear()
-    for batch in hmgstore.Pipeline(Loader(), max_sms="auto"):
+    for batch in hmgstore.Pipeline(Loader()):  # the default, "auto": a host-reading table is capped
         assert batch["cap"] == limit and current_cap() is None
         assert torch.equal(batch["rows"].cpu(), x[batch["ids"].cpu()])
     assert caps == [limit] * 3 and table.max_sms is None  # the table itself is left as it was

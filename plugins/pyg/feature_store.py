@@ -125,6 +125,11 @@ def _host_layout(layout, group, copied: bool, gpu_rows: dict, hotness: dict | No
     return orders[group]
 
 
+def _with_index(attr: TensorAttr, index) -> TensorAttr:
+    """A copy of ``attr`` asking for ``index``."""
+    return dataclasses.replace(attr, index=index)
+
+
 def _whole(table: HybridTensor) -> torch.Tensor:
     """A whole table as a host tensor: its source, no copy; a read-only source is copied, since
     writing to a tensor over read-only memory crashes the process, and stored formats are decoded."""
@@ -307,12 +312,13 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
         return self._multi_get_tensor([attr])[0]
 
-    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+    def _multi_get_tensor(self, attrs: list[TensorAttr], ranges: bool = True) -> list[torch.Tensor]:
         """One :func:`hmgstore.gather_many` for every attribute of every node type asked for.
 
         A whole table (``index=None``) is answered with its host source (see :func:`_whole`):
         gathering it to the GPU could exhaust GPU memory, and PyG's CPU sampler reads such
-        tables (node times) on the CPU.
+        tables (node times) on the CPU. Contiguous rows are read as slices of host memory where the
+        host tier keeps rows in id order; ``ranges=False``: gathered (the rows of a table with a layout).
         """
         in_worker = torch.utils.data.get_worker_info() is not None
         tables = self.worker_tables() if in_worker else self._tables
@@ -322,12 +328,15 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         if any(whole):
             parts = iter(self._multi_get_tensor([a for a, w in zip(attrs, whole) if not w]))
             return [_whole(self._lookup(tables, a)) if w else next(parts) for a, w in zip(attrs, whole)]
-        ranges = [as_range(attr.index, self._lookup(tables, attr).num_rows) for attr in attrs]
-        if any(r is not None for r in ranges):  # contiguous rows: slices of host memory (ranges.py)
+        spans = [as_range(attr.index, self._lookup(tables, attr).num_rows) if ranges else None for attr in attrs]
+        if any(r is not None for r in spans):  # contiguous rows: slices of host memory (ranges.py)
             read = [None if r is None else read_range(self._lookup(tables, a), *r, copy=in_worker)
-                    for a, r in zip(attrs, ranges)]
-            rest = [a for a, r in zip(attrs, read) if r is None]
-            parts = iter(self._multi_get_tensor(rest) if rest else [])
+                    for a, r in zip(attrs, spans)]
+            # what was not read as a slice is gathered: a range of a laid-out table as its ids, never asked
+            # for as a range again (that would recurse for ever)
+            rest = [a if r is None else _with_index(a, torch.arange(*r)) for a, r, got in zip(attrs, spans, read)
+                    if got is None]
+            parts = iter(self._multi_get_tensor(rest, ranges=False) if rest else [])
             return [next(parts) if r is None else resident(r) for r in read]
         ride = take_queued(self)  # a batch's edge rows, queued by edge_features: read in the same gather
         requests, outs = [], []
