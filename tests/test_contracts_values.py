@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hmgstore
@@ -342,3 +342,23 @@ def test_writes_are_never_cut_in_silence():
     tf[[2]] = np.array([[1, 2]], dtype=np.int64)  # integers into floats: exact here
     t64[[2]] = 5  # a Python number converts as torch's x[ids] = 5 does
     assert t32[[1]].tolist() == [[7, -7]] and tf[[2]].tolist() == [[1.0, 2.0]] and t64[[2]].tolist() == [[5, 5]]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 15), st.integers(1, 5), st.booleans())
+def test_a_gather_refuses_an_out_that_shares_the_tables_memory(start, count, copy):
+    """out aliasing the rows a gather reads would be overwritten while read: refused by name, the table's rows
+    untouched; a separate out gets x[ids]."""
+    x = torch.randn(20, 3, generator=torch.Generator().manual_seed(start))
+    table = hmgstore.HybridTensor(x, "cpu", copy=copy)
+    ids = torch.arange(count).flip(0)
+    before = table.source.clone()
+    alias = table.source[start:start + count]
+    if len(alias) == count:
+        with pytest.raises(ValueError, match="out shares memory with the table"):
+            table.gather(ids, out=alias)
+        with pytest.raises(ValueError, match="out shares memory with the table"):
+            hmgstore.gather_many([(table, ids)], outs=[alias])
+        assert torch.equal(table.source, before)
+    out = torch.full((count, 3), float("nan"))
+    assert table.gather(ids, out=out) is out and torch.equal(out, x[ids])

@@ -46,7 +46,7 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
             if out is None:
                 out = torch.empty((len(index.ids), *table.row_shape), dtype=table.dtype, device=device)
             else:
-                check_out(out, (*index.shape, *table.row_shape), table.dtype, device)
+                check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table)
                 out = out.view(len(index.ids), *table.row_shape)
             results.append(out)
         counting = list({id(t): t for t, _ in requests if t.counter is not None}.values())
@@ -79,7 +79,7 @@ def gather_cpu(table, index: torch.Tensor, out: torch.Tensor | None) -> torch.Te
     if out is None:
         out = torch.empty(shape, dtype=table.dtype)
     else:
-        check_out(out, shape, table.dtype, table.device)
+        check_out(out, shape, table.dtype, table.device, table)
     started = table.counter.start() if table.counter is not None else None
     read_host(table, ids, out.view(len(ids), *table.row_shape))
     if started is not None:
@@ -109,9 +109,11 @@ def read_host(table, ids: torch.Tensor, out: torch.Tensor) -> None:
         table.counter.rows[-1] += len(ids)  # a CPU table is its host tier
 
 
-def check_out(out: torch.Tensor, shape, dtype, device) -> None:
+def check_out(out: torch.Tensor, shape, dtype, device, table=None) -> None:
     """Raise ValueError unless ``out`` is a contiguous tensor of ``shape``, ``dtype`` on ``device`` that does not
-    require grad (a gather writes it outside autograd, which would not know), TypeError for what is not a tensor."""
+    require grad (a gather writes it outside autograd, which would not know) and shares no memory with
+    ``table``'s tiers (rows written while others are read from it would read half-written rows), TypeError for
+    what is not a tensor."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out is a tensor to write the rows into, or None; got {type(out).__name__}")
     if out.requires_grad:
@@ -123,6 +125,18 @@ def check_out(out: torch.Tensor, shape, dtype, device) -> None:
             f"out must be a contiguous tensor of shape {tuple(shape)}, dtype {dtype} on {device}; "
             f"got shape {tuple(out.shape)}, dtype {out.dtype} on {out.device}"
             f"{'' if out.is_contiguous() else ', not contiguous'}")
+    if table is not None and any(_overlap(out, tier) for tier in (table._source, table.gpu_tier)):
+        raise ValueError("out shares memory with the table it gathers from (its rows would be overwritten while "
+                         "they are read); pass a separate tensor, or no out to get a new one")
+
+
+def _overlap(a: torch.Tensor, b) -> bool:
+    """Whether tensor ``a``'s bytes and tensor ``b``'s (anything else: none) lie in the same memory."""
+    if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
+        return False
+    lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
+    b_lo = b.untyped_storage().data_ptr()
+    return lo < b_lo + b.untyped_storage().nbytes() and b_lo < hi
 
 
 def page_shift(table) -> int:

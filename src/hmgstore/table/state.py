@@ -246,6 +246,8 @@ class Table:
 
         A torch CPU tensor; for a read-only source, the caller's read-only numpy array itself, so that writing to
         it raises instead of crashing. Change rows through ``table[ids] = rows``, which keeps the GPU tier in step.
+        Its rows are in the host tier's order: with a ``layout``, row ``i`` holds id ``layout[i]``, not id ``i``
+        (``table[ids]`` answers by id); in a stored format (``compress``, ``host_dtype``), they are encoded.
         """
         return self._given if self._read_only else self._source
 

@@ -69,7 +69,7 @@ class HybridTensor(Table):
             :mod:`hmgstore.graph.locality`'s orders), so that rows read together share host pages.
         split: the CPU reads part of each batch's host rows while the kernel reads the rest
             (:mod:`hmgstore.gather.cpu_share`): ``"auto"`` (CPU ids; measured once per size class), a float in
-            ``(0, 1]`` (the CPU's share) or None (the kernel reads every row).
+            ``[0, 1]`` (the CPU's share; 0 as None) or None (the kernel reads every row).
 
     On the CPU, the placement arguments are checked the same way, then every row is read from the source.
 
