@@ -3,7 +3,7 @@
 Usage: python benchmarks/accuracy.py formats > formats.json     (float32 / bfloat16 / float8 / int8 rows)
        python benchmarks/accuracy.py batches > batches.json     (random batches / locality-aware, windows 4 and 16)
        python benchmarks/accuracy.py labor > labor.json         (uniform / LABOR-0 sampling at the same fanout,
-                                                                 200,000 nodes of degree 20, layers trimmed)
+                                                                 60,000 nodes of degree 20, layers trimmed)
        python benchmarks/accuracy.py step > step.json           (the plain step / layers trimmed per hop + TF32;
                                                                  on the GPU when there is one: TF32 is a GPU mode)
 
@@ -78,8 +78,8 @@ def main() -> None:
     settings = {"formats": [dict(compress=c) for c in (None, "bfloat16", "float8", "int8")],
                 "batches": [dict(window=w, communities=500, degree=4) for w in (None, 4, 16)],
                 "step": [dict(trim=False, tf32=False), dict(trim=True, tf32=True)],
-                "labor": [dict(labor=False, degree=20, num_nodes=200_000, trim=True),
-                          dict(labor=True, degree=20, num_nodes=200_000, trim=True)]}[what]
+                "labor": [dict(labor=False, degree=20, num_nodes=60_000, trim=True),
+                          dict(labor=True, degree=20, num_nodes=60_000, trim=True)]}[what]
     runs = []
     for seed in (0, 1, 2):
         for s in settings:
