@@ -40,7 +40,9 @@ def corruptions():
         "float split id": ("split/sales_ranking/test.csv.gz", np.array([[1.5], [2.0]]), r"test split.*integers"),
         "more labels than nodes": ("raw/node-label.csv.gz", np.zeros((2 * n, 1), dtype=np.int64), r"labels.*"),
         "fewer labels than nodes": ("raw/node-label.csv.gz", np.zeros((n - 3, 1), dtype=np.int64), r"labels.*"),
-        "edges beyond the node count": ("raw/edge.csv.gz", np.array([[0, 1], [2, n + 40]]), r"edges.*out of range"),
+        # every edge the count names, one of them to a node past the last
+        "edges beyond the node count": ("raw/edge.csv.gz", lambda written: np.concatenate(
+            [written["edges"][:-1], [[2, n + 40]]]), r"edges.*out of range"),
         "node count disagreeing": ("raw/num-node-list.csv.gz", np.array([[n + 7]]), r"node features|labels"),
     }
 
@@ -50,9 +52,9 @@ def test_the_ogb_reader_refuses_files_that_disagree(tmp_path, case):
     pytest.importorskip("ogb")
     from hmgstore.data import ogb
 
-    write_fake_products(tmp_path)
+    written = write_fake_products(tmp_path)
     name, content, message = corruptions()[case]
-    write_csv(tmp_path / "ogbn_products" / name, content)
+    write_csv(tmp_path / "ogbn_products" / name, content(written) if callable(content) else content)
     with pytest.raises(ValueError, match=message) as err:
         ogb.load_node_dataset(tmp_path, "ogbn-products", progress=False)
     assert "ogbn_products" in str(err.value)
@@ -64,7 +66,7 @@ def test_the_ogb_reader_refuses_a_feature_file_short_of_rows(tmp_path):
 
     written = write_fake_products(tmp_path)
     write_csv(tmp_path / "ogbn_products" / "raw" / "node-feat.csv.gz", written["feats"][:-4])
-    with pytest.raises(ValueError, match=r"ogbn_products.*node features.*\(56, 8\)"):
+    with pytest.raises(ValueError, match=r"ogbn_products: raw/node-feat\.csv\.gz \(the node features\) holds 56 rows"):
         ogb.load_node_dataset(tmp_path, "ogbn-products", progress=False)
 
 

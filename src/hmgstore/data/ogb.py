@@ -60,7 +60,8 @@ def dataset_dir(root, name: str) -> Path:
 def check_present(root, name: str) -> Path:
     """The dataset folder, after checking ogb can read it without downloading or prompting.
 
-    Raises FileNotFoundError naming what is missing and how to fetch it,
+    Every file ogb will open (:func:`files_read`) must be there. Raises
+    FileNotFoundError naming what is missing and how to fetch it,
     ValueError for unknown or heterogeneous datasets.
     """
     meta = _meta(name)
@@ -79,7 +80,54 @@ def check_present(root, name: str) -> Path:
     if not (folder / "processed" / "data_processed").exists() and not raw.exists():
         raise FileNotFoundError(f"{folder} holds neither processed/data_processed nor {raw.relative_to(folder)}. "
                                 f"{fetch}")
+    # ogb opens its files one by one as it parses: a missing one stops it halfway with a bare path (gzip) or
+    # RuntimeError('No necessary file'), so every file it will open is looked for first
+    from_raw = not (folder / "processed" / "data_processed").exists()
+    missing = [path for path in files_read(folder, meta, from_raw) if not (folder / path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}, which ogb reads "
+                                f"({'raw files' if from_raw else 'processed/data_processed'} and the "
+                                f"{meta['split']} split): the dataset is incomplete. {fetch}")
     return folder
+
+
+#: The count files ogb cuts the raw files by, by what they count.
+_COUNT_FILES = {"node": "raw/num-node-list.csv.gz", "edge": "raw/num-edge-list.csv.gz"}
+
+
+def files_read(folder: Path, meta, from_raw: bool) -> dict[str, str | None]:
+    """Every file ogb opens to read the dataset ``meta`` describes under ``folder``, by its path under
+    ``folder``, with what its rows count (``"node"``, ``"edge"``; None for count, split and binary files).
+    From ``processed/data_processed`` only the split is read (none when ``split_dict.pt`` holds it)."""
+    split = f"split/{meta['split']}"
+    files: dict[str, str | None] = {} if (folder / split / "split_dict.pt").is_file() else {
+        f"{split}/{part}.csv.gz": None for part in ("train", "valid", "test")}
+    if not from_raw:
+        return files
+    if meta["binary"] == "True":
+        return {"raw/data.npz": None, "raw/node-label.npz": None, **files}
+    raw: dict[str, str | None] = {"raw/edge.csv.gz": "edge", _COUNT_FILES["node"]: None,
+                                  _COUNT_FILES["edge"]: None, "raw/node-label.csv.gz": "node"}
+    for stem, what, attr in (("node-feat", "node", "has_node_attr"), ("edge-feat", "edge", "has_edge_attr")):
+        if meta[attr] == "True" or (folder / "raw" / f"{stem}.csv.gz").is_file():  # ogb reads it whenever present
+            raw[f"raw/{stem}.csv.gz"] = what
+    for key, what in (("additional node files", "node"), ("additional edge files", "edge")):
+        for stem in meta[key].split(",") if meta[key] != "None" else []:
+            path = f"raw/{stem}.csv.gz"
+            if stem == "node_species" and not (folder / path).is_file() and (folder / "raw/species.csv.gz").is_file():
+                path = "raw/species.csv.gz"  # ogbn-proteins' first name for it, which ogb renames before reading
+            raw[path] = what
+    return {**raw, **files}
+
+
+def _check_counts(folder: Path, meta, rows: dict[str, int]) -> None:
+    """Every raw CSV's rows (counted by :func:`raw_csv.check_dataset_csvs`) against the node or edge count
+    that ogb cuts it by; binary datasets are left to :func:`_checked` and :func:`_check_all_edges_kept`."""
+    if meta["binary"] == "True":
+        return
+    counts = {what: (path, *raw_csv.read_count(folder, path, rows[path])) for what, path in _COUNT_FILES.items()}
+    counted_by = {path: what for path, what in files_read(folder, meta, True).items() if what is not None}
+    raw_csv.check_counts(folder, counts, rows, counted_by)
 
 
 @contextlib.contextmanager
@@ -126,7 +174,10 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     and split ids are all checked before any is trusted; a split lists each
     node once, in one of train/valid/test), when ``processed/data_processed``
     is older than a raw file (ogb would read the old rows), when ogb kept
-    fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it), and
+    fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it), when
+    a raw CSV's rows differ from the count ogb cuts it by (``num-node-list``
+    for node features, labels and years, ``num-edge-list`` for edges and edge
+    features; ogb would drop the rows past it in silence), and
     when a CSV file ogb reads (``raw/*.csv.gz``, ``split/*/*.csv.gz``) is
     empty, has a line with a missing column, or holds anything but integer
     ids in an id file (a float such as 3.7, which ogb would truncate, an id
@@ -143,7 +194,10 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     # Before ogb parses the CSVs (pandas truncates floats, fills a missing column with NaN): every line checked,
     # and the raw edges counted for the check below.
     rows = raw_csv.check_dataset_csvs(folder, from_raw)
-    held = _raw_edges_held(folder, _meta(name), rows) if from_raw else None
+    meta = _meta(name)
+    if from_raw:  # ogb slices each file by the counts without comparing: a short or long file would go unseen
+        _check_counts(folder, meta, rows)
+    held = _raw_edges_held(folder, meta, rows) if from_raw else None
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly():
         dataset = NodePropPredDataset(name, root=str(root))

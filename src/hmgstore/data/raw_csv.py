@@ -9,6 +9,8 @@ file first and raises ValueError naming the dataset folder, the file and the
 line (or "empty") for anything but the rows ogb expects: integer ids (and
 counts, years) in the id files, numbers elsewhere, the same number of
 columns on every line. Blank lines are no rows (pandas skips them too).
+:func:`check_counts` then holds each file's rows to the count (``num-node-list``,
+``num-edge-list``) ogb slices it by, which ogb never compares.
 
 Each chunk is checked by a fast pass (a byte set, one regular expression,
 a numpy count of commas per line); only a chunk that fails it is read line by
@@ -121,3 +123,43 @@ def _slow_rows(where: str, text: bytes, before: int, integer: bool, columns: int
                 raise ValueError(f"{where} line {number} holds {field[:40].decode(errors='replace')}, beyond "
                                  "int64 (ogb's ids are int64, it would wrap or overflow); fix or regenerate the file")
     return rows
+
+
+def read_count(folder: Path, name: str, rows: int) -> tuple[int, str]:
+    """The count in the count file ``name`` (``raw/num-node-list.csv.gz``, already checked by :func:`check_csv`,
+    which counted its ``rows``) and its line as written. ValueError when it holds more than one row: a node
+    dataset is one graph, and ogb would read the first count and leave the rest of the rows unread."""
+    if rows != 1:
+        raise ValueError(f"{folder}: {name} holds {rows} rows, not one: a node dataset is one graph, counted on one "
+                         "line (ogb would read the first graph and leave the other rows unread). Fix or regenerate "
+                         "the file")
+    with gzip.open(folder / name, "rb") as f:
+        line = next(line for line in f if line.strip()).strip()
+    return int(line), line.decode()
+
+
+def check_counts(folder: Path, counts: dict[str, tuple[str, int, str]], rows: dict[str, int],
+                 counted_by: dict[str, str]) -> None:
+    """Check every data file's rows against the count that cuts it.
+
+    ``counts`` maps what is counted (``"node"``) to ``(count file, count, its line as written)``; ``rows`` holds
+    each file's rows (:func:`check_dataset_csvs`); ``counted_by`` maps each data file to what its rows count.
+    ogb slices every file by the count without comparing: rows past it are dropped in silence, and a count past
+    the rows makes a graph with fewer rows than it says. Raises ValueError naming both files and both numbers.
+    """
+    for name, what in counted_by.items():
+        count_name, value, written = counts[what]
+        held = rows[name]
+        if held != value:
+            gap = (f"ogb would keep the first {value} rows and drop the last {held - value} without a word"
+                   if held > value else f"{value - held} of the {what}s it counts have no row")
+            raise ValueError(f"{folder}: {name} ({_held_as(name)}) holds {held} rows, but {count_name} says "
+                             f"{value} {what}s (line 1 as written: {written!r}); each {what} has one row, and {gap}. "
+                             "Fix the count or regenerate the files")
+
+
+def _held_as(name: str) -> str:
+    """What the raw file ``name`` holds, in the words the other checks use (``raw/node-label.csv.gz``: labels)."""
+    stem = name.rsplit("/", 1)[-1].split(".")[0]
+    return {"edge": "the edges", "edge-feat": "the edge features", "node-feat": "the node features",
+            "node-label": "the labels"}.get(stem, f"the {stem} values")
