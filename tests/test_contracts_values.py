@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hmgstore
-from hmgstore.graph import NeighborSampler, Topology, locality, presample, to_csc
+from hmgstore.graph import NeighborSampler, Topology, hit_ratio, locality, presample, to_csc
 from hmgstore.rows import checks, formats
 
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -189,6 +189,45 @@ def test_a_pipeline_over_a_generator_says_so_at_its_second_epoch():
         list(pipeline)
     again = hmgstore.Pipeline([0, 1], device="cpu")
     assert list(again) == list(again) == [0, 1]
+
+
+class _SameIterator:
+    """An iterable whose __iter__ hands out one iterator every time: a generator in disguise."""
+
+    def __init__(self, items):
+        self.it = iter(items)
+
+    def __iter__(self):
+        return self.it
+
+
+def test_a_pipeline_over_an_iterable_that_hands_out_a_used_iterator_says_so():
+    pipeline = hmgstore.Pipeline(_SameIterator([0, 1, 2]), device="cpu")
+    assert list(pipeline) == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="one-shot iterator.*no batch, the last one 3"):
+        list(pipeline)
+    empty = hmgstore.Pipeline([], device="cpu")  # an empty loader stays an empty epoch, every time
+    assert list(empty) == list(empty) == []
+    pipeline = hmgstore.Pipeline(_SameIterator(range(100)), device="cpu")
+    for _ in zip(range(2), pipeline):  # a pass left early: not a whole epoch, nothing to compare with
+        pass
+    assert len(list(pipeline)) > 0
+
+
+def test_a_producer_over_a_generator_says_so_at_its_second_epoch():
+    with hmgstore.Producer(_generator_loader, device="cpu") as producer:
+        assert [int(b[0]) for b in producer] == [0, 1, 2]
+        with pytest.raises(RuntimeError, match="one-shot iterator.*second epoch"):
+            list(producer)
+
+
+def _generator_loader():
+    return (torch.full((2,), i) for i in range(3))
+
+
+def test_scores_and_counts_refuse_booleans():
+    with pytest.raises(TypeError, match="booleans; pass mask.float()"):
+        hit_ratio(torch.tensor([True, False]), torch.tensor([0]))
 
 
 # ---- class 6: compressed rows at the extremes -----------------------------------------------------------

@@ -87,6 +87,11 @@ def check_fuse(fuse) -> int | str:
                           words=("auto",))
 
 
+_USED_UP = ("Pipeline's loader is a one-shot iterator ({}), which its first epoch used up: a second epoch would "
+            "yield no batches. Pass an iterable that starts again (a DataLoader, a list), or build a new Pipeline "
+            "over a new iterator each epoch")
+
+
 def check_max_sms(max_sms):
     """``max_sms`` checked by the tables' own rule, with ``"auto"`` (ValueError); integers become ints."""
     return checks.sm_cap(max_sms, allow_auto=True)
@@ -218,6 +223,7 @@ class Pipeline:
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
         self._one_pass_done = False  # a one-shot iterator (a generator) was iterated once
+        self._last_yield = 0  # batches the last whole pass yielded
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # a loader without len() raises TypeError, as torch's do
@@ -250,10 +256,7 @@ class Pipeline:
         maker = self._maker()
         batches = iter(self.loader)
         if batches is self.loader and self._one_pass_done:  # a generator: the first pass used it up
-            raise RuntimeError(f"Pipeline's loader is a one-shot iterator ({type(self.loader).__name__}), which its "
-                               "first epoch used up: a second epoch would yield no batches. Pass an iterable that "
-                               "starts again (a DataLoader, a list), or build a new Pipeline over a new iterator "
-                               "each epoch")
+            raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
         self._one_pass_done = batches is self.loader
         maker.batches = batches
         cuda = maker.cuda
@@ -264,6 +267,7 @@ class Pipeline:
                                   daemon=True)
         worker.start()
         self.waited = 0.0
+        yielded, previous = 0, self._last_yield
         try:
             while True:
                 start = time.perf_counter()
@@ -275,6 +279,10 @@ class Pipeline:
                 if batch is _DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
                         raise_deferred(self.device)
+                    empty_again, self._last_yield = yielded == 0 and self._last_yield > 0, yielded
+                    if empty_again:  # an iterable that hands out its used-up iterator again: as a generator
+                        raise RuntimeError(_USED_UP.format(type(self.loader).__name__) + f" (this epoch yielded "
+                                           f"no batch, the last one {previous})")
                     return
                 if cuda:
                     current = torch.cuda.current_stream(self.device)
@@ -284,6 +292,7 @@ class Pipeline:
                     for t in _tensors(batch):
                         if t.is_cuda:
                             t.record_stream(current)
+                yielded += 1
                 yield batch
         finally:
             stop.set()

@@ -157,9 +157,11 @@ class _Server:
         batches = 0
         # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring
         # on a machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process.
-        source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse,
-                          overlap_reads=self.overlap_reads)
-        it = cast(Generator, iter(source))  # Pipeline.__iter__ is a generator: it has close()
+        # one Pipeline for every pass: it tells a one-shot loader's used-up second pass from an empty epoch
+        if getattr(self, "source", None) is None:
+            self.source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse,
+                                   overlap_reads=self.overlap_reads)
+        it = cast(Generator, iter(self.source))  # Pipeline.__iter__ is a generator: it has close()
         try:
             while True:
                 start = time.perf_counter()

@@ -329,6 +329,9 @@ def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
                         f"{type(score).__name__} as one: {err}") from None
     if score.is_complex():
         raise TypeError(f"{what} is one real score per row, got {score.dtype}")
+    if score.dtype == torch.bool:  # refused as everywhere: a mask read as 0/1 scores is rarely what was meant
+        raise TypeError(f"{what} is one real score per row, got booleans; pass mask.float() to rank marked rows "
+                        "first")
     if score.dim() != 1:
         raise ValueError(f"{what} must be 1-D, one score per row; got shape {tuple(score.shape)}")
     if score.numel() != num_rows:
