@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch_geometric.data import Data, HeteroData
 
-from .edge_tables import EdgeTables
+from .feature_store import HybridFeatureStore
 
 
 def _held(data, attr: str, groups: dict, level: str) -> dict:
@@ -38,7 +38,7 @@ def _held(data, attr: str, groups: dict, level: str) -> dict:
     if isinstance(data, HeteroData):
         return {group: data[group][attr] for group in groups if attr in data[group]}
     feature_store = data[0]
-    if isinstance(feature_store, EdgeTables):  # node and edge tables apart: the level says which to read
+    if isinstance(feature_store, HybridFeatureStore):  # node and edge tables apart: the level says which to read
         tables = feature_store.edge_tables() if level == "edge" else feature_store.tables()
         return {group: tables[(group, attr)].dense() for group in groups if (group, attr) in tables}
     found = {}
@@ -62,7 +62,7 @@ def _fix(data, attr: str, level: str) -> str:
     else:
         ways = {"node": f"feature_store.put_tensor(values, group_name=node_type, attr_name={attr!r})",
                 "edge": f"feature_store.put_tensor(values, group_name=edge_type, attr_name={attr!r})"}
-        if isinstance(data[0], EdgeTables):  # hmgstore's store: edge attributes are edge tables
+        if isinstance(data[0], HybridFeatureStore):  # hmgstore's store: edge attributes are edge tables
             ways["edge"] = f"feature_store.put_edge_table(values, edge_type, {attr!r})"
         first = "from_data keeps a Data's attributes, unless attrs= or edge_attrs= leaves it out"
     return ", or ".join([first, *(ways[part] for part in level.split(" or "))])
@@ -82,7 +82,7 @@ def times_of(data, attr: str, edges: dict, num_nodes: dict) -> tuple[dict, dict]
     """``(node type -> node times, edge type -> edge times)`` for ``time_attr=attr``: one of them empty,
     as PyG reads node-level or edge-level times. Raises ValueError when neither or both hold ``attr``."""
     node_time = _held(data, attr, num_nodes, "node")
-    one_tensor = None in node_time and not (isinstance(data, (tuple, list)) and isinstance(data[0], EdgeTables))
+    one_tensor = None in node_time and not (isinstance(data, (tuple, list)) and isinstance(data[0], HybridFeatureStore))
     # a Data's data[attr], or another store's group None, is one tensor: node times when it has one per node
     edge_time = {} if one_tensor else _held(data, attr, edges, "edge")
     if not node_time and not edge_time:
