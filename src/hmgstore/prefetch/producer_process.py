@@ -84,6 +84,11 @@ class _Server:
     def __init__(self, loader, device, slots, options, commands, results):
         self.loader, self.device, self.commands, self.results = loader, device, commands, results
         self.max_sms, self.fuse, self.overlap_reads = options
+        # depth 1: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring on a
+        # machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process. One
+        # Pipeline for every pass: it tells a one-shot loader's used-up second pass from an empty epoch.
+        self.source = Pipeline(loader, depth=1, device=device, max_sms=self.max_sms, fuse=self.fuse,
+                               overlap_reads=self.overlap_reads)
         self.cuda = device.type == "cuda"
         self.buffers = [None] * slots
         self.filled = [torch.cuda.Event(interprocess=True) for _ in range(slots)] if self.cuda else []
@@ -155,12 +160,6 @@ class _Server:
         """Pass ``number`` of the loader through the ring; the pass's counts."""
         busy = waited = 0.0
         batches = 0
-        # depth 1 here: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring
-        # on a machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process.
-        # one Pipeline for every pass: it tells a one-shot loader's used-up second pass from an empty epoch
-        if getattr(self, "source", None) is None:
-            self.source = Pipeline(self.loader, depth=1, device=self.device, max_sms=self.max_sms, fuse=self.fuse,
-                                   overlap_reads=self.overlap_reads)
         it = cast(Generator, iter(self.source))  # Pipeline.__iter__ is a generator: it has close()
         try:
             while True:
