@@ -85,11 +85,8 @@ def add_ratios(report: dict) -> None:
 def _median_rate(report: dict, base: str) -> float | None:
     """The best median batches/s over ``base``'s configurations (each the median of its runs, ``/runK``; one
     run is its own median), leaving out runs marked disturbed."""
-    runs: dict = {}
-    for name, c in report["configs"].items():
-        if base_of(name) == base and not c.get("disturbed"):
-            runs.setdefault(name.split("/run")[0], []).append(c["batches_per_s"])
-    return max((statistics.median(r) for r in runs.values()), default=None)
+    return max((statistics.median(r) for name, r in _runs(report, disturbed=False).items() if base_of(name) == base),
+               default=None)
 
 
 def _median_ratio(report: dict, base: str, against: str) -> float | None:
@@ -101,11 +98,18 @@ def _median_ratio(report: dict, base: str, against: str) -> float | None:
 def repeats(report: dict) -> dict:
     """Per configuration run more than once (``--repeat``, ``name/runK``): the median batches/s of its runs and
     their spread (min and max), so that a lever of a few percent can be told from the machine's noise."""
+    return {name: {"runs": len(r), "median": statistics.median(r), "min": min(r), "max": max(r)}
+            for name, r in _runs(report).items() if len(r) > 1}
+
+
+def _runs(report: dict, disturbed: bool = True) -> dict:
+    """Configuration name (``/runK`` left out) -> the batches/s of its runs; ``disturbed=False`` leaves out runs
+    marked disturbed."""
     runs: dict = {}
     for name, c in report["configs"].items():
-        runs.setdefault(name.split("/run")[0], []).append(c["batches_per_s"])
-    return {name: {"runs": len(r), "median": statistics.median(r), "min": min(r), "max": max(r)}
-            for name, r in runs.items() if len(r) > 1}
+        if disturbed or not c.get("disturbed"):
+            runs.setdefault(name.split("/run")[0], []).append(c["batches_per_s"])
+    return runs
 
 
 def _hits(stats):

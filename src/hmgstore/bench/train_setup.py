@@ -132,7 +132,7 @@ def build_loader(base: str, data, csc, train, device, args, hot, topology_cache:
         budget = int(args.cache * data.x.element_size() * data.x.numel())
         build = time.perf_counter()
         # from_data's default hotness, computed here for a graph made as CSC (its Data then holds no edges)
-        draws = expected_draws(csc, progress=progress) if csc is not None else None
+        draws = expected_draws(csc, progress=progress, device=device) if csc is not None else None
         stores = from_data(_features_only(data, csc), device=device, gpu_budget=budget, hotness=draws,
                            compress=args.compress, progress=progress)
         sampler = HybridNeighborSampler(_graph_source(data, csc, stores), args.fanout, device=device,
