@@ -212,19 +212,20 @@ for stage in "$@"; do
     scale) timeout ${LIMIT:-500} python3 -m hmgstore.bench scale --gpus ${GPUS:-1 $(nvidia-smi -L | wc -l)} --num-nodes 2M \
              --epochs 2 --max-batches ${BATCHES:-100} ${EXTRA:-} --out "$OUT/scale" >"$OUT/scale.log" 2>&1; rc=$?
            tail -12 "$OUT/scale.log" ;;
-    # Two machines simulated on one host of 4 GPUs (2 each, HMGSTORE_NODE_ID apart: separate node-shared memory,
-    # NCCL between them) against one machine of 4 GPUs, same graph, global batch and seed (NODES nodes, 128-d)
-    two-machines) rc=0; n=${NODES:-500000}; parts=/tmp/hmg-parts; rm -rf $parts
+    # Two machines simulated on one host of 2 or 4 GPUs (half the GPUs each, HMGSTORE_NODE_ID apart: separate
+    # node-shared memory, NCCL between them) against one machine of every GPU, same graph, global batch and seed
+    # (NODES nodes, 128-d)
+    two-machines) rc=0; n=${NODES:-500000}; parts=/tmp/hmg-parts; rm -rf $parts; g=$(nvidia-smi -L | wc -l); h=$((g / 2))
          for m in 1 2; do
            python3 -m hmgstore.cli.partition $parts/m$m --parts $m --by hash --synthetic $n --feat-dim 128 --no-progress \
              >"$OUT/partition-$m.log" 2>&1 || { rc=1; tail -5 "$OUT/partition-$m.log"; }
          done
          opts="--epochs ${EPOCHS:-3} --batch-size 4096 --no-progress"
-         timeout ${LIMIT:-200} torchrun --standalone --nproc-per-node 4 examples/multi_node_pyg.py $parts/m1 $opts \
+         timeout ${LIMIT:-200} torchrun --standalone --nproc-per-node $g examples/multi_node_pyg.py $parts/m1 $opts \
            --json "$OUT/one-machine.json" >"$OUT/one-machine.log" 2>&1 || rc=1; tail -2 "$OUT/one-machine.log"
          pids=""
          for node in 0 1; do
-           HMGSTORE_NODE_ID=node$node timeout ${LIMIT:-200} torchrun --nnodes 2 --node-rank $node --nproc-per-node 2 \
+           HMGSTORE_NODE_ID=node$node timeout ${LIMIT:-200} torchrun --nnodes 2 --node-rank $node --nproc-per-node $h \
              --master-addr 127.0.0.1 --master-port 29517 examples/multi_node_pyg.py $parts/m2 $opts \
              --json "$OUT/two-machines.json" >"$OUT/two-machines-$node.log" 2>&1 & pids="$pids $!"
          done
