@@ -104,21 +104,21 @@ def job_words(job: Job, tile_start: int, block: int = BLOCK) -> tuple[list[int],
     formats = {t.stored for t in job.tiers if t.stored is not None}
     if len(formats) > 1:
         raise ValueError(f"the tiers of one table may store rows in one narrower format, not {sorted(formats)}")
-    vec = vector_bytes(job.row_bytes, job.out.data_ptr(),
-                       *(p for t in job.tiers if t.stored is None for p in (t.base, t.pitch)))
+    out_ptr, n = job.out.data_ptr(), job.ids.shape[0]  # read once: each torch call of a batch takes the GIL
+    vec = vector_bytes(job.row_bytes, out_ptr, *(p for t in job.tiers if t.stored is None for p in (t.base, t.pitch)))
     fmt = formats.pop() if formats else None
-    format_flags, values = _format_flags(job, fmt) if fmt is not None else (0, 1)
+    format_flags, values = _format_flags(job, fmt, out_ptr) if fmt is not None else (0, 1)
     # Loads a team makes per row: vectors of rows kept as they read, stored-value loads of decoded rows.
     loads = max(job.row_bytes // vec if any(t.stored is None for t in job.tiers) else 1,
                 job.row_bytes // 4 // values if fmt is not None else 1)
     tpr_log2 = min(5, max(0, (loads - 1).bit_length()))  # team: pow2 >= loads, at most a warp
     rows_per_tile = (block >> tpr_log2) * ROWS
-    tiles = -(-len(job.ids) // rows_per_tile)
+    tiles = -(-n // rows_per_tile)
     words = tier_words(job.tiers, job.map, job.num_rows, job.row_bytes)
     words[L["J_IDS"]] = job.ids.data_ptr()
     words[L["J_PERM"]] = job.perm.data_ptr() if job.perm is not None else 0
-    words[L["J_OUT"]] = job.out.data_ptr()
-    words[L["J_N"]] = len(job.ids)
+    words[L["J_OUT"]] = out_ptr
+    words[L["J_N"]] = n
     words[L["J_TILE_START"]] = tile_start
     words[L["J_FLAGS"]] |= (
         (L["F_IDS64"] if job.ids.dtype == torch.int64 else 0)
@@ -151,7 +151,7 @@ def tier_words(tiers: Sequence, map: torch.Tensor | None, num_rows: int, row_byt
     return words
 
 
-def _format_flags(job: Job, fmt) -> tuple[int, int]:
+def _format_flags(job: Job, fmt, out_ptr: int) -> tuple[int, int]:
     """Flag bits of a job whose narrow tiers keep rows in ``fmt`` (:class:`hmgstore.rows.formats.Format`): its code,
     and the widest load (16, 4 or the element's own bytes) that every narrow tier's base and pitch, the
     output and the row's value count allow; and the stored values that load reads."""
@@ -164,7 +164,7 @@ def _format_flags(job: Job, fmt) -> tuple[int, int]:
         raise ValueError(f"{fmt.name} rows need 4-byte aligned tiers (base and pitch), got {aligned}-byte")
     size = fmt.element_size
     loads = [(16, 16 // size)] + ([(4, 4)] if size == 1 else [])  # (bytes, values) the kernel has builds for
-    out_aligned = vector_bytes(16, job.out.data_ptr()) == 16  # the decoded values are written as float4
+    out_aligned = vector_bytes(16, out_ptr) == 16  # the decoded values are written as float4 (out_ptr: job.out's)
     values = next((v for load, v in loads if out_aligned and aligned >= load and elems % v == 0), 1)
     return fmt.code << L["F_FMT_SHIFT"] | (values.bit_length() - 1) << L["F_NVEC_SHIFT"], values
 
@@ -314,7 +314,7 @@ def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | N
     copy; ``caps``: the tables' caps on its SMs (None: no cap), merged with this thread's (:func:`capped_gathers`)
     by :func:`tightest_cap`. Host work only; :func:`run` launches it. A capped launch holds whole SMs where
     :func:`exclusive_smem` allows."""
-    kept = [k for k, j in enumerate(jobs) if len(j.ids) and j.row_bytes]
+    kept = [k for k, j in enumerate(jobs) if j.ids.shape[0] and j.row_bytes]
     if not kept:
         return None
     max_sms = tightest_cap(*caps, current_cap())

@@ -43,7 +43,7 @@ def group_by_page(ids: torch.Tensor, num_rows: int, shift: int, map: torch.Tenso
     if map is not None and (map.dtype not in (torch.int32, torch.int64) or map.device != ids.device):
         raise ValueError(f"map must be an int32/int64 tensor on {ids.device}, got {map.dtype} on {map.device}")
     ids = ids.contiguous()
-    n, last = len(ids), max(0, ((positions or num_rows) - 1) >> shift)
+    n, last = ids.shape[0], max(0, ((positions or num_rows) - 1) >> shift)
     if last == 0:  # one group: the order is the ids' own (every atomic would meet on one counter)
         return ids, None
     if n >= 2**31:  # the kernels count in int32
@@ -54,12 +54,13 @@ def group_by_page(ids: torch.Tensor, num_rows: int, shift: int, map: torch.Tenso
                                                                  else "_m32")
     mapped = (np.uint64(0 if map is None else map.data_ptr()), np.int64(num_rows))
     counts = torch.zeros(last + 1, dtype=torch.int32, device=ids.device)
-    launch(FILES, f"hmg_bucket_count_{suffix}", n, (np.uint64(ids.data_ptr()), *mapped, np.int64(n), np.int32(shift),
+    ids_ptr = np.uint64(ids.data_ptr())  # read once (a torch call, per batch)
+    launch(FILES, f"hmg_bucket_count_{suffix}", n, (ids_ptr, *mapped, np.int64(n), np.int32(shift),
                                                    np.int32(last), np.uint64(counts.data_ptr())), ids.device)
     ends = torch.cumsum(counts, 0, dtype=torch.int32)
     grouped = torch.empty_like(ids)
     perm = torch.empty(n, dtype=torch.int64, device=ids.device)
-    launch(FILES, f"hmg_bucket_place_{suffix}", n, (np.uint64(ids.data_ptr()), *mapped, np.int64(n), np.int32(shift),
+    launch(FILES, f"hmg_bucket_place_{suffix}", n, (ids_ptr, *mapped, np.int64(n), np.int32(shift),
                                                    np.int32(last), np.uint64(ends.data_ptr()),
                                                    np.uint64(grouped.data_ptr()), np.uint64(perm.data_ptr())),
            ids.device)

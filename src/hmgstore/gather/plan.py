@@ -42,12 +42,14 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
     with context as stream:
         indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device, check)
         results = []
+        # Per batch, every torch call here takes the GIL from a training thread beside a pipeline: sizes and
+        # shapes are read as attributes (ids.shape[0]), not with len() or numel(), which are torch calls.
         for (table, _), index, out in zip(requests, indices, outs):
             if out is None:
-                out = torch.empty((len(index.ids), *table.row_shape), dtype=table.dtype, device=device)
+                out = torch.empty((index.ids.shape[0], *table.row_shape), dtype=table.dtype, device=device)
             else:
                 check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table)
-                out = out.view(len(index.ids), *table.row_shape)
+                out = out.view(index.ids.shape[0], *table.row_shape)
             results.append(out)
         counting = list({id(t): t for t, _ in requests if t.counter is not None}.values())
         started = [t.counter.start() for t in counting]
@@ -59,7 +61,12 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
             gather_cuda(requests, indices, results, pending, check, device, stream)
         for table, start in zip(counting, started):
             table.counter.stop(start)
-    return [out.view((*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
+    return [_shaped(out, (*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
+
+
+def _shaped(out: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``out`` viewed as ``shape``; ``out`` itself where it has that shape already (a 1-D index)."""
+    return out if out.shape == shape else out.view(shape)
 
 
 def gather_cpu(table, index: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -154,7 +161,7 @@ def job(table, index: Index, out: torch.Tensor, prepared: dict, checked: bool):
     which could wrap a bad id into range.
     """
     narrow = table.placement.index_dtype if checked else index.ids.dtype
-    shift = page_shift(table) if table.sort_ids and table.reads_host and len(index.ids) > 1 else None
+    shift = page_shift(table) if table.sort_ids and table.reads_host and index.ids.shape[0] > 1 else None
     key = (id(index), narrow, shift, id(table.row_map))  # tables with the same bucket size and map share a grouping
     if key not in prepared:
         ids = index.ids if index.ids.dtype == narrow else index.ids.to(narrow)  # checked ids cannot wrap

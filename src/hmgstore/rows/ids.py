@@ -174,7 +174,8 @@ def _flatten(index, num_rows: int, device: torch.device) -> tuple[torch.Tensor, 
         # A caller may reuse a pinned id buffer as soon as gather() returns, before an asynchronous
         # copy from it would run: check and copy a private copy instead (staged: pinned, ours).
         ids = _staged(ids)
-    return ids.reshape(-1).contiguous(), shape  # kernels read ids densely: no strided views
+    flat = ids if len(ids.shape) == 1 else ids.reshape(-1)  # a shape read, not a torch call: this runs per batch
+    return flat.contiguous(), shape  # kernels read ids densely: no strided views
 
 
 def _staged(ids: torch.Tensor) -> torch.Tensor:
@@ -224,8 +225,8 @@ def prepare_many(requests, device: torch.device, check: str = "sync") -> tuple[l
             else:
                 ids = host.to(device)
         else:
-            ids = ids.to(device)
-            if ids.numel():
+            ids = ids if ids.device == device else ids.to(device)
+            if ids.shape[0]:
                 pending.append((ids, num_rows, torch.stack(torch.aminmax(ids)) if check == "sync" else None))
         done[key] = Index(ids, shape, host)
     return [done[(id(index), num_rows)] for index, num_rows in requests], pending
