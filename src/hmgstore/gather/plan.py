@@ -61,7 +61,8 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
             gather_cuda(requests, indices, results, pending, check, device, stream)
         for table, start in zip(counting, started):
             table.counter.stop(start)
-    return [_shaped(out, (*index.shape, *table.row_shape)) for (table, _), index, out in zip(requests, indices, results)]
+    return [_shaped(out, (*index.shape, *table.row_shape))
+            for (table, _), index, out in zip(requests, indices, results)]
 
 
 def _shaped(out: torch.Tensor, shape: tuple) -> torch.Tensor:
