@@ -138,6 +138,24 @@ def check_out(out: torch.Tensor, shape, dtype, device, table=None) -> None:
                          "they are read); pass a separate tensor, or no out to get a new one")
 
 
+def check_outs_apart(tables: list, outs: list) -> None:
+    """Raise ValueError where two of one gather's ``outs`` (a tensor or None per request) share a byte, or an out
+    shares memory with any table of the gather: one request's rows would overwrite another's result, or rows
+    another request is still reading (:func:`check_out` checks each out against its own table only). Outs that are
+    not contiguous are left to :func:`check_out`, which refuses them."""
+    spans = sorted((out.data_ptr(), out.data_ptr() + out.numel() * out.element_size(), k)
+                   for k, out in enumerate(outs) if out is not None and out.numel() and out.is_contiguous())
+    for (_, end, k), (start, _, j) in zip(spans, spans[1:]):
+        if start < end:
+            raise ValueError(f"outs {min(k, j)} and {max(k, j)} share memory (one request's rows would overwrite "
+                             "the other's); give each request its own buffer")
+    for k, out in enumerate(outs):
+        for j, table in enumerate(tables):
+            if out is not None and any(_overlap(out, tier) for tier in (table._source, table.gpu_tier)):
+                raise ValueError(f"out shares memory with the table of request {j} (out {k}: that table's rows would "
+                                 "be overwritten while they are read); pass a separate tensor, or no out")
+
+
 def _overlap(a: torch.Tensor, b) -> bool:
     """Whether tensor ``a``'s bytes and tensor ``b``'s (anything else: none) lie in the same memory."""
     if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():

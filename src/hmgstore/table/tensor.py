@@ -358,8 +358,7 @@ def _check_requests(requests, outs) -> torch.device:
     given = [out for out in outs if out is not None]
     if any(not isinstance(out, torch.Tensor) for out in given):
         raise TypeError(f"outs holds a tensor (or None) per request; got {[type(o).__name__ for o in given]}")
-    if len({out.data_ptr() for out in given if out.numel()}) != len([o for o in given if o.numel()]):
-        raise ValueError("the same out buffer is given for two requests; give each its own")
+    plan.check_outs_apart([table for table, _ in requests], outs)
     return device
 
 
