@@ -242,7 +242,7 @@ def shard(source, *, gpu_budget, hot_order, replicate=0, device=None, max_sms: i
         result = DistributedTensor(state, source, p, None)
         # Gathers check the node's peers here too.
         result.table = HybridTensor.from_tiers(source, "cpu", host_only(p.num_rows), (), owner=result,
-                                               stored=fmt, shape=shape)
+                                               stored=fmt, shape=shape, read_only=read_only)
         state.opened(+1)
         return result
     return _shard_cuda(state, source, read_only, p, device, [bus for _, bus, _ in everyone], max_sms, progress,
@@ -319,7 +319,8 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
             pinned = None
         result = DistributedTensor(state, source, p, None, buffer=buffer, opened=opened, pinned=pinned, tiers=tiers)
         result.table = HybridTensor.from_tiers(source, device, p, readable, owner=result, pinned=pinned,
-                                               unreachable=unreachable, max_sms=max_sms, stored=fmt, shape=shape)
+                                               unreachable=unreachable, max_sms=max_sms, stored=fmt, shape=shape,
+                                               read_only=read_only)
     except BaseException:
         undo()
         raise

@@ -67,7 +67,8 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     that later ``set_()``, ``.data = ...`` or ``requires_grad_()`` on the
     caller's tensor do not reach it. Read-only numpy arrays (e.g. memmaps
     opened with ``mode="r"``) are wrapped without a copy; hmgstore never
-    writes to them. Raises TypeError for CUDA tensors, sparse tensors (with
+    writes to them, nor to a torch tensor over such memory (``torch.from_numpy``
+    of one), which the process's memory map tells. Raises TypeError for CUDA tensors, sparse tensors (with
     the fix: ``source.to_dense()``) and other types.
     """
     if isinstance(source, torch.Tensor):
@@ -78,7 +79,7 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
             raise TypeError(
                 f"the source table must live in host memory, got a tensor on {source.device}; "
                 "pass the CPU tensor (hmgstore decides what to copy to the GPU)")
-        tensor, read_only = source.detach(), False
+        tensor, read_only = source.detach(), _in_read_only_mapping(source)
     elif isinstance(source, np.ndarray):
         if any(step < 0 for step in source.strides):  # torch has no negative strides: say what to do instead
             raise ValueError(f"the source array runs backwards in memory (strides {source.strides}, e.g. x[::-1]); "
@@ -95,6 +96,27 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     if tensor.dim() == 0:
         raise ValueError("the source table must have at least one dimension (rows)")
     return tensor, read_only
+
+
+def _in_read_only_mapping(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s storage lies (partly) in memory this process may not write, as a torch tensor made by
+    ``torch.from_numpy`` over a memmap opened with ``mode="r"`` does: torch cannot tell, and a write there kills
+    the process (SIGSEGV). Read from Linux's ``/proc/self/maps`` (once per table built); False where it cannot
+    be read."""
+    storage = tensor.untyped_storage()
+    lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    if hi == lo:
+        return False
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, perms = line.split(None, 2)[:2]
+                start, end = (int(x, 16) for x in span.split("-"))
+                if start < hi and lo < end and perms[1] != "w":
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def row_layout(tensor: torch.Tensor) -> tuple[int, int]:

@@ -103,6 +103,8 @@ class ShardedTensor:
     def __init__(self, source, devices, *, gpu_budget=None, hot_order=None, hotness=None, replicate=0,
                  max_sms: int | None = None, progress: bool = True):
         self._source, read_only = as_host_tensor(source)
+        # The torch tensor over a read-only memmap cannot tell: dense() copies it, views hand out the array itself
+        self._read_only, self._given = read_only, source
         if isinstance(devices, (str, torch.device, int)) or not hasattr(devices, "__iter__"):
             raise TypeError(f"devices is a list of devices, e.g. ['cuda:0', 'cuda:1'] (['cpu'] on the CPU), got "
                             f"{devices!r}")
@@ -127,7 +129,8 @@ class ShardedTensor:
         self.peer_access: dict[tuple[int, int], bool] = {}
         if kinds == {"cpu"}:
             host = host_only(self._source.shape[0])
-            self.views = {self.devices[0]: HybridTensor.from_tiers(self._source, "cpu", host, (), owner=self)}
+            self.views = {self.devices[0]: HybridTensor.from_tiers(self._source, "cpu", host, (), owner=self,
+                                                                   read_only=read_only, given=source)}
             return
         try:
             self._build(read_only, max_sms, progress)
@@ -171,7 +174,8 @@ class ShardedTensor:
             if "replica" in p.names:
                 readable.append(p.tier("replica").bind(self._tiers[d.index, "replica"].data_ptr(), row_bytes))
             self.views[d] = HybridTensor.from_tiers(self._source, d, p, readable, owner=self, pinned=self._pinned,
-                                                    unreachable=unreachable[d.index], max_sms=max_sms)
+                                                    unreachable=unreachable[d.index], max_sms=max_sms,
+                                                    read_only=read_only, given=self._given)
 
     # ---- use ---------------------------------------------------------------------
     def on(self, device) -> HybridTensor:
@@ -210,9 +214,10 @@ class ShardedTensor:
         return self._source.shape[1:]
 
     def dense(self) -> torch.Tensor:
-        """The whole table as a CPU tensor: the host table itself (every row is there, pinned in place)."""
+        """The whole table as a CPU tensor: the host table itself (every row is there, pinned in place), or a copy
+        where that memory is read-only (a write to it would kill the process)."""
         self.check()
-        return self._source
+        return self._source.clone() if self._read_only else self._source
 
     @property
     def dtype(self) -> torch.dtype:

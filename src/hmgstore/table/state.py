@@ -136,7 +136,7 @@ class Table:
     @classmethod
     def from_tiers(cls: type[_T], source, device, placement: Placement, tiers: Sequence[Tier], *, owner,
                    pinned: PinnedHost | None = None, unreachable=(), max_sms: int | None = None, stored=None,
-                   shape=None) -> _T:
+                   shape=None, read_only: bool = False, given=None) -> _T:
         """A view over tiers that ``owner`` built and frees (a table sharded over several GPUs).
 
         ``tiers``: the resident tiers ``device`` reads, bound to their addresses as seen from it
@@ -145,7 +145,9 @@ class Table:
         ``stored``: the :class:`~hmgstore.rows.formats.Format` every tier keeps rows in (``source`` is then that stored
         host tier of a float32 table of ``shape``), or None. ``owner`` must have ``check()``, which a gather calls
         first, raising when the view cannot be read; the view's :meth:`close` leaves the memory to the owner. On the
-        CPU, pass ``tiers=()``.
+        CPU, pass ``tiers=()``. ``read_only``: the owner's source is read-only memory (a memmap opened with
+        ``mode="r"``), which the torch tensor ``source`` cannot tell: the view refuses writes and copies ``dense()``;
+        ``given``: then the caller's read-only array, which :attr:`source` hands out (a write to it raises).
         """
         self = cls.__new__(cls)
         if stored is None:
@@ -154,6 +156,8 @@ class Table:
             self._setup(source, resolve_device(device), max_sms, False, host_format=stored, gpu_format=stored,
                         dtype=torch.float32, shape=shape)
         self.placement, self._owner, self._pinned = placement, owner, pinned
+        self._read_only = self._read_only or read_only
+        self._given = given if read_only and given is not None else self._source
         bound = {t.name: t for t in tiers}
         if pinned is not None:
             bound["host"] = placement.tier("host").bind(pinned.address, pinned.pitch, stored)
