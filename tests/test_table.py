@@ -238,7 +238,7 @@ def test_the_same_out_twice_is_refused():
     x = random_table(50, (4,), torch.float32, seed=30)
     table = hmgstore.HybridTensor(x, "cpu")
     out = torch.empty(3, 4)
-    with pytest.raises(ValueError, match="same out"):
+    with pytest.raises(ValueError, match="outs 0 and 1 share memory"):
         hmgstore.gather_many([(table, [1, 2, 3]), (table, [4, 5, 6])], outs=[out, out])
 
 
