@@ -50,6 +50,7 @@ from hmgstore.rows.hotness import order_by_score
 from .edge_tables import EdgeTables, float32_only, take_queued
 from .graph_store import check_loaders
 from .ranges import as_range, read_range
+from .updates import check_removable, index_none_by_default, is_whole, update
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +126,6 @@ def _host_layout(layout, group, copied: bool, gpu_rows: dict, hotness: dict | No
     return orders[group]
 
 
-def _with_index(attr: TensorAttr, index) -> TensorAttr:
-    """A copy of ``attr`` asking for ``index``."""
-    return dataclasses.replace(attr, index=index)
-
-
 def _whole(table: HybridTensor) -> torch.Tensor:
     """A whole table as a host tensor: its source, no copy; a read-only source is copied, since
     writing to a tensor over read-only memory crashes the process, and stored formats are decoded."""
@@ -147,10 +143,12 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     budget), or empty and ``put_tensor`` whole tables: a host source (torch
     CPU tensor, numpy array, memmap) becomes a table with every row read
     from pinned host memory; a :class:`hmgstore.HybridTensor` on the store's
-    device is kept with its own placement. Tables are read-only: putting
-    part of a tensor (``index`` other than None) raises ValueError, and so
-    does a table whose row count differs from the other attributes of its
-    node type.
+    device is kept with its own placement. ``put_tensor`` takes whole tensors
+    only: an ``index`` other than None raises ValueError, and so does a
+    table whose row count differs from the other attributes of its node
+    type. ``update_tensor`` writes rows in place or replaces a whole table,
+    and a refused update leaves the old one as it was; ``remove_tensor``
+    removes whole attributes only (:mod:`hmgstore.plugins.pyg.updates`).
 
     ``get_tensor``/``multi_get_tensor`` take any index HybridTensor takes
     (integer tensor on any device, slice, int; None: every row, as the host
@@ -160,8 +158,10 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     KeyError, ids out of range IndexError (before any memory is read).
     A contiguous run of rows (a slice with step 1, or a CPU tensor of
     consecutive ids) is read as one slice of the host tier, not row by row
-    (:mod:`hmgstore.plugins.pyg.ranges`): on a CPU store, as for a whole
-    table, the result is then a view of the host memory, not a copy.
+    (:mod:`hmgstore.plugins.pyg.ranges`). On a CPU store ``get_tensor``
+    (and ``store[...]``) returns a view of host memory for a run of rows,
+    both calls for a whole table; ``multi_get_tensor``, which PyG's loaders
+    fill batches with, copies a run: a batch never aliases the table.
 
     Edge attributes (one table per edge type and name, rows in edge-id
     order) are held too, for :func:`hmgstore.plugins.pyg.edge_features`:
@@ -292,14 +292,17 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     # ---- PyG's FeatureStore interface -----------------------------------------
     def put_tensor(self, tensor, *args, **kwargs) -> bool:
         """PyG's ``put_tensor``, with ``index`` defaulting to None (the whole table)."""
-        if len(args) < 3 and not (args and isinstance(args[0], TensorAttr)) and "index" not in kwargs:
-            kwargs["index"] = None
-        return super().put_tensor(tensor, *args, **kwargs)
+        return super().put_tensor(tensor, *args, **index_none_by_default(args, kwargs))
+
+    def update_tensor(self, tensor, *args, **kwargs) -> bool:
+        """PyG's ``update_tensor`` (``index`` defaulting to None), which never loses the old attribute:
+        :func:`hmgstore.plugins.pyg.updates.update` says what it does and raises."""
+        return update(self, tensor, self._tensor_attr_cls.cast(*args, **index_none_by_default(args, kwargs)))
 
     def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
-        if not (attr.index is None or (isinstance(attr.index, slice) and attr.index == slice(None))):
-            raise ValueError("hmgstore tables are read-only once built: put whole tensors (index=None), "
-                             "or build a new store")
+        if not is_whole(attr.index):
+            raise ValueError("put_tensor takes whole tensors (index=None): tables are read-only to it once built; "
+                             "overwrite rows of a stored one with update_tensor(rows, group, name, index=ids)")
         if isinstance(tensor, HybridTensor):
             if tensor.device != self.device:
                 raise ValueError(f"the table is on {tensor.device}, the store on {self.device}")
@@ -310,15 +313,20 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         return True
 
     def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
-        return self._multi_get_tensor([attr])[0]
+        return self._read([attr], views=True)[0]  # a run of rows may be a view, as docs/pyg.md promises
 
-    def _multi_get_tensor(self, attrs: list[TensorAttr], ranges: bool = True) -> list[torch.Tensor]:
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+        # PyG's loaders fill batches with it: copies, as stock PyG's, so an in-place transform spares data.x
+        return self._read(attrs, views=False)
+
+    def _read(self, attrs: list[TensorAttr], views: bool, ranges: bool = True) -> list[torch.Tensor]:
         """One :func:`hmgstore.gather_many` for every attribute of every node type asked for.
 
         A whole table (``index=None``) is answered with its host source (see :func:`_whole`):
         gathering it to the GPU could exhaust GPU memory, and PyG's CPU sampler reads such
         tables (node times) on the CPU. Contiguous rows are read as slices of host memory where the
-        host tier keeps rows in id order; ``ranges=False``: gathered (the rows of a table with a layout).
+        host tier keeps rows in id order, handed out as views on a CPU store only with ``views`` (and
+        never in a worker); ``ranges=False``: gathered (the rows of a table with a layout).
         """
         in_worker = torch.utils.data.get_worker_info() is not None
         tables = self.worker_tables() if in_worker else self._tables
@@ -326,17 +334,17 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         if all(whole):
             return [_whole(self._lookup(tables, attr)) for attr in attrs]
         if any(whole):
-            parts = iter(self._multi_get_tensor([a for a, w in zip(attrs, whole) if not w]))
+            parts = iter(self._read([a for a, w in zip(attrs, whole) if not w], views))
             return [_whole(self._lookup(tables, a)) if w else next(parts) for a, w in zip(attrs, whole)]
         spans = [as_range(attr.index, self._lookup(tables, attr).num_rows) if ranges else None for attr in attrs]
         if any(r is not None for r in spans):  # contiguous rows: slices of host memory (ranges.py)
-            read = [None if r is None else read_range(self._lookup(tables, a), *r, copy=in_worker)
+            read = [None if r is None else read_range(self._lookup(tables, a), *r, copy=in_worker or not views)
                     for a, r in zip(attrs, spans)]
             # what was not read as a slice is gathered: a range of a laid-out table as its ids, never asked
             # for as a range again (that would recurse for ever)
-            rest = [a if r is None else _with_index(a, torch.arange(*r)) for a, r, got in zip(attrs, spans, read)
-                    if got is None]
-            parts = iter(self._multi_get_tensor(rest, ranges=False) if rest else [])
+            rest = [a if r is None else dataclasses.replace(a, index=torch.arange(*r))
+                    for a, r, got in zip(attrs, spans, read) if got is None]
+            parts = iter(self._read(rest, views, ranges=False) if rest else [])
             return [next(parts) if r is None else resident(r) for r in read]
         ride = take_queued(self)  # a batch's edge rows, queued by edge_features: read in the same gather
         requests, outs = [], []
@@ -356,6 +364,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
         return rows[:len(attrs)]
 
     def _remove_tensor(self, attr: TensorAttr) -> bool:
+        check_removable(attr)  # PyG's default would drop the whole table for an index of rows
         self._host = None
         return self._tables.pop((attr.group_name, attr.attr_name), None) is not None
 

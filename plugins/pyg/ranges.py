@@ -3,11 +3,15 @@
 Layer-wise inference over all nodes (PyG's and DGL's GraphSAGE examples)
 reads a table in large runs: ``store["paper", "x", 0:500_000]``, or a tensor
 of consecutive ids. A gather builds an id per row and copies rows one at a
-time; a run of rows is one slice of the host tier. On a CPU store the slice
-is handed over as it is (a view, no copy: as a whole-table read, ``index=None``,
-already is); on a GPU store it is one host-to-device copy from the pinned
-host tier. Rows kept on the GPU tier are the same rows in the host tier
-(``table[ids] = rows`` writes both), so the host slice is exact.
+time; a run of rows is one slice of the host tier. On a CPU store
+``get_tensor`` and ``store[...]`` hand the slice over as it is (a view, no
+copy: as a whole-table read, ``index=None``, already is);
+``multi_get_tensor``, which PyG's loaders fill batches with, hands over one
+copy of it, since stock PyG's batches are copies and a transform that writes
+to ``batch.x`` in place must not write to the table. On a GPU store it is one
+host-to-device copy from the pinned host tier. Rows kept on the GPU tier are
+the same rows in the host tier (``table[ids] = rows`` writes both), so the
+host slice is exact.
 """
 from __future__ import annotations
 
@@ -55,9 +59,10 @@ def read_range(table: HybridTensor, lo: int, hi: int, *, copy: bool = False) -> 
     ``table.device``, or None when the host tier does not keep rows in id order (a ``layout``).
 
     ``0 <= lo <= hi <= table.num_rows`` (as :func:`as_range` gives them).
-    CPU table: a view of the host memory (no copy) unless ``copy`` (a
-    DataLoader worker: the result crosses processes, and a view would move
-    the table's memory into shared memory), the source is read-only (a
+    CPU table: a view of the host memory (no copy) unless ``copy`` (one copy
+    of the slice: a loader's batch, which must not alias the table, and a
+    DataLoader worker's result, which crosses processes, where a view would
+    move the table's memory into shared memory), the source is read-only (a
     copy: writing to a view of read-only memory crashes the process) or kept
     in a stored format (decoded). CUDA table: one copy from the pinned host
     tier on the current stream. Raises RuntimeError for a closed table.
