@@ -255,9 +255,11 @@ class HybridTensor(Table):
         Raises:
             TypeError: for a read-only source, a view of a sharded table, a sparse value (with the fix) and a tensor
                 or array value of a kind the table's dtype cannot hold (float into int, complex into float:
-                ``torch.can_cast``), as torch's ``x[ids] = v`` refuses it.
+                ``torch.can_cast``), as torch's ``x[ids] = v`` refuses it; a list of such a kind, a complex number
+                into a real table, and a value that is not rows (None, a string).
             IndexError: for ids out of range; RuntimeError when closed.
-            ValueError: for a value that does not broadcast, or integers past the range of an integer table.
+            ValueError: for a value that does not broadcast, numbers past the table dtype's range (NaN or
+                infinity into an integer table, a finite number a float table would store as infinity).
         """
         rows_only(index)
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
