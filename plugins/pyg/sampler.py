@@ -39,6 +39,7 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
 from hmgstore.graph.induced import induced_edges
+from hmgstore.graph.seeds import check_seeds
 from hmgstore.graph.temporal import check_times, sort_by_time
 from hmgstore.rows import hotness
 
@@ -153,8 +154,10 @@ class HybridNeighborSampler(BaseSampler):
             ``time_attr``): temporal sampling (:mod:`hmgstore.graph.temporal`),
             disjoint, no neighbour later than its tree's seed time: the
             loader's ``input_time`` / ``edge_label_time``, else the seed's
-            node time. Times are held whole on the sampling device (8 bytes
-            a node or an edge). Edge types without times sample without a
+            node time. Times are copied when the sampler is built (later
+            edits of the data's times are not seen) and held whole on the
+            sampling device (8 bytes a node or an edge, per edge type that
+            reads them). Edge types without times sample without a
             time limit. Batches of seeds of two node types (a heterogeneous
             ``LinkNeighborLoader`` between two node types) raise ValueError:
             use PyG's ``NeighborSampler`` for those.
@@ -216,7 +219,11 @@ class HybridNeighborSampler(BaseSampler):
         self.num_neighbors = num_neighbors
         self.replace, self.disjoint = replace, self.sampler.disjoint  # temporal sampling is disjoint
         self.temporal_strategy, self.time_attr, self.weight_attr = temporal_strategy, time_attr, weight_attr
-        self._perm = {et: (None if csc.perm is None else csc.perm.to(self.device)) for et, csc in edges.items()}
+        # The topologies' perms, checked to be permutations (an entry out of range would become a batch's e_id).
+        self._perm = {et: (None if t.perm is None else t.perm.to(self.device)) for et, t in topologies.items()}
+        for et, topo in topologies.items():  # node times held once: the topology's own copy serves the loader too
+            if topo.src_time is not None:
+                self.node_time[et[0] if et is not None else None] = topo.src_time
 
     def _temporal(self, data, time_attr: str, edges: dict, per_edge: dict) -> dict:
         """Read ``time_attr`` (node- or edge-level), sort each edge type's lists by it, and put the times in
@@ -262,7 +269,9 @@ class HybridNeighborSampler(BaseSampler):
         if missing:
             raise ValueError("temporal sampling by edge times needs each seed's time: give the loader input_time "
                              "(NeighborLoader) or edge_label_time (LinkNeighborLoader)")
-        return {nt: self.node_time[nt].index_select(0, torch.as_tensor(ids).cpu().long()) for nt, ids in seeds.items()}
+        # Checked before they index the times: an id out of range raises the sampler's own IndexError.
+        seeds = check_seeds(seeds, self.sampler.num_nodes, torch.device("cpu"))
+        return {nt: self.node_time[nt].index_select(0, ids) for nt, ids in seeds.items()}
 
     def _sample(self, seed, seed_time=None, **kwargs):
         """PyG's ``sample_fn``: seeds (a tensor, or a dict per node type) -> a sampler output."""
@@ -306,8 +315,10 @@ class HybridNeighborSampler(BaseSampler):
     def sample_from_edges(self, index: EdgeSamplerInput, neg_sampling: NegativeSampling | None = None):
         """The subgraphs around the edges ``index`` and their negatives, with PyG's own negative sampling;
         the edge labels and label indices come back on the sampler's device."""
-        num_nodes = self.num_nodes if self.is_hetero else self.num_nodes[None]
-        node_time = (self.node_time if self.is_hetero else self.node_time.get(None)) or None
+        if self.is_hetero:
+            num_nodes, node_time = self.num_nodes, self.node_time or None
+        else:  # a tensor or None (a tensor's truth value is ambiguous: no `or` here)
+            num_nodes, node_time = self.num_nodes[None], self.node_time.get(None)
         out = edge_sample(index, self._sample, num_nodes, self.disjoint, node_time, neg_sampling)
         out = self._finish(out)
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)

@@ -25,6 +25,7 @@ from ..rows import checks
 from ..rows.ids import check_range
 
 LAYOUTS = ("coo", "csr", "csc")
+_FLOAT32_SMALLEST = 2.0 ** -149  # float32's smallest positive (subnormal) number: anything below casts to 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,7 +39,8 @@ class CSC:
             decreases, ends at E (copied: the CSC's offsets are its own).
         perm: None, or a 1-D integer tensor [E]: the given edge id of each
             CSC edge, a permutation of ``range(E)`` (checked where it is
-            inverted, :meth:`coo_in_given_order`).
+            inverted, :meth:`coo_in_given_order`, and where a
+            :class:`~hmgstore.graph.Topology` takes it for a sampler).
         size: ``(num_src, num_dst)``, two integers >= 0.
 
     Raises:
@@ -317,9 +319,11 @@ def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
 
     ``weight``: a 1-D tensor, numpy array or list of E finite numbers, each 0
     or more (an edge of weight 0 is sampled only when its node has fewer
-    edges of positive weight than the fanout asks for). Raises TypeError for
+    edges of positive weight than the fanout asks for). The result never
+    shares the caller's memory (a copy, made once). Raises TypeError for
     non-numeric input and ValueError for a wrong length, a negative, NaN or
-    infinite weight, naming the first bad edge.
+    infinite weight, or one that float32 cannot hold (above its largest, or
+    positive but below its smallest), naming the first bad edge.
     """
     if isinstance(weight, np.ndarray):
         weight = torch.from_numpy(weight)
@@ -327,6 +331,7 @@ def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
         weight = torch.as_tensor(weight)
     if weight.dtype == torch.bool or weight.dtype.is_complex:
         raise TypeError(f"edge weights must be real numbers, got dtype {weight.dtype}")
+    source = weight
     if weight.dim() == 2 and weight.shape[1] == 1:  # PyG's [E, 1] edge attributes
         weight = weight.view(-1)
     given = weight.detach().cpu()
@@ -346,5 +351,25 @@ def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
                          f"({torch.finfo(torch.float32).max:.3g}), the type weights are stored in; divide every "
                          "weight by the same number (only their ratios matter)")
     weight = given.to(torch.float32)
-    return weight if csc.perm is None else weight.index_select(0, csc.perm)
+    lost = ((weight == 0) & (wide > 0)).nonzero()  # below float32's smallest: sampled as an edge of weight 0
+    if len(lost):
+        at = int(lost[0])
+        raise ValueError(f"edge weight {at} is {given[at].item()}: positive, but 0 once stored as float32 (the type "
+                         f"weights are stored in; its smallest positive number is {_FLOAT32_SMALLEST:.3g}), so it "
+                         "would be drawn as an edge of weight 0; multiply every weight by the same number (only "
+                         "their ratios matter)")
+    # A float32 CPU tensor converts to itself: copied then, so that the caller's later edits never reach the sampler.
+    return unshared(weight, source) if csc.perm is None else weight.index_select(0, csc.perm)
+
+
+def unshared(result: torch.Tensor, given: torch.Tensor) -> torch.Tensor:
+    """``result``, a conversion of the caller's ``given``, cloned when it still shares ``given``'s memory.
+
+    A conversion to the dtype and device a tensor already has (``.to``, ``.cpu``, ``.reshape``) is no copy; what
+    a topology or sampler holds must not change when the caller edits its own tensor afterwards. Both tensors:
+    any shape, dtype and device; the result keeps ``result``'s.
+    """
+    shared = (result.device == given.device
+              and result.untyped_storage().data_ptr() == given.untyped_storage().data_ptr())
+    return result.clone() if shared else result
 

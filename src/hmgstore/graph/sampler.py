@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from ..rows.ids import normalize_many
 from ..rows.stats import merge
 from .arguments import check_graph
 from .captured import CapturedBatch, _sizes
@@ -38,6 +37,7 @@ from .hop import _queue_hop, _sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 from .sample import Sample
+from .seeds import check_seeds
 from .temporal import STRATEGIES, tree_times
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class NeighborSampler:
             seeds: node type -> node ids (key None when homogeneous):
                 integer ids as a table takes them (a tensor on any device, a
                 numpy array, a list, read in order; none is fine: a batch of
-                no nodes), each in ``[0, num_nodes[type])``.
+                no nodes), 1-D, each in ``[0, num_nodes[type])``.
             seed_time: with a temporal topology (required there), node type
                 -> int64 time of each seed (seeds of one node type only);
                 every neighbour in a seed's tree is no later than it.
@@ -178,8 +178,8 @@ class NeighborSampler:
         Raises:
             TypeError: ``seeds`` not a dict; non-integer ids or times.
             KeyError: a node type the graph does not have.
-            ValueError: ``seed_time`` without a temporal topology, missing
-                or not one per seed.
+            ValueError: seeds that are not 1-D; ``seed_time`` without a
+                temporal topology, missing or not one per seed.
             IndexError: an id out of range (before sampling).
             RuntimeError: the sampler, or one of its topologies, is closed.
         """
@@ -193,6 +193,7 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
+            seeds = check_seeds(seeds, self.num_nodes, self.device)
             return self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
         finally:
             with self._idle:
@@ -200,11 +201,7 @@ class NeighborSampler:
                 self._idle.notify_all()
 
     def _sample(self, seeds: dict, tree_time: torch.Tensor | None) -> Sample:
-        unknown = [nt for nt in seeds if nt not in self.num_nodes]
-        if unknown:
-            raise KeyError(f"no node type {unknown[0]!r}; the graph has {list(self.num_nodes)}")
-        checked = normalize_many([(ids, self.num_nodes[nt]) for nt, ids in seeds.items()], self.device)
-        seeds = {nt: index.ids.long() for nt, index in zip(seeds, checked)}
+        """``seeds``: node type -> int64 [S] ids on the device, checked (:func:`.seeds.check_seeds`)."""
         keys = {}
         for nt in self.num_nodes:  # node keys: ids, or (seed index, id) pairs in disjoint mode
             ids = seeds.get(nt)

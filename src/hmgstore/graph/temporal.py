@@ -20,23 +20,25 @@ from __future__ import annotations
 
 import torch
 
-from .csc import CSC
+from .csc import CSC, unshared
 
 STRATEGIES = ("uniform", "last")
 
 
 def check_times(times, length: int, what: str) -> torch.Tensor:
-    """``times`` as an int64 CPU tensor of ``length`` values. Raises TypeError for non-integer times
-    (PyG's samplers take int64 times too) and ValueError for a wrong length, naming ``what``."""
-    times = torch.as_tensor(times)
-    if times.dtype.is_floating_point or times.dtype.is_complex or times.dtype == torch.bool:
+    """``times`` as an int64 CPU tensor of ``length`` values, never sharing the caller's memory (int64 CPU
+    times are copied, once: a sampler holds them, and the caller's later edits must not reach it). Raises
+    TypeError for non-integer times (PyG's samplers take int64 times too) and ValueError for a wrong length,
+    naming ``what``."""
+    given = torch.as_tensor(times)
+    if given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool:
         raise TypeError(f"{what} must hold integer times (int64, e.g. seconds since an epoch), as PyG's sampler "
-                        f"requires; got dtype {times.dtype}")
-    times = times.detach().to("cpu", torch.int64).reshape(-1)
+                        f"requires; got dtype {given.dtype}")
+    times = given.detach().to("cpu", torch.int64).reshape(-1)
     if times.numel() != length:
         raise ValueError(f"{what} must hold {length} times, one per {'edge' if 'edge' in what else 'node'}; "
                          f"got {times.numel()}")
-    return times
+    return unshared(times, given)
 
 
 def sort_by_time(csc: CSC, node_time=None, edge_time=None) -> CSC:

@@ -42,7 +42,7 @@ from .. import cuda
 from ..cuda.gather import tier_words
 from ..cuda.runtime import synchronize
 from ..memory.pinned import CHUNK_BYTES, PinnedHost
-from ..rows import hotness
+from ..rows import checks, hotness
 from ..rows.stats import TierCounter
 from ..util.device import resolve_device
 from ..util.progress import tqdm
@@ -55,20 +55,32 @@ from .weighted import rejection_wmax
 CHUNK_IDS = 32
 
 
-def narrowest_ids(row: torch.Tensor, num_src: int, progress: bool = False) -> torch.Tensor:
-    """``row`` as int32 when every id fits (a new array, half the bytes), else as it is.
+def held_ids(row: torch.Tensor, num_src: int, narrow: bool = True, progress: bool = False) -> torch.Tensor:
+    """A private copy of ``row`` for a topology to hold: int32 when ``narrow`` and every id fits, else as given.
 
-    The conversion runs in chunks, under a progress bar for large arrays.
+    Every id is checked to lie in ``[0, num_src)`` while it is copied (the copy reads each one anyway): a CSC
+    keeps its caller's ``row`` without a copy (:func:`~hmgstore.graph.csc.to_csc`), so an id edited after the
+    CSC was checked would otherwise reach the sampler, and the cast to int32 would wrap ``2**32 + 2`` to ``2``
+    in silence. Always a copy, so that the caller's later edits are never seen: int64 ids become an int32 copy
+    on the common path anyway; ids kept at their width cost one array of their size, once per build. ``row``:
+    1-D integer tensor [E]; the result is on the CPU. Runs in chunks, under a progress bar for large arrays.
+    Raises IndexError naming the first id out of range and its position.
     """
-    if num_src >= 2**31 or row.dtype == torch.int32:
-        return row
-    out = torch.empty(row.shape, dtype=torch.int32)
+    out = torch.empty(row.shape, dtype=torch.int32 if narrow and num_src < 2**31 else row.dtype)
     step = max(1, CHUNK_BYTES // 8)
-    with tqdm(total=row.numel(), unit="edge", unit_scale=True, desc="narrowing neighbour ids to int32",
+    with tqdm(total=row.numel(), unit="edge", unit_scale=True, desc="copying neighbour ids",
               leave=False, disable=not progress or row.numel() * 8 < CHUNK_BYTES) as bar:
         for lo in range(0, row.numel(), step):
             hi = min(row.numel(), lo + step)
-            out[lo:hi].copy_(row[lo:hi])
+            part = row[lo:hi]
+            low, high = (int(v) for v in torch.aminmax(part))
+            if low < 0 or high >= num_src:
+                at = int(((part < 0) | (part >= num_src)).nonzero()[0, 0])
+                raise IndexError(f"row holds source id {int(part[at])} at position {lo + at}, outside [0, {num_src}) "
+                                 "(num_src): the CSC's row was edited after the CSC was built (a CSC keeps the "
+                                 "caller's row without a copy), or the CSC was built unchecked; rebuild the CSC "
+                                 "from the ids meant, then the topology")
+            out[lo:hi].copy_(part)
             bar.update(hi - lo)
     return out
 
@@ -90,7 +102,9 @@ class Topology:
             integers, each in range and listed at most once (TypeError for
             float ids, IndexError and ValueError otherwise), on every device.
         narrow: hold neighbour ids as int32 when the source node count allows
-            (the default); False keeps int64 ids as given.
+            (the default); False keeps their width. Either way the topology
+            holds its own copy of ``row``, each id checked while copied
+            (:func:`held_ids`): the caller's later edits are not seen.
         progress: progress bars while converting and pinning large arrays.
         place_chunks: places the chunks when not every list fits (see above):
             called as ``place_chunks(chunks, hot_order, gpu_budget, device,
@@ -106,6 +120,11 @@ class Topology:
             sampling), or ``edge_time``: of each edge, in the order the edges
             were given; each node's list must be sorted by it
             (:func:`hmgstore.graph.temporal.sort_by_time`), else ValueError.
+            Weights and times are copied (once): later edits are not seen.
+
+    Raises (besides the above): IndexError for a ``row`` id outside
+    ``[0, num_src)``; ValueError or IndexError for a ``csc.perm`` that is not
+    a permutation of ``range(E)``.
 
     Attributes: ``colptr`` (int64 [num_dst + 1] on ``device``), ``row`` (the
     host array the host tier reads), ``weight`` (float32 [E] in CSC order on
@@ -118,6 +137,11 @@ class Topology:
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
                  progress: bool = True, place_chunks=None, weight=None, src_time=None, edge_time=None):
         self.device = resolve_device(device)
+        self.num_src, self.num_dst = csc.size
+        self.num_edges = csc.num_edges
+        # First: the times and weights below are read through the checked perm and ids.
+        self.perm = _checked_perm(csc)
+        self.row = held_ids(csc.row, self.num_src, narrow, progress)
         self.src_time, self.edge_time, self.time_device = self._times(csc, src_time, edge_time)
         self.weight = None if weight is None else edge_weight_in_csc_order(weight, csc)
         # Computed once here, the same for the CPU and GPU samplers, which must agree on each node's method.
@@ -127,10 +151,6 @@ class Topology:
         self._placed_weight: Any = None  # a chunked topology's weight chunks, placed as the ids' chunks
         self.weight_tiers: torch.Tensor | None = None
         self.weight_tail: torch.Tensor | None = None
-        self.num_src, self.num_dst = csc.size
-        self.num_edges = csc.num_edges
-        self.perm = csc.perm
-        self.row = narrowest_ids(csc.row, self.num_src, progress) if narrow else csc.row
         self.gpu_edges = 0
         self.gpu_row: torch.Tensor | None = None
         self.start: torch.Tensor | None = None
@@ -237,10 +257,10 @@ class Topology:
             raise ValueError("a topology has node times or edge times, not both (as in PyG)")
         if src_time is not None:
             src_time = check_times(src_time, csc.size[0], "node times (src_time)")
-            check_sorted(src_time.index_select(0, csc.row.long()), csc)
+            check_sorted(src_time.index_select(0, self.row), csc)
             return src_time, None, src_time.to(self.device)
         edge_time = check_times(edge_time, csc.num_edges, "edge times (edge_time)")
-        edge_time = edge_time if csc.perm is None else edge_time.index_select(0, csc.perm)
+        edge_time = edge_time if self.perm is None else edge_time.index_select(0, self.perm)
         check_sorted(edge_time, csc)
         return None, edge_time, edge_time.to(self.device)
 
@@ -344,6 +364,30 @@ class Topology:
         weights = ", float32 weights" if self.weighted else ""
         return (f"Topology({self.num_src} -> {self.num_dst} nodes, {self.num_edges} edges, "
                 f"int{8 * self.index_bytes} ids{weights}, device={self.device}, {where})")
+
+
+def _checked_perm(csc: CSC) -> torch.Tensor | None:
+    """``csc.perm`` as int64 CPU ids, checked to list each edge id ``0..E-1`` once (its entries become batches'
+    ``e_id``; a CSC's perm may have been edited since it was built). E ids in range, all marked seen: each
+    once; a quarter of a bincount's time, an eighth of its memory. Errors: :func:`~hmgstore.rows.checks.permutation`."""
+    if csc.perm is None:
+        return None
+    perm = checks.integers(csc.perm, "perm").to("cpu", torch.int64)
+    fine = perm.numel() == csc.num_edges
+    if fine and perm.numel():
+        low, high = (int(v) for v in torch.aminmax(perm))
+        fine = low >= 0 and high < csc.num_edges
+        if fine:
+            seen = torch.zeros(csc.num_edges, dtype=torch.bool).index_fill_(0, perm, True)
+            fine = bool(seen.all())
+    if fine:
+        return perm
+    try:
+        return checks.permutation(perm, csc.num_edges, "perm")
+    except (IndexError, ValueError) as err:
+        raise type(err)(f"the CSC's perm must list each edge id 0..{csc.num_edges - 1} once (the given id of each "
+                        f"CSC edge): {err}; build the CSC with to_csc, or pass perm=None when the edges are given "
+                        "in CSC order") from None
 
 
 def _tier_words(table, device) -> torch.Tensor:
