@@ -218,9 +218,11 @@ def test_a_topology_holds_only_a_permutation(num_edges, data):
 
 @pytest.mark.parametrize("perm", [[0, 1, 2, 3, 99], [0, 1, 2, 3, -5], [0, 0, 0, 0, 0]])
 def test_a_sampler_refuses_a_graph_store_perm_that_is_no_permutation(perm):
+    """put_csc checks the perm it is given; one edited in place afterwards is caught when a sampler is built."""
     row, colptr = torch.tensor([1, 2, 3, 0, 0]), torch.tensor([0, 1, 2, 3, 5])
-    store = CSCGraphStore()
-    store.put_csc(CSC(row, colptr, torch.tensor(perm), (4, 4)))
+    store, held = CSCGraphStore(), torch.arange(5)
+    store.put_csc(CSC(row, colptr, held, (4, 4)))
+    held.copy_(torch.tensor(perm))
     features, _ = from_tensors(csc=(row, colptr), x=torch.randn(4, 2), progress=False)
     with pytest.raises((ValueError, IndexError), match="perm must list each edge id 0..4 once"):
         HybridNeighborSampler((features, store), [-1], progress=False)
@@ -254,3 +256,17 @@ def test_a_node_time_sampler_checks_seeds_before_reading_their_times(seed):
     sampler = HybridNeighborSampler(d, [2], time_attr="time", progress=False)
     with pytest.raises(IndexError, match=f"index {seed} at position 1 is out of range for a table of 10 rows"):
         sample_nodes(sampler, torch.tensor([3, seed]))
+
+
+@pytest.mark.parametrize("perm", [[0, 1, 2, 3, 99], [0, 1, 1, 2, 3], [-5, 0, 1, 2, 3]])
+def test_a_graph_store_refuses_a_csc_whose_perm_is_not_a_permutation(perm):
+    """PyG's own sampler (a NeighborLoader over the store pair without hmgstore's sampler) reads the store's
+    perm as batches' e_id: put_csc checks it as the sampler's topology does."""
+    from hmgstore.graph import CSC
+    from hmgstore.plugins.pyg import CSCGraphStore
+
+    row, colptr = torch.tensor([1, 2, 0, 3, 1]), torch.tensor([0, 2, 3, 4, 5])
+    store = CSCGraphStore()
+    with pytest.raises((ValueError, IndexError), match="perm must list each edge id"):
+        store.put_csc(CSC(row, colptr, torch.tensor(perm), (4, 4)))
+    assert store.get_all_edge_attrs() == []

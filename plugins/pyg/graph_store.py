@@ -29,6 +29,7 @@ from torch_geometric.utils import index_sort
 
 from hmgstore.graph import CSC, expected_draws
 from hmgstore.graph import to_csc as _to_csc
+from hmgstore.graph.topology import checked_perm
 from hmgstore.rows import checks
 from hmgstore.util.device import resolve_device
 
@@ -140,14 +141,16 @@ class CSCGraphStore(GraphStore):
     def put_csc(self, csc: CSC, edge_type=None) -> None:
         """Hold ``csc`` (a :class:`hmgstore.graph.CSC`, e.g. built straight in CSC form) for
         ``edge_type`` as it is: no copy, its ``row`` kept in its own dtype; its lengths were checked when it was
-        built, its ids are not scanned. Raises TypeError for anything but a CSC, ValueError for an edge type
-        None beside typed ones (or the reverse)."""
+        built, its ids are not scanned. Its ``perm`` is checked to list every edge id once (one pass): PyG's own
+        sampler hands its entries out as batches' ``e_id``. Raises TypeError for anything but a CSC, ValueError
+        for an edge type None beside typed ones (or the reverse) and for a perm that is not a permutation."""
         if not isinstance(csc, CSC):
             raise TypeError(f"put_csc takes an hmgstore.graph.CSC, got {type(csc).__name__}; "
                             "put_edge_index converts tensors")
         if self._edges and (edge_type is None) != (next(iter(self._edges)) is None):
             raise ValueError("a graph store is homogeneous (edge_type=None) or heterogeneous "
                              "((src, rel, dst) edge types), not both")
+        checked_perm(csc)
         self._edges[edge_type] = csc
 
     def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:

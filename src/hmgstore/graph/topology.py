@@ -140,7 +140,7 @@ class Topology:
         self.num_src, self.num_dst = csc.size
         self.num_edges = csc.num_edges
         # First: the times and weights below are read through the checked perm and ids.
-        self.perm = _checked_perm(csc)
+        self.perm = checked_perm(csc)
         self.row = held_ids(csc.row, self.num_src, narrow, progress)
         self.src_time, self.edge_time, self.time_device = self._times(csc, src_time, edge_time)
         self.weight = None if weight is None else edge_weight_in_csc_order(weight, csc)
@@ -366,7 +366,7 @@ class Topology:
                 f"int{8 * self.index_bytes} ids{weights}, device={self.device}, {where})")
 
 
-def _checked_perm(csc: CSC) -> torch.Tensor | None:
+def checked_perm(csc: CSC) -> torch.Tensor | None:
     """``csc.perm`` as int64 CPU ids, checked to list each edge id ``0..E-1`` once (its entries become batches'
     ``e_id``; a CSC's perm may have been edited since it was built). E ids in range, all marked seen: each
     once; a quarter of a bincount's time, an eighth of its memory. Errors: :func:`~hmgstore.rows.checks.permutation`."""
