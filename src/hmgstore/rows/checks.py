@@ -229,8 +229,8 @@ def permutation(order, num_rows: int, name: str = "layout") -> torch.Tensor:
     order = id_list(order, name, num_rows)
     if len(order) != num_rows:
         raise ValueError(f"{name} lists every row once: {num_rows} ids, got {len(order)}")
-    seen = torch.bincount(order, minlength=num_rows)
-    if bool((seen != 1).any()):
+    if not bool(torch.zeros(num_rows, dtype=torch.bool).index_fill_(0, order, True).all()):  # n ids in range: all marked = each once
+        seen = torch.bincount(order, minlength=num_rows)
         row = int((seen != 1).nonzero()[0, 0])
         raise ValueError(f"{name} lists every row once; row {row} is listed {int(seen[row])} times")
     return order
