@@ -222,14 +222,14 @@ def permutation(order, num_rows: int, name: str = "layout") -> torch.Tensor:
 
     Raises TypeError for non-integer values, ValueError for another length
     or rank and naming a row listed twice (or one never listed), IndexError
-    for ids out of range. Functions that invert an order (``position[order]
-    = arange``) call this first: otherwise the positions of rows the order
-    never lists would be whatever the memory held.
+    for ids out of range. Call it before inverting an order (``position[order] = arange``): the
+    positions of rows it never lists would be whatever the memory held.
     """
     order = id_list(order, name, num_rows)
     if len(order) != num_rows:
         raise ValueError(f"{name} lists every row once: {num_rows} ids, got {len(order)}")
-    if not bool(torch.zeros(num_rows, dtype=torch.bool).index_fill_(0, order, True).all()):  # n ids in range: all marked = each once
+    marked = torch.zeros(num_rows, dtype=torch.bool).index_fill_(0, order, True)  # n ids in range, so all marked:
+    if not bool(marked.all()):  # each row once (a bincount, 8x the memory, only names a repeat)
         seen = torch.bincount(order, minlength=num_rows)
         row = int((seen != 1).nonzero()[0, 0])
         raise ValueError(f"{name} lists every row once; row {row} is listed {int(seen[row])} times")
