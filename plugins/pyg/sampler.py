@@ -33,7 +33,7 @@ from torch_geometric.sampler import (
     NodeSamplerInput,
     SamplerOutput,
 )
-from torch_geometric.sampler.base import NumNeighbors, SubgraphType
+from torch_geometric.sampler.base import SubgraphType
 from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import resolve_device
@@ -45,11 +45,13 @@ from hmgstore.rows import hotness
 
 from .graph_store import CSCGraphStore, to_csc
 from .sampler_attrs import _edge_values, times_of
+from .sampler_checks import check_data_ids, check_time_counts, fanout_values, missing_times, store_node_counts
 
 
 def _graph_of(data) -> tuple[dict, dict]:
     """``(edge type -> CSC, node type -> node count)`` of a Data, HeteroData or (FeatureStore, GraphStore)."""
     if isinstance(data, Data):
+        check_data_ids(data)
         n = data.num_nodes
         if getattr(data, "edge_index", None) is not None:
             csc = to_csc(data.edge_index, "coo", (n, n))
@@ -80,10 +82,7 @@ def _graph_of(data) -> tuple[dict, dict]:
                 et = attr.edge_type
                 csc = to_csc((rows[et], colptrs[et]), "csc", attr.size)
                 edges[et] = CSC(csc.row, csc.colptr, perms.get(et), csc.size)
-        num_nodes = {}
-        for et, csc in edges.items():
-            src, dst = (et[0], et[-1]) if et is not None else (None, None)
-            num_nodes[src], num_nodes[dst] = csc.size
+        num_nodes = store_node_counts(edges)
         for attr in feature_store.get_all_tensor_attrs():  # node types with features but no edges
             if attr.group_name not in num_nodes:
                 num_nodes[attr.group_name] = feature_store.get_tensor_size(attr)[0]
@@ -190,8 +189,7 @@ class HybridNeighborSampler(BaseSampler):
             edges = self._temporal(data, time_attr, edges, per_edge)
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
-        if not isinstance(num_neighbors, NumNeighbors):
-            num_neighbors = NumNeighbors(num_neighbors)
+        num_neighbors = fanout_values(num_neighbors, self.is_hetero)
         values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
         per_type = {et: check_fanout(v, f"num_neighbors of {et!r}") for et, v in values.items()} if self.is_hetero \
             else {None: check_fanout(values)}  # before any topology is built
@@ -229,6 +227,7 @@ class HybridNeighborSampler(BaseSampler):
         """Read ``time_attr`` (node- or edge-level), sort each edge type's lists by it, and put the times in
         ``per_edge``; the edge types' CSCs, sorted."""
         self.node_time, edge_time = times_of(data, time_attr, edges, self.num_nodes)
+        check_time_counts(time_attr, self.node_time, edge_time, self.num_nodes, edges)
         self.node_time = {nt: check_times(t, self.num_nodes[nt], f"node times of {nt!r}" if nt else "node times")
                           for nt, t in self.node_time.items()}
         sorted_edges = {}
@@ -267,8 +266,7 @@ class HybridNeighborSampler(BaseSampler):
             return None
         missing = [nt for nt in seeds if nt not in self.node_time]
         if missing:
-            raise ValueError("temporal sampling by edge times needs each seed's time: give the loader input_time "
-                             "(NeighborLoader) or edge_label_time (LinkNeighborLoader)")
+            raise ValueError(missing_times(self.time_attr, missing, list(self.node_time)))
         # Checked before they index the times: an id out of range raises the sampler's own IndexError.
         seeds = check_seeds(seeds, self.sampler.num_nodes, torch.device("cpu"))
         return {nt: self.node_time[nt].index_select(0, ids) for nt, ids in seeds.items()}

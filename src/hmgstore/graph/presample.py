@@ -96,13 +96,17 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     make no batches (``Hotness.batches == 0``, every count 0). Raises
     TypeError for another sampler or non-integer seeds, IndexError for seeds
     that are not nodes of ``node_type``, ValueError for seeds of two or more
-    dimensions, an unknown ``node_type``, ``batch_size`` under 1 or negative
-    ``epochs``.
+    dimensions, an unknown ``node_type``, ``batch_size`` under 1, negative
+    ``epochs`` or a temporal sampler (presample has no seed times to give it).
     """
     core = getattr(sampler, "sampler", sampler)
     if not isinstance(core, NeighborSampler):
         raise TypeError(f"presample takes a hmgstore NeighborSampler (or its PyG adapter), "
                         f"got {type(sampler).__name__}")
+    if core.temporal:  # a batch needs its seeds' times, which presample has none of
+        raise ValueError("presample takes no seed times, so it cannot run a temporal sampler (one built with "
+                         "time_attr, or topologies with times); pre-sample with a sampler of the same graph and "
+                         "num_neighbors built without time_attr, or rank nodes by expected_draws(csc)")
     if node_type not in core.num_nodes:
         raise ValueError(f"node_type {node_type!r} is not a node type of the sampler's graph: {list(core.num_nodes)}")
     # One seed (a 0-d tensor) is a list of one; seeds of two or more dimensions are refused, not flattened.

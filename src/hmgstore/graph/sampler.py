@@ -37,7 +37,7 @@ from .hop import _queue_hop, _sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 from .sample import Sample
-from .seeds import check_seeds
+from .seeds import check_replace_fanout, check_seeds
 from .temporal import STRATEGIES, tree_times
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ class NeighborSampler:
             raise ValueError(f"num_neighbors names edge types {unknown} that the graph does not have")
         self.num_neighbors = {et: check_fanout(num_neighbors.get(et, []), f"num_neighbors of {et!r}" if self.hetero
                                                else "num_neighbors") for et in self.topologies}
+        if replace:
+            check_replace_fanout(self.num_neighbors)
         self.num_hops = max((len(v) for v in self.num_neighbors.values()), default=0)
         self.temporal = any(t.temporal for t in self.topologies.values())
         if any(t.temporal and t.weighted for t in self.topologies.values()):

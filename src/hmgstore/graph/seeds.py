@@ -1,4 +1,5 @@
-"""A batch's seeds, checked where a sampler takes them: per node type, one 1-D list of node ids."""
+"""A sampler's inputs, checked where it takes them: a batch's seeds (per node type, one 1-D list of node ids)
+and the fanouts that sampling with replacement can size."""
 from __future__ import annotations
 
 import torch
@@ -29,3 +30,21 @@ def check_seeds(seeds: dict, num_nodes: dict, device: torch.device) -> dict:
             raise ValueError(f"{whose} must be a 1-D list of node ids, one subgraph each; got shape "
                              f"{tuple(index.shape)}: pass ids.reshape(-1) to sample every id, or [id] for one seed")
     return {nt: index.ids.long() for nt, index in zip(seeds, checked)}
+
+
+#: With replacement a hop's output holds seeds x k rows (8 bytes each, in several tensors): past 2**31 - 1 draws
+#: per node, one seed alone asks for 16 GB or more.
+MAX_REPLACE_FANOUT = 2**31 - 1
+
+
+def check_replace_fanout(num_neighbors: dict) -> None:
+    """Raise ValueError for a fanout over :data:`MAX_REPLACE_FANOUT` in ``num_neighbors`` (edge type -> list of
+    ints, key None when homogeneous), which sampling with ``replace=True`` cannot allocate."""
+    for et, fanout in num_neighbors.items():
+        for hop, k in enumerate(fanout):
+            if k > MAX_REPLACE_FANOUT:
+                of = f" of {et!r}" if et is not None else ""
+                raise ValueError(
+                    f"num_neighbors{of}[{hop}] is {k}: with replace=True every node draws that many neighbours, "
+                    f"so a batch's output ({k} rows per seed) cannot be allocated; pass a fanout of at most "
+                    f"{MAX_REPLACE_FANOUT}, or replace=False (which takes at most a node's in-degree)")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 import weakref
 
 import numpy as np
@@ -45,6 +44,7 @@ from ..cuda.host import AlreadyPinned, host_register, host_unregister, unpinned_
 from ..cuda.runtime import synchronize
 from ..util.progress import tqdm
 from . import owned
+from .numpy_source import numpy_tensor
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     opened with ``mode="r"``) are wrapped without a copy; hmgstore never
     writes to them, nor to a torch tensor over such memory (``torch.from_numpy``
     of one), which the process's memory map tells. Raises TypeError for CUDA tensors, sparse tensors (with
-    the fix: ``source.to_dense()``) and other types.
+    the fix: ``source.to_dense()``), numpy dtypes torch lacks and other types; ValueError for numpy arrays
+    torch cannot read in place (foreign byte order, backwards or column-major rows), with the numpy fix.
     """
     if isinstance(source, torch.Tensor):
         if source.layout != torch.strided:  # sparse rows have no place in memory a kernel could read
@@ -81,14 +82,7 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
                 "pass the CPU tensor (hmgstore decides what to copy to the GPU)")
         tensor, read_only = source.detach(), _in_read_only_mapping(source)
     elif isinstance(source, np.ndarray):
-        if any(step < 0 for step in source.strides):  # torch has no negative strides: say what to do instead
-            raise ValueError(f"the source array runs backwards in memory (strides {source.strides}, e.g. x[::-1]); "
-                             f"pass np.ascontiguousarray(x), which copies {source.nbytes / 1e9:.2f} GB, or build "
-                             "the table over the forward array and reverse the ids you gather")
-        read_only = not source.flags.writeable
-        with warnings.catch_warnings():  # non-writable arrays: hmgstore only reads them
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.from_numpy(source)
+        tensor, read_only = numpy_tensor(source), not source.flags.writeable
     else:
         raise TypeError(
             f"cannot build a table from {type(source).__name__}; pass a torch CPU tensor, "

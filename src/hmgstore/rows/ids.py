@@ -67,8 +67,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     dtype (any shape, any device), a bool mask of length ``num_rows``, a
     Python/numpy int, a slice, a range, or a list of ints. Returns ``(ids, shape)``:
     ids int64 or int32 (uint64 ids are reinterpreted as int64, so ids of
-    2^63 and above look negative and fail the range check). Raises TypeError
-    for float, complex or other types, IndexError for ints beyond int64.
+    2^63 and above look negative and fail the range check; on the CPU they
+    are reported here, as the uint64 values given). Raises TypeError for
+    float, complex or other types, IndexError for ints beyond int64.
     """
     if isinstance(index, (bool, np.bool_)):
         raise TypeError("a bool is not a row index; pass an int, a slice or an integer tensor")
@@ -118,7 +119,13 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if index.dtype in _SIGNED or index.dtype in _UNSIGNED[:3]:
         return index.to(torch.int64), shape
     if _UNSIGNED and index.dtype == _UNSIGNED[-1]:  # uint64: same bits as int64; >= 2^63 looks negative
-        return index.view(torch.int64), shape
+        ids = index.view(torch.int64)
+        if ids.device.type == "cpu" and ids.numel() and int(ids.min()) < 0:  # report the value as given
+            flat = ids.reshape(-1)
+            bad = int((flat < 0).nonzero()[0, 0])
+            raise IndexError(f"uint64 index {int(flat[bad]) + 2**64} at position {bad} is out of range "
+                             f"for a table of {num_rows} rows (valid ids are 0..{num_rows - 1})")
+        return ids, shape
     raise TypeError(f"index must be an integer tensor (int32 or int64), got {index.dtype}")
 
 
