@@ -68,9 +68,11 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     caller's tensor do not reach it. Read-only numpy arrays (e.g. memmaps
     opened with ``mode="r"``) are wrapped without a copy; hmgstore never
     writes to them, nor to a torch tensor over such memory (``torch.from_numpy``
-    of one), which the process's memory map tells. Raises TypeError for CUDA tensors, sparse tensors (with
-    the fix: ``source.to_dense()``), numpy dtypes torch lacks and other types; ValueError for numpy arrays
-    torch cannot read in place (foreign byte order, backwards or column-major rows), with the numpy fix.
+    of one), which the process's memory map tells. Raises TypeError for CUDA
+    tensors, sparse tensors (with the fix: ``source.to_dense()``), numpy
+    dtypes torch lacks and other types; ValueError for numpy arrays torch
+    cannot read in place (foreign byte order, backwards or column-major
+    rows), with the numpy fix.
     """
     if isinstance(source, torch.Tensor):
         if source.layout != torch.strided:  # sparse rows have no place in memory a kernel could read
