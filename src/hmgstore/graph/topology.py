@@ -130,8 +130,11 @@ class Topology:
     host array the host tier reads), ``weight`` (float32 [E] in CSC order on
     the host, or None), ``rejection_wmax`` (float32 [num_dst] on ``device``,
     or None: see :func:`~hmgstore.graph.weighted.rejection_wmax`), ``perm``
-    (CSC position -> given edge id, or None), ``gpu_edges`` (positions held on
-    the GPU).
+    (CSC position -> given edge id, or None; checked at build, then held as
+    given when it is int64 on the CPU: a copy would double its E ids, and
+    PyG's own samplers hold the graph store's the same way, so an edit of
+    ``csc.perm`` afterwards changes the batches' ``e_id``), ``gpu_edges``
+    (positions held on the GPU).
     """
 
     def __init__(self, csc: CSC, device=None, *, gpu_budget=None, hot_order=None, narrow: bool = True,
