@@ -125,3 +125,13 @@ def test_uint64_id_is_reported_as_given(ids):
     bad = int(ids.reshape(-1)[1])
     with pytest.raises(IndexError, match=rf"uint64 index {bad} at position 1 is out of range"):
         t[ids]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_unsigned_ids_out_of_range_name_the_id(dtype):
+    # torch compares no uint16/32/64 tensors: the range error must still name the id, not torch's missing kernel
+    x = torch.randn(300, 4)
+    table = HybridTensor(x)
+    with pytest.raises(IndexError, match=r"index 301 at position 1 is out of range for a table of 300 rows"):
+        table[torch.tensor([3, 301], dtype=dtype)]
+    assert torch.equal(table[torch.tensor([3, 299], dtype=dtype)], x[[3, 299]])

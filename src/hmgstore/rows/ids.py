@@ -165,8 +165,13 @@ def check_range(ids: torch.Tensor, num_rows: int) -> None:
 
 
 def _raise_first_bad(ids: torch.Tensor, num_rows: int) -> None:
-    bad = ((ids < 0) | (ids >= num_rows)).nonzero()[0, 0]
-    value = int(ids[bad])
+    if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch has no comparisons for these; numpy has
+        values = ids.cpu().numpy()
+        bad = int(np.flatnonzero(values >= num_rows)[0])
+        value = int(values[bad])
+    else:
+        bad = ((ids < 0) | (ids >= num_rows)).nonzero()[0, 0]
+        value = int(ids[bad])
     shown = f"{value} (or {value + 2**64} read as unsigned)" if value < 0 and value < -2**62 else str(value)
     raise IndexError(
         f"index {shown} at position {int(bad)} is out of range for a table of "
