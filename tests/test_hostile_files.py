@@ -242,11 +242,14 @@ def parts(tmp_path) -> Path:
 
 
 def forget_records(parts: Path) -> Path:
-    """The parts as partition() wrote them before it recorded each file's size and checksum in meta.json: what
-    load_partition checks then (headers, offsets, sources) is what stands between a damaged file and a read."""
+    """The parts as partition() wrote them before it recorded each file's size and checksum in meta.json (and
+    before runs and seals): what load_partition checks then (headers, offsets, sources) is what stands between a
+    damaged file and a read."""
+    (parts / "partition.json").unlink()
     for meta_path in parts.glob("part*/meta.json"):
         meta = json.loads(meta_path.read_text())
-        del meta["files"]
+        for key in ("files", "run", "seal"):
+            del meta[key]
         meta_path.write_text(json.dumps(meta))
     return parts
 
@@ -269,7 +272,7 @@ def test_partition_command_refuses_a_used_folder_and_replaces_it_whole(tmp_path,
     assert "--overwrite" in capsys.readouterr().err
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # untouched
     command(out, 2, "--overwrite")
-    assert sorted(p.name for p in out.iterdir()) == ["part0", "part1", "split"]
+    assert sorted(p.name for p in out.iterdir()) == ["part0", "part1", "partition.json", "split"]
     with pytest.raises(FileNotFoundError, match="no part 2"):
         load_partition(out, 2)
     part = load_partition(out, 1, "cpu", progress=False)
@@ -366,7 +369,7 @@ def test_a_used_folder_is_replaced_whole_without_an_atomic_exchange(parts, monke
     g, features = small_graph()
     book = PartitionBook.hash(NODES, 3)
     partition(features, g.edge_index, book, parts, overwrite=True, progress=False)
-    assert sorted(p.name for p in parts.iterdir()) == ["part0", "part1", "part2"]
+    assert sorted(p.name for p in parts.iterdir()) == ["part0", "part1", "part2", "partition.json"]
     assert sorted(p.name for p in parts.parent.iterdir()) == ["parts"]
     part = load_partition(parts, 2, "cpu", progress=False)
     assert part.book == book and torch.equal(part.features["x"][:], g.x[book.nodes_of(2)])

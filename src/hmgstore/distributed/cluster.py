@@ -214,8 +214,9 @@ class ClusterTensor:
         cluster.check()
         self._cluster, self._local, self.book, self.serial = cluster, table, book, cluster.tables
         cluster.tables += 1
-        mine = {"book": book.signature(), "dtype": str(table.dtype), "row shape": tuple(table.row_shape),
-                "device type": table.device.type, "serial": self.serial, "rows": table.num_rows}
+        mine = {"book": book.signature(), "run": book.run, "dtype": str(table.dtype),
+                "row shape": tuple(table.row_shape), "device type": table.device.type, "serial": self.serial,
+                "rows": table.num_rows, "part": getattr(table, "_partition_machine", None)}  # set by load_partition
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=cluster.control)
         _check_agreement(everyone, cluster, book)
@@ -302,14 +303,17 @@ def _check_agreement(everyone: list[dict], cluster: Cluster, book: PartitionBook
     if book.num_machines != cluster.num_machines:
         problems.append(f"the partition book spreads the nodes over {book.num_machines} machines, the job runs on "
                         f"{cluster.num_machines} ({cluster.machines}; $HMGSTORE_NODE_ID or hostnames tell them apart)")
-    for key in ("book", "dtype", "row shape", "device type", "serial"):
+    for key in ("book", "run", "dtype", "row shape", "device type", "serial"):
         for rank, theirs in enumerate(everyone):
             if theirs[key] != everyone[0][key]:
                 problems.append(f"rank {rank} has a different {key} than rank 0: {theirs[key]} vs {everyone[0][key]}")
     if not problems:
         for machine, ranks in enumerate(cluster.machines):
             for rank in ranks:
-                if everyone[rank]["rows"] != book.sizes[machine]:
+                if everyone[rank]["part"] not in (None, machine):
+                    problems.append(f"rank {rank} runs on machine {machine} but its table holds part "
+                                    f"{everyone[rank]['part']} (load_partition(out_dir, {machine}) on that machine)")
+                elif everyone[rank]["rows"] != book.sizes[machine]:
                     problems.append(f"rank {rank} (machine {machine}) holds {everyone[rank]['rows']} local rows, its "
                                     f"partition has {book.sizes[machine]}")
     if problems:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,7 @@ def read_meta_and_book(folder: Path, machine: int, out_dir) -> tuple[dict, dict,
     else:
         check_record(folder / "book.pt", recorded(folder / "meta.json", records, "book.pt"))
     book = PartitionBook.load(folder / "book.pt")
+    check_run(folder, meta, book, out_dir)
     said = (meta["machine"], meta["num_machines"], meta["num_nodes"], meta["part_nodes"])
     if said != (machine, book.num_machines, book.num_nodes, book.sizes[machine] if machine < book.num_machines else -1):
         raise ValueError(f"{folder / 'meta.json'} does not describe part {machine} of {folder / 'book.pt'}: it says "
@@ -47,6 +49,37 @@ def read_meta_and_book(folder: Path, machine: int, out_dir) -> tuple[dict, dict,
                          f"has {book.num_machines} machines, {book.num_nodes} nodes"
                          + (f", {book.sizes[machine]} in part {machine}" if machine < book.num_machines else ""))
     return meta, records, book
+
+
+#: The file under a partition's folder that names the run which wrote its parts.
+RUN_FILE = "partition.json"
+
+
+def seal(meta: dict) -> int:
+    """The CRC-32 of ``meta`` (a part's ``meta.json`` without its seal), keys sorted."""
+    return zlib.crc32(json.dumps(meta, sort_keys=True).encode())
+
+
+def check_run(folder: Path, meta: dict, book: PartitionBook, out_dir) -> None:
+    """Refuse (ValueError naming the part and the fix) a ``meta.json`` edited since it was sealed, and a part
+    or book of another :func:`partition` run than the folder's ``partition.json``. Folders written before runs
+    were recorded (no ``partition.json``) pass."""
+    run_file = Path(out_dir) / RUN_FILE
+    if not run_file.is_file():
+        return
+    try:
+        folder_run = json.loads(run_file.read_text())["run"]
+    except (ValueError, UnicodeDecodeError, TypeError, KeyError) as err:
+        raise ValueError(f"{run_file} is not the JSON partition() writes ({err!r}): the folder is damaged; rewrite "
+                         "the parts: python -m hmgstore.cli.partition OUT_DIR --parts N ... --overwrite") from None
+    if seal({k: v for k, v in meta.items() if k != "seal"}) != meta.get("seal"):
+        raise ValueError(f"{folder / 'meta.json'} was edited since partition() wrote it (its seal does not match); "
+                         "rewrite the parts: python -m hmgstore.cli.partition OUT_DIR --parts N ... --overwrite")
+    for what, run in ((f"{folder / 'book.pt'}", book.run), (f"{folder}", meta.get("run"))):
+        if run != folder_run:
+            raise ValueError(f"{what} comes from another partition() run than {run_file} (run {run} against "
+                             f"{folder_run}): parts of two runs were mixed in one folder. Copy the whole folder "
+                             "of one run, or rewrite the parts: python -m hmgstore.cli.partition ... --overwrite")
 
 
 def record(path: Path) -> dict:

@@ -96,6 +96,9 @@ class PartitionBook:
                       "starts": torch.tensor((0, *np.cumsum(sizes).tolist()), dtype=torch.int64)}
         self._on_device: dict[torch.device, dict] = {torch.device("cpu"): self._host}
         self._signature: tuple | None = None
+        # The partition() run that wrote this book (None for books built in memory): parts of two runs over
+        # the same node count have equal books, so only the run tells their rows apart (ClusterTensor checks).
+        self.run: str | None = None
 
     # ---- constructors ----------------------------------------------------------------------------------------
     @classmethod
@@ -199,7 +202,8 @@ class PartitionBook:
 
     # ---- agreement, files ------------------------------------------------------------------------------------
     def signature(self) -> tuple:
-        """``(kind, num_nodes, num_machines, crc32 of the assignment)``: equal books, equal signatures."""
+        """``(kind, num_nodes, num_machines, crc32 of the assignment)``: equal books, equal signatures (the
+        :attr:`run` that wrote a loaded book is not part of it: the same assignment is the same book)."""
         if self._signature is None:
             a = self._host["assignment"]
             crc = zlib.crc32(a.numpy().tobytes()) if a is not None else 0
@@ -211,8 +215,9 @@ class PartitionBook:
 
     __hash__ = None  # type: ignore[assignment]  # unhashable: mutable caches inside; compare with signature()
 
-    def save(self, path) -> None:
-        """Write the book to ``path`` (a torch file: what defines it; rows within partitions are recomputed).
+    def save(self, path, run: str | None = None) -> None:
+        """Write the book to ``path`` (a torch file: what defines it; rows within partitions are recomputed),
+        with ``run`` (the writing :func:`~hmgstore.distributed.partition` run's id; default: the book's own).
 
         Written to a temporary file beside ``path``, flushed to disk, then renamed over it: ``path`` holds
         the old book or the new one, never part of either, whatever happens during the write.
@@ -221,7 +226,8 @@ class PartitionBook:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             torch.save({"format": _FORMAT, "kind": self.kind, "num_nodes": self.num_nodes,
-                        "num_machines": self.num_machines, "assignment": self._host["assignment"]}, tmp)
+                        "num_machines": self.num_machines, "assignment": self._host["assignment"],
+                        "run": self.run if run is None else run}, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -245,10 +251,15 @@ class PartitionBook:
                              f"{type(state.get('assignment')).__name__})")
         try:
             if state["kind"] == "assignment":
-                return cls.from_assignment(state["assignment"], state["num_machines"], state["num_nodes"])
-            return getattr(cls, state["kind"])(state["num_nodes"], state["num_machines"])
+                book = cls.from_assignment(state["assignment"], state["num_machines"], state["num_nodes"])
+            else:
+                book = getattr(cls, state["kind"])(state["num_nodes"], state["num_machines"])
         except (TypeError, ValueError) as err:
             raise ValueError(f"{path} does not hold a valid {state['kind']} book: {err}") from err
+        if not isinstance(state.get("run"), (str, type(None))):
+            raise ValueError(f"{path} is damaged: its run id is a {type(state['run']).__name__}, not a string")
+        book.run = state.get("run")  # books written before runs were recorded: None
+        return book
 
     def __repr__(self) -> str:
         return (f"PartitionBook({self.kind}, num_nodes={self.num_nodes}, num_machines={self.num_machines}, "

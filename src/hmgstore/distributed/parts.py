@@ -4,8 +4,10 @@ Machine ``m``'s part holds the nodes the :class:`PartitionBook` gives it,
 in increasing global id order (row ``r`` of the part is node
 ``book.nodes_of(m)[r]``)::
 
+    out_dir/partition.json                the run's id (every part and book records it too)
     out_dir/part{m}/book.pt               the whole book (each part is enough on its own)
-    out_dir/part{m}/meta.json             machine, sizes, the attributes' shapes and dtypes, each file's record
+    out_dir/part{m}/meta.json             machine, sizes, the attributes' shapes and dtypes, each file's record,
+                                          the run's id, and a seal (CRC-32 of the rest: a hand edit is refused)
     out_dir/part{m}/features/{name}.npy   the part's rows of each node attribute
     out_dir/part{m}/colptr.npy            int64 [nodes + 1]: in-edges of the part's nodes (CSC)
     out_dir/part{m}/row.npy               int64 [edges]: their sources, as global ids
@@ -23,9 +25,13 @@ file's size and checksum as :func:`partition` recorded them (``files`` in
 ``meta.json``: the CRC-32 of the first page and of pages spread to the end,
 :class:`hmgstore.rows.file_identity.FileIdentity`'s), shapes and dtypes from
 the ``.npy`` headers, ``colptr`` rising from 0 to the number of edges, and
-every source in ``row`` a node of the book. A file changed, cut short or
-replaced (even by another part's file of the same size) is refused, naming
-it. Parts whose ``meta.json`` records no files (written before the record
+every source in ``row`` a node of the book. A file cut short, replaced
+(even by another part's file of the same size), or changed in its sampled
+pages is refused, naming it; a change of equal size elsewhere in a file is
+not seen (reading every byte of every part at each load would cost what
+the load costs). A ``meta.json`` edited by hand, and a part folder of
+another run (its id differs from ``partition.json``'s), are refused too.
+Parts whose ``meta.json`` records no files (written before the record
 existed) still load, with a warning: the other checks hold, but a file
 replaced by one of the same shape cannot be told apart; rewrite them to get
 the check.
@@ -33,6 +39,7 @@ the check.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +54,7 @@ from ..table.files import load, read
 from ..table.tensor import HybridTensor
 from ..util.progress import tqdm
 from .node import share_on_node
-from .part_files import check_topology, read_meta_and_book, record, recorded
+from .part_files import RUN_FILE, check_topology, read_meta_and_book, record, recorded, seal
 from .part_files import expect as expect_file
 from .partition_book import PartitionBook
 from .replace import new_folder
@@ -176,8 +183,9 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     ``out_dir/split/{name}.npy`` with the parts. ``out_dir`` is replaced
     whole, in one step, once everything is written: it must not exist, be
     empty, or ``overwrite=True`` (which deletes what it held). Each part's
-    ``meta.json`` records the size and checksum of every file written, which
-    :func:`load_partition` compares. Returns the parts' folders. Every
+    ``meta.json`` records the size and checksum of every file written and the
+    run's id (also in ``out_dir/partition.json``), which :func:`load_partition`
+    compares. Returns the parts' folders. Every
     argument is checked before anything is written; whatever fails,
     ``out_dir`` is left as it was.
 
@@ -200,8 +208,10 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     if not all(isinstance(name, str) and name.isidentifier() for name in split):
         raise ValueError(f"split names become file names: use letters, digits and _, got {list(split)}")
     split = {name: checks.id_list(ids, f"split {name!r}", n) for name, ids in split.items()}  # before writing
+    run = uuid.uuid4().hex  # tells this run's parts from another's over the same nodes (load_partition checks)
     with new_folder(out_dir, overwrite=overwrite) as new:
-        _write_parts(tables, csc, book, new, progress)
+        _write_parts(tables, csc, book, new, run, progress)
+        (new / RUN_FILE).write_text(json.dumps({"run": run, "num_machines": book.num_machines}))
         if split:
             (new / "split").mkdir()
             for name, ids in split.items():
@@ -209,7 +219,7 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     return [part_dir(out_dir, m) for m in range(book.num_machines)]
 
 
-def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, progress: bool) -> None:
+def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, run: str, progress: bool) -> None:
     n = book.num_nodes
     total = sum(t.nbytes for t in tables.values()) + 8 * (csc.num_edges + n + book.num_machines)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {book.num_machines} parts", disable=not progress,
@@ -223,13 +233,13 @@ def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, pro
             colptr, edges = _in_edges(csc, nodes)
             _write_rows(folder / "colptr.npy", colptr, None, bar)
             _write_rows(folder / "row.npy", csc.row, edges, bar)
-            book.save(folder / "book.pt")
+            book.save(folder / "book.pt", run=run)
             written = [f"features/{name}.npy" for name in tables] + ["colptr.npy", "row.npy", "book.pt"]
             meta = {"machine": m, "num_machines": book.num_machines, "num_nodes": n, "part_nodes": len(nodes),
                     "part_edges": len(edges),
                     "features": {k: {"shape": list(t.shape[1:]), "dtype": str(t.dtype)} for k, t in tables.items()},
-                    "files": {name: record(folder / name) for name in written}}
-            (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+                    "files": {name: record(folder / name) for name in written}, "run": run}
+            (folder / "meta.json").write_text(json.dumps({**meta, "seal": seal(meta)}, indent=1))
 
 
 def part_of(features, edge_index, book: PartitionBook, machine: int, device=None, *, progress: bool = True,
@@ -304,10 +314,11 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
         ValueError: for a negative ``machine``; naming the file, for one that is not the file :func:`partition`
             recorded in ``meta.json`` (its size or its sampled pages' CRC-32 differ: changed, cut short, or replaced
             by another file, another part's of the same size included), with the fix (rewrite the parts with
-            ``python -m hmgstore.cli.partition ... --overwrite``); naming the file, for one that does not match its
-            book or ``meta.json`` (a shape, dtype or length; a colptr that does not rise from 0 to the number of
-            edges; a source outside the book) or is damaged; as :class:`~hmgstore.HybridTensor` does
-            (``placement``).
+            ``python -m hmgstore.cli.partition ... --overwrite``); for a ``meta.json`` edited since it was written,
+            and a part or book of another :func:`partition` run than ``out_dir/partition.json`` names; naming the
+            file, for one that does not match its book or ``meta.json`` (a shape, dtype or length; a colptr that
+            does not rise from 0 to the number of edges; a source outside the book) or is damaged; as
+            :class:`~hmgstore.HybridTensor` does (``placement``).
         FileChangedError: (:mod:`hmgstore.rows.file_identity`, a ValueError) naming a file replaced or rewritten
             between the check of its header and the read of its rows (another writer in the folder).
 
@@ -348,4 +359,6 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
         for table in features.values():
             table.close()
         raise
+    for table in features.values():  # a ClusterTensor refuses a part handed to another machine's rank
+        table._partition_machine = machine
     return Partition(machine, book, features, colptr, row)

@@ -227,7 +227,7 @@ class DistributedNeighborSampler:
         self._cluster = cluster = this_cluster()
         # Every rank checks every other before any exchange group is made, so that all raise alike, naming the
         # ranks, rather than some waiting for the others inside new_group.
-        mine = {"book": self.book.signature(), "fanouts": self.num_neighbors, "replace": replace,
+        mine = {"book": self.book.signature(), "run": self.book.run, "fanouts": self.num_neighbors, "replace": replace,
                 "part": topology.machine, "machine": cluster.machine, "rows": len(self.colptr) - 1}
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=cluster.control)
@@ -236,7 +236,7 @@ class DistributedNeighborSampler:
             problems.append(f"the partition book spreads the nodes over {self.book.num_machines} machines, the job "
                             f"runs on {cluster.num_machines}")
         for rank, theirs in enumerate(everyone):
-            for key in ("book", "fanouts", "replace"):
+            for key in ("book", "run", "fanouts", "replace"):
                 if theirs[key] != everyone[0][key]:
                     problems.append(f"rank {rank} has a different {key} than rank 0: "
                                     f"{theirs[key]} vs {everyone[0][key]}")
