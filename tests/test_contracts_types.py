@@ -5,7 +5,7 @@ What a table may hold (:func:`hmgstore.rows.checks.table_dtype`), what
 the same for a table and for :func:`hmgstore.load`), what a ``.npy`` file's
 ``dtype=`` must agree with, which integers a setting takes
 (:func:`hmgstore.rows.checks.setting`), which values a write may hold
-(:func:`hmgstore.rows.checks.rows_to_write`), how sizes are read
+(:func:`hmgstore.rows.writes.rows_to_write`), how sizes are read
 (:func:`hmgstore.rows.hotness.parse_bytes`) and how scores of several groups
 are ranked. Each property is the exact result or the documented error,
 saying what was wrong and what to pass, never a wrong row or a raw torch

@@ -1,4 +1,4 @@
-"""What a table write ``t[ids] = value`` stores, or how it refuses (:func:`hmgstore.rows.checks.rows_to_write`).
+"""What a table write ``t[ids] = value`` stores, or how it refuses (:func:`hmgstore.rows.writes.rows_to_write`).
 
 Python numbers (and lists of them) are read at the table's precision, as
 torch's own ``x[ids] = v`` reads them; a number the table cannot hold (NaN

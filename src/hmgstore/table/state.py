@@ -60,8 +60,8 @@ class Table:
         self._source, self._read_only = as_host_tensor(source)
         checks.table_dtype(self._source.dtype if dtype is None else dtype)  # before any copy, write or pickle
         row_layout(self._source)  # unusable layouts raise before any copy
-        if layout is not None:
-            layout = check_layout(layout, self._source.shape[0] if shape is None else shape[0])
+        if layout is not None:  # our own copy: the map of ids to host rows is built from it on first read
+            layout = check_layout(layout, self._source.shape[0] if shape is None else shape[0]).clone()
         if dtype is None:  # the caller's own table: rows as they read
             self._dtype, self._shape = self._source.dtype, tuple(self._source.shape)
             formats.check_table(self._dtype, host_format)

@@ -31,6 +31,7 @@ from ..rows import checks, formats
 from ..rows.ids import CHECKS, normalize, rows_only
 from ..rows.placement import for_table
 from ..rows.stats import TierCounter
+from ..rows.writes import rows_to_write
 from ..util.device import resolve_device
 from .state import Table
 
@@ -274,7 +275,7 @@ class HybridTensor(Table):
         try:
             self._ready()
             ids = normalize(index, self.num_rows, torch.device("cpu")).ids
-            rows = checks.rows_to_write(value, self.dtype)
+            rows = rows_to_write(value, self.dtype)
             try:
                 rows = rows.expand(len(ids), *self.row_shape)
             except RuntimeError:
