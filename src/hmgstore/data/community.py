@@ -90,12 +90,27 @@ def synthetic(num_nodes: int = 100_000, avg_degree: int = 10, feat_dim: int = 12
     the graph the fine-grained locality of real ones (papers cite within a
     subfield), which layouts by locality (:mod:`hmgstore.graph.locality`)
     find. Splits: 60% train, 20% val, 20% test. Memory: about ``16 * E + N * D *
-    itemsize`` bytes. Raises ValueError for sizes that make no graph.
+    itemsize`` bytes.
+
+    Accepted: ``num_nodes``, ``avg_degree``, ``feat_dim``, ``num_classes``,
+    ``communities`` and ``seed`` integers (Python, numpy or 0-d tensors; not
+    bools or floats such as 2.5) with ``num_nodes >= communities >=
+    num_classes >= 2``, ``avg_degree >= 1``, ``feat_dim >= 1`` and ``seed`` in
+    ``[-2**63, 2**64)``; ``intra`` a real number in ``[0, 1]``, ``noise`` one
+    ``>= 0``, ``skew`` one ``> 0`` (0 would send every edge to the last member
+    of its community), all finite; ``dtype`` a torch floating dtype.
+
+    Raises:
+        TypeError: an argument of the wrong kind (a float count, a bool, a
+            string, a non-floating ``dtype``), naming the argument.
+        ValueError: a value out of its range, or sizes that make no graph,
+            naming the argument.
     """
-    k = num_classes if communities is None else communities
-    if num_nodes < max(num_classes, k) or num_classes < 2 or avg_degree < 1 or feat_dim < 1 or k < num_classes:
-        raise ValueError("need num_nodes >= num_classes >= 2 (and communities from num_classes to num_nodes), "
-                         "avg_degree >= 1 and feat_dim >= 1")
+    num_nodes, avg_degree, feat_dim, num_classes, k, seed = _counts(
+        num_nodes, avg_degree, feat_dim, num_classes, communities, seed)
+    intra, noise, skew = _shares(intra, noise, skew)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"synthetic(dtype=...) takes a torch floating dtype (torch.float32, ...), got {dtype!r}")
     g = torch.Generator().manual_seed(seed)
     n, c = num_nodes, num_classes
     num_edges = n * avg_degree
@@ -123,3 +138,33 @@ def synthetic(num_nodes: int = 100_000, avg_degree: int = 10, feat_dim: int = 12
     a, b = int(0.6 * n), int(0.8 * n)
     return NodeGraph(edge_index, x_new.to(dtype), y, split[:a].sort().values, split[a:b].sort().values,
                      split[b:].sort().values, c)
+
+
+def _counts(num_nodes, avg_degree, feat_dim, num_classes, communities, seed) -> tuple[int, ...]:
+    """The integer arguments of :func:`synthetic`, checked (``communities`` None becomes ``num_classes``)."""
+    given = {"num_nodes": num_nodes, "avg_degree": avg_degree, "feat_dim": feat_dim, "num_classes": num_classes,
+             "communities": num_classes if communities is None else communities, "seed": seed}
+    # checks.count for the kind only (TypeError naming the argument); the ranges are said together below
+    n, degree, dim, c, k, seed = (checks.count(value, f"synthetic({name}=...)", at_least=-(1 << 63))
+                                  for name, value in given.items())
+    bad = [name for name, wrong in (("num_classes", c < 2), ("avg_degree", degree < 1), ("feat_dim", dim < 1),
+                                    ("communities", k < c), ("num_nodes", n < max(c, k))) if wrong]
+    if bad:
+        raise ValueError(f"synthetic({bad[0]}={given[bad[0]]!r}) makes no graph: need num_nodes >= num_classes >= "
+                         "2 (and communities from num_classes to num_nodes), avg_degree >= 1 and feat_dim >= 1")
+    if seed >= 1 << 64:
+        raise ValueError(f"synthetic(seed={seed}) is past what torch.Generator takes: seeds are in [-2**63, 2**64)")
+    return n, degree, dim, c, k, seed
+
+
+def _shares(intra, noise, skew) -> tuple[float, float, float]:
+    """``intra``, ``noise`` and ``skew`` of :func:`synthetic` as floats, checked (finite, in range)."""
+    intra = checks.real(intra, "synthetic(intra=...)", at_least=0.0)
+    if intra > 1:
+        raise ValueError(f"synthetic(intra={intra}) is the share of edges inside a community, in [0, 1]")
+    noise = checks.real(noise, "synthetic(noise=...)", at_least=0.0)
+    skew = checks.real(skew, "synthetic(skew=...)")
+    if skew <= 0:
+        raise ValueError(f"synthetic(skew={skew}) must be above 0: it is the exponent of the destination "
+                         "popularity (1 uniform, 3 heavy-tailed); 0 sends every edge to its community's last member")
+    return intra, noise, skew

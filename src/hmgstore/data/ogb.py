@@ -8,7 +8,10 @@ CSV/NPZ files, or ``processed/data_processed`` once ogb has written it), after
 checking that the files are present: ogb itself would download a missing
 dataset, or stop to ask on the terminal when the release marker is missing,
 neither of which a library call should do. ogb's console chatter goes to
-this module's logger.
+this module's logger (its progress bars too, with ``progress=False``). When
+ogb writes ``processed/data_processed``, the raw files it was made from are
+recorded beside it and checked on every later load
+(:mod:`hmgstore.data.processed_record`), so stale processed rows are refused.
 
 The layout looked for, under ``root``::
 
@@ -27,6 +30,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -35,7 +39,7 @@ import torch
 
 from ..memory import owned
 from ..rows import checks
-from . import raw_csv
+from . import processed_record, raw_csv
 from .community import NodeGraph
 
 log = logging.getLogger(__name__)
@@ -130,19 +134,31 @@ def _check_counts(folder: Path, meta, rows: dict[str, int]) -> None:
     raw_csv.check_counts(folder, counts, rows, counted_by)
 
 
+#: A tqdm progress bar's line, as ogb's bars write it ("100%|####| 1/1 [00:00<...]", "3it [00:00, ...]").
+_BAR = re.compile(r"\d+%\||\d+it \[|\d+/\d+ \[")
+
+
 @contextlib.contextmanager
-def _ogb_quietly():
+def _ogb_quietly(progress: bool = True):
     """Run ogb: its prints go to the log, and its ``torch.load`` of numpy pickles is allowed.
 
+    With ``progress=False`` its stderr is captured too: tqdm's bars are
+    logged at DEBUG, any other line (a warning) at WARNING, so nothing is
+    lost; exceptions pass through untouched. While it runs, ``sys.stderr``
+    is swapped for the whole process (``contextlib.redirect_stderr``).
     ogb 1.3 calls ``torch.load`` without ``weights_only``; since torch 2.6 that
     refuses the numpy arrays ogb itself saved. The files are the caller's
     local dataset, which ogb trusts, so its loads run as ogb intended.
     """
-    out, key = io.StringIO(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+    out, err, key = io.StringIO(), io.StringIO(), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
     before = os.environ.get(key)
     os.environ[key] = "1"
     try:
-        with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(contextlib.redirect_stdout(out))
+            if not progress:
+                stack.enter_context(contextlib.redirect_stderr(err))
+            stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=".*TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD.*")
             yield
     finally:
@@ -153,6 +169,9 @@ def _ogb_quietly():
         for line in out.getvalue().splitlines():
             if line.strip():
                 log.info("ogb: %s", line)
+        for line in re.split(r"[\r\n]+", err.getvalue()):  # a bar redraws its line with \r
+            if line.strip():
+                log.log(logging.DEBUG if _BAR.search(line) else logging.WARNING, "ogb: %s", line.rstrip())
 
 
 def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = True,
@@ -173,7 +192,12 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     each other (:func:`_checked`: the node count, features, labels, edges
     and split ids are all checked before any is trusted; a split lists each
     node once, in one of train/valid/test), when ``processed/data_processed``
-    is older than a raw file (ogb would read the old rows), when ogb kept
+    was made from other raw files than those there now (ogb would read the
+    old rows: older than a raw file, or, by the record hmgstore writes beside
+    it, a raw file of another size or checksum, even with its old mtime kept,
+    or a ``data_processed`` copied in; one without a record, from ogb's own
+    download, is checked by mtime and its first rows, then recorded: see
+    :mod:`hmgstore.data.processed_record`), when ogb kept
     fewer edges than ``raw/edge`` holds (``num-edge-list`` short of it), when
     a raw CSV's rows differ from the count ogb cuts it by (``num-node-list``
     for node features, labels and years, ``num-edge-list`` for edges and edge
@@ -181,30 +205,38 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     when a CSV file ogb reads (``raw/*.csv.gz``, ``split/*/*.csv.gz``) is
     empty, has a line with a missing column, or holds anything but integer
     ids in an id file (a float such as 3.7, which ogb would truncate, an id
-    past int64) or numbers in another (:mod:`hmgstore.data.raw_csv`; the
-    file and line are named).
+    past int64) or numbers in another, or is not a whole gzip file
+    (:mod:`hmgstore.data.raw_csv`; the file and line are named). With
+    ``progress=False`` nothing is printed: ogb's bars go to the log.
     """
     try:
         from ogb.nodeproppred import NodePropPredDataset
     except ImportError as err:
         raise ImportError(f"reading OGB datasets needs the ogb package ({err}); pip install ogb") from None
     folder = check_present(root, name)
-    _check_processed_is_current(folder)
+    meta = _meta(name)
+    raw_paths = [path for path in files_read(folder, meta, True) if path.startswith("raw/")]
     from_raw = not (folder / "processed" / "data_processed").exists()
+    record = None if from_raw else processed_record.read(folder)
+    _check_processed_is_current(folder, raw_paths, record)
     # Before ogb parses the CSVs (pandas truncates floats, fills a missing column with NaN): every line checked,
     # and the raw edges counted for the check below.
     rows = raw_csv.check_dataset_csvs(folder, from_raw)
-    meta = _meta(name)
+    raw_read = processed_record.identities(folder, raw_paths) if from_raw else {}  # as ogb reads them
     if from_raw:  # ogb slices each file by the counts without comparing: a short or long file would go unseen
         _check_counts(folder, meta, rows)
     held = _raw_edges_held(folder, meta, rows) if from_raw else None
     (folder / "processed").mkdir(exist_ok=True)
-    with _ogb_quietly():
+    with _ogb_quietly(progress):
         dataset = NodePropPredDataset(name, root=str(root))
         split = dataset.get_idx_split()
     graph, labels = dataset[0]
+    if from_raw:  # the processed rows are bound to the raw files they came from, checked on later loads
+        processed_record.write(folder, raw_read)
     if held is not None:  # ogb kept the edges num-edge-list counts: a short count drops the rest of raw/edge
         _check_all_edges_kept(folder, graph, held)
+    if not from_raw and record is None:
+        _adopt_processed(folder, meta, raw_paths, graph, labels)
     labels, edge_index, split = _checked(folder, graph, labels, split, int(dataset.num_classes))
     features = graph["node_feat"]
     if owned_memory:  # column-major CSV reads are made row-major by the copy, piece by piece
@@ -223,18 +255,47 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     )
 
 
-def _check_processed_is_current(folder: Path) -> None:
-    """Refuse ``processed/data_processed`` older than a raw file: ogb reads it whenever it exists, so raw files
-    replaced since (new features, fixed labels) would be ignored in silence. Raises ValueError naming both."""
+def _check_processed_is_current(folder: Path, raw_paths: list[str], record: dict | None) -> None:
+    """Refuse ``processed/data_processed`` made from other raw files than those under ``folder`` now: ogb reads
+    it whenever it exists, so raw files replaced since (new features, fixed labels) would be ignored in silence.
+
+    A raw file newer than it is refused unless ``record`` (:func:`processed_record.read`) holds that file's
+    content (a copy without ``-p`` moves mtimes only); with a record, every raw file's size and checksum must
+    be the recorded ones (:func:`processed_record.check`: catches a file replaced with its old mtime kept, and
+    a ``data_processed`` copied from another dataset). Raises ValueError naming the file and the fix.
+    """
     processed = folder / "processed" / "data_processed"
     if not processed.exists() or not (folder / "raw").is_dir():
         return
     written = processed.stat().st_mtime_ns
     newer = sorted(p.name for p in (folder / "raw").iterdir() if p.is_file() and p.stat().st_mtime_ns > written)
+    if record is not None:
+        now = processed_record.identities(folder, [f"raw/{name}" for name in newer])
+        newer = [name for name in newer if not processed_record.same_content(record["raw"].get(f"raw/{name}"),
+                                                                             now.get(f"raw/{name}"))]
     if newer:
         raise ValueError(f"{folder}: processed/data_processed is older than raw/{newer[0]}; ogb would read the "
                          "rows it processed before, not the raw files as they are now. Delete "
                          f"{processed} to read the raw files again")
+    if record is not None:
+        processed_record.check(folder, record, raw_paths)
+
+
+def _adopt_processed(folder: Path, meta, raw_paths: list[str], graph: dict, labels) -> None:
+    """Record a ``processed/data_processed`` that came without a record (ogb's own download wrote it, or an
+    older hmgstore), once its first rows are checked against the raw files (:func:`processed_record.head_differs`);
+    ValueError naming the raw file when they differ (another dataset's processed rows)."""
+    raw_now = processed_record.identities(folder, raw_paths)
+    if not raw_now:  # no raw files to compare with or record: ogb reads processed/ alone
+        return
+    differs = processed_record.head_differs(folder, graph, labels, meta["add_inverse_edge"] == "True")
+    if differs is not None:
+        raise ValueError(f"{folder}: the first rows of {differs} are not those of processed/data_processed, which "
+                         "was made from other raw files (copied in from another dataset, or the raw files were "
+                         f"replaced since). Delete {folder / 'processed'} to rebuild it from the raw files")
+    log.info("%s: processed/data_processed came without a record of its raw files; its first rows match them, "
+             "recorded now (%s)", folder, processed_record.RECORD)
+    processed_record.write(folder, raw_now)
 
 
 def _raw_edges_held(folder: Path, meta, rows: dict[str, int]) -> int | None:

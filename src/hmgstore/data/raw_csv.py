@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,8 @@ def check_dataset_csvs(folder: Path, from_raw: bool) -> dict[str, int]:
 
 def check_csv(folder: Path, path: Path, integer: bool | None = None) -> int:
     """The rows (non-blank lines) of the gzipped CSV ``path``, after checking every line holds the same number
-    of integers (``integer``; by default for the id files) or numbers. ValueError naming the file and line."""
+    of integers (``integer``; by default for the id files) or numbers. ValueError naming the file and line, or
+    naming the file when it is not a whole gzip file (cut short, damaged, not compressed)."""
     if integer is None:
         integer = path.name.split(".")[0] in _INTEGER_FILES
     where = f"{folder}: {path.relative_to(folder).as_posix()}"
@@ -57,7 +59,7 @@ def check_csv(folder: Path, path: Path, integer: bool | None = None) -> int:
     rows, lines, columns, rest = 0, 0, None, b""
     with gzip.open(path, "rb") as f:
         while True:
-            chunk = f.read(_CHUNK)
+            chunk = _read_chunk(f, where)
             text = rest + chunk
             cut = len(text) if not chunk else text.rfind(b"\n") + 1
             whole, rest = text[:cut], text[cut:]
@@ -75,6 +77,16 @@ def check_csv(folder: Path, path: Path, integer: bool | None = None) -> int:
         raise ValueError(f"{where} is empty (no rows); ogb cannot read it: the file is cut short or damaged, "
                          "fix or regenerate it")
     return rows
+
+
+def _read_chunk(f, where: str) -> bytes:
+    """The next chunk of uncompressed text; ValueError naming the file where gzip or zlib would raise without
+    naming it (a file cut short, a damaged stream, a failed CRC, a file that is not gzip at all)."""
+    try:
+        return f.read(_CHUNK)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        raise ValueError(f"{where} is not a whole gzip file ({type(err).__name__}: {err}); ogb cannot read it: "
+                         "the file is cut short or damaged, fix or regenerate it") from None
 
 
 def _first_columns(text: bytes) -> int | None:

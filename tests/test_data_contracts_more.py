@@ -1,0 +1,193 @@
+"""hmgstore.data contracts the probe broke: stale processed OGB rows, damaged gzip files, synthetic()'s arguments,
+and ogb's progress bars with progress=False.
+
+The OGB cases use the tiny fake ``ogbn-arxiv`` of test_contracts_readers.py (4 nodes, raw CSVs and a time
+split) under tmp_path, read with the ``ogb`` package.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import math
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from test_contracts_readers import fake_arxiv
+
+from hmgstore import data as datasets
+
+_FEATURES = "raw/node-feat.csv.gz"
+#: The fake dataset's features with other values of the same length: a raw file replaced, same size on disk.
+_OTHER_FEATURES = "9.0,9.5\n8.0,8.5\n7.0,7.5\n6.0,6.5\n"
+
+
+@pytest.fixture
+def ogb_reader():
+    pytest.importorskip("ogb")
+    from hmgstore.data import ogb
+
+    return ogb
+
+
+def _load(ogb_reader, root):
+    return ogb_reader.load_node_dataset(root, "ogbn-arxiv", progress=False)
+
+
+def _rewrite(path, text: str, keep_mtime: bool = False) -> None:
+    """Write ``text`` gzipped over ``path``; ``keep_mtime`` puts the old times back, as cp -p and rsync -a do."""
+    before = path.stat()
+    with gzip.open(path, "wt") as f:
+        f.write(text)
+    if keep_mtime:
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+# ---- 1: processed/data_processed made from other raw files ------------------------------------------------------
+def test_a_raw_file_replaced_with_its_old_mtime_is_refused_then_rebuilt(ogb_reader, tmp_path):
+    folder = fake_arxiv(tmp_path)
+    _load(ogb_reader, tmp_path)  # ogb writes processed/data_processed, hmgstore records the raw files beside it
+    _rewrite(folder / _FEATURES, _OTHER_FEATURES, keep_mtime=True)
+    with pytest.raises(ValueError) as err:
+        _load(ogb_reader, tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{folder}: {_FEATURES} is not the file processed/data_processed was made from")
+    assert "modification time was kept" in message and f"Delete {folder / 'processed'}" in message, message
+    shutil.rmtree(folder / "processed")  # the fix the message names
+    assert _load(ogb_reader, tmp_path).x.tolist() == [[9.0, 9.5], [8.0, 8.5], [7.0, 7.5], [6.0, 6.5]]
+
+
+def test_a_processed_folder_copied_from_another_dataset_is_refused(ogb_reader, tmp_path):
+    """The copy is newer than every raw file, so the modification times alone let it through."""
+    other = fake_arxiv(tmp_path / "other", **{_FEATURES: _OTHER_FEATURES})
+    _load(ogb_reader, tmp_path / "other")
+    folder = fake_arxiv(tmp_path / "mine")
+    shutil.copytree(other / "processed", folder / "processed", copy_function=shutil.copy)  # newer: the times are new
+    with pytest.raises(ValueError, match=rf"{_FEATURES} is not the file processed/data_processed was made from"):
+        _load(ogb_reader, tmp_path / "mine")
+
+
+def test_a_data_processed_copied_in_alone_is_refused(ogb_reader, tmp_path):
+    other = fake_arxiv(tmp_path / "other", **{_FEATURES: _OTHER_FEATURES})
+    _load(ogb_reader, tmp_path / "other")
+    folder = fake_arxiv(tmp_path / "mine")
+    (folder / "processed").mkdir()
+    shutil.copy(other / "processed" / "data_processed", folder / "processed" / "data_processed")
+    with pytest.raises(ValueError, match=rf"the first rows of {_FEATURES} are not those of processed/data_processed"):
+        _load(ogb_reader, tmp_path / "mine")  # no record beside it: the raw rows decide
+    shutil.rmtree(folder / "processed")
+    _load(ogb_reader, tmp_path / "mine")  # the folder's own processed rows, with their record
+    shutil.copy(other / "processed" / "data_processed", folder / "processed" / "data_processed")
+    with pytest.raises(ValueError, match="processed/data_processed is not the file hmgstore recorded"):
+        _load(ogb_reader, tmp_path / "mine")
+
+
+def test_processed_rows_without_a_record_are_checked_once_then_recorded(ogb_reader, tmp_path):
+    """ogb's own download writes processed/ without hmgstore's record: read as before, then recorded."""
+    from hmgstore.data import processed_record
+
+    folder = fake_arxiv(tmp_path)
+    _load(ogb_reader, tmp_path)
+    (folder / processed_record.RECORD).unlink()
+    assert _load(ogb_reader, tmp_path).x.tolist()[0] == [0.0, 0.5]
+    assert set(processed_record.read(folder)["raw"]) >= {_FEATURES, "raw/edge.csv.gz", "raw/node-label.csv.gz"}
+    _rewrite(folder / _FEATURES, _OTHER_FEATURES, keep_mtime=True)
+    with pytest.raises(ValueError, match=rf"{_FEATURES} is not the file"):
+        _load(ogb_reader, tmp_path)
+
+
+def test_raw_files_copied_without_their_times_are_still_the_same_rows(ogb_reader, tmp_path):
+    """A copy without -p gives the raw files new mtimes, newer than processed/: the record shows the same bytes."""
+    folder = fake_arxiv(tmp_path)
+    _load(ogb_reader, tmp_path)
+    later = (folder / "processed" / "data_processed").stat().st_mtime_ns + 10**9
+    for path in (folder / "raw").iterdir():
+        os.utime(path, ns=(later, later))
+    assert _load(ogb_reader, tmp_path).train_idx.tolist() == [0, 1]
+
+
+def test_a_raw_file_added_after_processing_is_refused(ogb_reader, tmp_path):
+    folder = fake_arxiv(tmp_path)
+    _load(ogb_reader, tmp_path)
+    written = (folder / "processed" / "data_processed").stat().st_mtime_ns
+    with gzip.open(folder / "raw" / "edge-feat.csv.gz", "wt") as f:  # ogb reads it whenever it is there
+        f.write("1.0\n2.0\n3.0\n4.0\n")
+    os.utime(folder / "raw" / "edge-feat.csv.gz", ns=(written, written))
+    with pytest.raises(ValueError, match=r"raw/edge-feat\.csv\.gz was not there when processed/data_processed"):
+        _load(ogb_reader, tmp_path)
+
+
+# ---- 2: a gzip file cut short or damaged ------------------------------------------------------------------------
+def _cut_half(data: bytes) -> bytes:
+    return data[:len(data) // 2]
+
+
+def _bad_crc(data: bytes) -> bytes:
+    return data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:]
+
+
+@pytest.mark.parametrize("damage", [_cut_half, lambda data: data[:-4], lambda data: b"0.0,0.5\n1.0,1.5\n",
+                                    _bad_crc], ids=["cut-half", "cut-trailer", "not-gzip", "bad-crc"])
+@pytest.mark.parametrize("name", [_FEATURES, "raw/edge.csv.gz", "split/time/train.csv.gz"])
+def test_a_damaged_gzip_file_is_named(ogb_reader, tmp_path, damage, name):
+    folder = fake_arxiv(tmp_path)
+    path = folder / name
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ValueError) as err:
+        _load(ogb_reader, tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{folder}: {name}") and "is not a whole gzip file" in message, message
+    assert "cut short or damaged, fix or regenerate it" in message, message
+    assert not (folder / "processed" / "data_processed").exists()  # refused before ogb parsed anything
+
+
+# ---- 3: synthetic()'s arguments -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, error, named", [
+    (dict(avg_degree=2.5), TypeError, "avg_degree"), (dict(num_nodes=100.0), TypeError, "num_nodes"),
+    (dict(feat_dim="4"), TypeError, "feat_dim"), (dict(num_classes=True), TypeError, "num_classes"),
+    (dict(communities=8.0), TypeError, "communities"), (dict(seed=1.5), TypeError, "seed"),
+    (dict(intra="high"), TypeError, "intra"), (dict(dtype=torch.int64), TypeError, "dtype"),
+    (dict(dtype="float32"), TypeError, "dtype"),
+    (dict(intra=-1), ValueError, "intra"), (dict(intra=1.5), ValueError, "intra"),
+    (dict(intra=math.nan), ValueError, "intra"), (dict(noise=-1), ValueError, "noise"),
+    (dict(noise=math.inf), ValueError, "noise"), (dict(skew=0), ValueError, "skew"),
+    (dict(skew=-2.0), ValueError, "skew"), (dict(avg_degree=-3), ValueError, "avg_degree"),
+    (dict(num_nodes=-5), ValueError, "num_nodes"), (dict(communities=101), ValueError, "communities"),
+    (dict(seed=2**64), ValueError, "seed"),
+])
+def test_synthetic_refuses_each_bad_argument_by_name(kwargs, error, named):
+    with pytest.raises(error, match=rf"\b{named}\b"):
+        datasets.synthetic(**{"num_nodes": 100, "avg_degree": 3, "feat_dim": 4, "num_classes": 4, **kwargs})
+
+
+def test_synthetic_takes_each_range_to_its_ends():
+    base = dict(num_nodes=100, avg_degree=3, feat_dim=4, num_classes=4)
+    for kwargs in (dict(intra=0), dict(intra=1), dict(noise=0), dict(skew=0.5), dict(communities=100),
+                   dict(num_nodes=np.int64(100), avg_degree=torch.tensor(3)), dict(seed=-1), dict(dtype=torch.float64)):
+        g = datasets.synthetic(**{**base, **kwargs})
+        assert g.num_nodes == 100 and g.edge_index.shape == (2, 300), kwargs
+    inside = datasets.synthetic(**base, intra=1)
+    assert bool((inside.y[inside.edge_index[0]] == inside.y[inside.edge_index[1]]).all())
+
+
+# ---- 4: progress=False prints nothing --------------------------------------------------------------------------
+def test_progress_false_prints_no_bars_and_logs_them(ogb_reader, tmp_path, capfd, caplog):
+    fake_arxiv(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="hmgstore.data.ogb"):
+        _load(ogb_reader, tmp_path)  # from raw: ogb's tqdm bars ("Processing graphs", "Saving") go to stderr
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert any("it/s" in r.getMessage() or "%|" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
+def test_progress_false_still_raises_and_logs_other_stderr_lines(ogb_reader, caplog):
+    with caplog.at_level(logging.DEBUG, logger="hmgstore.data.ogb"):
+        with pytest.raises(RuntimeError, match="ogb failed"), ogb_reader._ogb_quietly(progress=False):
+            import sys
+
+            print("a line that is not a bar", file=sys.stderr)
+            raise RuntimeError("ogb failed")
+    said = [r for r in caplog.records if "a line that is not a bar" in r.getMessage()]
+    assert said and said[0].levelno == logging.WARNING
