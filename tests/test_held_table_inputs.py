@@ -1,12 +1,15 @@
 """A table holds its own copy of what it reads later: a caller's ``layout`` edited after the table is built never
 moves the table's rows (the map of ids to host rows is built on first read), whatever the layout's type and
-whatever path the table took (constructor, over_host_tier, pickling, the PyG store). And a write never stores a
+whatever path the table took (constructor, over_host_tier, pickling, the PyG store); a property (hypothesis)
+draws layouts of every type, edits of every kind and every format. And a write never stores a
 finite number as infinity: a float64 past float32's largest is refused as a Python float is."""
 import pickle
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import hmgstore
 from hmgstore import HybridTensor
@@ -76,3 +79,32 @@ def test_public_load_keeps_its_layout_copy(tmp_path):
     table = hmgstore.load(tmp_path / "x.npy", "cpu", layout=perm, progress=False)
     perm.copy_(torch.roll(perm, 1))
     assert torch.equal(table[torch.arange(N)], x)
+
+
+@st.composite
+def layouts_and_edits(draw):
+    """A table's rows, a layout (int64 or int32 tensor, or a numpy array) and in-place edits of that layout."""
+    n = draw(st.integers(1, 40))
+    perm = torch.tensor(draw(st.permutations(range(n))), dtype=torch.int64)
+    kind = draw(st.sampled_from(["int64", "int32", "numpy"]))
+    layout = perm.numpy().copy() if kind == "numpy" else perm.to(getattr(torch, kind))
+    edits = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(-n, 2 * n)), min_size=1, max_size=n))
+    return n, layout, edits, draw(st.sampled_from([None, "int8", "bfloat16"]))
+
+
+@given(layouts_and_edits(), st.integers(0, 2**31))
+def test_no_edit_of_a_layout_after_the_build_reaches_a_read(case, seed):
+    # Any edit, into another permutation or none at all (repeats, ids out of range): the table reads as one
+    # built from the untouched layout, in every format.
+    n, layout, edits, compress = case
+    x = torch.rand(n, 3, generator=torch.Generator().manual_seed(seed)) + 0.5
+    pristine = HybridTensor(x, "cpu", layout=layout.copy() if isinstance(layout, np.ndarray) else layout.clone(),
+                            compress=compress, progress=False)
+    table = HybridTensor(x, "cpu", layout=layout, compress=compress, progress=False)
+    for at, value in edits:
+        layout[at] = value
+    ids = torch.randint(0, n, (2 * n,), generator=torch.Generator().manual_seed(seed + 1))
+    expected = pristine[ids]
+    assert torch.equal(table[ids], expected) and torch.equal(pickle.loads(pickle.dumps(table))[ids], expected)
+    if compress is None:
+        assert torch.equal(expected, x[ids])
