@@ -38,7 +38,8 @@ script and need the same order).
 
 Files: :mod:`.storage` (the ``FeatureStorage`` and the fused fetches),
 :mod:`.graph` (``attach`` and the graph class), :mod:`.views` (``g.ndata``
-and ``g.edata`` reading through tables), :mod:`._compat` (DGL import).
+and ``g.edata`` reading through tables), :mod:`.renumber` (which edge
+features a removal renumbered), :mod:`._compat` (DGL import).
 
 Which DGL build does what:
 
@@ -56,8 +57,10 @@ Limits: DGL's ``gpu_cache`` option cannot serve attached keys (it needs
 Edge features: ``attach(g, {...}, edata={"w": table})`` and the sampler's
 ``prefetch_edge_feats=["w"]``: blocks' ``edata["w"]`` come from the table by
 their ``dgl.EID``, in the same gather as the node features. Full-graph
-code keeps reading ``g.ndata[key]``/``g.edata[key]``: a key the graph's
-frames lack reads the whole table (:mod:`.views`).
+code keeps reading ``g.ndata[key]``/``g.edata[key]`` (and ``g.srcdata``/
+``g.dstdata``): a key the graph's frames lack reads the whole table
+(:mod:`.views`); message passing, ``dgl.to_half`` and ``dgl.save_graphs``
+see the graph's frames only (:class:`HybridDGLGraph` says what to do).
 """
 from ._compat import dgl_supports_cuda, import_dgl
 

@@ -8,14 +8,14 @@ keys and DGL's own ``ndata``/``edata`` column for every other key; its
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
-
-import torch
 
 from hmgstore import FeatureTable, HybridTensor
 
 from ._compat import import_dgl
+from .renumber import edges_moved, tag_edges, untag_edges
 from .storage import HybridFeatureStorage
 from .views import AttachedEdgeDataView, AttachedNodeDataView
 
@@ -27,8 +27,20 @@ class HybridDGLGraph(dgl.DGLGraph):
 
     Made by :func:`attach`, which re-classes an existing graph; everything
     else is DGL's. Pickles (with its tables) and works in DataLoader workers.
-    ``g.ndata[key]``/``g.edata[key]`` of an attached key that the graph's
-    frames lack read the whole table (:mod:`hmgstore.plugins.dgl.views`).
+    ``g.ndata[key]``/``g.edata[key]`` (and ``g.srcdata``/``g.dstdata``) of an
+    attached key that the graph's frames lack read the whole table
+    (:mod:`hmgstore.plugins.dgl.views`); a key the frames have is served
+    from them, to the loader too. ``local_scope`` undoes attach and detach
+    inside it, as it undoes DGL's own writes.
+
+    What reads only the graph's frames does not see attached keys: message
+    passing (``update_all``, ``apply_edges``, ``apply_nodes``: copy
+    ``g.ndata[key]`` into a plain key first) and a heterograph's
+    ``g.nodes[ntype].data`` (read ``g.ndata[key][ntype]``), both DGL's
+    KeyError; ``dgl.to_half``/``to_float``/``to_double`` cast the frames,
+    not the tables (cast the table and attach it again); ``dgl.save_graphs``
+    refuses the class (save ``dgl.graph(g.edges(), num_nodes=...)`` and the
+    tables apart, and attach again after loading).
 
     ``remove_nodes``/``remove_edges`` renumber the ids that name the
     attached tables' rows, so they mark stale the node features of the
@@ -45,6 +57,9 @@ class HybridDGLGraph(dgl.DGLGraph):
             (``add_nodes``, ...); an attached feature asked for through DGL's ``gpu_cache``.
             From a write of some rows of an attached feature (``g.nodes[ids].data[key] = ...``); a whole
             write (``g.ndata[key] = x``) or ``del``/``pop`` detaches the key instead, as DGL's last write wins.
+        RuntimeError: from ``get_node_storage``/``get_edge_storage`` and ``g.ndata[key]``, the decoded copy
+            that ``g.ndata[key]`` returned for a compressed or read-only table edited in place
+            (:meth:`HybridFeatureStorage.whole`).
         KeyError: a key neither attached nor in ``g.ndata``/``g.edata`` (DGL's own).
         dgl.DGLError: a node or edge type the graph does not have (DGL's own).
     """
@@ -63,11 +78,11 @@ class HybridDGLGraph(dgl.DGLGraph):
         edges = {etype: self.num_edges(etype) for etype in edge_types}
         frames, tagged = self._edge_frames, None
         try:
-            tagged = _tag_edges(self, edge_types)
+            tagged = tag_edges(self, edge_types)
             result = remove(*args, **kwargs)
-            moved = {etype: _edges_moved(self, etype, edges[etype]) for etype in edge_types}
+            moved = {etype: edges_moved(self, etype, edges[etype]) for etype in edge_types}
         finally:
-            _untag_edges(self, frames, tagged)
+            untag_edges(self, frames, tagged)
         stale = dict(self.__dict__.get("_hmgstore_stale", {}))  # a new dict: copies of the graph keep theirs
         for (key, ntype) in self.__dict__.get("_hmgstore_storages", {}):
             if self.num_nodes(ntype) != nodes[ntype]:  # DGL keeps the nodes left in order: same count, same ids
@@ -104,9 +119,7 @@ class HybridDGLGraph(dgl.DGLGraph):
     @property
     def ndata(self):
         """DGL's ``ndata``, reading attached keys through their tables (see :mod:`hmgstore.plugins.dgl.views`)."""
-        if len(self.ntypes) == 1:
-            return AttachedNodeDataView(self, self.ntypes[0], self.get_ntype_id(None), dgl.ALL)
-        return AttachedNodeDataView(self, self.ntypes, [self.get_ntype_id(t) for t in self.ntypes], dgl.ALL)
+        return _node_view(self, self.ntypes, self.get_ntype_id)
 
     @property
     def edata(self):
@@ -115,13 +128,52 @@ class HybridDGLGraph(dgl.DGLGraph):
             return AttachedEdgeDataView(self, None, dgl.ALL)
         return AttachedEdgeDataView(self, self.canonical_etypes, dgl.ALL)
 
+    @property
+    def srcdata(self):
+        """DGL's ``srcdata`` (``ndata`` of the source node types), reading attached keys as ``ndata`` does."""
+        return _node_view(self, self.srctypes, self.get_ntype_id_from_src)
+
+    @property
+    def dstdata(self):
+        """DGL's ``dstdata`` (``ndata`` of the destination node types), reading attached keys as ``ndata`` does."""
+        return _node_view(self, self.dsttypes, self.get_ntype_id_from_dst)
+
+    @contextlib.contextmanager
+    def local_scope(self):
+        """DGL's ``local_scope``, which also undoes what ``attach`` and the detaching writes did inside it.
+
+        DGL restores the graph's frames on leaving the scope; the attached keys
+        live beside them, so they are restored too: a key detached inside
+        (``g.ndata[key] = x``, as DGL's ``SAGEConv``/``GraphConv`` write
+        ``srcdata`` inside their scope, or ``del``) is attached again after it,
+        and a key attached inside is detached again, its old ``g.ndata`` column
+        back. Raises what the body raises (the graph restored all the same).
+        Renumbering inside (``remove_nodes``) is not undone, by DGL either,
+        so the stale marks it left stay.
+        """
+        saved = {name: self.__dict__.get(name) for name in _STATE}
+        stale = self.__dict__.get("_hmgstore_stale", {})
+        try:
+            with super().local_scope():
+                yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    self.__dict__.pop(name, None)
+                else:
+                    setattr(self, name, value)
+            self._hmgstore_stale = {**stale, **self.__dict__.get("_hmgstore_stale", {})}
+
     def get_edge_storage(self, key, etype=None):
-        """Where DGL fetches edge feature ``key`` of ``etype`` from: the attached table, else ``edata``."""
+        """Where DGL fetches edge feature ``key`` of ``etype`` from: the graph's own ``edata`` column if it has
+        one (as ``g.edata`` reads it), else the attached table."""
         attached = self.__dict__.get("_hmgstore_edge_storages")
         if attached:
-            canonical = self.canonical_etypes[self.get_etype_id(etype)]
+            etid = self.get_etype_id(etype)
+            canonical = self.canonical_etypes[etid]
             storage = attached.get((key, canonical))
-            if storage is not None:
+            if storage is not None and key not in self._edge_frames[etid].keys():
+                storage._unedited(f"g.edata[{key!r}]")
                 _same_rows(storage, self.num_edges(canonical), f"edge feature {key!r} of edge type {canonical}",
                            "edges")
                 _not_stale(self, ("edge", key, canonical), f"edge feature {key!r} of edge type {canonical}")
@@ -132,12 +184,16 @@ class HybridDGLGraph(dgl.DGLGraph):
         return super().get_edge_storage(key, etype)
 
     def get_node_storage(self, key, ntype=None):
-        """Where DGL fetches node feature ``key`` of ``ntype`` from: the attached table, else ``ndata``."""
+        """Where DGL fetches node feature ``key`` of ``ntype`` from: the graph's own ``ndata`` column if it has
+        one (as ``g.ndata`` reads it; ``attach`` inside a plain graph's ``local_scope`` leaves both), else the
+        attached table."""
         attached = self.__dict__.get("_hmgstore_storages")
         if attached:
-            name = self.ntypes[self.get_ntype_id(ntype)]
+            ntid = self.get_ntype_id(ntype)
+            name = self.ntypes[ntid]
             storage = attached.get((key, name))
-            if storage is not None:
+            if storage is not None and key not in self._node_frames[ntid].keys():
+                storage._unedited(f"g.ndata[{key!r}]")
                 _same_rows(storage, self.num_nodes(name), f"node feature {key!r} of node type {name!r}", "nodes")
                 _not_stale(self, ("node", key, name), f"node feature {key!r} of node type {name!r}")
                 if (key, name) in getattr(self, "_gpu_caches", {}).get("node", {}):
@@ -153,6 +209,17 @@ class HybridDGLGraph(dgl.DGLGraph):
         edges = sorted(self.__dict__.get("_hmgstore_edge_storages", {}), key=str)
         return (f"{super().__repr__()}\n      hmgstore node features (key, ntype)={attached}"
                 + (f"\n      hmgstore edge features (key, etype)={edges}" if edges else ""))
+
+
+#: The adapter's state beside DGL's frames: what ``local_scope`` saves and restores (stale marks it merges).
+_STATE = ("_hmgstore_storages", "_hmgstore_edge_storages")
+
+
+def _node_view(graph, ntypes: list, type_id) -> AttachedNodeDataView:
+    """``g.ndata``-like view of ``ntypes`` (``type_id``: the graph's ``get_ntype_id`` or its src/dst variant)."""
+    if len(ntypes) == 1:
+        return AttachedNodeDataView(graph, ntypes[0], type_id(ntypes[0]), dgl.ALL)
+    return AttachedNodeDataView(graph, list(ntypes), [type_id(t) for t in ntypes], dgl.ALL)
 
 
 def _same_rows(storage, count: int, what: str, unit: str) -> None:
@@ -205,50 +272,6 @@ def _popped(graph, attr: str, kind: str, type_, frame, key):
         value = storage.table  # DGL's views discard it; reading it whole could copy a large table
     _detach(graph, attr, kind, type_, [key])
     return value
-
-
-#: A column DGL carries through ``remove_nodes``/``remove_edges`` for us: each edge's id before the call.
-EDGE_ID_TAG = "_hmgstore_edge_id_before"
-
-
-def _tag_edges(graph, edge_types: list) -> list | None:
-    """Put each attached edge type's edge ids in a column of its frame, which the removal then reindexes as it
-    reindexes ``g.edata``; the tagged frames, or None when no edge feature is attached. The edge count alone
-    does not tell whether ids moved: ``remove_nodes`` (of an isolated node, too) rebuilds the edges from a CSR
-    or CSC, which can reorder the ids of the edges left at the same count. The tagged frames are shallow
-    copies (no tensor copied) in a new list, so that graphs sharing the old ones (``copy.copy``) never see
-    the column."""
-    if not edge_types:
-        return None
-    graph._edge_frames = [frame.clone() for frame in graph._edge_frames]
-    for etype in edge_types:
-        graph._edge_frames[graph.get_etype_id(etype)][EDGE_ID_TAG] = torch.arange(
-            graph.num_edges(etype), dtype=torch.int64, device=graph.device)
-    return graph._edge_frames
-
-
-def _edges_moved(graph, etype, count: int) -> str | None:
-    """None when no edge of ``etype`` was removed and each kept its id; otherwise what the stale message adds
-    (a note when the count stayed and only the ids moved)."""
-    before = graph._edge_frames[graph.get_etype_id(etype)][EDGE_ID_TAG]
-    if len(before) != count:
-        return ""
-    if torch.equal(before, torch.arange(count, dtype=before.dtype, device=before.device)):
-        return None
-    return " (as many edges as before, under other ids)"
-
-
-def _untag_edges(graph, frames: list, tagged: list | None) -> None:
-    """Drop the tag column :func:`_tag_edges` added: the old frames back where the removal did not replace
-    them (it removed nothing, or failed), else the column taken out of the frames it left."""
-    if tagged is None:
-        return
-    if graph._edge_frames is tagged:
-        graph._edge_frames = frames
-        return
-    for frame in graph._edge_frames:
-        if EDGE_ID_TAG in frame.keys():
-            del frame[EDGE_ID_TAG]
 
 
 def _node_type(graph, ntype, key: str) -> str:

@@ -60,13 +60,19 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         self.table: FeatureTable = table
         self._whole: torch.Tensor | None = None  # a decoded or copied whole table, made once (see whole())
         self._whole_writes = 0  # the table's writes when it was made
+        self._whole_version = 0  # its torch version counter then: a change means an in-place edit of the copy
 
     def whole(self, key: str = "") -> torch.Tensor:
         """Every row: ``[N, *row_shape]`` of the table's dtype, a CPU tensor, for ``g.ndata[key]``/``g.edata[key]``.
 
         The host tier itself (no copy) when it keeps rows as they read and
         is writable; otherwise (a stored format, a layout, read-only memory)
-        a copy made on the first call and kept. Raises KeyError naming
+        a copy made on the first call and kept. That copy is not the table:
+        an in-place edit of it (``g.ndata[key].mul_(0)``) would not reach the
+        rows the DataLoader gathers, so once the copy has been edited this,
+        and every :meth:`fetch`, raises RuntimeError until the table is
+        written (``table[ids] = rows``) or the key assigned whole
+        (``g.ndata[key] = edited``, which detaches it). Raises KeyError naming
         ``key`` for a ClusterTensor (its rows live on several machines:
         gather them with ``table[ids]``) and RuntimeError for a closed table.
         """
@@ -75,6 +81,7 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
                            "whole table here; read rows with table[ids]")
         if not isinstance(self.table, HybridTensor):  # a ShardedTensor or DistributedTensor: its host table
             return self.table.dense()  # type: ignore[attr-defined]  # both have dense(); no GPU holds every row
+        self._unedited(f"g.ndata[{key!r}] (or g.edata[{key!r}])")
         if self._whole is not None and self._whole_writes == self.table.writes:
             return self._whole
         if self.table.closed:
@@ -83,11 +90,24 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         source = self.table.source
         if not (isinstance(source, torch.Tensor) and rows.data_ptr() == source.data_ptr()):
             # a copy: kept (until the table is written), so that g.ndata[key] in a loop does not decode every time
-            self._whole, self._whole_writes = rows, self.table.writes
+            self._whole, self._whole_writes, self._whole_version = rows, self.table.writes, rows._version
         return rows
 
+    def _unedited(self, name: str = "g.ndata[key] (or g.edata[key])") -> None:
+        """Refuse to go on once the kept copy of :meth:`whole` (``name``) was edited in place while the table was
+        not written: ``g.ndata[key]`` and the DataLoader would serve different rows. One integer compare."""
+        whole = self._whole
+        if whole is None or whole._version == self._whole_version or self._whole_writes != self.table.writes:
+            return
+        raise RuntimeError(
+            f"{name} is a decoded copy of its attached table {self.table} (rows stored compressed, laid out or "
+            "read-only), and it was changed in place (mul_, +=, x[...] = ...): the edit did not reach the table, "
+            "so the DataLoader would serve the old rows. Assign the edited tensor whole instead "
+            f"({name} = edited, which detaches the key: the loader then serves it), or write the table itself "
+            "(table[ids] = rows)")
+
     def __getstate__(self):
-        return {**self.__dict__, "_whole": None}
+        return {**self.__dict__, "_whole": None}  # a copy of the table's rows: the worker decodes its own
 
     def __setstate__(self, state):
         self.__dict__.update({"_whole": None, **state})
@@ -119,9 +139,15 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
             IndexError: an id outside ``[0, N)``: at ``fetch`` for CPU ids, at ``wait()`` (for every fetch of
                 that gather, before any memory is read) for GPU ids, whose check would wait for the GPU.
             RuntimeError: a CUDA ``device`` where torch sees no GPU, a device string torch does not know
-                (torch's own words); at ``wait()``, a closed table.
+                (torch's own words); ``g.ndata[key]``'s decoded copy edited in place (see :meth:`whole`); at
+                ``wait()``, a closed table.
+
+        Each fetch reads its own copy of ``indices``, taken here: the caller may reuse its id buffer at once.
+        Each ``wait()`` returns its own rows or raises its own error: a bad fetch does not fail the other
+        fetches gathered with it (except on a ClusterTensor, whose gather is one exchange among machines).
         """
         checks.misspelt("fetch", kwargs, ("indices", "device", "pin_memory"), others="ignored, as in DGL's signature")
+        self._unedited()
         return PendingFetch(self.table, indices, device, pin_memory)
 
 
@@ -132,7 +158,7 @@ class PendingFetch:
     ``PendingFetch(table, indices, device, pin_memory)`` records the same fetch of ``table``.
     """
 
-    __slots__ = ("table", "indices", "device", "pin_memory", "_batch", "_rows", "__weakref__")
+    __slots__ = ("table", "indices", "device", "pin_memory", "_batch", "_rows", "_error", "__weakref__")
 
     def __init__(self, table: FeatureTable, indices: torch.Tensor, device, pin_memory=False):
         if not isinstance(table, FeatureTable):
@@ -147,24 +173,37 @@ class PendingFetch:
             raise ValueError(f"fetch takes 1-D node ids [n], got shape {tuple(indices.shape)}")
         if pin_memory is not None and not isinstance(pin_memory, (bool, np.bool_)):
             raise TypeError(f"pin_memory is True, False or None, got {pin_memory!r}")
-        if indices.device.type == "cpu":  # here, so a bad fetch fails alone; GPU ids are checked by the gather
+        ids = _private_ids(indices)
+        if ids.device.type == "cpu":  # here, so a bad fetch fails alone; GPU ids are checked by the gather
             try:
-                check_range(indices, table.shape[0])
+                check_range(ids, table.shape[0])
             except IndexError as err:
                 raise IndexError(f"fetch: {err}") from None
-        self.table, self.indices, self.device, self.pin_memory = table, indices, resolve_device(device), \
-            bool(pin_memory)
+        self.table, self.indices, self.device, self.pin_memory = table, ids, resolve_device(device), bool(pin_memory)
         self._batch: _Batch | None = None
         self._rows: torch.Tensor | None = None
+        self._error: Exception | None = None  # this fetch's own failure, raised by every wait()
         _record(self)
 
     def wait(self) -> torch.Tensor:
         """The rows ``[n, *row_shape]`` on the requested device (see ``HybridFeatureStorage.fetch``)."""
-        if self._rows is None:
+        if self._rows is None and self._error is None:
             assert self._batch is not None  # __init__ records every fetch in a batch
             self._batch.run()
-        assert self._rows is not None  # the batch's run gave every live fetch its rows, or raised
+        if self._error is not None:
+            raise self._error
+        assert self._rows is not None  # the batch's run gave every live fetch its rows or its error
         return self._rows
+
+
+def _private_ids(indices: torch.Tensor) -> torch.Tensor:
+    """The fetch's own int32/int64 copy of ``indices`` (read at ``wait()``, so a caller's later write to its
+    buffer must not reach it); a conversion from another integer dtype is already a copy."""
+    if indices.dtype in (torch.int32, torch.int64):
+        return indices.clone(memory_format=torch.contiguous_format)
+    if indices.dtype == torch.uint64:  # as hmgstore reads uint64: the same bits, ids >= 2**63 negative
+        return indices.view(torch.int64).clone(memory_format=torch.contiguous_format)
+    return indices.to(torch.int64)  # uint8..uint32, int8, int16: every value fits
 
 
 class _Batch:
@@ -175,7 +214,6 @@ class _Batch:
         self._fetches: list[weakref.ref] = []  # weak: a fetch dropped unwaited is not gathered
         self._lock = threading.Lock()
         self._done = False
-        self._error: Exception | None = None
 
     def add(self, fetch: PendingFetch) -> bool:
         """Record ``fetch``; False once this batch has been gathered."""
@@ -189,32 +227,54 @@ class _Batch:
             return True
 
     def run(self) -> None:
-        """Gather every live fetch of the batch (once); re-raise its error to every waiter."""
+        """Gather every live fetch of the batch (once), leaving each its rows or its own error, which its
+        ``wait()`` raises (see :func:`_gather_alone` for a failed fused gather)."""
         with self._lock:
-            if not self._done:
-                self._done = True
-                try:
-                    self._gather()
-                except Exception as err:  # noqa: BLE001 - handed to every fetch of the batch
-                    self._error = err
-        if self._error is not None:
-            raise self._error
+            if self._done:
+                return
+            self._done = True
+            fetches = [f for f in (ref() for ref in self._fetches) if f is not None]
+            self._fetches = []
+            try:
+                _gather(fetches, self.stream)
+            except Exception as err:  # noqa: BLE001 - handed to the fetches it belongs to
+                _gather_alone([f for f in fetches if f._rows is None], err, self.stream)
 
-    def _gather(self) -> None:
-        fetches = [f for f in (ref() for ref in self._fetches) if f is not None]
-        self._fetches = []
-        # One kind of table per batch (see _record): its own batch gather, e.g. one launch for HybridTensors, one
-        # exchange among machines for ClusterTensors. It sets the CUDA device itself (DGL's prefetch thread
-        # starts on GPU 0).
-        outs = [_pinned_staging(f) for f in fetches]
-        rows = fetches[0].table.gather_batch([(f.table, f.indices) for f in fetches], outs=outs, stream=self.stream)
-        for fetch, r in zip(fetches, rows):
-            if r.device != fetch.device:
-                # Into a GPU: ordered on its current stream. Into host memory: blocking, because
-                # a non-blocking copy to the CPU returns before the rows have arrived.
-                r = r.to(fetch.device, non_blocking=fetch.device.type == "cuda")
-            fetch._rows = r
-            fetch.table = fetch.indices = None
+
+def _gather_alone(fetches: list[PendingFetch], err: Exception, stream) -> None:
+    """After the fused gather of ``fetches`` failed with ``err``: gather each alone, so that one bad fetch (a
+    closed table, a GPU id out of range) fails only itself and the others get their rows. ``err`` goes to
+    every fetch when no fetch fails alone (it is not theirs: an earlier gather's GPU id check, deferred and
+    reported once, whose rows must be thrown away) and on ClusterTensors, whose gathers are collective (every
+    rank must run the same ones, so one rank may not retry alone)."""
+    if fetches and not isinstance(fetches[0].table, _cluster_tensor()):
+        for fetch in fetches:
+            try:
+                _gather([fetch], stream)
+            except Exception as own:  # noqa: BLE001 - this fetch's own, raised by its wait()
+                fetch._error = own
+        if any(fetch._error is not None for fetch in fetches):
+            return
+    for fetch in fetches:
+        fetch._error, fetch._rows = err, None
+
+
+def _gather(fetches: list[PendingFetch], stream) -> None:
+    """Gather ``fetches`` (all of one kind of table) in one batch gather; give each its rows."""
+    if not fetches:
+        return
+    # One kind of table per batch (see _record): its own batch gather, e.g. one launch for HybridTensors, one
+    # exchange among machines for ClusterTensors. It sets the CUDA device itself (DGL's prefetch thread
+    # starts on GPU 0).
+    outs = [_pinned_staging(f) for f in fetches]
+    rows = fetches[0].table.gather_batch([(f.table, f.indices) for f in fetches], outs=outs, stream=stream)
+    for fetch, r in zip(fetches, rows):
+        if r.device != fetch.device:
+            # Into a GPU: ordered on its current stream. Into host memory: blocking, because
+            # a non-blocking copy to the CPU returns before the rows have arrived.
+            r = r.to(fetch.device, non_blocking=fetch.device.type == "cuda")
+        fetch._rows = r
+        fetch.table = fetch.indices = None
 
 
 def _pinned_staging(fetch: PendingFetch) -> torch.Tensor | None:

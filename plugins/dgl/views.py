@@ -10,8 +10,12 @@ no copy, when it keeps rows as they read, else a decoded copy made once.
 Writes are DGL's, and the last one wins: ``attach`` drops the frames' columns
 of the keys it attaches, and ``g.ndata["feat"] = x`` (all nodes) or ``del
 g.ndata["feat"]`` after it detaches ``feat`` (``HybridDGLGraph._set_n_repr``,
-``_pop_n_repr``), so the views and DGL's DataLoader always read the same rows.
-Only ``g.ndata``/``g.edata`` (all nodes or edges) read through; ``g.nodes[ids].data`` and blocks are DGL's alone.
+``_pop_n_repr``), so the views and DGL's DataLoader always read the same rows; a
+decoded copy edited in place is refused at the next read or fetch
+(:meth:`HybridFeatureStorage.whole`), its edit being lost to the table.
+Only ``g.ndata``/``g.edata`` and ``g.srcdata``/``g.dstdata`` (all nodes or edges) read through;
+``g.nodes[...].data``, message passing and blocks are DGL's alone (see
+:class:`~hmgstore.plugins.dgl.HybridDGLGraph`).
 """
 from __future__ import annotations
 
