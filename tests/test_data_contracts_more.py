@@ -191,3 +191,41 @@ def test_progress_false_still_raises_and_logs_other_stderr_lines(ogb_reader, cap
             raise RuntimeError("ogb failed")
     said = [r for r in caplog.records if "a line that is not a bar" in r.getMessage()]
     assert said and said[0].levelno == logging.WARNING
+
+
+def test_a_graph_short_of_its_raw_edges_is_refused_on_every_load(ogb_reader, tmp_path):
+    # a binary dataset whose num_edges_list keeps 150 of raw/data.npz's 200 edges: ogb writes processed/ from
+    # it; the refusal must not leave that short graph for the next load to read in silence
+    folder = tmp_path / "ogbn_papers100M"
+    (folder / "raw").mkdir(parents=True)
+    (folder / "RELEASE_v1.txt").write_text("")
+    rng = np.random.default_rng(2)
+    np.savez(folder / "raw/data.npz", edge_index=rng.integers(0, 50, (2, 200)), num_nodes_list=np.array([50]),
+             num_edges_list=np.array([150]), node_feat=rng.random((50, 4)).astype(np.float32))
+    np.savez(folder / "raw/node-label.npz", node_label=(np.arange(50) % 172).astype(np.float32).reshape(50, 1))
+    (folder / "split/time").mkdir(parents=True)
+    for part, ids in (("train", range(0, 30)), ("valid", range(30, 40)), ("test", range(40, 50))):
+        with gzip.open(folder / f"split/time/{part}.csv.gz", "wt") as f:
+            f.write("".join(f"{i}\n" for i in ids))
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"150 edges.*200"):
+            ogb_reader.load_node_dataset(tmp_path, "ogbn-papers100M", progress=False)
+
+
+@pytest.mark.parametrize("damage", ["no checksum", "entry a string", "processed a list"])
+def test_a_damaged_record_entry_is_refused_naming_the_record(ogb_reader, tmp_path, damage):
+    import json
+
+    folder = fake_arxiv(tmp_path)
+    _load(ogb_reader, tmp_path)
+    path = folder / "processed" / "hmgstore_raw_files.json"
+    record = json.loads(path.read_text())
+    if damage == "no checksum":
+        del record["raw"][_FEATURES]["checksum"]
+    elif damage == "entry a string":
+        record["raw"][_FEATURES] = "x"
+    else:
+        record["processed"] = [1]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"hmgstore_raw_files\.json is not a record of raw files; it is damaged"):
+        _load(ogb_reader, tmp_path)

@@ -42,7 +42,7 @@ def test_a_part_copied_over_another_with_its_meta_edited_is_refused(tmp_path):
         load_partition(tmp_path / "p", 0, "cpu", progress=False)
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"runs": 1}'])
+@pytest.mark.parametrize("text", ["{", "[]", '{"runs": 1}', '{"run": 5}'])
 def test_a_damaged_run_file_is_refused(tmp_path, text):
     write(tmp_path / "p")
     (tmp_path / "p" / "partition.json").write_text(text)
@@ -79,3 +79,23 @@ def test_cluster_tensors_refuse_parts_of_two_runs_and_another_machines_part():
         agreement([rank(), rank(run="r2")])
     with pytest.raises(ValueError, match=r"rank 0 runs on machine 0 but its table holds part 1.*load_partition"):
         agreement([rank(part=1), rank(part=0)])  # equal part sizes: the row counts alone would agree
+
+
+def test_a_part_copied_alone_is_still_held_to_its_seal(tmp_path):
+    # each machine may hold only its own part folder, without partition.json: its meta.json stays sealed
+    write(tmp_path / "p")
+    (tmp_path / "p" / "partition.json").unlink()
+    load_partition(tmp_path / "p", 1, "cpu", progress=False).close()
+    meta_path = tmp_path / "p" / "part1" / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "run": "0" * 32}))
+    with pytest.raises(ValueError, match=r"part1/meta\.json was edited since partition\(\) wrote it"):
+        load_partition(tmp_path / "p", 1, "cpu", progress=False)
+
+
+def test_a_table_hands_out_a_copy_of_its_layout(tmp_path):
+    from hmgstore import HybridTensor
+
+    x, perm = torch.rand(50, 3) + 0.5, torch.randperm(50)
+    table = HybridTensor(x, "cpu", layout=perm, progress=False)
+    table.layout[:] = table.layout.flip(0)
+    assert torch.equal(table[torch.arange(50)], x) and torch.equal(table.layout, perm)

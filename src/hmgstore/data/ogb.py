@@ -232,9 +232,7 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
         split = dataset.get_idx_split()
     graph, labels = dataset[0]
     if from_raw:  # the processed rows are bound to the raw files they came from, checked on later loads
-        processed_record.write(folder, raw_read)
-    if held is not None:  # ogb kept the edges num-edge-list counts: a short count drops the rest of raw/edge
-        _check_all_edges_kept(folder, graph, held)
+        _keep_processed(folder, graph, held, raw_read)
     if not from_raw and record is None:
         _adopt_processed(folder, meta, raw_paths, graph, labels)
     labels, edge_index, split = _checked(folder, graph, labels, split, int(dataset.num_classes))
@@ -253,6 +251,18 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
         train_idx=split["train"], val_idx=split["valid"], test_idx=split["test"],
         num_classes=int(dataset.num_classes),
     )
+
+
+def _keep_processed(folder: Path, graph: dict, held, raw_read: dict) -> None:
+    """After ogb processed the raw files in this call: refuse a graph short of ``raw/edge`` (ogb keeps the edges
+    num-edge-list counts), removing what it wrote so that no later load reads it, then record the raw files."""
+    if held is not None:
+        try:
+            _check_all_edges_kept(folder, graph, held)
+        except ValueError:
+            (folder / "processed" / "data_processed").unlink(missing_ok=True)
+            raise
+    processed_record.write(folder, raw_read)
 
 
 def _check_processed_is_current(folder: Path, raw_paths: list[str], record: dict | None) -> None:

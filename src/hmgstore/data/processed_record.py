@@ -68,7 +68,12 @@ def read(folder: Path) -> dict | None:
     except (OSError, ValueError) as err:
         raise ValueError(f"{folder}: {RECORD} cannot be read ({err}); it is damaged. Delete {folder / 'processed'} "
                          "to rebuild it from the raw files") from None
-    if not isinstance(record, dict) or not isinstance(record.get("raw"), dict):
+    def identity(entry) -> bool:  # as identities() writes them
+        return isinstance(entry, dict) and all(type(entry.get(k)) is int for k in ("size", "mtime_ns", "checksum"))
+
+    if not isinstance(record, dict) or not isinstance(record.get("raw"), dict) or not all(
+            map(identity, record["raw"].values())) or not (record.get("processed") is None
+                                                         or identity(record["processed"])):
         raise ValueError(f"{folder}: {RECORD} is not a record of raw files; it is damaged. Delete "
                          f"{folder / 'processed'} to rebuild it from the raw files")
     return record

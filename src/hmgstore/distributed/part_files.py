@@ -65,11 +65,13 @@ def check_run(folder: Path, meta: dict, book: PartitionBook, out_dir) -> None:
     or book of another :func:`partition` run than the folder's ``partition.json``. Folders written before runs
     were recorded (no ``partition.json``) pass."""
     run_file = Path(out_dir) / RUN_FILE
-    if not run_file.is_file():
-        return
-    try:
-        folder_run = json.loads(run_file.read_text())["run"]
-    except (ValueError, UnicodeDecodeError, TypeError, KeyError) as err:
+    if not run_file.exists() and "seal" not in meta:
+        return  # a part written before runs and seals
+    try:  # a part copied alone (no partition.json) is still held to its seal and its book's run
+        folder_run = json.loads(run_file.read_text())["run"] if run_file.exists() else meta.get("run")
+        if not isinstance(folder_run, str):
+            raise TypeError(f"its run is a {type(folder_run).__name__}, not a string")
+    except (OSError, ValueError, UnicodeDecodeError, TypeError, KeyError) as err:
         raise ValueError(f"{run_file} is not the JSON partition() writes ({err!r}): the folder is damaged; rewrite "
                          "the parts: python -m hmgstore.cli.partition OUT_DIR --parts N ... --overwrite") from None
     if seal({k: v for k, v in meta.items() if k != "seal"}) != meta.get("seal"):

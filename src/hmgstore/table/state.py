@@ -183,8 +183,9 @@ class Table:
 
     @property
     def layout(self) -> torch.Tensor | None:
-        """Old ids in the order the host tier keeps its rows (int64 CPU), or None for id order."""
-        return self._layout
+        """Old ids in the order the host tier keeps its rows (int64 CPU; a copy: the table reads through its
+        own), or None for id order."""
+        return None if self._layout is None else self._layout.clone()
 
     def _fill_gpu_tier(self, gpu: torch.Tensor) -> None:
         """Copy the GPU tier's rows in through the gather kernel: stored rows as they are, or decoded."""
