@@ -97,7 +97,8 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
         """Refuse to go on once the kept copy of :meth:`whole` (``name``) was edited in place while the table was
         not written: ``g.ndata[key]`` and the DataLoader would serve different rows. One integer compare."""
         whole = self._whole
-        if whole is None or whole._version == self._whole_version or self._whole_writes != self.table.writes:
+        if whole is None or whole._version == self._whole_version or self._whole_writes != getattr(
+                self.table, "writes", None):  # only a HybridTensor keeps a copy (whole())
             return
         raise RuntimeError(
             f"{name} is a decoded copy of its attached table {self.table} (rows stored compressed, laid out or "
@@ -274,7 +275,7 @@ def _gather(fetches: list[PendingFetch], stream) -> None:
             # a non-blocking copy to the CPU returns before the rows have arrived.
             r = r.to(fetch.device, non_blocking=fetch.device.type == "cuda")
         fetch._rows = r
-        fetch.table = fetch.indices = None
+        fetch.table = fetch.indices = None  # type: ignore[assignment]  # done: the table and ids may go
 
 
 def _pinned_staging(fetch: PendingFetch) -> torch.Tensor | None:

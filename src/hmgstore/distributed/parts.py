@@ -360,5 +360,5 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
             table.close()
         raise
     for table in features.values():  # a ClusterTensor refuses a part handed to another machine's rank
-        table._partition_machine = machine
+        setattr(table, "_partition_machine", machine)  # noqa: B010 - a mark of load_partition's, not a field
     return Partition(machine, book, features, colptr, row)

@@ -170,7 +170,7 @@ def _raise_first_bad(ids: torch.Tensor, num_rows: int) -> None:
         bad = int(np.flatnonzero(values >= num_rows)[0])
         value = int(values[bad])
     else:
-        bad = ((ids < 0) | (ids >= num_rows)).nonzero()[0, 0]
+        bad = int(((ids < 0) | (ids >= num_rows)).nonzero()[0, 0])
         value = int(ids[bad])
     shown = f"{value} (or {value + 2**64} read as unsigned)" if value < 0 and value < -2**62 else str(value)
     raise IndexError(
