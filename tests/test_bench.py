@@ -595,3 +595,12 @@ def test_repeats_give_the_median_and_spread_of_each_configuration():
     report = {"configs": {"a": {"batches_per_s": 10.0}, "b": {"batches_per_s": 5.0}, "a/run2": {"batches_per_s": 14.0},
                           "a/run3": {"batches_per_s": 11.0}}}
     assert repeats(report) == {"a": {"runs": 3, "median": 11.0, "min": 10.0, "max": 14.0}}
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
+    from hmgstore.bench.__main__ import main
+
+    (tmp_path / "f").write_text("kept")
+    with pytest.raises(SystemExit):
+        main(["gather", "--quick", "--out", str(tmp_path / "f")])
+    assert "is a file" in capsys.readouterr().err and (tmp_path / "f").read_text() == "kept"

@@ -59,6 +59,10 @@ def make_sparse_first(n):
     return SparseFirst(n, "cpu")
 
 
+def make_with_none():
+    return [torch.arange(3) + 1, None, torch.arange(4) + 2]
+
+
 def make_pyg(device):
     """hmgstore's PyG stores and sampler behind a stock NeighborLoader, as a user's script builds them."""
     from torch_geometric.loader import NeighborLoader
@@ -200,6 +204,21 @@ def test_stopping_early_then_a_whole_pass():
         assert sorted(b["i"] for b in batches) == list(range(30))
         pid = batches.pid
     _wait_gone(pid)
+
+
+def test_a_none_batch_is_a_batch_not_the_end_of_the_epoch():
+    with hmgstore.Producer(make_with_none) as producer:
+        got = list(producer)
+    assert len(got) == 3 and got[1] is None
+    assert torch.equal(got[0], torch.arange(3) + 1) and torch.equal(got[2], torch.arange(4) + 2)
+
+
+def test_closing_mid_pass_raises_nothing():
+    for _ in range(3):  # closing while the producer still sends: the messages dropped unread are no error
+        with hmgstore.Producer(functools.partial(make_batches, 50, "cpu")) as producer:
+            for _batch in producer:
+                producer.close()
+                break
 
 
 def test_closing_ends_the_process_and_a_dead_trainer_ends_it_too():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -127,6 +128,9 @@ def main(argv=None, suite: Suite = USER) -> None:
     """Run the benchmark that ``argv`` (None: ``sys.argv[1:]``) names in ``suite``; print its table and where
     its files went. Exits with argparse's message on a bad command line."""
     args = parse_args(argv, suite)
+    out = getattr(args, "out", None)
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):  # before the run, not after it
+        build_parser(suite=suite).error(f"--out {out} is a file; the results go into a folder: name another")
     # The benchmarks' own progress lines; the library's INFO logs (a DGL stub, a split's measured share) are
     # not the reader's business here, its warnings are.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

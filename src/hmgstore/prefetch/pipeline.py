@@ -160,7 +160,10 @@ class Pipeline:
         loader: any iterable of batches (a PyG ``NeighborLoader``, a DGL
             ``DataLoader``, ...); it may be iterated several times (epochs).
             A one-shot iterator (a generator) gives one epoch: iterating
-            the Pipeline again raises RuntimeError saying so.
+            the Pipeline again raises RuntimeError saying so. Each batch
+            must be new memory: a loader that refills the tensors of its last
+            batch would overwrite batches still queued (PyG's and DGL's
+            loaders make new ones).
         depth: batches prepared ahead (1 or more; a Python, numpy or torch integer).
         device: the CUDA device whose streams are used (default: the current
             GPU; None on a machine without one: plain prefetching).

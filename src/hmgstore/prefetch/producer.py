@@ -226,6 +226,8 @@ class Producer:
                     self._results.get(timeout=0.1)
                 except queue.Empty:
                     pass
+                except Exception:  # noqa: BLE001 - a message dropped unread, torn as its sender exits, is no error
+                    pass
             process.join(timeout=1)
         if process is not None and process.is_alive():
             process.terminate()

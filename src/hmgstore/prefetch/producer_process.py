@@ -23,6 +23,8 @@ from .pipeline import Pipeline
 
 #: Seconds between liveness checks while one process waits for the other.
 POLL = 0.2
+#: The end of an epoch in the server (a loader may yield None as a batch).
+_END = object()
 
 
 class RemoteTraceback(Exception):
@@ -171,8 +173,8 @@ class _Server:
                     self.handle(cmd)
                 waited += time.perf_counter() - start
                 start = time.perf_counter()
-                batch = next(it, None)
-                if batch is None:
+                batch = next(it, _END)
+                if batch is _END:  # not None: a loader may yield None as a batch
                     break
                 slot = self.free[0]  # taken once the batch is in it: a batch that cannot be packed keeps no slot
                 skeleton, grown = ring.pack(batch, self.buffers[slot], self.device)
