@@ -31,7 +31,7 @@ def state_of(table, given, unusable: str | None, for_process: bool) -> dict:
     which moves tensors into shared memory in place (see :func:`sendable_source`).
     """
     return {"source": sendable_source(table, given, for_process), "dtype": table.dtype, "device": str(table.device),
-            "max_sms": table.max_sms, "closed": table.closed, "shape": tuple(table.shape), "layout": table.layout,
+            "max_sms": table.max_sms, "closed": table.closed, "shape": tuple(table.shape), "layout": table._layout,
             "format": table.host_format.name if table.host_format else None,
             "gpu_format": table.gpu_format.name if table.gpu_format else None,
             "gpu_rows": table.placement.gpu_rows if table.placement.num_gpu_rows else None,

@@ -202,7 +202,7 @@ class HybridTensor(Table):
         if self.closing:
             raise RuntimeError("this table was closed; build a new HybridTensor")
         source = self.host_tier
-        host = source if self.layout is None else source[self.host_positions(torch.arange(self.num_rows))]
+        host = source if self._layout is None else source[self.host_positions(torch.arange(self.num_rows))]
         if self.host_format is not None:
             return self.host_format.decode(host, self.row_shape)
         return host.clone() if self.read_only and host is source else host
