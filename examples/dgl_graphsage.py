@@ -8,6 +8,7 @@ and it is stock DGL reading g.ndata.
 
     python examples/dgl_graphsage.py                     # synthetic graph, ~15 s on 2 CPU cores
     python examples/dgl_graphsage.py --num-nodes 2000000 --device cuda --gpu-budget 4GB
+    python examples/dgl_graphsage.py --epochs 1 --max-batches 5 --no-inference   # a check that it runs
 
 After training, a layer-wise inference pass over all nodes (DGL's
 ``SAGE.inference``: one layer at a time, every neighbour, reading
@@ -22,6 +23,7 @@ it trains on the CPU.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 import warnings
 
@@ -90,11 +92,11 @@ def layerwise_infer(device, g, nid, model, batch_size, progress=True):
         return float((pred.argmax(1) == label).float().mean())
 
 
-def evaluate(model, dataloader):
+def evaluate(model, dataloader, max_batches=None):
     model.eval()
     correct = total = 0
     with torch.no_grad():
-        for _, _, blocks in dataloader:
+        for _, _, blocks in itertools.islice(dataloader, max_batches):
             y_hat = model(blocks, blocks[0].srcdata["feat"])
             y = blocks[-1].dstdata["label"]
             correct += int((y_hat.argmax(1) == y).sum())
@@ -102,7 +104,7 @@ def evaluate(model, dataloader):
     return correct / max(total, 1)
 
 
-def train(args, device, g, data, model):
+def train(args, device, g, data, model) -> dict:
     # PyG's order (seeds' hop first), as the other examples take it; DGL lists the input layer first.
     sampler = NeighborSampler(list(reversed(args.fanout)), prefetch_node_feats=["feat"], prefetch_labels=["label"])
 
@@ -113,12 +115,15 @@ def train(args, device, g, data, model):
     train_loader, val_loader = loader(data.train_idx, True), loader(data.val_idx, False)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=5e-4)
 
-    train_time = seeds = batches = 0
+    train_time = seeds = 0
+    epochs = []
+    total = min(len(train_loader), args.max_batches or len(train_loader))  # --max-batches: a short epoch
     for epoch in range(args.epochs):
         model.train()
-        total_loss, start = 0.0, time.perf_counter()
-        progress = tqdm.tqdm(train_loader, desc=f"epoch {epoch}", disable=args.no_progress)
-        for it, (_, output_nodes, blocks) in enumerate(progress):  # noqa: B007 - `it` counts the batches after it
+        total_loss, batches, start = 0.0, 0, time.perf_counter()
+        progress = tqdm.tqdm(itertools.islice(train_loader, total), total=total, desc=f"epoch {epoch}",
+                             disable=args.no_progress)
+        for _, output_nodes, blocks in progress:
             x = blocks[0].srcdata["feat"]
             y = blocks[-1].dstdata["label"]
             loss = F.cross_entropy(model(blocks, x), y)
@@ -127,51 +132,73 @@ def train(args, device, g, data, model):
             opt.step()
             total_loss += loss.item()
             seeds += len(output_nodes)
+            batches += 1
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         train_time += time.perf_counter() - start
-        batches += it + 1
-        print(f"epoch {epoch:3d} | loss {total_loss / (it + 1):.4f} | val accuracy {evaluate(model, val_loader):.4f}")
-    test_acc = evaluate(model, loader(data.test_idx, False))
+        epochs.append({"batches": batches, "loss": total_loss / batches,
+                       "val_acc": evaluate(model, val_loader, args.max_batches)})
+        print(f"epoch {epoch:3d} | loss {epochs[-1]['loss']:.4f} | val accuracy {epochs[-1]['val_acc']:.4f}")
+    test_acc = evaluate(model, loader(data.test_idx, False), args.max_batches)
     print(f"test accuracy {test_acc:.4f}")
+    batches = sum(e["batches"] for e in epochs)
     print(f"training throughput: {batches / train_time:.1f} batches/s, {seeds / train_time:,.0f} seed nodes/s "
           f"(sampling, feature loading and training, {args.num_workers} sampler workers)")
+    result = {"epochs": epochs, "test_acc": test_acc, "inference_test_acc": None}
     if not args.no_inference:
         start = time.perf_counter()
         acc = layerwise_infer(device, g, data.test_idx, model, 4096, progress=not args.no_progress)
         print(f"layer-wise inference over all {g.num_nodes():,} nodes: test accuracy {acc:.4f} "
               f"({time.perf_counter() - start:.2f} s)")
+        result["inference_test_acc"] = acc
+    return result
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--num-nodes", type=int, default=20_000, help="synthetic graph size")
-    parser.add_argument("--avg-degree", type=int, default=10)
-    parser.add_argument("--feat-dim", type=int, default=128)
-    parser.add_argument("--num-classes", type=int, default=16)
-    parser.add_argument("--device", default=None,
+    parser.add_argument("--num-nodes", type=flags.positive_count, default=20_000,
+                        help="synthetic graph size (at least --num-classes)")
+    parser.add_argument("--avg-degree", type=flags.positive, default=10)
+    parser.add_argument("--feat-dim", type=flags.positive, default=128)
+    parser.add_argument("--num-classes", type=flags.whole(2), default=16)
+    parser.add_argument("--device", type=flags.device_name, default=None,
                         help="cuda (needs a CUDA build of DGL) or cpu; default: cuda when DGL and torch can use it")
-    parser.add_argument("--gpu-budget", default=None,
-                        help="GPU memory for hot feature rows, e.g. 4GB (CUDA only; default: none, all rows "
-                             "read zero-copy from pinned host memory)")
+    parser.add_argument("--gpu-budget", type=flags.size("auto"), default=None,
+                        help="GPU memory for hot feature rows, e.g. 4GB, or 'auto' (CUDA only; default: none, all "
+                             "rows read zero-copy from pinned host memory)")
     flags.add_fanout(parser)  # from the seeds outwards; DGL's NeighborSampler takes the reverse (below)
     flags.add_batch_size(parser, 1024)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--hidden", type=flags.positive, default=256)
+    parser.add_argument("--lr", type=flags.positive_real, default=1e-3)
+    parser.add_argument("--epochs", type=flags.positive, default=3)
+    parser.add_argument("--num-workers", type=flags.natural, default=0)
+    flags.add_max_batches(parser)
     flags.add_seed(parser)
     parser.add_argument("--no-hmgstore", action="store_true", help="stock DGL: read features from g.ndata")
     parser.add_argument("--no-inference", action="store_true",
                         help="skip the layer-wise inference pass over all nodes after training")
     flags.add_no_progress(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
+    if args.num_nodes < args.num_classes:  # the synthetic graph has a node of each class at least
+        parser.error(f"--num-nodes {args.num_nodes} is fewer than --num-classes {args.num_classes}: the graph needs "
+                     "a node of each class")
     cuda_ok = torch.cuda.is_available() and dgl_supports_cuda()
-    device = torch.device(args.device or ("cuda" if cuda_ok else "cpu"))
-    if device.type == "cuda" and not cuda_ok:
+    if args.device is not None and args.device.type == "cuda" and not cuda_ok:
         parser.error("--device cuda needs a GPU and a CUDA build of DGL; this DGL is a CPU build (or torch sees "
                      "no GPU), which samples on the CPU and cannot move blocks to the GPU. Use --device cpu.")
+    missing = flags.missing_device(args.device) if args.device is not None else None
+    if missing is not None:
+        parser.error(f"argument --device: {missing}")
+    args.device = args.device or torch.device("cuda" if cuda_ok else "cpu")
+    return args
+
+
+def main(argv=None) -> dict:
+    """Train as the command line ``argv`` (None: ``sys.argv[1:]``) says; the epochs' batches, losses and
+    accuracies, the test accuracy and the layer-wise pass's (None when skipped)."""
+    args = parse_args(argv)
+    device = args.device
     torch.manual_seed(args.seed)
     dgl.seed(args.seed)
 
@@ -192,7 +219,7 @@ def main():
           f"features from {'g.ndata' if args.no_hmgstore else 'hmgstore'}")
 
     model = SAGE(args.feat_dim, args.hidden, data.num_classes, len(args.fanout)).to(device)
-    train(args, device, g, data, model)
+    return train(args, device, g, data, model)
 
 
 if __name__ == "__main__":

@@ -80,33 +80,34 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "papers:NODES:EDGES, a papers100M-shaped power-law topology (papers:111M:1.6B is "
                         "ogbn-papers100M's size) with --feat-dim features of a constant pattern and random labels: "
                         "for timing, its accuracy means nothing")
-    p.add_argument("--num-nodes", type=int, default=None,
+    p.add_argument("--num-nodes", type=flags.synthetic_nodes, default=None,
                    help="synthetic graph: nodes (default: 1,000,000 on GPUs, 20,000 on the CPU, where a step of "
                         "the larger graph takes seconds)")
-    p.add_argument("--avg-degree", type=int, default=10, help="synthetic graph: edges per node")
-    p.add_argument("--feat-dim", type=int, default=128, help="synthetic graph: feature width")
-    p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the feature table, e.g. 2GB")
-    p.add_argument("--replicate", default="256MB",
+    p.add_argument("--avg-degree", type=flags.positive, default=10, help="synthetic graph: edges per node")
+    p.add_argument("--feat-dim", type=flags.positive, default=128, help="synthetic graph: feature width")
+    p.add_argument("--gpu-budget", type=flags.size(), default="2GB",
+                   help="GPU memory each GPU gives the feature table, e.g. 2GB")
+    p.add_argument("--replicate", type=flags.size(), default="256MB",
                    help="part of --gpu-budget holding the hottest rows on every GPU; the rest holds its shard")
     p.add_argument("--compress", default=None, choices=("int8", "float8", "bfloat16", "float16"),
                    help="keep the features' rows in this format in every tier (GPUs and host), encoded once per "
                         "node; --gpu-budget then counts stored bytes (default: float32 as given)")
-    p.add_argument("--topology-budget", default="all",
+    p.add_argument("--topology-budget", type=flags.size("all"), default="all",
                    help="GPU memory each GPU gives the topology for its sampler, e.g. 1GB: the adjacency lists that "
                         "do not fit are sharded over the node's GPUs (read over NVLink) and the rest read from the "
                         "host; 'all' replicates the whole topology on every GPU (default)")
-    p.add_argument("--topology-replicate", default=None,
+    p.add_argument("--topology-replicate", type=flags.size(), default=None,
                    help="part of --topology-budget holding the hottest lists on every GPU (default: a quarter)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
                    help="hmgstore.Pipeline (default: on with GPUs, off on the CPU)")
-    p.add_argument("--max-sms", default="auto",
+    p.add_argument("--max-sms", type=flags.as_written(flags.sm_cap), default="auto",
                    help="cap the pipeline's gathers at this many SMs ('auto', the default: hmgstore's choice, "
                         "hmgstore.Pipeline's own; 'none': no cap)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=flags.positive, default=3)
     flags.add_batch_size(p, 1024, "seed nodes, per process,")
     flags.add_fanout(p)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--hidden", type=flags.positive, default=256)
+    p.add_argument("--lr", type=flags.positive_real, default=0.003)
     p.add_argument("--no-trim", action="store_true",
                    help="run every layer over the batch's whole subgraph (default: trim_to_layer drops the outer "
                         "hops each layer no longer needs)")
@@ -121,6 +122,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "DIR/rank<R>.json (a Chrome trace) and DIR/rank<R>.txt (kernels by GPU time)")
     flags.add_no_progress(p)
     args = p.parse_args(argv)
+    problem = flags.replicate_problem(args.replicate, args.gpu_budget)
+    if problem is not None:  # said now, not once every rank has built the graph
+        p.error(problem)
     if args.num_nodes is None:
         args.num_nodes = 1_000_000 if torch.cuda.is_available() else 20_000
     return args
@@ -142,14 +146,13 @@ def step_profiler(folder: str, rank: int, total: int):
                    on_trace_ready=save)
 
 
+_GRAPH = flags.graph("synthetic", "papers:NODES:EDGES")
+
+
 def graph_spec(text: str) -> tuple:
     """``("synthetic",)`` or ``("papers", nodes, edges)`` for a ``--graph`` value."""
-    if text == "synthetic":
-        return ("synthetic",)
-    kind, *counts = text.split(":")
-    if kind != "papers" or len(counts) != 2:
-        raise argparse.ArgumentTypeError(f"--graph {text!r}: write synthetic, or papers:NODES:EDGES (papers:111M:1.6B)")
-    return ("papers", *(flags.count(c) for c in counts))
+    kind, *counts = _GRAPH(text).split(":")
+    return (kind, *(flags.count(c) for c in counts))
 
 
 def start_process_group() -> torch.device:
@@ -322,7 +325,7 @@ def main(argv=None) -> dict | None:
                 marks[ids.device] = torch.zeros(len(graph["train_idx"]), dtype=torch.bool, device=ids.device)
             marks[ids.device][ids] = True
 
-        max_sms = None if args.max_sms == "none" else args.max_sms if args.max_sms == "auto" else int(args.max_sms)
+        max_sms = flags.sm_cap(args.max_sms)
         pipeline = hmgstore.Pipeline(train_loader, depth=2, max_sms=max_sms) if pipelined else None  # <-- hmgstore
         total = min(len(train_loader), args.max_batches or len(train_loader))
         prof = step_profiler(args.profile, rank, total) if args.profile and epoch == args.epochs else None

@@ -61,15 +61,19 @@ from hmgstore.plugins.pyg import (
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("parts", type=Path, help="folder written by python -m hmgstore.cli.partition (part0 ..., split/)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=flags.positive, default=3)
     flags.add_batch_size(p, 512, "seed nodes over all ranks")
     flags.add_fanout(p)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--hidden", type=flags.positive, default=128)
+    p.add_argument("--lr", type=flags.positive_real, default=0.01)
     flags.add_seed(p)
     p.add_argument("--json", type=Path, default=None, help="rank 0 writes the results here")
     flags.add_no_progress(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.parts.is_dir():  # before torchrun's ranks meet: each would fail on its own
+        p.error(f"{args.parts} is not a folder; write the parts first with python -m hmgstore.cli.partition (see "
+                "this script's docstring)")
+    return args
 
 
 def start_process_group() -> torch.device:

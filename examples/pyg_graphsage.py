@@ -104,13 +104,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="'synthetic', an OGB name (ogbn-products, ogbn-papers100M: must be under --dataset-root), "
                         "or 'auto': the first OGB dataset found under --dataset-root, else synthetic")
     p.add_argument("--dataset-root", default="dataset", help="folder holding OGB datasets (never downloaded)")
-    p.add_argument("--num-nodes", type=int, default=10_000, help="synthetic graph: nodes")
-    p.add_argument("--avg-degree", type=int, default=10, help="synthetic graph: edges per node")
-    p.add_argument("--feat-dim", type=int, default=128, help="synthetic graph: feature width")
+    p.add_argument("--num-nodes", type=flags.synthetic_nodes, default=10_000, help="synthetic graph: nodes")
+    p.add_argument("--avg-degree", type=flags.positive, default=10, help="synthetic graph: edges per node")
+    p.add_argument("--feat-dim", type=flags.positive, default=128, help="synthetic graph: feature width")
     p.add_argument("--features", choices=("hmgstore", "cpu", "gpu"), default="hmgstore",
                    help="hmgstore stores, or stock PyG with data.x on the CPU / on the GPU")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--gpu-budget", default="auto",
+    p.add_argument("--device", type=flags.device, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--gpu-budget", type=flags.size("auto", "none"), default="auto",
                    help="hmgstore: GPU memory for hot rows, e.g. 8GB; 'auto' (default): the lesser of the whole "
                         "table and half the GPU's free memory (none on a CPU); 'none': every row in host memory")
     p.add_argument("--host-dtype", choices=tuple(HOST_DTYPES), default="float32",
@@ -123,12 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hmgstore.Pipeline: sample and gather the next batches on a side stream while the model "
                         "trains (default: on when hmgstore's sampler runs on a GPU); producer: hmgstore.Producer, "
                         "the same in a process of its own (pays under CUDA MPS; see the README)")
-    p.add_argument("--topology-budget", default=None,
+    p.add_argument("--topology-budget", type=flags.size("all", "none", "auto"), default=None,
                    help="hmgstore sampler on a GPU: GPU memory for hot adjacency lists, e.g. 2GB; 'all' keeps the "
                         "whole topology on the GPU; 'none' reads it all from pinned host memory (default: all of it "
                         "on the GPU when --features gpu, else 'auto': the lesser of the whole topology and half the "
                         "GPU memory free after the features)")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=flags.positive, default=3)
     p.add_argument("--no-trim", action="store_true",
                    help="run every layer over the batch's whole subgraph (default: trim_to_layer drops the outer "
                         "hops each layer no longer needs)")
@@ -139,9 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seeds per batch of the inference pass (default: 4096)")
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--hidden", type=flags.positive, default=256)
+    p.add_argument("--lr", type=flags.positive_real, default=0.003)
+    p.add_argument("--num-workers", type=flags.natural, default=0)
     flags.add_max_batches(p)
     p.add_argument("--loss-every", type=flags.positive, default=25,
                    help="show the loss every N batches (default: 25); reading it makes the training thread wait "

@@ -42,7 +42,8 @@ class Suite:
     """A command of several benchmarks: its name as typed (``prog``), its modules by name, one help line each.
 
     A module offers ``add_arguments(parser)`` and ``run(args) -> report`` (a dict whose ``"_table_text"`` is
-    printed), and may offer ``CPU`` and ``QUICK`` (see :func:`parse_args`).
+    printed), and may offer ``CPU`` and ``QUICK`` (see :func:`parse_args`) and ``check(args) -> str | None``: why
+    options that each parse cannot run together, refused as a bad command line.
     """
 
     prog: str
@@ -102,7 +103,9 @@ def parse_args(argv=None, suite: Suite = USER) -> argparse.Namespace:
 
     Options it leaves out take the benchmark's ``QUICK`` values (with
     ``--quick``), else its ``CPU`` values (on a machine without a GPU), else
-    their defaults. Exits with argparse's message on a bad command line.
+    their defaults. Exits with argparse's message on a bad command line: a
+    value refused by its flag's type (:mod:`hmgstore.cli.flags`), or options
+    refused together by the benchmark's ``check``.
     """
     args = build_parser(suite=suite).parse_args(argv)
     module = suite.benchmarks[args.benchmark]
@@ -116,7 +119,15 @@ def parse_args(argv=None, suite: Suite = USER) -> argparse.Namespace:
         values = build_parser(suite=suite).parse_args([args.benchmark, *options])
         for name in _written([args.benchmark, *options], suite) - written:
             setattr(args, name, getattr(values, name))
+    problem = module.check(args) if hasattr(module, "check") else None
+    if problem is not None:  # argparse's exit and message, as for a value refused on its own
+        _subparser(build_parser(suite=suite), args.benchmark).error(problem)
     return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
 
 
 def _written(argv, suite: Suite) -> set[str]:

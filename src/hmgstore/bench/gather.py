@@ -83,23 +83,24 @@ MIN_BATCHES = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
+    p.add_argument("--row-bytes", type=flags.row_bytes, nargs="+", default=DEFAULT_ROW_BYTES,
                    help="row sizes in bytes, multiples of 4")
     flags.add_batch_size(p, 500_000, "distinct random ids")
-    p.add_argument("--table-gib", type=float, default=2.0,
+    p.add_argument("--table-gib", type=flags.positive_real, default=2.0,
                    help=f"size of the table at every row size, GiB; a table holds at least {MIN_BATCHES} batches "
                         "of rows, so big rows and big batches make it larger (the output says so)")
-    p.add_argument("--sweep-gb", type=float, nargs="*", default=[2, 8, 40],
+    p.add_argument("--sweep-gb", type=flags.positive_real, nargs="*", default=[2, 8, 40],
                    help="table sizes of the size sweep, GB (none: skip it)")
     # the sweep's one big table, as commands recorded before the sweep wrote it (0: none)
     p.add_argument("--big-table-gb", dest="sweep_gb", type=_one_table, help=argparse.SUPPRESS)
-    p.add_argument("--sweep-row-bytes", type=int, nargs="+", default=[128, 512], help="row sizes of the size sweep")
+    p.add_argument("--sweep-row-bytes", type=flags.row_bytes, nargs="+", default=[128, 512],
+                   help="row sizes of the size sweep")
     p.add_argument("--variants", nargs="+", default=None, choices=ALL_VARIANTS,
                    help="run only these variants (default: all; the sweep runs the host ones among them)")
-    p.add_argument("--split-threads", type=int, default=None,
+    p.add_argument("--split-threads", type=flags.positive, default=None,
                    help="torch threads while timing the split gather (default: torch's own setting)")
-    p.add_argument("--reps", type=int, default=20, help="timed repeats of GPU variants")
-    p.add_argument("--slow-reps", type=int, default=5, help="timed repeats of variants that involve the CPU")
+    p.add_argument("--reps", type=flags.positive, default=20, help="timed repeats of GPU variants")
+    p.add_argument("--slow-reps", type=flags.positive, default=5, help="timed repeats of variants that involve the CPU")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/gather", help="folder for gather.json, .md and .png")
@@ -107,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _one_table(text: str) -> list[float]:
-    gb = float(text)
+    gb = flags.non_negative_real(text)
     return [gb] if gb > 0 else []
 
 

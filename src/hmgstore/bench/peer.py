@@ -80,20 +80,34 @@ QUICK = ["--shard-bytes", "64MiB", "--batch-size", "20000", "--copy-bytes", "64M
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--row-bytes", type=int, nargs="+", default=DEFAULT_ROW_BYTES,
+    p.add_argument("--row-bytes", type=flags.row_bytes, nargs="+", default=DEFAULT_ROW_BYTES,
                    help="row sizes in bytes (multiples of 4)")
-    p.add_argument("--shard-bytes", default="2GiB", help="table bytes per GPU (shard size), e.g. 2GiB")
+    p.add_argument("--shard-bytes", type=flags.size(at_least=1), default="2GiB",
+                   help="table bytes per GPU (shard size), e.g. 2GiB")
     flags.add_batch_size(p, 500_000, "distinct random ids (fewer for big rows, see --max-batch-mib)")
-    p.add_argument("--max-batch-mib", type=int, default=256, help="largest batch, in MiB of rows")
-    p.add_argument("--copy-bytes", default="1GiB", help="buffer size of the peer memcpy baseline")
-    p.add_argument("--reps", type=int, default=20, help="timed rounds per variant")
-    p.add_argument("--gpus", type=int, nargs="+", default=None, help="GPU indices to use, e.g. 0 1 (default: all)")
+    p.add_argument("--max-batch-mib", type=flags.positive, default=256, help="largest batch, in MiB of rows")
+    p.add_argument("--copy-bytes", type=flags.size(at_least=1), default="1GiB",
+                   help="buffer size of the peer memcpy baseline")
+    p.add_argument("--reps", type=flags.positive, default=20, help="timed rounds per variant")
+    p.add_argument("--gpus", type=flags.natural, nargs="+", default=None,
+                   help="GPU indices to use, e.g. 0 1 (default: all)")
     flags.add_seed(p)
     flags.add_no_progress(p)
     p.add_argument("--out", default="bench-out/peer", help="folder for peer.json, peer.md and peer.png")
     p.add_argument("--no-gate", action="store_true",
                    help="queue each GPU's work in turn instead of holding all behind a start gate")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def check(args) -> str | None:
+    """Why the options cannot run together (None: they can), said before any GPU is touched: each row size
+    needs shards of at least 4 rows (:func:`sizing`)."""
+    for row_bytes in args.row_bytes:
+        try:
+            sizing(row_bytes, 2, parse_bytes(args.shard_bytes), args.batch_size, args.max_batch_mib << 20)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def select_gpus(requested, available: int) -> list[int]:

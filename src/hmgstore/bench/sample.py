@@ -64,18 +64,14 @@ TIME_SPAN = 1000
 #: Sizes for a machine without a GPU, and for --quick (see __main__.parse_args).
 CPU = ["--graphs", "synthetic:200K"]
 QUICK = ["--graphs", "20K:200K", "--batch-size", "256", "--batches", "3", "--slow-batches", "2"]
-_count = flags.count
+_GRAPH = flags.graph("synthetic:NODES", "NODES:EDGES")
 
 
 def _graph_spec(text: str) -> tuple:
-    try:
-        first, second = text.split(":")
-        if first == "synthetic":  # hmgstore.data.synthetic's community graph, 10 edges per node
-            return "synthetic", _count(second)
-        return "power-law", _count(first), _count(second)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a graph is NODES:EDGES (power-law, e.g. 2M:20M) or synthetic:NODES; got {text!r}") from None
+    first, second = _GRAPH(text).split(":")
+    if first == "synthetic":  # hmgstore.data.synthetic's community graph, 10 edges per node
+        return "synthetic", flags.count(second)
+    return "power-law", flags.count(first), flags.count(second)
 
 
 def build_graph(spec: tuple, skew: float, device, seed: int = 0) -> CSC:
@@ -93,10 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "NODES:EDGES (power-law in-degrees) (default: synthetic:2M)")
     flags.add_fanout(p)
     flags.add_batch_size(p, 1024)
-    p.add_argument("--batches", type=int, default=20, help="timed batches per variant (default: 20)")
-    p.add_argument("--slow-batches", type=int, default=5, help="timed batches of the CPU baselines (default: 5)")
-    p.add_argument("--cache", type=float, default=0.2, help="hmg_cache: share of the topology's bytes on the GPU")
-    p.add_argument("--skew", type=float, default=1.0, help="Zipf exponent of the in-degrees (default: 1.0)")
+    p.add_argument("--batches", type=flags.positive, default=20, help="timed batches per variant (default: 20)")
+    p.add_argument("--slow-batches", type=flags.positive, default=5,
+                   help="timed batches of the CPU baselines (default: 5)")
+    p.add_argument("--cache", type=flags.share, default=0.2, help="hmg_cache: share of the topology's bytes on the GPU")
+    p.add_argument("--skew", type=flags.non_negative_real, default=1.0,
+                   help="Zipf exponent of the in-degrees (default: 1.0)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                    help="variants to time (default: all; without a GPU only the CPU ones run)")
     flags.add_seed(p)

@@ -39,26 +39,29 @@ TAIL = 25
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=flags.positive, nargs="+", default=None,
                    help="GPUs (processes) per run, e.g. 1 2 4 (default: 1 and every GPU; 1 2 without a GPU)")
-    p.add_argument("--graph", default="synthetic",
+    p.add_argument("--graph", type=flags.graph("synthetic", "papers:NODES:EDGES"), default="synthetic",
                    help="synthetic (--num-nodes, 10 edges per node, --feat-dim) or papers:NODES:EDGES "
                         "(papers:111M:1.6B: ogbn-papers100M's shape)")
-    p.add_argument("--num-nodes", type=flags.count, default="2M", help="synthetic graph: nodes (default: 2M)")
-    p.add_argument("--feat-dim", type=int, default=128, help="features per node (default: 128)")
-    p.add_argument("--hidden", type=int, default=256, help="GraphSAGE hidden width (default: 256)")
-    p.add_argument("--gpu-budget", default="2GB", help="GPU memory each GPU gives the features (default: 2GB)")
-    p.add_argument("--replicate", default="256MB", help="part of --gpu-budget replicated on every GPU")
+    p.add_argument("--num-nodes", type=flags.synthetic_nodes, default="2M", help="synthetic graph: nodes (default: 2M)")
+    p.add_argument("--feat-dim", type=flags.positive, default=128, help="features per node (default: 128)")
+    p.add_argument("--hidden", type=flags.positive, default=256, help="GraphSAGE hidden width (default: 256)")
+    p.add_argument("--gpu-budget", type=flags.size(), default="2GB",
+                   help="GPU memory each GPU gives the features (default: 2GB)")
+    p.add_argument("--replicate", type=flags.size(), default="256MB",
+                   help="part of --gpu-budget replicated on every GPU")
     p.add_argument("--compress", default=None, choices=("int8", "float8", "bfloat16", "float16"),
                    help="the features' rows in this format in every tier (--gpu-budget counts stored bytes)")
-    p.add_argument("--one-gpu-budget", default=None,
+    p.add_argument("--one-gpu-budget", type=flags.size(), default=None,
                    help="GPU memory the 1-GPU run gives the features, in float32 rows (default: --gpu-budget "
                         "and --compress as the other runs); e.g. 60GB for an all-GPU baseline")
-    p.add_argument("--topology-budget", default="all",
+    p.add_argument("--topology-budget", type=flags.size("all"), default="all",
                    help="GPU memory each GPU gives the topology ('all': replicated on every GPU, the default)")
-    p.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is warm-up (default: 3)")
+    p.add_argument("--epochs", type=flags.whole(2, why=" (the first is warm-up, not timed)"), default=3,
+                   help="epochs per run; the first is warm-up (default: 3)")
     p.add_argument("--no-trim", action="store_true",
                    help="every layer over the batch's whole subgraph (default: the step trims per hop)")
     p.add_argument("--no-tf32", action="store_true", help="full float32 matmuls (default: TF32 allowed)")
-    p.add_argument("--max-sms", default="auto",
+    p.add_argument("--max-sms", type=flags.as_written(flags.sm_cap), default="auto",
                    help="the pipeline's cap on its gathers' SMs: a number, 'none' or 'auto' (the default, "
                         "hmgstore.Pipeline's own)")
     p.add_argument("--pipeline", choices=("on", "off"), default=None,
@@ -72,6 +75,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                            "repository's examples/multi_gpu_pyg.py)")
     p.add_argument("--out", default="bench-out/scale", help="folder for scale.json and .md, and each run's log")
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def check(args) -> str | None:
+    """Why the options cannot run together (None: they can), said before the first run starts: every run gets
+    --replicate, the 1-GPU one within --one-gpu-budget when given."""
+    for flag, budget in (("--gpu-budget", args.gpu_budget), ("--one-gpu-budget", args.one_gpu_budget)):
+        problem = None if budget is None else flags.replicate_problem(args.replicate, budget, flag)
+        if problem is not None:
+            return problem
+    return None
 
 
 def gpu_counts(requested, available: int) -> list[int]:

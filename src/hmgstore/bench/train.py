@@ -79,7 +79,6 @@ from .train_configs import (
     _mode,
     _repeated,
     _resident_gb,
-    _sms,
     _whole_sm_launch,
     _with_caps,
     _with_variants,
@@ -109,17 +108,20 @@ QUICK = ["--graph", "synthetic:5K", "--feat-dim", "32", "--batch-size", "256", "
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--graph", default="synthetic:2M", help="synthetic:NODES, products, or papers:NODES:EDGES")
-    p.add_argument("--feat-dim", type=int, default=1024, help="synthetic graph: features per node (default: 1024)")
-    p.add_argument("--batches", type=int, default=30, help="timed batches per configuration (default: 30)")
-    p.add_argument("--stock-batches", type=int, default=6, help="timed batches of the stock configuration (default: 6)")
-    p.add_argument("--cache", type=float, default=0.15, help="cache: share of features and topology on the GPU")
+    p.add_argument("--graph", type=flags.graph("synthetic:NODES", "products", "papers:NODES:EDGES"),
+                   default="synthetic:2M", help="synthetic:NODES, products, or papers:NODES:EDGES")
+    p.add_argument("--feat-dim", type=flags.positive, default=1024,
+                   help="synthetic graph: features per node (default: 1024)")
+    p.add_argument("--batches", type=flags.positive, default=30, help="timed batches per configuration (default: 30)")
+    p.add_argument("--stock-batches", type=flags.positive, default=6,
+                   help="timed batches of the stock configuration (default: 6)")
+    p.add_argument("--cache", type=flags.share, default=0.15, help="cache: share of features and topology on the GPU")
     p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS + PROC,
                    help="configurations to train (default: all; without a GPU the all_gpu ones are left out)")
     flags.add_batch_size(p, 1024)
     flags.add_fanout(p)
-    p.add_argument("--depth", type=int, default=2, help="pipeline depth (default: 2)")
-    p.add_argument("--max-sms", type=_sms, nargs="+", default=[None],
+    p.add_argument("--depth", type=flags.positive, default=2, help="pipeline depth (default: 2)")
+    p.add_argument("--max-sms", type=flags.sm_cap, nargs="+", default=[None],
                    help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
                         "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory) or 'none' (the default, "
                         "as hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
@@ -132,13 +134,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or 'auto' (hottest first when the host tier is copied anyway, e.g. --compress)")
     p.add_argument("--profile", action="store_true",
                    help="write a cProfile of each configuration's main-thread loader (profile-CONFIG.txt in --out)")
-    p.add_argument("--timeline", type=int, default=0, metavar="N",
+    p.add_argument("--timeline", type=flags.natural, default=0, metavar="N",
                    help="GPU: after each pipelined configuration's timed batches, profile N more (and N steps alone) "
                         "and report a batch's GPU milliseconds: the step's kernels beside the loader and alone, the "
                         "loader's, the time both ran at once and the GPU's idle time (hmgstore.bench.timeline)")
-    p.add_argument("--sm-percent", type=int, default=None,
+    p.add_argument("--sm-percent", type=flags.whole(1, 100), default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
-    p.add_argument("--fuse", type=int, default=1,
+    p.add_argument("--fuse", type=flags.positive, default=1,
                    help="pipeline: gather this many batches' rows in one launch (hmgstore.gather.fusion; default: 1)")
     p.add_argument("--sampler-graphs", choices=("on", "off"), default="on",
                    help="hmgstore's GPU sampler replays each batch's kernels as a CUDA graph (on, the default: "
@@ -146,7 +148,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default=None, choices=("bfloat16", "float16", "float8", "int8"),
                    help="host and cache configurations: keep the features in this stored format "
                         "(hmgstore.rows.formats; the cache's GPU budget then holds that many more rows)")
-    p.add_argument("--topology-cache", type=float, nargs="+", default=[None],
+    p.add_argument("--topology-cache", type=flags.share, nargs="+", default=[None],
                    help="cache configurations: the share of the topology's bytes on the GPU, when it should differ "
                         "from --cache (1.0: the whole topology; the features stay at --cache). Several values: each "
                         "cache configuration once per value, as name/topoT. Default: --cache")
@@ -157,7 +159,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=flags.positive, default=1,
                    help="run the whole list of configurations this many times, interleaved (name/runK for K >= 2): "
                         "the spread between runs of one configuration is the run's noise")
-    p.add_argument("--split", type=float, nargs="+", default=[None],
+    p.add_argument("--split", type=flags.share, nargs="+", default=[None],
                    help="cache configurations: the CPU's share of each batch's host-tier feature rows, read into "
                         "pinned staging and moved by the copy engine instead of by the zero-copy kernel "
                         "(HybridTensor split=; 1.0: all of them; several values: each cache configuration once "
@@ -288,7 +290,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
                 overlap, overlap_reads) -> dict:
     name, _, cap = config.partition("/")[0].partition("@")  # cache+pipe@none: capped as --max-sms none says
     base, mode = name.partition("+")[::2]  # mode: "" (phases timed), "pipe" (Pipeline) or "proc" (Producer)
-    max_sms = _sms(cap) if cap else args.max_sms[0]
+    max_sms = flags.sm_cap(cap) if cap else args.max_sms[0]
     pipe = mode != ""
     reps = args.stock_batches if base == "stock" else args.batches
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

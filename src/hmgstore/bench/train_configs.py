@@ -4,21 +4,11 @@
 what the training side of a producer-only run keeps of the graph; and the loader kept between configurations."""
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 from typing import Any
 
 import torch
-
-
-def _sms(text: str):
-    if text in ("auto", "none"):
-        return None if text == "none" else text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number of SMs, 'auto' or 'none'; got {text!r}") from None
 
 
 def _resident_gb() -> float | None:
