@@ -28,6 +28,8 @@ The package, by layer (lowest first; a folder imports only its own layer and tho
 Framework adapters live in ``hmgstore.plugins.pyg`` and ``hmgstore.plugins.dgl``.
 Importing hmgstore never imports CuPy; CUDA tables do, on first use.
 """
+import sys
+
 from .cuda.deferred import raise_deferred
 from .prefetch.host_bound import HostBound, host_bound
 from .prefetch.pipeline import Pipeline
@@ -39,6 +41,12 @@ from .table.interface import FeatureTable
 from .table.sharded import ShardedTensor
 from .table.tensor import HybridTensor, gather_many
 from .util.device import resolve_device
+
+# The rows modules the package re-exports are importable under its name too (``import hmgstore.hotness``,
+# ``from hmgstore.hotness import order_by_score``), as the same module objects the attributes are.
+for _module in (hotness, placement, stats):
+    sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
+del _module
 
 __version__ = "0.1.0"
 __all__ = ["FeatureTable", "HybridTensor", "ShardedTensor", "gather_many", "load", "raise_deferred", "Pipeline",

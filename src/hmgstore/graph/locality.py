@@ -217,10 +217,12 @@ class LocalityBatchSampler(Sampler):
     (:func:`parts_of`, or METIS's parts); ``generator``: a
     ``torch.Generator`` for the shuffles (default: torch's global one).
     Raises ValueError for a window or batch size under 1, for parts that do
-    not cover the input nodes (a negative id included), a ``node_part`` that
-    is not 1-D and a mask of another length than ``node_part``; TypeError
-    for float ids, float or bool parts (never truncated: 0.2 and 0.7 are
-    not one part) and sizes that are not integers.
+    not cover the input nodes (a negative id included), ids or a
+    ``node_part`` that are not 1-D (named by their shape: never flattened)
+    and a mask of another length than ``node_part``; TypeError for float
+    ids, float or bool parts (never truncated: 0.2 and 0.7 are not one
+    part), sizes that are not integers and a ``generator`` that is not a
+    ``torch.Generator``.
     """
 
     def __init__(self, input_nodes, node_part, batch_size: int, window: int = 8, *,
@@ -235,8 +237,10 @@ class LocalityBatchSampler(Sampler):
             nodes = nodes.nonzero().flatten()
         batch_size = checks.count(batch_size, "batch_size", at_least=1)
         window = checks.count(window, "window", at_least=1)
-        try:
-            nodes = checks.id_list(nodes.reshape(-1), "input_nodes", len(node_part))  # float ids: never truncated
+        if generator is not None and not isinstance(generator, torch.Generator):  # else refused by randperm, later
+            raise TypeError(f"generator is a torch.Generator or None, got {type(generator).__name__}")
+        try:  # float ids are never truncated, ids of two or more dimensions never flattened; one id is a list of one
+            nodes = checks.id_list(nodes.reshape(1) if nodes.dim() == 0 else nodes, "input_nodes", len(node_part))
         except IndexError as err:
             raise ValueError(f"node_part has {len(node_part)} entries, one per node: an input node has none "
                              f"({err})") from None

@@ -94,7 +94,8 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
     training node ids (of ``node_type`` on heterogeneous graphs), shuffled
     into batches of ``batch_size`` each epoch with ``generator``. No seeds
     make no batches (``Hotness.batches == 0``, every count 0). Raises
-    TypeError for another sampler or non-integer seeds, IndexError for seeds
+    TypeError for another sampler, non-integer seeds and a ``generator``
+    that is not a ``torch.Generator`` (or None), IndexError for seeds
     that are not nodes of ``node_type``, ValueError for seeds of two or more
     dimensions, an unknown ``node_type``, ``batch_size`` under 1, negative
     ``epochs`` or a temporal sampler (presample has no seed times to give it).
@@ -107,6 +108,8 @@ def presample(sampler: NeighborSampler, seeds, *, epochs: int = 1, batch_size: i
         raise ValueError("presample takes no seed times, so it cannot run a temporal sampler (one built with "
                          "time_attr, or topologies with times); pre-sample with a sampler of the same graph and "
                          "num_neighbors built without time_attr, or rank nodes by expected_draws(csc)")
+    if generator is not None and not isinstance(generator, torch.Generator):  # torch's own error names no argument
+        raise TypeError(f"presample's generator is a torch.Generator or None, got {type(generator).__name__}")
     if node_type not in core.num_nodes:
         raise ValueError(f"node_type {node_type!r} is not a node type of the sampler's graph: {list(core.num_nodes)}")
     # One seed (a 0-d tensor) is a list of one; seeds of two or more dimensions are refused, not flattened.

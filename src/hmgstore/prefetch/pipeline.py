@@ -23,23 +23,19 @@ iterator (a thread, no streams).
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import torch
 
 from ..cuda.deferred import raise_deferred
-from ..cuda.gather import capped_gathers
-from ..gather.finish_scope import deferred_finishes
-from ..gather.fusion import fused
 from ..rows import checks
 from ..table.host_pages import batches_to_fuse
 from ..util.device import resolve_device
-
-_DONE = object()
+from .batch_maker import DONE, Maker, ends, left_over, produce, side_stream  # noqa: F401 - side_stream: re-exported
 
 
 def _tensors(obj, seen=None):
@@ -87,9 +83,28 @@ def check_fuse(fuse) -> int | str:
                           words=("auto",))
 
 
-_USED_UP = ("Pipeline's loader is a one-shot iterator ({}), which its first epoch used up: a second epoch would "
-            "yield no batches. Pass an iterable that starts again (a DataLoader, a list), or build a new Pipeline "
-            "over a new iterator each epoch")
+_USED_UP = ("Pipeline's loader is a one-shot iterator ({}) and the passes before used it up: this pass, as any "
+            "second epoch over it, would yield no batches. Pass an iterable that starts again (a DataLoader, a "
+            "list), or build a new Pipeline over a new iterator each epoch")
+_HANDED_AGAIN = ("Pipeline's loader ({}) hands out the iterator of its last epoch again, used up: a one-shot "
+                 "iterator in disguise (this epoch yielded no batch, the last one {}). Make its __iter__ return a "
+                 "new iterator each time, or pass the iterator itself (iter(loader)) to have it read once, across "
+                 "passes")
+
+
+def is_one_shot(loader) -> bool:
+    """Whether ``loader`` is one-shot: an iterator (a generator, ``iter(list)``, ``map(...)``), which is its own
+    iterator and so is used up by reading it, rather than an iterable that starts again on every ``iter()``.
+    Never starts a pass of an iterable (``iter()`` is only called on an iterator). Raises nothing."""
+    return isinstance(loader, Iterator) and iter(loader) is loader
+
+
+def _reference(obj) -> Callable[[], object]:
+    """A reference to ``obj`` that keeps it alive only where it cannot be held weakly (builtin iterators)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def check_max_sms(max_sms):
@@ -130,23 +145,6 @@ def tables_of(loader) -> list:
     return []
 
 
-_side_streams: dict[int, torch.cuda.Stream] = {}
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one side stream every :class:`Pipeline` on ``device`` makes its batches on, epoch after epoch.
-
-    torch's caching allocator reuses a freed block only for allocations on the stream that made it, so a new
-    stream for each pipeline (a user's loop builds one an epoch) would leave every earlier epoch's blocks
-    unusable, the memory reserved growing each epoch (``benchmarks/results/soak-gpu-h100.md``). Two pipelines
-    iterated at once on one GPU (a training and a validation loader) therefore make their batches one after
-    the other on that stream.
-    """
-    if device.index not in _side_streams:
-        _side_streams[device.index] = torch.cuda.Stream(device)
-    return _side_streams[device.index]
-
-
 class Pipeline:
     """Iterate ``loader`` with up to ``depth`` batches prepared ahead on a side stream.
 
@@ -159,8 +157,17 @@ class Pipeline:
     Args:
         loader: any iterable of batches (a PyG ``NeighborLoader``, a DGL
             ``DataLoader``, ...); it may be iterated several times (epochs).
-            A one-shot iterator (a generator) gives one epoch: iterating
-            the Pipeline again raises RuntimeError saying so. Each batch
+            Each pass calls ``iter(loader)`` and is an epoch of its own: one
+            left early (``break``) drops the batches it made ahead, as
+            leaving a DataLoader's epoch does, and an epoch may be empty.
+            A one-shot loader, an iterator (a generator, ``iter(list)``:
+            :func:`is_one_shot`), is read once across passes instead: a pass
+            left early is resumed by the next pass, which yields first the
+            batches made ahead, so that no batch is lost or repeated; once a
+            pass has reached its end, or a pass after the first yields no
+            batch, iterating the Pipeline again raises RuntimeError saying
+            so. Starting a pass over a one-shot loader ends the one under
+            way. Each batch
             must be new memory: a loader that refills the tensors of its last
             batch would overwrite batches still queued (PyG's and DGL's
             loaders make new ones).
@@ -204,6 +211,9 @@ class Pipeline:
 
     Raises:
         ValueError: for a ``depth``, ``max_sms``, ``fuse`` or ``overlap_reads`` out of range.
+        RuntimeError: when a pass starts over a one-shot loader that is used up (see ``loader``), and at the end
+            of an empty pass over an iterable whose ``iter()`` handed out the used-up iterator of its last
+            epoch again.
 
     Example:
         >>> for batch in hmgstore.Pipeline(loader, depth=2, max_sms="auto"):  # doctest: +SKIP
@@ -225,8 +235,18 @@ class Pipeline:
             device = resolve_device(device)
         self.device = device
         self.waited = 0.0  # seconds the consumer spent waiting for batches (last iteration)
-        self._one_pass_done = False  # a one-shot iterator (a generator) was iterated once
-        self._last_yield = 0  # batches the last whole pass yielded
+        self._one_shot = is_one_shot(loader)
+        # A one-shot loader's state across passes: the items a pass left early had made ahead (the next pass's
+        # first), whether a pass reached its end, the passes begun, and the pass under way (held weakly: one
+        # dropped by its consumer ends at once and keeps its batches here).
+        self._left: list = []
+        self._ended = False
+        self._passes = 0
+        self._open: weakref.ref | None = None
+        # Another loader's last whole pass: its iterator and its batches (an empty epoch is fine, unless iter()
+        # handed out that used-up iterator again).
+        self._last_whole: Callable[[], object] | None = None
+        self._last_yield = 0
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # a loader without len() raises TypeError, as torch's do
@@ -243,7 +263,7 @@ class Pipeline:
         """Whether batches are made with their CPU reads finishing later (``overlap_reads``, ``"auto"`` decided)."""
         return self.overlap_reads if isinstance(self.overlap_reads, bool) else reads_can_overlap(self.loader)
 
-    def _maker(self) -> _Maker:
+    def _maker(self) -> Maker:
         """How this pass makes its batches: the cap, the fusing and the overlap decided for ``self.device``."""
         cuda = self.device is not None and self.device.type == "cuda"
         max_sms: int | None = None
@@ -253,39 +273,65 @@ class Pipeline:
         fuse = self.fuse
         if isinstance(fuse, str):  # "auto": decided on the first pass, kept for the next
             fuse = self.fuse = batches_to_fuse(tables_of(self.loader), self.device) if cuda else 1
-        return _Maker(self.device if cuda else None, max_sms, fuse, cuda and self._overlaps_reads())
+        return Maker(self.device if cuda else None, max_sms, fuse, cuda and self._overlaps_reads())
 
     def __iter__(self) -> Iterator:
+        return self.epoch()
+
+    def epoch(self, delivered: int = 0) -> Generator:
+        """One pass over the loader, as ``iter(pipeline)``, for a caller that has already handed out
+        ``delivered`` batches of it (:class:`hmgstore.Producer`'s ring keeps those a stopped pass had sent): they
+        make the pass a non-empty one. Starting a pass over a one-shot loader ends the one under way, whose
+        batches made ahead this one yields first.
+
+        Raises:
+            RuntimeError: as the class's docstring says, for a used-up one-shot loader.
+        """
+        under_way = self._open() if self._open is not None else None
+        if under_way is not None:  # one reader of a one-shot loader at a time
+            under_way.close()
+        batches = self._pass(delivered)
+        if self._one_shot:
+            self._open = weakref.ref(batches)
+        return batches
+
+    def _pass(self, delivered: int) -> Generator:
+        """The pass's batches (see :meth:`epoch`)."""
         maker = self._maker()
-        batches = iter(self.loader)
-        if batches is self.loader and self._one_pass_done:  # a generator: the first pass used it up
-            raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
-        self._one_pass_done = batches is self.loader
+        first: list = []
+        if self._one_shot:
+            first, self._left = self._left, []
+            self._passes += 1
+            if self._ended and not first:
+                raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
+        batches = iter(self.loader)  # a one-shot loader's own self
         maker.batches = batches
         cuda = maker.cuda
-        first = maker.warm_up(self.warm)
+        first = first or maker.warm_up(self.warm)
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
-        worker = threading.Thread(target=_produce, args=(maker, first, ready, stop), name="hmgstore-pipeline",
-                                  daemon=True)
-        worker.start()
+        spill: list[tuple] = []  # items the background thread made after the stop
+        worker = None
+        if not ends(first[-1]):
+            worker = threading.Thread(target=produce, args=(maker, ready, stop, spill), name="hmgstore-pipeline",
+                                      daemon=True)
+            worker.start()
         self.waited = 0.0
-        yielded, previous = 0, self._last_yield
+        yielded, finished = delivered, False
         try:
             while True:
                 start = time.perf_counter()
-                batch, event, failure, parts = first.pop(0) if first else ready.get()
+                item = first.pop(0) if first else ready.get()
+                finished = ends(item)
+                batch, event, failure, parts = item
                 landed = [f.result() for f in parts]  # raises a batch's CPU reads' error here, at the batch
                 self.waited += time.perf_counter() - start
                 if failure is not None:
                     raise failure
-                if batch is _DONE:
+                if batch is DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
                         raise_deferred(self.device)
-                    empty_again, self._last_yield = yielded == 0 and self._last_yield > 0, yielded
-                    if empty_again:  # an iterable that hands out its used-up iterator again: as a generator
-                        raise RuntimeError(_USED_UP.format(type(self.loader).__name__) + f" (this epoch yielded "
-                                           f"no batch, the last one {previous})")
+                    self._end(batches, yielded)
                     return
                 if cuda:
                     current = torch.cuda.current_stream(self.device)
@@ -299,97 +345,20 @@ class Pipeline:
                 yield batch
         finally:
             stop.set()
-            while worker.is_alive():
-                try:
-                    ready.get(timeout=0.1)
-                except queue.Empty:
-                    pass
-            worker.join()
+            if worker is not None:
+                worker.join()
+            if self._one_shot and not finished:  # left early: the next pass yields what this one made ahead
+                self._left = left_over(first, ready, spill)
 
-
-class _Maker:
-    """Makes one pass's batches on the side stream of ``device`` (None: on the CPU, no streams).
-
-    Items: ``(batch or _DONE, its event on the side stream, an error raised making it, the futures of its split
-    gathers' CPU parts)``: the futures' events, on the copy stream, are the batch's too.
-    """
-
-    batches: Iterator  # the loader's iterator for this pass, set once the pass's settings are decided
-
-    def __init__(self, device: torch.device | None, max_sms: int | None, fuse: int, overlap: bool):
-        self.device, self.max_sms, self.fuse, self.overlap = device, max_sms, fuse, overlap
-        self.cuda = device is not None
-        self.side = side_stream(device) if device is not None else None
-
-    def finishes(self) -> contextlib.AbstractContextManager[list]:
-        """The block a batch is made in, collecting its split gathers' futures (none without overlap)."""
-        return deferred_finishes() if self.overlap else contextlib.nullcontext([])
-
-    def one(self) -> tuple:
-        """The next batch made on the side stream, with its event; _DONE at the end."""
-        with torch.cuda.stream(self.side) if self.cuda else contextlib.nullcontext(), \
-                capped_gathers(self.max_sms), self.finishes() as futures:
-            batch = next(self.batches, _DONE)
-            event = None
-            if self.cuda and batch is not _DONE:
-                event = torch.cuda.Event()
-                event.record(self.side)
-        return batch, event, None, futures
-
-    def group(self) -> list:
-        """The next ``fuse`` batches, their gathers run together at the end (one event for all); an error
-        ends the group after the batches made before it, which are delivered first."""
-        items, error = [], None
-        # the window's gathers run as it closes, inside the scope (opened first, closed last)
-        with torch.cuda.stream(self.side), capped_gathers(self.max_sms), self.finishes() as futures, \
-                fused(self.device, self.fuse):
-            try:
-                for _ in range(self.fuse):
-                    batch = next(self.batches, _DONE)
-                    items.append(batch)
-                    if batch is _DONE:
-                        break
-            except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
-                error = err
-        event = torch.cuda.Event()
-        event.record(self.side)
-        made = [(b, None if b is _DONE else event, None, futures) for b in items]  # a group's rows: together
-        return made + ([(None, None, error, [])] if error is not None else [])
-
-    def next_items(self) -> list:
-        """The next item, or the next group's items when batches are fused."""
-        return self.group() if self.cuda and self.fuse > 1 else [self.one()]
-
-    def warm_up(self, count: int) -> list:
-        """The first ``count`` items, made in the calling thread (an error or the end stops early)."""
-        first: list = []
-        try:
-            for _ in range(count):
-                first.append(self.one())
-                if first[-1][0] is _DONE:
-                    break
-        except BaseException as err:  # noqa: BLE001 - raised where the batch would have been
-            first.append((None, None, err, []))
-        return first
-
-
-def _produce(maker: _Maker, first: list, ready: queue.Queue, stop: threading.Event) -> None:
-    """The background thread: the pass's items after the warm ones into ``ready``, until the end, an error or
-    ``stop``."""
-    try:
-        if maker.cuda:
-            torch.cuda.set_device(maker.device)
-        if first and (first[-1][0] is _DONE or first[-1][2] is not None):
+    def _end(self, batches: Iterator, yielded: int) -> None:
+        """A pass reached the end of ``batches`` after ``yielded`` batches: raise if that shows a used-up
+        iterator read again (see ``loader`` in the class's docstring)."""
+        if self._one_shot:
+            self._ended = True
+            if yielded == 0 and self._passes > 1:
+                raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
             return
-        while not stop.is_set():
-            for item in maker.next_items():
-                while not stop.is_set():
-                    try:
-                        ready.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if item[0] is _DONE or item[2] is not None:
-                    return
-    except BaseException as err:  # noqa: BLE001 - re-raised in the consumer's thread
-        ready.put((None, None, err, []))
+        again = self._last_whole is not None and self._last_whole() is batches
+        previous, self._last_yield, self._last_whole = self._last_yield, yielded, _reference(batches)
+        if again and yielded == 0 and previous > 0:
+            raise RuntimeError(_HANDED_AGAIN.format(type(self.loader).__name__, previous))

@@ -21,6 +21,11 @@ pipeline's; its own depth is 1) and copies each batch into a ring of ``depth + 1
 buffers (:mod:`hmgstore.prefetch.shared_ring`), ordered by CUDA events, with no host
 synchronisation between the processes in the steady state.
 
+Passes follow :class:`hmgstore.Pipeline`'s rules: each is an epoch of an
+iterable loader, while a one-shot loader (a generator) is read once across
+passes, a pass left early resumed by the next, which yields first the
+batches the producer had already made (those in the ring included).
+
 A batch's tensors are views into its ring slot: they stay valid until the
 next batch is taken (clone what must live longer), and never past
 ``close()``: drop the last batch before closing, or the producer's exit warns
@@ -45,8 +50,10 @@ import logging
 import os
 import queue
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -89,6 +96,34 @@ def warn_without_mps(sm_percent: int | None) -> None:
                     f"; sm_percent={sm_percent} has no effect without it" if sm_percent else "")
 
 
+def start_error(make_loader, err: Exception) -> Exception:
+    """The error to raise for a producer process that ``err`` kept from starting: a TypeError with the pickling
+    advice where ``make_loader`` itself cannot be pickled (spawn sends it pickled), else a RuntimeError naming
+    ``err`` (a failed process start, a script that starts processes outside ``if __name__ == "__main__":``)."""
+    try:
+        ForkingPickler.dumps(make_loader)
+    except Exception as why:  # noqa: BLE001 - pickling fails in many types (PicklingError, TypeError, ...)
+        return TypeError(f"make_loader could not be pickled to send it to the producer process "
+                         f"({type(why).__name__}: {why}). It must be picklable: a module-level function, or "
+                         "functools.partial of one (not a lambda or a closure)")
+    return RuntimeError(f"the hmgstore producer process could not be started: {type(err).__name__}: {err}")
+
+
+def died_without_a_word(code: int | None, starting: bool) -> str:
+    """Why a producer process that exited with ``code`` before sending a message probably did: a signal (a
+    negative code), or a Python error before it could report one (while ``starting``: in unpickling
+    ``make_loader``, whose module a new interpreter must be able to import)."""
+    if code is not None and code > 0 and starting:
+        why = ("an error in Python before it could report one, most often make_loader failing to unpickle there "
+               "(its module must be importable by a new interpreter, not defined in a notebook or __main__)")
+    elif code is not None and code < 0:
+        why = f"killed by signal {-code}: out of memory (the OOM killer), or a crash in native code"
+    else:
+        why = "killed, out of memory, or a crash in native code"
+    return (f"the hmgstore producer process died (exit code {code}) without a word: {why}; its own output (stderr) "
+            "says more")
+
+
 _cleanup_registered = False
 
 
@@ -103,8 +138,9 @@ class Producer:
     """Iterate ``make_loader()``'s batches, made in a producer process and shared through a ring of buffers.
 
     Args:
-        make_loader: a picklable callable returning the loader (any iterable of batches that can be iterated
-            once per pass), called once in the producer process.
+        make_loader: a picklable callable returning the loader, called once in the producer process: any
+            iterable of batches, iterated once per pass, or a one-shot iterator (a generator), read once across
+            passes as :class:`hmgstore.Pipeline` reads it.
         depth: batches made ahead of the trainer (the ring has ``depth + 1`` slots).
         device: the CUDA device both processes use (default: the current GPU; the CPU without one).
         seed: seeds torch in the producer before ``make_loader()`` (the same batches, run to run).
@@ -132,6 +168,8 @@ class Producer:
     _freed: Any  # list[torch.cuda.Event]: the trainer's, one a slot (on a GPU)
     _held: int | None  # the slot of the batch last handed out
     _open: Generator | None  # the pass's iterator left open
+    _carried: list  # a one-shot loader's batches a stopped pass had in the ring: ("batch", slot, skeleton) or error
+    _one_shot: bool  # whether the loader is one-shot (the producer says so once it has built it)
     _pass: int
     _length: int | None
 
@@ -159,7 +197,14 @@ class Producer:
 
     # the process -------------------------------------------------------------------------------------------
     def start(self) -> Producer:
-        """Start the producer process and build its loader (also done by the first pass)."""
+        """Start the producer process and build its loader (also done by the first pass).
+
+        Raises:
+            TypeError: ``make_loader`` cannot be pickled to send it to the process (a lambda, a closure).
+            RuntimeError: the process could not be started (the error it met is named, and chained), or it
+                died before it could report.
+            Exception: what ``make_loader()`` raised in the producer process, with its traceback as the cause.
+        """
         if self.process is not None:
             return self
         if self.cuda:
@@ -167,6 +212,7 @@ class Producer:
         ctx = torch.multiprocessing.get_context("spawn")
         self._commands, self._results = ctx.Queue(), ctx.Queue()
         self._buffers, self._held, self._pass, self._open = [None] * (self.depth + 1), None, 0, None
+        self._carried = []
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.sm_percent)} if self.sm_percent else {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # the spawned process copies the environment at start
@@ -178,17 +224,15 @@ class Producer:
         except Exception as err:
             self.process = None
             self.close()
-            raise TypeError(f"make_loader could not be sent to the producer process: {err}. It must be picklable: "
-                            "a module-level function, or functools.partial of one (not a lambda or a closure)") \
-                from err
+            raise start_error(self.make_loader, err) from err
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        kind, _, *rest = self._get()
+        kind, _, *rest = self._get(starting=True)
         if kind == "error":
             self.close()
             raise_error(*rest)
-        self._length, handles = rest
+        self._length, self._one_shot, handles = rest
         if self.cuda:
             _at_exit_cleanup()
             with torch.cuda.device(self.device):  # the trainer's events live on the ring's device
@@ -201,18 +245,17 @@ class Producer:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def _get(self):
-        """The producer's next message; raises if it died without one."""
+    def _get(self, starting: bool = False):
+        """The producer's next message; raises if it died without one (``starting``: before its first)."""
         while True:
             try:
                 return self._results.get(timeout=POLL)
             except queue.Empty:
-                if not self.process.is_alive():
-                    code = self.process.exitcode
+                process = self.process
+                if process is not None and not process.is_alive():
+                    code = process.exitcode
                     self.close()
-                    raise RuntimeError(f"the hmgstore producer process died (exit code {code}) without a word: "
-                                       "killed, out of memory, or a crash in native code; its own output (stderr) "
-                                       "says more") from None
+                    raise RuntimeError(died_without_a_word(code, starting)) from None
 
     def close(self) -> None:
         """End the producer process and free the ring on both sides (idempotent)."""
@@ -290,45 +333,67 @@ class Producer:
             self._open.close()
         self._release()
         self._pass += 1
-        number = self._pass
-        self._commands.put(("epoch", number))
-        self._open = iterator = self._iterate(number)
+        carried, self._carried = self._carried, []
+        self._open = iterator = self._iterate(self._pass, deque(carried))
         return iterator
 
-    def _iterate(self, number: int) -> Generator:
-        finished, self.waited = False, 0.0
+    def _hand_out(self, slot: int, skeleton, grown):
+        """The batch in ``slot``, once the trainer's stream waits for the producer's writes into it."""
+        self._release()
+        if grown is not None:
+            self._buffers[slot] = grown
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self._filled[slot])
+        self._held = slot
+        return ring.unpack(skeleton, self._buffers[slot])
+
+    def _iterate(self, number: int, carried: deque) -> Generator:
+        """Pass ``number``: first what a stopped pass over a one-shot loader had in the ring (``carried``), then
+        the producer's pass, which it asks for at once (unless ``carried`` ends in an error, which ends this
+        pass as it would have ended that one)."""
+        running = not (carried and carried[-1][0] == "error")
+        if running:
+            self._commands.put(("epoch", number, sum(kind == "batch" for kind, _ in carried)))
+        self.waited = 0.0
         try:
-            while True:
+            while carried:
+                kind, rest = carried.popleft()
+                if kind == "error":
+                    raise_error(*rest)
+                yield self._hand_out(*rest)
+            while running:
                 start = time.perf_counter()
                 kind, rest = self._message(number)
                 self.waited += time.perf_counter() - start
                 if kind == "error":
-                    finished = True
+                    running = False
                     raise_error(*rest)
                 if kind == "done":
-                    finished, self.stats = True, rest[0]
+                    running, self.stats = False, rest[0]
                     return
-                slot, skeleton, grown = rest
-                self._release()
-                if grown is not None:
-                    self._buffers[slot] = grown
-                if self.cuda:
-                    torch.cuda.current_stream(self.device).wait_event(self._filled[slot])
-                self._held = slot
-                yield ring.unpack(skeleton, self._buffers[slot])
+                yield self._hand_out(*rest)
         finally:
             self._open = None
-            if not finished and self.process is not None:
-                self._stop(number)
+            kept: list[tuple] = self._stop(number) if running and self.process is not None else []
+            if self._one_shot and self.process is not None:  # nothing made is lost: the next pass yields it first
+                self._carried = list(carried) + kept
 
-    def _stop(self, number: int) -> None:
-        """Stop pass ``number`` (the trainer left it early); the batches already sent are given back."""
+    def _stop(self, number: int) -> list:
+        """Stop pass ``number`` (the trainer left it early). The batches already sent, and an error that ended
+        the pass, are kept for the next pass over a one-shot loader (each batch keeps its slot until then), and
+        given back otherwise."""
         self._commands.put(("stop",))
+        kept: list[tuple] = []
         while True:
             kind, rest = self._message(number)
-            if kind in ("done", "error"):
-                return
-            slot, _, grown = rest
+            if kind == "done":
+                return kept
+            if kind == "error":
+                return kept + [(kind, rest)]
+            slot, skeleton, grown = rest
             if grown is not None:
                 self._buffers[slot] = grown
-            self._free(slot)
+            if self._one_shot:
+                kept.append(("batch", (slot, skeleton, None)))
+            else:
+                self._free(slot)

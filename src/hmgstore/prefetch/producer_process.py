@@ -1,9 +1,10 @@
 """The producer process of :class:`hmgstore.Producer`: it builds the loader, then makes passes as the trainer asks.
 
-Messages to the trainer are ``(kind, pass number or None, ...)``: ``ready``, ``batch``, ``done`` and ``error``
-(an exception crossing processes: pickled where it can be, always with its traceback text). Commands from the
-trainer: ``events`` (its freed events' IPC handles), ``epoch`` (start pass N), ``free`` (a slot), ``stop``
-(the pass), ``close``.
+Messages to the trainer are ``(kind, pass number or None, ...)``: ``ready`` (the loader's length, whether it is
+one-shot, the filled events' IPC handles), ``batch``, ``done`` and ``error`` (an exception crossing processes:
+pickled where it can be, always with its traceback text). Commands from the trainer: ``events`` (its freed
+events' IPC handles), ``epoch`` (start pass N, of which the trainer has already handed out some batches: those
+of a stopped pass over a one-shot loader that it kept), ``free`` (a slot), ``stop`` (the pass), ``close``.
 """
 from __future__ import annotations
 
@@ -13,13 +14,11 @@ import signal
 import time
 import traceback
 from collections import deque
-from collections.abc import Generator
-from typing import cast
 
 import torch
 
 from . import shared_ring as ring
-from .pipeline import Pipeline
+from .pipeline import Pipeline, is_one_shot
 
 #: Seconds between liveness checks while one process waits for the other.
 POLL = 0.2
@@ -69,7 +68,7 @@ def serve(make_loader, device, slots, seed, options, commands, results) -> None:
         except TypeError:
             length = None
         server = _Server(loader, device, slots, options, commands, results)
-        results.put(("ready", None, length, [e.ipc_handle() for e in server.filled]))
+        results.put(("ready", None, length, is_one_shot(loader), [e.ipc_handle() for e in server.filled]))
     except BaseException as err:  # noqa: BLE001 - reported to the trainer
         results.put(("error", None, *pack_error(err)))
         return
@@ -88,7 +87,8 @@ class _Server:
         self.max_sms, self.fuse, self.overlap_reads = options
         # depth 1: the ring's slots are the depth the trainer sees. The ring's device, never None: a CPU ring on a
         # machine with a GPU would otherwise get a pipeline on the GPU's streams, and CUDA in this process. One
-        # Pipeline for every pass: it tells a one-shot loader's used-up second pass from an empty epoch.
+        # Pipeline for every pass: it tells a one-shot loader's used-up second pass from an empty epoch, and
+        # resumes that loader's pass left early with the batches it had made ahead.
         self.source = Pipeline(loader, depth=1, device=device, max_sms=self.max_sms, fuse=self.fuse,
                                overlap_reads=self.overlap_reads)
         self.cuda = device.type == "cuda"
@@ -141,7 +141,7 @@ class _Server:
                 if cmd[0] == "epoch":
                     number = cmd[1]
                     try:
-                        stats = self.epoch(number)
+                        stats = self.epoch(number, cmd[2])
                     except _Stopped:
                         stats = None
                     if not self.closed:
@@ -158,11 +158,12 @@ class _Server:
         if self.cuda:
             torch.cuda.ipc_collect()
 
-    def epoch(self, number: int) -> dict:
-        """Pass ``number`` of the loader through the ring; the pass's counts."""
+    def epoch(self, number: int, delivered: int) -> dict:
+        """Pass ``number`` of the loader through the ring, of which the trainer has already handed out
+        ``delivered`` batches; the pass's counts."""
         busy = waited = 0.0
         batches = 0
-        it = cast(Generator, iter(self.source))  # Pipeline.__iter__ is a generator: it has close()
+        it = self.source.epoch(delivered)
         try:
             while True:
                 start = time.perf_counter()

@@ -132,19 +132,15 @@ def resolve_budget(budget, needed: int, device) -> int | None:
 def order_by_score(score: torch.Tensor) -> torch.Tensor:
     """Row ids sorted hottest first, from a per-row score (e.g. in-degree).
 
-    ``score``: 1-D tensor of shape [N], any real dtype, CPU. Returns int64 [N].
+    ``score``: 1-D tensor of shape [N] (or what ``torch.as_tensor`` reads as
+    one), any real dtype, any device. Returns int64 [N], on the CPU.
     Ties keep ascending id order (stable), so the result is deterministic.
-    Raises ValueError for other shapes and for NaN scores.
+    Raises as :func:`check_score` does: ValueError for other shapes and for
+    NaN scores, TypeError for booleans (a mask: ``mask.float()`` ranks the
+    marked rows first), complex numbers and what is not numbers.
     """
-    score = torch.as_tensor(score)
-    if score.dim() != 1:
-        raise ValueError(f"a hotness score must be 1-D, one value per row; got shape {tuple(score.shape)}")
-    if score.is_floating_point():
-        nan = torch.isnan(score).nonzero()
-        if len(nan):
-            raise ValueError(f"the hotness score of row {int(nan[0, 0])} is NaN; give every row a number "
-                             "(0 for rows never touched)")
-    return torch.sort(score.cpu(), descending=True, stable=True).indices
+    score = check_score(score, None, "a hotness score")
+    return torch.sort(score, descending=True, stable=True).indices
 
 
 def by_hotness(order: torch.Tensor, budget, row_bytes: int) -> torch.Tensor:
@@ -315,29 +311,31 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
     return order
 
 
-def check_score(score, num_rows: int, what: str = "hotness") -> torch.Tensor:
+def check_score(score, num_rows: int | None, what: str = "hotness") -> torch.Tensor:
     """``score``, one real number per row (higher is hotter), as a 1-D CPU tensor, after checking it.
 
-    Raises ValueError for another shape and for NaN scores, TypeError for
-    what is not real numbers; on every device, whether or not a budget uses
-    the scores.
+    ``num_rows``: the rows the scores are for (None: any number). Raises
+    ValueError for another shape or length and for NaN scores, TypeError
+    for what is not real numbers (a bool mask, named by its dtype, included);
+    on every device, whether or not a budget uses the scores.
     """
     try:
         score = torch.as_tensor(score).cpu()
     except (TypeError, ValueError, RuntimeError, OverflowError) as err:
-        raise TypeError(f"{what} is one real score per row (a tensor of shape [{num_rows}]); could not read "
+        shape = "N" if num_rows is None else num_rows
+        raise TypeError(f"{what} is one real score per row (a tensor of shape [{shape}]); could not read "
                         f"{type(score).__name__} as one: {err}") from None
     if score.is_complex():
         raise TypeError(f"{what} is one real score per row, got {score.dtype}")
     if score.dtype == torch.bool:  # refused as everywhere: a mask read as 0/1 scores is rarely what was meant
-        raise TypeError(f"{what} is one real score per row, got booleans; pass mask.float() to rank marked rows "
-                        "first")
+        raise TypeError(f"{what} is one real score per row, got a {score.dtype} mask of booleans; pass mask.float() "
+                        "to rank marked rows first")
     if score.dim() != 1:
         raise ValueError(f"{what} must be 1-D, one score per row; got shape {tuple(score.shape)}")
-    if score.numel() != num_rows:
+    if num_rows is not None and score.numel() != num_rows:
         raise ValueError(f"{what} has {score.numel()} entries for {num_rows} rows; give one score per row "
                          "(0 for rows never touched)")
     if score.is_floating_point() and bool(torch.isnan(score).any()):
         raise ValueError(f"{what}: the score of row {int(torch.isnan(score).nonzero()[0, 0])} is NaN; give every "
                          "row a number (0 for rows never touched)")
-    return score.to(torch.uint8) if score.dtype == torch.bool else score
+    return score
