@@ -604,3 +604,33 @@ def test_an_out_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["gather", "--quick", "--out", str(tmp_path / "f")])
     assert "is a file" in capsys.readouterr().err and (tmp_path / "f").read_text() == "kept"
+
+
+def test_a_train_run_stopped_partway_keeps_the_configurations_it_finished(tmp_path, monkeypatch):
+    """A time limit that stops ``bench train`` during a configuration leaves the report of those before it."""
+    import hmgstore.bench.train as train
+    from hmgstore.bench.__main__ import parse_args
+
+    real, ran = train.run_config, []
+
+    def run_config(config, *a, **kw):
+        if ran:
+            raise KeyboardInterrupt  # as a time limit's signal would stop the run
+        ran.append(config)
+        return real(config, *a, **kw)
+
+    monkeypatch.setattr(train, "run_config", run_config)
+    out = tmp_path / "train"
+    args = parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "host", "cache+pipe",
+                       "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        train.run(args)
+    report = json.loads((out / "train.json").read_text())
+    assert list(report["configs"]) == ["cache"] and report["configs"]["cache"]["epoch_s"] > 0
+    assert report["configs_left"] == ["host", "cache+pipe"]
+    assert "not run yet: host, cache+pipe" in (out / "train.md").read_text()
+    monkeypatch.setattr(train, "run_config", real)
+    train.run(args)  # run whole, the report names nothing left
+    report = json.loads((out / "train.json").read_text())
+    assert list(report["configs"]) == ["cache", "host", "cache+pipe"] and report["configs_left"] == []
+    assert "_table_text" not in report and "not run yet" not in (out / "train.md").read_text()

@@ -393,6 +393,7 @@ def run(args) -> dict:
             log.info("%s: training %s batches", config, reps)
             report["configs"][config] = run_config(config, data, csc, train, classes, device, args, hot, kept)
             gc.collect()
+            _write_so_far(report, args.out, configs[k + 1:])
             r = report["configs"][config]
             alone = ", ".join(f"{k} {v:.1f}" for k, v in r["alone_batches_per_s"].items())
             log.info("%-13s %7.2f batches/s  epoch %7.2f s  alone: %s; host GB at start %s, peak %.1f", config,
@@ -401,5 +402,14 @@ def run(args) -> dict:
     finally:
         kept.close()
         torch.set_float32_matmul_precision(precision)
+    report.pop("_table_text", None)
     write_report(report, args.out, ratios=add_ratios, text_of=table_text, plot_to=plot)
     return report
+
+
+def _write_so_far(report: dict, out, left: list) -> None:
+    """Write the report of the configurations run so far (no plot), naming those ``left``: a run stopped by a
+    time limit keeps every configuration it finished."""
+    report["configs_left"] = left
+    report.pop("_table_text", None)  # the last write's table, not part of the results
+    write_report(report, out, ratios=add_ratios, text_of=table_text, plot_to=lambda *_: None)

@@ -140,6 +140,8 @@ def table_text(report: dict) -> str:
              *no_gpu_line(report, "stock PyG against hmgstore reading host memory on the CPU, with and without the "
                                   "pipeline", "the all-GPU ceiling, the GPU cache and its hit ratios"), "",
              *smoke_test_lines(report), "",
+             *([f"unfinished: {len(report['configs_left'])} configuration(s) not run yet: "
+                f"{', '.join(report['configs_left'])}", ""] if report.get("configs_left") else []),
              *(["profiled run (--profile): on the H100 its cached configurations ran 0.5-0.9x as fast as the same "
                 "code unprofiled (strong-step-h100.md); take the timings from a run without it", ""]
                if report.get("profiled") and gpu else []),
