@@ -72,6 +72,32 @@ def test_an_integer_past_float16s_range_is_refused():
     assert table[1].tolist() == [65504.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@given(value=st.floats(allow_nan=False, allow_infinity=False, width=64)
+       | st.sampled_from([65504.0, 65510.5, 65519.99, 65520.0, 3.3895e38, 3.40282357e38, 3.4028235e38]),
+       python=st.booleans())
+def test_a_float_a_table_of_that_width_rounds_down_is_stored_and_one_it_rounds_to_inf_refused(dtype, value, python):
+    """The test is torch's own conversion: a number past the largest by less than half a step is stored as the
+    largest (as a compress= format of that width stores it), one that would become inf is refused."""
+    table = HybridTensor(torch.ones(3, 2, dtype=dtype), "cpu")
+    wanted = torch.tensor([value, 1.0], dtype=torch.float64).to(dtype)
+    if bool(wanted.isinf().any()):
+        with pytest.raises(ValueError, match=f"past this table's {dtype} range.*stored as inf"):
+            table[1] = value if python else torch.tensor([value, 1.0], dtype=torch.float64)
+        assert bool((table.dense() == 1).all())  # nothing written
+    else:
+        table[1] = value if python else torch.tensor([value, 1.0], dtype=torch.float64)
+        assert torch.equal(table[1], wanted if not python else wanted[:1].expand(2))
+
+
+def test_float16_rows_store_a_number_past_65504_that_rounds_down_as_a_float16_format_does():
+    native = HybridTensor(torch.ones(2, 2).half(), "cpu")
+    native[0] = torch.tensor([65510.5, 65519.0], dtype=torch.float64)
+    packed = HybridTensor(torch.ones(2, 2), "cpu", compress="float16")
+    packed[0] = torch.tensor([65510.5, 65519.0])
+    assert native[0].tolist() == packed[0].tolist() == [65504.0, 65504.0]
+
+
 def test_public_load_keeps_its_layout_copy(tmp_path):
     x = torch.rand(N, 4) + 0.5
     np.save(tmp_path / "x.npy", x.numpy())

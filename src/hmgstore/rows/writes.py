@@ -1,5 +1,5 @@
 """What a table write ``t[ids] = value`` stores: :func:`rows_to_write` converts the value to the table's
-rows, never cutting a number in silence (a float64 past float32's largest is refused, not stored as inf)."""
+rows, never cutting a number in silence (a float64 that float32 rows would hold as inf is refused)."""
 from __future__ import annotations
 
 import math
@@ -110,16 +110,25 @@ def _within(value: int | float, dtype: torch.dtype) -> None:
 
 
 def _within_float(value: int | float | complex | torch.Tensor, dtype: torch.dtype) -> None:
-    """Refuse a finite number (or one of a tensor of them) past ``dtype``'s largest, which would be stored as
-    inf: ValueError naming the first, an int compared exactly. Inf and NaN pass: they are stored as they are."""
+    """Refuse a finite number (or one of a tensor of them) that ``dtype`` would store as inf: ValueError naming
+    the first, an int compared exactly. Inf and NaN pass: they are stored as they are. A number a little past
+    the largest that rounds down to it is stored as the largest, as a ``compress=`` format of that width does
+    (float16 rows hold 65510.5 as 65504): the test is torch's own conversion, the one the write makes."""
     top = torch.finfo(dtype).max
     if isinstance(value, torch.Tensor):
         parts = torch.view_as_real(value) if value.is_complex() else value.double()
-        past = parts[parts.isfinite() & (parts.abs() > top)]
+        past = parts[parts.isfinite() & parts.to(dtype).isinf()]
         value = float(past[0]) if len(past) else 0.0
     for part in (value.real, value.imag) if isinstance(value, complex) else (value,):
-        if top < abs(part) < math.inf:
-            raise ValueError(f"the value holds {value!r}, past this table's {dtype} range [{-top}, {top}]")
+        if isinstance(part, float) and not math.isfinite(part):
+            continue
+        try:
+            stored = torch.tensor(float(part), dtype=torch.float64).to(dtype)
+        except OverflowError:  # an int past float64's range
+            stored = torch.tensor(math.inf)
+        if stored.isinf():
+            raise ValueError(f"the value holds {value!r}, past this table's {dtype} range [{-top}, {top}]: it would be "
+                             "stored as inf")
 
 
 def _all_within(given: torch.Tensor, dtype: torch.dtype) -> None:
