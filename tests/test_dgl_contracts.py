@@ -279,3 +279,30 @@ def test_srcdata_and_dstdata_of_a_bipartite_graph_read_their_own_types():
                         num_nodes_dict={"u": 5, "i": 3})
     hdgl.attach(g, {"f": {"u": xu, "i": np.asarray(xi)}})
     assert torch.equal(g.srcdata["f"], xu) and torch.equal(g.dstdata["f"], xi)
+
+
+def test_an_in_place_edit_of_host_rows_that_gpus_also_hold_is_refused(monkeypatch):
+    """Where GPUs hold copies of some rows (a GPU cache, shards), g.ndata's host rows are not every copy: an edit
+    of them in place is refused as a decoded copy's is. The GPU side is stood in for on the CPU by the one
+    question the storage asks (tests/test_sharded.py asks it of real GPU tables)."""
+    import hmgstore.plugins.dgl.storage as storage_module
+
+    x = _table(seed=8)
+    table = hmgstore.HybridTensor(x.clone(), "cpu")
+    g = hdgl.attach(_graph(), {"feat": table})
+    monkeypatch.setattr(storage_module, "rows_elsewhere", lambda t: t is table)
+    host = g.ndata["feat"]
+    assert host.data_ptr() == table.source.data_ptr()  # the host rows themselves, no copy
+    host[3] += 1.0
+    with pytest.raises(RuntimeError, match=r"host rows of its attached table.*GPUs hold copies.*changed in place"):
+        g.get_node_storage("feat")
+    table[torch.tensor([3])] = x[3:4] * 2  # a write to the table: every copy gets it
+    assert torch.equal(_rows(g.get_node_storage("feat"), IDS), table[IDS])
+
+
+def test_an_in_place_edit_of_host_rows_held_nowhere_else_is_served():
+    x = _table(seed=9)
+    table = hmgstore.HybridTensor(x.clone(), "cpu")
+    g = hdgl.attach(_graph(), {"feat": table})
+    g.ndata["feat"][IDS] *= 3.0  # the host tier is the only copy: the loader serves the edit, as plain DGL does
+    assert torch.equal(_rows(g.get_node_storage("feat"), IDS), x[IDS] * 3.0)

@@ -346,3 +346,20 @@ def test_pickled_graph_rebuilds_its_cuda_table_on_first_fetch(small_graph, cuda_
     ids = torch.tensor([3, 1999, 0, 3])
     rows = copy.get_node_storage("feat").fetch(ids, cuda_device, None).wait()
     assert torch.equal(rows.cpu(), x[ids])
+
+
+@pytest.mark.gpu
+def test_an_in_place_edit_of_host_rows_a_gpu_cache_also_holds_is_refused(small_graph, cuda_device):
+    """The GPU keeps copies of the hot rows: an edit of g.ndata's host rows cannot reach them, so it is refused
+    rather than served for the cold rows only."""
+    x = small_graph.x.clone()
+    table = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.arange(0, small_graph.num_nodes, 2))
+    g = hdgl.attach(_homogeneous(small_graph, torch.int64), {"feat": table})
+    assert hdgl.storage.rows_elsewhere(table)
+    g.ndata["feat"][:4] += 1.0
+    with pytest.raises(RuntimeError, match="GPUs hold copies"):
+        g.get_node_storage("feat", "_N")
+    ids = torch.arange(4)
+    table[ids] = small_graph.x[ids] * 2  # a write to the table reaches the GPU's copies too
+    rows = g.get_node_storage("feat", "_N").fetch(ids, cuda_device, None).wait()
+    assert torch.equal(rows.cpu(), small_graph.x[ids] * 2)

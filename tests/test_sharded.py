@@ -189,6 +189,9 @@ def test_adapters_serve_a_sharded_view(small_graph):
         input_nodes, _, _ = next(iter(loader))
         rows = g.get_node_storage("feat", "_N").fetch(input_nodes, d0, None).wait()
         assert torch.equal(rows.cpu(), x[input_nodes])
+        g.ndata["feat"][:3] += 1.0  # host rows the GPUs hold copies of: the edit cannot reach those
+        with pytest.raises(RuntimeError, match="changed in place"):
+            g.get_node_storage("feat", "_N")
 
 
 @pytest.mark.gpu

@@ -26,6 +26,14 @@ dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 PRUNE_AT = 64
 
 
+def rows_elsewhere(table) -> bool:
+    """Whether GPUs hold copies of some of ``table``'s rows (a GPU cache, shards on the node's GPUs): rows that an
+    in-place edit of its host rows (``g.ndata[key]``) cannot reach."""
+    if isinstance(table, HybridTensor):
+        return table.num_gpu_rows > 0
+    return table.device.type == "cuda"  # a ShardedTensor or DistributedTensor over GPUs
+
+
 def _cluster_tensor():
     from hmgstore.distributed import ClusterTensor
 
@@ -59,53 +67,60 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
                             f"DistributedTensor, ClusterTensor: any hmgstore.FeatureTable), got {type(table).__name__}")
         self.table: FeatureTable = table
         self._whole: torch.Tensor | None = None  # a decoded or copied whole table, made once (see whole())
-        self._whole_writes = 0  # the table's writes when it was made
+        self._whole_writes: int | None = 0  # the table's writes when it was made (None: a table without writes)
         self._whole_version = 0  # its torch version counter then: a change means an in-place edit of the copy
+        self._whole_kind = ""  # what the kept tensor is, for the error that refuses an edit of it
 
     def whole(self, key: str = "") -> torch.Tensor:
         """Every row: ``[N, *row_shape]`` of the table's dtype, a CPU tensor, for ``g.ndata[key]``/``g.edata[key]``.
 
         The host tier itself (no copy) when it keeps rows as they read and
         is writable; otherwise (a stored format, a layout, read-only memory)
-        a copy made on the first call and kept. That copy is not the table:
-        an in-place edit of it (``g.ndata[key].mul_(0)``) would not reach the
-        rows the DataLoader gathers, so once the copy has been edited this,
-        and every :meth:`fetch`, raises RuntimeError until the table is
-        written (``table[ids] = rows``) or the key assigned whole
-        (``g.ndata[key] = edited``, which detaches it). Raises KeyError naming
+        a copy made on the first call and kept. That copy is not the table,
+        and where GPUs hold copies of some rows (a GPU cache, shards) neither
+        is the host tier: an in-place edit of either (``g.ndata[key].mul_(0)``)
+        would not reach every row the DataLoader gathers, so once it has been
+        edited this, and every :meth:`fetch`, raises RuntimeError until the
+        table is written (``table[ids] = rows``) or the key assigned whole
+        (``g.ndata[key] = edited``, which detaches it). A table held whole on
+        the host alone serves the edit of its host tier, as plain DGL does. Raises KeyError naming
         ``key`` for a ClusterTensor (its rows live on several machines:
         gather them with ``table[ids]``) and RuntimeError for a closed table.
         """
         if isinstance(self.table, _cluster_tensor()):
             raise KeyError(f"{key!r} is served by a ClusterTensor, whose rows live on several machines: there is no "
                            "whole table here; read rows with table[ids]")
-        if not isinstance(self.table, HybridTensor):  # a ShardedTensor or DistributedTensor: its host table
-            return self.table.dense()  # type: ignore[attr-defined]  # both have dense(); no GPU holds every row
         self._unedited(f"g.ndata[{key!r}] (or g.edata[{key!r}])")
-        if self._whole is not None and self._whole_writes == self.table.writes:
+        writes = getattr(self.table, "writes", None)  # a HybridTensor's count of writes (others take none)
+        if self._whole is not None and self._whole_writes == writes:
             return self._whole
-        if self.table.closed:
+        if getattr(self.table, "closed", False):
             raise RuntimeError(f"the table of {key!r} is closed")
-        rows = self.table.dense()
-        source = self.table.source
-        if not (isinstance(source, torch.Tensor) and rows.data_ptr() == source.data_ptr()):
-            # a copy: kept (until the table is written), so that g.ndata[key] in a loop does not decode every time
-            self._whole, self._whole_writes, self._whole_version = rows, self.table.writes, rows._version
+        rows = self.table.dense()  # type: ignore[attr-defined]  # every table but a ClusterTensor has dense()
+        source = getattr(self.table, "source", None)
+        copied = not (isinstance(source, torch.Tensor) and rows.data_ptr() == source.data_ptr())
+        elsewhere = rows_elsewhere(self.table)
+        if copied or elsewhere:
+            # kept: a copy, so that g.ndata[key] in a loop does not decode every time; the host rows themselves
+            # where GPUs hold some rows too, so that an in-place edit, which cannot reach those, is seen
+            self._whole, self._whole_writes, self._whole_version = rows, writes, rows._version
+            self._whole_kind = ("a decoded copy of its attached table {} (rows stored compressed, laid out or "
+                                "read-only)" if copied else "the host rows of its attached table {}, whose GPUs "
+                                "hold copies of some of its rows")
         return rows
 
     def _unedited(self, name: str = "g.ndata[key] (or g.edata[key])") -> None:
-        """Refuse to go on once the kept copy of :meth:`whole` (``name``) was edited in place while the table was
-        not written: ``g.ndata[key]`` and the DataLoader would serve different rows. One integer compare."""
+        """Refuse to go on once the kept tensor of :meth:`whole` (``name``) was edited in place while the table
+        was not written: ``g.ndata[key]`` and the DataLoader would serve different rows. One integer compare."""
         whole = self._whole
         if whole is None or whole._version == self._whole_version or self._whole_writes != getattr(
-                self.table, "writes", None):  # only a HybridTensor keeps a copy (whole())
+                self.table, "writes", None):  # a write to the table drops the kept tensor (whole())
             return
         raise RuntimeError(
-            f"{name} is a decoded copy of its attached table {self.table} (rows stored compressed, laid out or "
-            "read-only), and it was changed in place (mul_, +=, x[...] = ...): the edit did not reach the table, "
-            "so the DataLoader would serve the old rows. Assign the edited tensor whole instead "
-            f"({name} = edited, which detaches the key: the loader then serves it), or write the table itself "
-            "(table[ids] = rows)")
+            f"{name} is {self._whole_kind.format(self.table)}, and it was changed in place (mul_, +=, "
+            "x[...] = ...): the edit did not reach every copy of the rows, so the DataLoader would serve old "
+            f"rows. Assign the edited tensor whole instead ({name} = edited, which detaches the key: the loader "
+            "then serves it), or write the table itself (table[ids] = rows)")
 
     def __getstate__(self):
         return {**self.__dict__, "_whole": None}  # a copy of the table's rows: the worker decodes its own

@@ -107,6 +107,11 @@ class DistributedTensor:
         """The whole table as a CPU tensor: the node's host table itself (every row is there)."""
         return self._source
 
+    @property
+    def source(self) -> torch.Tensor:
+        """The node's host table, every row of it (what :meth:`dense` hands out)."""
+        return self._source
+
     def __len__(self) -> int:
         return self.table.num_rows
 

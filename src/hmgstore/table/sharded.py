@@ -201,6 +201,11 @@ class ShardedTensor:
         return self.gather(rows_only(index))
 
     @property
+    def source(self) -> torch.Tensor:
+        """The host table every row is in (what :meth:`dense` hands out where it is writable)."""
+        return self._source
+
+    @property
     def pinned(self) -> PinnedHost | None:
         """The source pinned for every GPU's host reads, or None when every row lives on some GPU (or on the CPU)."""
         return self._pinned
