@@ -196,12 +196,16 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     ``x=np.load("feat.npy", mmap_mode="r"), y=labels``: each ``[num_nodes,
     ...]`` torch CPU tensor, numpy array or memmap, used in place.
     ``num_nodes`` defaults to the features' row count. ``device``,
-    ``gpu_budget``, ``hotness`` and ``gpu_whole`` as in :func:`from_data`. Raises ValueError
+    ``gpu_budget``, ``hotness`` and ``gpu_whole`` as in :func:`from_data`;
+    so are the host-memory options of every table (``copy``, ``host_dtype``,
+    ``compress``, ``layout``, ``backing``, ``split``: these names are options,
+    never node attributes). Raises ValueError
     for a topology given twice or not at all, no features, or a feature
     whose rows are not ``num_nodes`` (naming it, both sizes and the fix);
     TypeError naming ``from_tensors`` for a keyword that misspells one of
     its parameters (``gpu_bugdet=``) rather than naming a node attribute.
     """
+    options = {name: features.pop(name) for name in TABLE_OPTIONS if name in features}  # as from_data takes them
     given = [(name, v) for name, v in (("coo", edge_index), ("csr", csr), ("csc", csc)) if v is not None]
     if len(given) != 1:
         raise ValueError("pass the topology once: edge_index=..., csr=(rowptr, col) or csc=(row, colptr)")
@@ -220,7 +224,8 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     sources = {(None, name): value for name, value in features.items()}
     hotness = _ranking(hotness, gpu_budget, graph_store, sources, progress, device)
     feature_store = HybridFeatureStore.from_sources(sources, device, gpu_budget=gpu_budget, hotness=hotness,
-                                                    max_sms=max_sms, progress=progress, gpu_whole=gpu_whole)
+                                                    max_sms=max_sms, progress=progress, gpu_whole=gpu_whole,
+                                                    **options)
     return feature_store, graph_store
 
 

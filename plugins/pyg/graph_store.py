@@ -33,6 +33,8 @@ from hmgstore.graph.topology import checked_perm
 from hmgstore.rows import checks
 from hmgstore.util.device import resolve_device
 
+from .sampler_checks import store_node_counts
+
 __all__ = ["CSC", "CSCGraphStore", "to_csc"]
 
 
@@ -188,7 +190,9 @@ class CSCGraphStore(GraphStore):
         return list(self._edges)
 
     def in_degree(self) -> dict:
-        """Node type -> int64 in-degree over every edge type into it (key None when homogeneous)."""
+        """Node type -> int64 in-degree over every edge type into it (key None when homogeneous). Raises
+        ValueError when edge types disagree on a node type's count (put without ``size``), naming the fix."""
+        store_node_counts(self._edges)  # a sum over edge types needs one count per node type
         degree: dict = {}
         for edge_type, csc in self._edges.items():
             dst = None if edge_type is None else edge_type[-1]
@@ -199,7 +203,9 @@ class CSCGraphStore(GraphStore):
     def expected_draws(self, progress: bool = False, device=None) -> dict:
         """Node type -> float64 score: how often one hop draws each node as a neighbour over every edge type
         out of it (:func:`hmgstore.graph.expected_draws`; key None when homogeneous), the stores' default
-        hotness. Summed on ``device`` when that is a GPU with room for it (the CPU otherwise: same answer)."""
+        hotness. Summed on ``device`` when that is a GPU with room for it (the CPU otherwise: same answer).
+        Raises ValueError when edge types disagree on a node type's count, as :meth:`in_degree` does."""
+        store_node_counts(self._edges)
         device = resolve_device(device)
         draws: dict = {}
         for edge_type, csc in self._edges.items():

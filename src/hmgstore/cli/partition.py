@@ -63,14 +63,34 @@ def build_parser() -> argparse.ArgumentParser:
     graph = p.add_mutually_exclusive_group(required=True)
     graph.add_argument("--ogb", type=Path, metavar="ROOT", help="folder holding an OGB node dataset")
     graph.add_argument("--synthetic", type=int, metavar="NODES", help="a synthetic community graph of NODES nodes")
-    p.add_argument("--name", default="ogbn-products", help="with --ogb: the dataset (default: ogbn-products)")
-    p.add_argument("--feat-dim", type=int, default=128, help="with --synthetic: features per node (default: 128)")
-    p.add_argument("--avg-degree", type=int, default=10, help="with --synthetic: edges per node (default: 10)")
-    p.add_argument("--seed", type=int, default=0, help="with --synthetic: random seed (default: 0)")
+    p.add_argument("--name", default=None, help="with --ogb: the dataset (default: ogbn-products)")
+    p.add_argument("--feat-dim", type=int, default=None, help="with --synthetic: features per node (default: 128)")
+    p.add_argument("--avg-degree", type=int, default=None, help="with --synthetic: edges per node (default: 10)")
+    p.add_argument("--seed", type=int, default=None, help="with --synthetic: random seed (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR and everything in it if it holds "
                    "anything (default: refuse)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
+
+
+#: Options of one graph source, with their defaults: given with the other source they would be ignored.
+_OGB_ONLY = {"name": "ogbn-products"}
+_SYNTHETIC_ONLY = {"feat_dim": 128, "avg_degree": 10, "seed": 0}
+
+
+def _source_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the options of the graph source not chosen (a usage error naming them), then set the defaults of
+    the chosen one's."""
+    ogb = args.ogb is not None
+    theirs, mine = (_SYNTHETIC_ONLY, _OGB_ONLY) if ogb else (_OGB_ONLY, _SYNTHETIC_ONLY)
+    given = ["--" + name.replace("_", "-") for name in theirs if getattr(args, name) is not None]
+    if given:
+        parser.error(f"{', '.join(given)} {'go' if len(given) > 1 else 'goes'} only with "
+                     f"{'--synthetic' if ogb else '--ogb'}; this command reads "
+                     f"{'--ogb' if ogb else '--synthetic'}: leave {'them' if len(given) > 1 else 'it'} out")
+    for name, default in mine.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 def main(argv=None) -> None:
@@ -79,12 +99,14 @@ def main(argv=None) -> None:
     Raises:
         SystemExit: status 2 with a usage error naming the flag for a bad command line: an OUT_DIR that is a
             file or holds anything without ``--overwrite``, a ``--by`` that is no method and no file,
-            ``--parts`` under 1, a synthetic graph's sizes, an assignment file that does not fit the graph, an
-            OGB folder that is missing or whose files disagree (the reader's error), a dataset whose split or
-            edges do not fit its nodes.
+            ``--parts`` under 1, an option of the other graph source (``--name`` with ``--synthetic``;
+            ``--feat-dim``, ``--avg-degree``, ``--seed`` with ``--ogb``), a synthetic graph's sizes, an
+            assignment file that does not fit the graph, an OGB folder that is missing or whose files disagree
+            (the reader's error), a dataset whose split or edges do not fit its nodes.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    _source_options(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     progress = not args.no_progress
     if args.out_dir.exists() and not args.out_dir.is_dir():  # before building the graph

@@ -19,9 +19,10 @@ import ctypes
 import errno
 import logging
 import os
+import secrets
 import shutil
+import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,13 +44,29 @@ def new_folder(target, *, overwrite: bool = False) -> Iterator[Path]:
     target = target.resolve() if target.is_symlink() else target  # replace the folder, keep the link
     _refuse(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    new = _made_like(target)
     try:
         yield new
         _put_in_place(new, target, overwrite)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)  # the new files, or after an exchange the old ones
         raise
+
+
+def _made_like(target: Path) -> Path:
+    """A new hidden folder beside ``target`` with the mode a folder made there by hand gets (the umask's, and the
+    parent's set-group-id), or the mode of the folder ``target`` it replaces: others who read the parts (on
+    shared storage) keep reading them. ``tempfile.mkdtemp`` would make it private (0700)."""
+    while True:
+        new = target.parent / f".{target.name}.partial-{secrets.token_hex(6)}"
+        try:
+            os.mkdir(new)
+            break
+        except FileExistsError:
+            continue
+    if target.is_dir():
+        os.chmod(new, stat.S_IMODE(target.stat().st_mode))
+    return new
 
 
 def _refuse(target: Path, overwrite: bool) -> None:

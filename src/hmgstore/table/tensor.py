@@ -274,7 +274,7 @@ class HybridTensor(Table):
         self._enter()
         try:
             self._ready()
-            ids = normalize(index, self.num_rows, torch.device("cpu")).ids
+            ids = normalize(index, self.num_rows, torch.device("cpu")).ids.long()  # narrow ids index as int64
             rows = rows_to_write(value, self.dtype)
             try:
                 rows = rows.expand(len(ids), *self.row_shape)

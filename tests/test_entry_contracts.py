@@ -1,0 +1,107 @@
+"""Entry points held to their contracts where a hostile probe found them loose:
+
+- a table write takes every integer id dtype a gather takes (int32 ids indexed the host rows raw);
+- a graph store's sums over edge types (in-degree, expected draws) refuse node counts that disagree, naming the
+  fix, as the sampler does;
+- the partition command refuses options of the graph source it does not read, instead of ignoring them;
+- a partition's folder gets the mode a folder made there gets, or the one it replaces (not 0700);
+- ``from_tensors`` takes the host-memory options ``from_data`` takes, never as node attributes.
+"""
+import os
+import stat
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import hmgstore
+from hmgstore.cli import partition as partition_cli
+from hmgstore.plugins.pyg import CSCGraphStore, from_tensors
+
+ID_DTYPES = [torch.int64, torch.int32, torch.int16, torch.uint8]
+
+
+@pytest.mark.parametrize("dtype", ID_DTYPES)
+@pytest.mark.parametrize("layout", [False, True], ids=["no-layout", "layout"])
+@given(picks=st.lists(st.integers(0, 19), min_size=0, max_size=8, unique=True), as_numpy=st.booleans())
+def test_a_write_with_ids_of_any_integer_dtype_lands_where_a_gather_reads(dtype, layout, picks, as_numpy):
+    x = torch.arange(40.0).reshape(20, 2) + 0.5
+    table = hmgstore.HybridTensor(x.clone(), "cpu", layout=torch.randperm(20) if layout else None, progress=False)
+    ids = torch.tensor(picks, dtype=dtype)
+    rows = -torch.arange(2.0 * len(picks)).reshape(-1, 2) - 1
+    table[ids.numpy() if as_numpy else ids] = rows
+    want = x.clone()
+    want[ids.long()] = rows
+    assert torch.equal(table[torch.arange(20)], want)
+
+
+def test_a_write_of_one_int32_id_as_a_0d_tensor():
+    table = hmgstore.HybridTensor(torch.ones(4, 2), "cpu")
+    table[torch.tensor(2, dtype=torch.int32)] = torch.tensor([7.0, 8.0])
+    assert table[torch.tensor([2])].tolist() == [[7.0, 8.0]]
+
+
+def _disagreeing_store() -> CSCGraphStore:
+    store = CSCGraphStore()
+    store.put_edge_index(torch.tensor([[0, 1, 2], [5, 1, 0]]), edge_type=("a", "r1", "b"), layout="coo")
+    store.put_edge_index(torch.tensor([[0, 1], [3, 1]]), edge_type=("a", "r2", "b"), layout="coo", size=(10, 4))
+    return store
+
+
+@pytest.mark.parametrize("ask", ["in_degree", "expected_draws"])
+def test_sums_over_edge_types_refuse_node_counts_that_disagree_naming_the_fix(ask):
+    with pytest.raises(ValueError, match=r"disagree on the number of 'a' nodes.*pass size="):
+        getattr(_disagreeing_store(), ask)()
+
+
+def test_sums_over_edge_types_that_agree_add_up():
+    store = CSCGraphStore()
+    store.put_edge_index(torch.tensor([[0, 1, 2], [3, 1, 0]]), edge_type=("a", "r1", "b"), layout="coo",
+                         size=(10, 4))
+    store.put_edge_index(torch.tensor([[0, 1], [3, 1]]), edge_type=("a", "r2", "b"), layout="coo", size=(10, 4))
+    assert store.in_degree()["b"].tolist() == [1, 2, 0, 2]
+    assert store.expected_draws()["a"].shape == (10,)
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--synthetic", "50", "--name", "ogbn-arxiv"], "--name goes only with --ogb"),
+    (["--ogb", "ROOT", "--seed", "3"], "--seed goes only with --synthetic"),
+    (["--ogb", "ROOT", "--feat-dim", "8", "--avg-degree", "4"], "--feat-dim, --avg-degree go only with --synthetic"),
+])
+def test_the_partition_command_refuses_options_of_the_other_graph_source(tmp_path, capsys, argv, named):
+    argv = [a if a != "ROOT" else str(tmp_path / "ogb") for a in argv]
+    with pytest.raises(SystemExit) as exit_:
+        partition_cli.main([str(tmp_path / "parts"), "--parts", "2", "--no-progress", *argv])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+    assert not (tmp_path / "parts").exists()
+
+
+def test_a_partition_folder_gets_the_umask_mode_and_keeps_the_mode_it_replaces(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        fresh, shared = tmp_path / "fresh", tmp_path / "shared"
+        shared.mkdir()
+        os.chmod(shared, 0o2775)
+        (shared / "old").write_text("old parts")
+        partition_cli.main([str(fresh), "--parts", "2", "--synthetic", "60", "--no-progress"])
+        partition_cli.main([str(shared), "--parts", "2", "--synthetic", "60", "--no-progress", "--overwrite"])
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o755
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o2775 and not (shared / "old").exists()
+
+
+def test_from_tensors_takes_the_host_options_of_from_data():
+    edge_index = torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])
+    x, perm = torch.rand(4, 8) + 0.5, torch.tensor([2, 0, 3, 1])
+    store, _ = from_tensors(edge_index=edge_index, x=x, y=torch.arange(4), layout=perm, gpu_budget=None,
+                            progress=False)
+    assert {a.attr_name for a in store.get_all_tensor_attrs()} == {"x", "y"}  # no node attribute "layout"
+    table = store.table(None, "x")
+    assert torch.equal(table.layout, perm) and torch.equal(table[torch.arange(4)], x)
+    packed, _ = from_tensors(edge_index=edge_index, x=x, compress="int8", gpu_budget=None, progress=False)
+    assert packed.table(None, "x").host_format is not None
+    ids = torch.tensor([3, 0])
+    assert np.allclose(packed.table(None, "x")[ids].numpy(), x[ids].numpy(), atol=2 / 127)
