@@ -209,3 +209,13 @@ def test_presample_refuses_a_generator_that_is_not_torchs_naming_it(generator):
         presample(sampler, torch.arange(3), generator=generator, progress=False)
     hot = presample(sampler, torch.arange(3), generator=torch.Generator().manual_seed(0), progress=False)
     assert hot.batches == 1
+
+
+@pytest.mark.parametrize("warm", [0, 1, 2, 5])
+def test_a_pipeline_makes_every_batch_whatever_it_makes_in_the_consumers_thread(warm):
+    """``warm`` batches are made in the consumer's thread, the rest in the background one: none of them, or
+    more than the epoch holds, changes nothing a consumer sees."""
+    pipeline = hmgstore.Pipeline([1, 2, 3, 4])
+    pipeline.warm = warm
+    assert list(pipeline) == [1, 2, 3, 4] and list(pipeline) == [1, 2, 3, 4]
+    assert list(hmgstore.Pipeline([])) == []

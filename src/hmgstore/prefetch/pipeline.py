@@ -312,7 +312,7 @@ class Pipeline:
         stop = threading.Event()
         spill: list[tuple] = []  # items the background thread made after the stop
         worker = None
-        if not ends(first[-1]):
+        if not (first and ends(first[-1])):  # the warm batches did not reach the end
             worker = threading.Thread(target=produce, args=(maker, ready, stop, spill), name="hmgstore-pipeline",
                                       daemon=True)
             worker.start()
