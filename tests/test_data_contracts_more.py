@@ -229,3 +229,34 @@ def test_a_damaged_record_entry_is_refused_naming_the_record(ogb_reader, tmp_pat
     path.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"hmgstore_raw_files\.json is not a record of raw files; it is damaged"):
         _load(ogb_reader, tmp_path)
+
+
+# ---- files of one value a row, and the split's own file --------------------------------------------------------
+@pytest.mark.parametrize("name, text", [
+    ("split/time/train.csv.gz", "0,1\n"),  # two ids on one line: ogb would keep 0 and drop 1
+    ("split/time/test.csv.gz", "3,9\n"),  # an extra column
+    ("raw/num-node-list.csv.gz", "4,1\n"),
+    ("raw/node_year.csv.gz", "2000,1\n" * 4),
+])
+def test_a_file_of_one_value_a_row_with_more_is_refused_naming_it(ogb_reader, tmp_path, name, text):
+    fake_arxiv(tmp_path, **{name: text})
+    with pytest.raises(ValueError, match=rf"{name} .*holds 2 values a row, not one"):
+        _load(ogb_reader, tmp_path)
+
+
+def test_a_damaged_split_dict_is_named(ogb_reader, tmp_path):
+    folder = fake_arxiv(tmp_path)
+    (folder / "split" / "time" / "split_dict.pt").write_bytes(b"\x80\x04\x95 cut short")
+    with pytest.raises(ValueError, match=r"split/time/split_dict\.pt could not be read.*delete it"):
+        _load(ogb_reader, tmp_path)
+
+
+def test_a_split_dict_holding_a_table_of_ids_is_refused_not_flattened(ogb_reader, tmp_path):
+    folder = fake_arxiv(tmp_path)
+    torch.save({"train": torch.tensor([[0, 1], [1, 0]]), "valid": torch.tensor([2]), "test": torch.tensor([3])},
+               folder / "split" / "time" / "split_dict.pt")
+    with pytest.raises(ValueError, match=r"train split holds a table of shape \(2, 2\)"):
+        _load(ogb_reader, tmp_path)
+    torch.save({"train": torch.tensor([[0], [1]]), "valid": torch.tensor([2]), "test": torch.tensor([3])},
+               folder / "split" / "time" / "split_dict.pt")
+    assert _load(ogb_reader, tmp_path).train_idx.tolist() == [0, 1]  # a column of ids is a list of ids

@@ -39,7 +39,7 @@ import torch
 
 from ..memory import owned
 from ..rows import checks
-from . import processed_record, raw_csv
+from . import ogb_split, processed_record, raw_csv
 from .community import NodeGraph
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly(progress):
         dataset = NodePropPredDataset(name, root=str(root))
-        split = dataset.get_idx_split()
+        split = ogb_split.read_split(dataset, folder)
     graph, labels = dataset[0]
     if from_raw:  # the processed rows are bound to the raw files they came from, checked on later loads
         _keep_processed(folder, graph, held, raw_read)
@@ -383,19 +383,7 @@ def _checked(folder: Path, graph: dict, labels, split: dict, num_classes: int | 
                          "[2, E] integer node ids")
     edge_index = torch.from_numpy(np.ascontiguousarray(edges, dtype=np.int64))
     checks.id_list(edge_index.reshape(-1), "the edges (raw/edge)", n, source=where)
-    ids = {}
-    for part in ("train", "valid", "test"):
-        if part not in split:
-            raise ValueError(f"{where}: the split has no {part!r} ids (split/<name>/{part}.csv.gz)")
-        ids[part] = checks.id_list(np.asarray(split[part]).reshape(-1), f"the {part} split", n, source=where)
-    # a node listed twice weighs twice in training; one in train and test leaks the test labels into training
-    times = torch.bincount(torch.cat(list(ids.values())), minlength=n) if n else torch.zeros(0, dtype=torch.int64)
-    if bool((times > 1).any()):
-        node = int((times > 1).nonzero()[0, 0])
-        parts = [part for part, part_ids in ids.items() if bool((part_ids == node).any())]
-        count = sum(int((ids[part] == node).sum()) for part in parts)
-        raise ValueError(f"{where}: node {node} is listed {count} times in the split ({', '.join(parts)}); each node "
-                         "is in one split, once. The split files are damaged or belong to another dataset")
+    ids = ogb_split.checked_split(split, n, where)
     return labels, edge_index, ids
 
 

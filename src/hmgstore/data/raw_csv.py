@@ -27,6 +27,8 @@ import numpy as np
 
 #: Files of integer ids, counts or years; every other raw CSV holds numbers (features, labels that may be NaN).
 _INTEGER_FILES = {"edge", "num-node-list", "num-edge-list", "node_year", "train", "valid", "test"}
+#: Files of one value a row (counts, years, split ids): ogb keeps the first column of each and drops the rest.
+_ONE_COLUMN = {"num-node-list", "num-edge-list", "node_year", "train", "valid", "test"}
 _INT = rb"[-+]?\d+"
 _NUM = rb"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|NAN|inf|Inf|INF)"
 #: The fast pass: ids of at most 18 digits (always within int64), no sign, spaces or CR; anything else is read
@@ -49,8 +51,9 @@ def check_dataset_csvs(folder: Path, from_raw: bool) -> dict[str, int]:
 
 def check_csv(folder: Path, path: Path, integer: bool | None = None) -> int:
     """The rows (non-blank lines) of the gzipped CSV ``path``, after checking every line holds the same number
-    of integers (``integer``; by default for the id files) or numbers. ValueError naming the file and line, or
-    naming the file when it is not a whole gzip file (cut short, damaged, not compressed)."""
+    of integers (``integer``; by default for the id files) or numbers, and one a line in the files of one value
+    a row (counts, years, split ids). ValueError naming the file and line, or naming the file when it is not a
+    whole gzip file (cut short, damaged, not compressed)."""
     if integer is None:
         integer = path.name.split(".")[0] in _INTEGER_FILES
     where = f"{folder}: {path.relative_to(folder).as_posix()}"
@@ -76,6 +79,10 @@ def check_csv(folder: Path, path: Path, integer: bool | None = None) -> int:
     if rows == 0:
         raise ValueError(f"{where} is empty (no rows); ogb cannot read it: the file is cut short or damaged, "
                          "fix or regenerate it")
+    if columns != 1 and path.name.split(".")[0] in _ONE_COLUMN:
+        raise ValueError(f"{where} holds {columns} values a row, not one: ogb keeps the first of each row and "
+                         "drops the others in silence (ids written on one line, or an extra column). Write one "
+                         "value a line")
     return rows
 
 
