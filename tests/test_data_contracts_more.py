@@ -260,3 +260,10 @@ def test_a_split_dict_holding_a_table_of_ids_is_refused_not_flattened(ogb_reader
     torch.save({"train": torch.tensor([[0], [1]]), "valid": torch.tensor([2]), "test": torch.tensor([3])},
                folder / "split" / "time" / "split_dict.pt")
     assert _load(ogb_reader, tmp_path).train_idx.tolist() == [0, 1]  # a column of ids is a list of ids
+
+
+def test_the_reader_takes_its_root_as_bytes_and_refuses_what_is_not_a_path(ogb_reader, tmp_path):
+    fake_arxiv(tmp_path)
+    assert _load(ogb_reader, os.fsencode(tmp_path)).train_idx.tolist() == [0, 1]
+    with pytest.raises(TypeError, match=r"load_node_dataset takes the datasets' folder \(root\) as a path"):
+        _load(ogb_reader, 3)

@@ -105,3 +105,21 @@ def test_from_tensors_takes_the_host_options_of_from_data():
     assert packed.table(None, "x").host_format is not None
     ids = torch.tensor([3, 0])
     assert np.allclose(packed.table(None, "x")[ids].numpy(), x[ids].numpy(), atol=2 / 127)
+
+
+def test_partitions_take_a_path_of_any_form_and_refuse_what_is_not_one(tmp_path):
+    from hmgstore.distributed import PartitionBook, load_partition, partition
+
+    x = torch.rand(40, 3) + 0.5
+    edges = torch.randint(0, 40, (2, 120))
+    out = os.fsencode(tmp_path / "parts")  # bytes, as os.listdir(bytes) hands them out
+    partition({"x": x}, edges, PartitionBook.range(40, 2), out, progress=False)
+    part = load_partition(out, 1, progress=False)
+    assert torch.equal(part.features["x"][torch.arange(20)], x[20:])
+    book = PartitionBook.range(40, 2)
+    book.save(os.fsencode(tmp_path / "book.pt"))
+    assert PartitionBook.load(str(tmp_path / "book.pt")) == book
+    for call in (lambda: partition({"x": x}, edges, book, 5, progress=False), lambda: load_partition(None, 0),
+                 lambda: book.save(["book.pt"])):
+        with pytest.raises(TypeError, match=r"as a path \(str, bytes or os.PathLike\), got"):
+            call()

@@ -58,7 +58,7 @@ def _meta(name: str):
 
 def dataset_dir(root, name: str) -> Path:
     """Where ogb keeps ``name`` under ``root`` (``ogbn-products`` -> ``root/ogbn_products``)."""
-    return Path(root) / name.replace("-", "_")
+    return checks.path(root, "the datasets' folder (root)", "load_node_dataset") / name.replace("-", "_")
 
 
 def check_present(root, name: str) -> Path:
@@ -228,7 +228,7 @@ def load_node_dataset(root, name: str = "ogbn-products", owned_memory: bool = Tr
     held = _raw_edges_held(folder, meta, rows) if from_raw else None
     (folder / "processed").mkdir(exist_ok=True)
     with _ogb_quietly(progress):
-        dataset = NodePropPredDataset(name, root=str(root))
+        dataset = NodePropPredDataset(name, root=str(folder.parent))  # root as a str, whatever form it came in
         split = ogb_split.read_split(dataset, folder)
     graph, labels = dataset[0]
     if from_raw:  # the processed rows are bound to the raw files they came from, checked on later loads

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..rows import checks
 from ..rows.file_identity import FileIdentity
 from ..rows.ids import check_range
 from ..table.files import npy_layout
@@ -64,7 +65,7 @@ def check_run(folder: Path, meta: dict, book: PartitionBook, out_dir) -> None:
     """Refuse (ValueError naming the part and the fix) a ``meta.json`` edited since it was sealed, and a part
     or book of another :func:`partition` run than the folder's ``partition.json``. Folders written before runs
     were recorded (no ``partition.json``) pass."""
-    run_file = Path(out_dir) / RUN_FILE
+    run_file = checks.path(out_dir, "the parts' folder (out_dir)", "the partition") / RUN_FILE
     if not run_file.exists() and "seal" not in meta:
         return  # a part written before runs and seals
     try:  # a part copied alone (no partition.json) is still held to its seal and its book's run

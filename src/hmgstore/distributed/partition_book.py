@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import zlib
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -222,7 +221,7 @@ class PartitionBook:
         Written to a temporary file beside ``path``, flushed to disk, then renamed over it: ``path`` holds
         the old book or the new one, never part of either, whatever happens during the write.
         """
-        path = Path(path)
+        path = checks.path(path, "the book's file", "PartitionBook.save")
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             torch.save({"format": _FORMAT, "kind": self.kind, "num_nodes": self.num_nodes,
@@ -239,7 +238,7 @@ class PartitionBook:
     def load(cls, path) -> PartitionBook:
         """The book :meth:`save` wrote to ``path``. Raises FileNotFoundError; ValueError naming the file for
         one cut short, damaged, not a book, or whose counts and assignment disagree."""
-        path = Path(path)
+        path = checks.path(path, "the book's file", "PartitionBook.load")
         if not path.is_file():
             raise FileNotFoundError(f"no partition book at {path}")
         state = load_torch_file(path, "a partition book")

@@ -129,7 +129,7 @@ def _check_book(book) -> None:
 
 
 def part_dir(out_dir, machine: int) -> Path:
-    return Path(out_dir) / f"part{machine}"
+    return checks.path(out_dir, "the parts' folder (out_dir)", "the partition") / f"part{machine}"
 
 
 def _features(features, num_nodes: int, files: bool = True) -> dict[str, torch.Tensor]:
@@ -209,6 +209,7 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
         raise ValueError(f"split names become file names: use letters, digits and _, got {list(split)}")
     split = {name: checks.id_list(ids, f"split {name!r}", n) for name, ids in split.items()}  # before writing
     run = uuid.uuid4().hex  # tells this run's parts from another's over the same nodes (load_partition checks)
+    out_dir = checks.path(out_dir, "the parts' folder (out_dir)", "partition")
     with new_folder(out_dir, overwrite=overwrite) as new:
         _write_parts(tables, csc, book, new, run, progress)
         (new / RUN_FILE).write_text(json.dumps({"run": run, "num_machines": book.num_machines}))

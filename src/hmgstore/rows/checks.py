@@ -22,6 +22,8 @@ import difflib
 import math
 import numbers
 import operator
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -295,3 +297,14 @@ def table_dtype(dtype, what: str = "the source table") -> torch.dtype:
                                         "compress='float8', 'bfloat16' ..."))
     raise TypeError(f"{what}: {dtype} is not a dtype hmgstore tables hold ({names}); use {instead} ({why}): "
                     f"x.to({instead})")
+
+
+def path(value, what: str, call: str) -> Path:
+    """``value``, a file or folder ``what`` that ``call`` takes, as a Path: a str, bytes (the file system's
+    encoding) or os.PathLike. TypeError naming ``call``, ``what`` and the type for anything else (an array, an
+    int, None), rather than pathlib's words."""
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise TypeError(f"{call} takes {what} as a path (str, bytes or os.PathLike), got {type(value).__name__}")
