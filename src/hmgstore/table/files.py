@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import tokenize
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +83,7 @@ def _npy_header(path: Path, f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
         if version not in readers:
             return None
         return readers[version](f)
-    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError) as err:
+    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, tokenize.TokenError) as err:
         raise ValueError(f"{path.name} is not a .npy file numpy can read: its header is damaged ({err})") from err
 
 
@@ -90,7 +91,8 @@ def _np_load(path: Path) -> np.memmap:
     """numpy's own memory-mapped reader (other header versions, Fortran order), its errors naming ``path``."""
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, OverflowError) as err:
+    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, OverflowError,
+            tokenize.TokenError) as err:  # numpy's header parser tokenises: a damaged header raises its error
         raise ValueError(f"{path.name} is not a .npy file numpy can read ({err})") from err
 
 
@@ -306,6 +308,8 @@ def load_torch_file(path: Path, what: str = "a torch file"):
 
 def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, tuple[int, ...]]:
     obj = load_torch_file(path)
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key= names one tensor of {path.name}'s dict (a str), got {type(key).__name__}")
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
         if key is None and len(tensors) == 1:
@@ -322,6 +326,9 @@ def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, 
         raise ValueError(f"{path.name} holds a {type(obj).__name__}, not a tensor")
     if obj.layout != torch.strided:
         raise ValueError(f"{path.name} holds a {obj.layout} tensor; save x.to_dense()")
+    if obj.device.type == "meta":  # a shape without values: nothing to read
+        raise ValueError(f"{path.name} holds a tensor on the meta device (a shape, no values); save a tensor "
+                         "holding the rows")
     if obj.dim() == 0:
         raise ValueError(f"{path.name} holds a 0-dim tensor (a single {obj.dtype} value); a table has at least one "
                          "dimension (rows): save x.reshape(1) or x[None]")

@@ -56,6 +56,7 @@ def sendable_source(table, given, for_process: bool):
     """
     source = table.host_tier
     if isinstance(given, np.memmap) and given.filename is not None and given.mode == "c":
+        file_identity.check_whole(given)  # pages not yet copied are read from the file: cut short, SIGBUS
         return source.clone()  # the edits are in this process's pages only
     if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
         return MemmapSpec.of(given)
@@ -100,7 +101,12 @@ class MemmapSpec:
         """FileChangedError when the file holds fewer bytes than the table maps: a writable memmap opened over
         it would grow it with zeros (numpy does, for mode r+), and read those as rows."""
         needed = self.offset + int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
-        size = os.stat(self.filename).st_size
+        try:
+            size = os.stat(self.filename).st_size
+        except FileNotFoundError:
+            raise file_identity.FileChangedError(
+                f"{self.filename} is gone ({why}): its rows cannot be read. Rebuild the table over the file where it "
+                "is now, or build it with copy=True to keep its rows in memory") from None
         if size < needed:
             raise file_identity.FileChangedError(
                 f"{self.filename} was cut short ({size} bytes; {why}, mapping {needed}): its rows are gone. "

@@ -46,9 +46,7 @@ class Table:
     placement: Placement  # where each row lives (set by the subclass's constructor, or by from_tiers)
     def _setup(self, source, device: torch.device, max_sms, progress, *, copy=False, host_format=None,
                gpu_format=None, backing="auto", dtype=None, shape=None, layout=None) -> None:
-        """Take ``source`` as the host tier.
-
-        A table's own source is copied (``copy``, or encoded in ``host_format``, a
+        """Take ``source`` as the host tier. A table's own source is copied (``copy``, or encoded in ``host_format``, a
         :class:`~hmgstore.rows.formats.Format`) into owned memory. ``dtype``: the table's dtype when ``source`` is
         already a stored host tier (rebuilt, loaded or empty tables) in ``host_format`` (16-bit formats are also
         recognised by their dtype), of table shape ``shape`` (needed for scaled formats). ``gpu_format``: the GPU
@@ -57,6 +55,7 @@ class Table:
         """
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
+        file_identity.check_whole(source)  # a memmap's file cut short: an error here, not SIGBUS in a copy
         self._source, self._read_only = as_host_tensor(source)
         checks.table_dtype(self._source.dtype if dtype is None else dtype)  # before any copy, write or pickle
         row_layout(self._source)  # unusable layouts raise before any copy

@@ -197,10 +197,11 @@ class HybridTensor(Table):
         The host tier itself (no copy) when it keeps rows as they read, in id
         order, and is writable; a copy when it keeps a stored format or a
         layout, or is read-only. For PyG's whole-table reads and for checks.
-        Raises RuntimeError for a closed table.
+        Raises RuntimeError for a closed table, and what a gather raises for a file changed under it.
         """
         if self.closing:
             raise RuntimeError("this table was closed; build a new HybridTensor")
+        self._ready()  # a memmap's file cut short raises here, not SIGBUS on the first row read
         source = self.host_tier
         host = source if self._layout is None else source[self.host_positions(torch.arange(self.num_rows))]
         if self.host_format is not None:
