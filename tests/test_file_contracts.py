@@ -96,3 +96,9 @@ def test_a_torch_file_of_a_meta_tensor_or_a_key_that_is_no_str_is_refused(tmp_pa
     with pytest.raises(TypeError, match=r"key= names one tensor of d\.pt's dict \(a str\), got list"):
         hmgstore.load(tmp_path / "d.pt", "cpu", key=["a"], progress=False)
     assert torch.equal(hmgstore.load(tmp_path / "d.pt", "cpu", key="a", progress=False)[[2]], torch.ones(1, 4))
+
+
+@pytest.mark.parametrize("path", ["x.npy", b"x.npy"])
+def test_a_table_built_from_a_path_points_to_load(path):
+    with pytest.raises(TypeError, match=r"hmgstore\.load\(path\) reads \.npy, \.pt and raw files"):
+        hmgstore.HybridTensor(path, "cpu")

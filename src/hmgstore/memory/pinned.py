@@ -86,9 +86,11 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     elif isinstance(source, np.ndarray):
         tensor, read_only = numpy_tensor(source), not source.flags.writeable
     else:
+        file = " (a file's rows: hmgstore.load(path) reads .npy, .pt and raw files)" if isinstance(
+            source, (str, bytes, os.PathLike)) else ""
         raise TypeError(
             f"cannot build a table from {type(source).__name__}; pass a torch CPU tensor, "
-            "a numpy array or an np.memmap")
+            f"a numpy array or an np.memmap{file}")
     if tensor.dim() == 0:
         raise ValueError("the source table must have at least one dimension (rows)")
     return tensor, read_only
