@@ -123,3 +123,13 @@ def test_partitions_take_a_path_of_any_form_and_refuse_what_is_not_one(tmp_path)
                  lambda: book.save(["book.pt"])):
         with pytest.raises(TypeError, match=r"as a path \(str, bytes or os.PathLike\), got"):
             call()
+
+
+def test_the_partition_command_names_an_assignment_file_whose_npy_header_is_damaged(tmp_path, capsys):
+    path = tmp_path / "a.npy"
+    np.save(path, np.zeros(60, dtype=np.int64))
+    path.write_bytes(path.read_bytes().replace(b"(60,)", b" 60,)"))  # numpy's tokenizer error, not a ValueError
+    with pytest.raises(SystemExit) as exit_:
+        partition_cli.main([str(tmp_path / "o"), "--parts", "2", "--synthetic", "60", "--by", str(path),
+                            "--no-progress"])
+    assert exit_.value.code == 2 and "a.npy is not an assignment file" in capsys.readouterr().err

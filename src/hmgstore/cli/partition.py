@@ -29,6 +29,7 @@ import torch
 from ..data import synthetic
 from ..distributed.partition_book import PartitionBook
 from ..distributed.parts import partition
+from ..table.file_args import NPY_HEADER_ERRORS
 from ..table.files import load_torch_file
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def read_assignment(path) -> torch.Tensor:
         if path.suffix == ".npy":
             return torch.from_numpy(np.load(path, allow_pickle=False))
         return torch.from_numpy(np.loadtxt(path, dtype=np.int64, ndmin=1))
-    except (ValueError, EOFError, OSError) as err:
+    except (*NPY_HEADER_ERRORS, OSError) as err:  # numpy's header parser raises tokenize's error too
         raise ValueError(f"{path} is not an assignment file (one integer machine per node): {err}") from err
 
 

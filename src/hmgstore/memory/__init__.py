@@ -1,5 +1,6 @@
 """Host memory: tables pinned for zero-copy reads (:mod:`.pinned`), memory hmgstore allocates
-(cudaHostAlloc or huge pages, :mod:`.owned`) and segments shared by the processes of a node (:mod:`.shared`)."""
+(cudaHostAlloc or huge pages, :mod:`.owned`), segments shared by the processes of a node (:mod:`.shared`) and
+arrays over memory-mapped files, checked whole before they are read (:mod:`.mapped`)."""
 from . import owned
 from .pinned import PinnedHost, as_host_tensor, extent, private_anonymous_bytes, registered_ranges, row_layout
 from .shared import (

@@ -44,6 +44,7 @@ from ..cuda.host import AlreadyPinned, host_register, host_unregister, unpinned_
 from ..cuda.runtime import synchronize
 from ..util.progress import tqdm
 from . import owned
+from .mapped import check_whole
 from .numpy_source import numpy_tensor
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,9 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     tensors, sparse tensors (with the fix: ``source.to_dense()``), numpy
     dtypes torch lacks and other types; ValueError for numpy arrays torch
     cannot read in place (foreign byte order, backwards or column-major
-    rows), with the numpy fix.
+    rows), with the numpy fix; RuntimeError for an array over a memory-mapped
+    file that was cut short (:func:`hmgstore.memory.mapped.check_whole`), whose
+    lost pages any read would die of (SIGBUS).
     """
     if isinstance(source, torch.Tensor):
         if source.layout != torch.strided:  # sparse rows have no place in memory a kernel could read
@@ -84,6 +87,7 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
                 "pass the CPU tensor (hmgstore decides what to copy to the GPU)")
         tensor, read_only = source.detach(), _in_read_only_mapping(source)
     elif isinstance(source, np.ndarray):
+        check_whole(source)  # a memmap's file cut short: refused here, before a copy or pin reads a lost page
         tensor, read_only = numpy_tensor(source), not source.flags.writeable
     else:
         file = " (a file's rows: hmgstore.load(path) reads .npy, .pt and raw files)" if isinstance(

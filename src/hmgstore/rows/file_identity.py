@@ -214,27 +214,15 @@ def _memmap_under(source) -> np.memmap | None:
     return None
 
 
-def check_whole(source) -> None:
-    """Raise RuntimeError (as :meth:`LiveFile.check`) when ``source`` views a memmap whose file no longer holds
-    every byte it maps: reading it, to copy or encode it, would kill the process (SIGBUS)."""
-    live = watch(source, record=False)
-    if live is not None:
-        try:
-            live.check()
-        finally:
-            live.close()
-
-
-def watch(source, record: bool = True) -> LiveFile | None:
+def watch(source) -> LiveFile | None:
     """For a ``source`` over a memmap's pages (the memmap or a numpy array viewing it): record its file's
     identity (:func:`identity_of`) and return a :class:`LiveFile` over the bytes ``source`` spans; None for any
     other source (nothing can change under it). A torch tensor made from such an array
-    (``torch.from_numpy``) does not show its file and is not watched. ``record``: False to skip the identity."""
+    (``torch.from_numpy``) does not show its file and is not watched."""
     mapped = _memmap_under(source)
     if mapped is None:
         return None
-    if record:
-        identity_of(mapped)
+    identity_of(mapped)
     base = _base(mapped)
     end = np.lib.array_utils.byte_bounds(source)[1] - base.__array_interface__["data"][0]
     return LiveFile(str(Path(str(mapped.filename))), base.offset + end)

@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import operator
+import tokenize
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..rows import checks
+
+#: What numpy's .npy header reader raises for a damaged header. It reads the header as a Python literal
+#: (tokenize, then ast.literal_eval), so one changed byte can raise any of these, tokenize.TokenError (no
+#: ValueError) for an unclosed bracket among them: readers catch them all and raise a ValueError naming the file.
+NPY_HEADER_ERRORS = (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, OverflowError,
+                     tokenize.TokenError)
 
 
 def integer_layout(path: Path, shape, offset) -> tuple[tuple[int, ...], int]:
@@ -67,3 +74,12 @@ def as_path(path) -> Path:
         return Path(path)
     except TypeError:
         raise TypeError(f"hmgstore.load takes a file path (str or os.PathLike), got {type(path).__name__}") from None
+
+
+def dict_key(path: Path, key):
+    """``key=`` (a .pt dict's key: a str, or an int for a dict saved with int keys), checked before the file is
+    read; TypeError naming the file for anything else (a list, a bool, a float), never looked up."""
+    if key is None or isinstance(key, str) or (isinstance(key, int) and not isinstance(key, bool)):
+        return key
+    raise TypeError(f"key= names one tensor of {path.name}'s dict by its key (a str, or an int), got "
+                    f"{type(key).__name__} {key!r}")

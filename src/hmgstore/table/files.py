@@ -13,14 +13,14 @@ must account for every byte after it (a header that says more rows ends
 early, one that says fewer leaves bytes over; sizes are summed as Python
 integers, so a huge shape cannot wrap); a raw file read with ``shape[0] ==
 -1`` must hold whole rows after ``offset``; a ``.pt`` must load with torch
-(``weights_only``) and hold a tensor of at least one dimension.
+(``weights_only``) and hold a tensor of at least one dimension, its values
+dense in CPU memory (not meta, sparse or nested).
 """
 from __future__ import annotations
 
 import inspect
 import math
 import os
-import tokenize
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from ..memory import owned
 from ..rows import checks, formats
 from ..util.device import resolve_device
 from ..util.progress import tqdm
-from .file_args import as_path, integer_layout, starts_as_npy, valid_bools, zero
+from .file_args import NPY_HEADER_ERRORS, as_path, dict_key, integer_layout, starts_as_npy, valid_bools, zero
 from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).
@@ -83,7 +83,7 @@ def _npy_header(path: Path, f) -> tuple[tuple[int, ...], bool, np.dtype] | None:
         if version not in readers:
             return None
         return readers[version](f)
-    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, tokenize.TokenError) as err:
+    except NPY_HEADER_ERRORS as err:
         raise ValueError(f"{path.name} is not a .npy file numpy can read: its header is damaged ({err})") from err
 
 
@@ -91,8 +91,7 @@ def _np_load(path: Path) -> np.memmap:
     """numpy's own memory-mapped reader (other header versions, Fortran order), its errors naming ``path``."""
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, SyntaxError, TypeError, EOFError, UnicodeDecodeError, OverflowError,
-            tokenize.TokenError) as err:  # numpy's header parser tokenises: a damaged header raises its error
+    except NPY_HEADER_ERRORS as err:
         raise ValueError(f"{path.name} is not a .npy file numpy can read ({err})") from err
 
 
@@ -128,7 +127,7 @@ def _check_size(path: Path, start: int, shape: tuple, np_dtype: np.dtype, exact:
     return nbytes
 
 
-def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | None = None, host_dtype=None,
+def read(path, *, dtype=None, shape=None, offset: int = 0, key: str | int | None = None, host_dtype=None,
          backing: str = "auto", progress: bool = True) -> torch.Tensor:
     """The table stored at ``path`` as a CPU tensor on owned memory, its rows in the stored format ``host_dtype``
     names (:func:`hmgstore.rows.formats.get`; None: as the file holds them). See :func:`load` for the arguments."""
@@ -141,7 +140,8 @@ def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) ->
     if not path.is_file():
         raise FileNotFoundError(f"no file at {path}")
     suffix = path.suffix.lower()
-    if suffix in (".pt", ".pth"):
+    npy = suffix == ".npy" or starts_as_npy(path)  # a .npy under another name (.pt too): its header, never rows
+    if suffix in (".pt", ".pth") and not npy:
         if dtype is not None or shape is not None:
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
         if not zero(offset):
@@ -151,7 +151,7 @@ def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) ->
     if key is not None:
         raise ValueError(f"key= picks a tensor of a .pt file's dict; {path.name} is not a torch file: drop "
                          f"key={key!r}")
-    if suffix == ".npy" or starts_as_npy(path):  # a .npy under another name: its header, never read as rows
+    if npy:
         _npy_arguments_agree(path, dtype, shape, offset)
         return valid_bools(_read_npy(path, fmt, backing, progress), path.name)
     if dtype is None or shape is None:
@@ -307,9 +307,8 @@ def load_torch_file(path: Path, what: str = "a torch file"):
 
 
 def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, tuple[int, ...]]:
+    key = dict_key(path, key)
     obj = load_torch_file(path)
-    if key is not None and not isinstance(key, str):
-        raise TypeError(f"key= names one tensor of {path.name}'s dict (a str), got {type(key).__name__}")
     if isinstance(obj, dict):
         tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
         if key is None and len(tensors) == 1:
@@ -324,11 +323,7 @@ def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, 
         raise ValueError(f"{path.name} holds {what}; drop key={key!r}")
     if not isinstance(obj, torch.Tensor):
         raise ValueError(f"{path.name} holds a {type(obj).__name__}, not a tensor")
-    if obj.layout != torch.strided:
-        raise ValueError(f"{path.name} holds a {obj.layout} tensor; save x.to_dense()")
-    if obj.device.type == "meta":  # a shape without values: nothing to read
-        raise ValueError(f"{path.name} holds a tensor on the meta device (a shape, no values); save a tensor "
-                         "holding the rows")
+    _check_tensor_values(path, obj)
     if obj.dim() == 0:
         raise ValueError(f"{path.name} holds a 0-dim tensor (a single {obj.dtype} value); a table has at least one "
                          "dimension (rows): save x.reshape(1) or x[None]")
@@ -336,13 +331,27 @@ def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, 
     return owned.copy_in(out, obj, progress, desc=f"reading {path.name}", encode=encode), tuple(obj.shape)
 
 
-def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | None = None,
+def _check_tensor_values(path: Path, obj: torch.Tensor) -> None:
+    """Refuse a tensor without dense values in CPU memory to copy rows from (ValueError naming the file): torch
+    loads with ``map_location="cpu"``, yet a meta tensor stays on its device, and sparse and nested tensors have
+    no rows in place."""
+    if obj.is_nested:
+        raise ValueError(f"{path.name} holds a nested tensor (rows of several shapes); save one tensor per shape, "
+                         "or x.to_padded_tensor(0)")
+    if obj.layout != torch.strided:
+        raise ValueError(f"{path.name} holds a {obj.layout} tensor; save x.to_dense()")
+    if obj.device.type != "cpu":  # torch moved every other device's tensors to the CPU, so: meta, a shape alone
+        raise ValueError(f"{path.name} holds a tensor on the {obj.device.type} device, without values in CPU memory "
+                         "(a meta tensor is a shape alone); save a tensor holding the rows")
+
+
+def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str | int | None = None,
          host_dtype=None, compress=None, backing: str = "auto", progress: bool = True, **kwargs) -> HybridTensor:
     """A :class:`HybridTensor` read from ``path`` into host memory hmgstore owns (``backing``, see
     :mod:`hmgstore.memory.owned`).
 
     ``path``: a ``.npy`` file, a ``.pt``/``.pth`` file (a tensor, or a dict
-    of tensors with ``key`` naming one) or a raw binary file of rows (give
+    of tensors with ``key``, a str or int, naming one) or a raw binary file of rows (give
     ``dtype`` and ``shape``; ``shape[0]`` may be -1, meaning as many rows as
     the file holds after ``offset`` bytes). The rows are read piece by piece
     into the table's memory, under a progress bar; no second copy is made.
@@ -358,17 +367,18 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
 
     Contract: a file that describes itself is believed over the arguments.
     ``dtype=``/``shape=`` given for a ``.npy`` file (any file that starts
-    with the ``.npy`` magic, whatever its name) must agree with its header
+    with the ``.npy`` magic, whatever its name, ``.pt`` included) must agree with its header
     (``shape[0]`` may be -1), and ``offset=`` applies to raw files
     only, ``key=`` to ``.pt`` files only: anything else is refused with a
     ValueError naming the file, never obeyed. Raises TypeError for a
     ``path`` that is an array, memmap or tensor (build a
     :class:`HybridTensor` over it instead), for a keyword ``load`` does
     not take, for ``shape=``/``offset=`` that are not integers (a bool
-    included) and for a file of a dtype tables do not hold (uint16/32/64,
+    included), for a ``key=`` that is not a str or int, and for a file of a dtype tables do not hold (uint16/32/64,
     float8: :func:`hmgstore.rows.checks.table_dtype`); FileNotFoundError for a missing file; ValueError for a file
     that does not hold what it says (too short, bytes left over, a header
-    that lies, an unknown layout, a dict without ``key``), for a ``dtype=``
+    that lies or is damaged, an unknown layout, a dict without ``key``, a meta,
+    sparse or nested tensor), for a ``dtype=``
     a file's bytes cannot be read as (bfloat16, record and sub-array
     dtypes) or one a ``.npy`` header disagrees with (saying what it holds), for a ``layout``
     that is not a permutation of the rows, and as :class:`HybridTensor`

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from ..memory.mapped import check_whole
 from ..rows import file_identity
 
 log = logging.getLogger(__name__)
@@ -53,13 +54,20 @@ def sendable_source(table, given, for_process: bool):
       from under this table (its kernels would read freed memory), so a
       pinned source that is not shared travels as a copy.
     - Otherwise the source itself (plain pickle copies its bytes).
+
+    Every form but a file name reads the rows: a source over a memmap whose
+    file was cut short raises RuntimeError first
+    (:func:`hmgstore.memory.mapped.check_whole`), as a gather does, instead of
+    dying of SIGBUS on a lost page; a file name is checked as the receiver
+    checks it (:meth:`MemmapSpec.check_length`).
     """
     source = table.host_tier
-    if isinstance(given, np.memmap) and given.filename is not None and given.mode == "c":
-        file_identity.check_whole(given)  # pages not yet copied are read from the file: cut short, SIGBUS
-        return source.clone()  # the edits are in this process's pages only
-    if isinstance(given, np.memmap) and given.filename is not None and given.flags.c_contiguous:
+    memmap = isinstance(given, np.memmap) and given.filename is not None
+    if memmap and given.mode != "c" and given.flags.c_contiguous:
         return MemmapSpec.of(given)
+    check_whole(given)  # every form below reads the rows, a copy-on-write memmap's unwritten pages from its file
+    if memmap and given.mode == "c":
+        return source.clone()  # the edits are in this process's pages only
     pinned = table.pinned is not None and (table.pinned.registered or table.pinned.owner_pinned)
     if for_process and pinned and not source.is_shared():
         if source.nbytes >= 1 << 30:
@@ -92,21 +100,23 @@ class MemmapSpec:
         # Offset of this view from the file's start: the memmap's own offset plus the view's.
         view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
-        spec = cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C")
+        spec = cls(array.filename, array.dtype, array.shape, base.offset + view_offset, mode, "C",
+                   file_identity.identity_of(array))  # as recorded: what a file gone since is said against
         spec.check_length("a table was built over it")  # before a writable file's identity is taken anew
         spec.identity = file_identity.identity_of(array, refresh=array.mode != "r")  # its own writes: no change
         return spec
 
     def check_length(self, why: str) -> None:
         """FileChangedError when the file holds fewer bytes than the table maps: a writable memmap opened over
-        it would grow it with zeros (numpy does, for mode r+), and read those as rows."""
+        it would grow it with zeros (numpy does, for mode r+), and read those as rows. A file that cannot be
+        opened (deleted, renamed away) raises FileChangedError too, saying so (:meth:`FileIdentity.check`)."""
         needed = self.offset + int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
         try:
             size = os.stat(self.filename).st_size
-        except FileNotFoundError:
-            raise file_identity.FileChangedError(
-                f"{self.filename} is gone ({why}): its rows cannot be read. Rebuild the table over the file where it "
-                "is now, or build it with copy=True to keep its rows in memory") from None
+        except OSError as err:
+            if self.identity is not None:
+                self.identity.check(why)  # the file is gone: FileChangedError, with what that means for a table
+            raise file_identity.FileChangedError(f"{self.filename} cannot be opened ({err}); {why}") from None
         if size < needed:
             raise file_identity.FileChangedError(
                 f"{self.filename} was cut short ({size} bytes; {why}, mapping {needed}): its rows are gone. "

@@ -55,8 +55,7 @@ class Table:
         """
         self.device = device
         self._given = source  # what the caller passed: a read-only array is handed back as it is
-        file_identity.check_whole(source)  # a memmap's file cut short: an error here, not SIGBUS in a copy
-        self._source, self._read_only = as_host_tensor(source)
+        self._source, self._read_only = as_host_tensor(source)  # a memmap cut short raises: not SIGBUS in a copy
         checks.table_dtype(self._source.dtype if dtype is None else dtype)  # before any copy, write or pickle
         row_layout(self._source)  # unusable layouts raise before any copy
         if layout is not None:  # our own copy: the map of ids to host rows is built from it on first read
@@ -366,10 +365,10 @@ class Table:
 
     def _ready(self) -> None:
         """Raise if a gather cannot read this table now; build it first if it was unpickled."""
+        if self._file is not None:  # a memmap's file: one fstat, so a file cut short raises here, not SIGBUS
+            self._file.check()  # before a deferred build, which reads rows (a small source's pinned copy)
         if self._deferred is not None:
             self._build_deferred()
-        if self._file is not None:  # a memmap's file: one fstat, so a file cut short raises here, not SIGBUS
-            self._file.check()
         if self._owner is not None:
             self._owner.check()  # e.g. a sharded table whose peer process died raises here
         if self._host_address is not None and self._source.data_ptr() != self._host_address:

@@ -74,10 +74,10 @@ class HybridTensor(Table):
 
     On the CPU, the placement arguments are checked the same way, then every row is read from the source.
 
-    A memmap source's file is recorded (:mod:`hmgstore.rows.file_identity`): a copy of the table sent to another
-    process refuses the file if it was replaced or rewritten since, and a file cut short under the table makes the
-    next gather raise RuntimeError instead of reading a lost page (SIGBUS). A copy-on-write memmap (``mode="c"``)
-    is sent as its rows.
+    A memmap source's file is recorded (:mod:`hmgstore.rows.file_identity`): a copy of the table sent to another process
+    refuses the file if it was replaced or rewritten since, and a file cut short, before the build or under the table,
+    makes the build, the next gather or ``dense()`` raise RuntimeError instead of reading a lost page (SIGBUS). A
+    copy-on-write memmap (``mode="c"``) is sent as its rows.
 
     Raises:
         TypeError: for unusable sources (a CUDA or sparse tensor: with the fix; uint16/32/64 or float8 values, which
@@ -86,7 +86,7 @@ class HybridTensor(Table):
         ValueError: for unusable sources, conflicting placement arguments, repeated ids, a ``layout`` that is not a
             1-D permutation, a ``hotness`` of another length or with NaN (on every device) and a bad ``max_sms``.
         IndexError: for placement ids out of range.
-        RuntimeError: when CUDA is asked for without a GPU (ImportError without CuPy).
+        RuntimeError: when CUDA is asked for without a GPU (ImportError without CuPy); for a memmap cut short.
 
     Example:
         >>> table = HybridTensor(x, "cuda", gpu_budget="4GB", hotness=in_degree)  # doctest: +SKIP
@@ -194,14 +194,16 @@ class HybridTensor(Table):
     def dense(self) -> torch.Tensor:
         """The whole table as a CPU tensor of :attr:`shape` and :attr:`dtype`.
 
-        The host tier itself (no copy) when it keeps rows as they read, in id
-        order, and is writable; a copy when it keeps a stored format or a
-        layout, or is read-only. For PyG's whole-table reads and for checks.
-        Raises RuntimeError for a closed table, and what a gather raises for a file changed under it.
+        The host tier itself (no copy) when it keeps rows as they read, in id order, and is writable; a copy when it
+        keeps a stored format or a layout, or is read-only. For PyG's whole-table reads and for checks. Raises
+        RuntimeError for a closed table, and as a gather does for a memmap's file cut short, checked at the call only:
+        the host tier handed back over a writable memmap (``mode="r+"``/``"c"``) reads the file itself, so a read of it
+        once the file is cut short kills the process (SIGBUS); ``.clone()`` it while the file is whole.
         """
         if self.closing:
             raise RuntimeError("this table was closed; build a new HybridTensor")
-        self._ready()  # a memmap's file cut short raises here, not SIGBUS on the first row read
+        if self._file is not None:  # the check a gather makes (not its deferred CUDA build): no SIGBUS below
+            self._file.check()
         source = self.host_tier
         host = source if self._layout is None else source[self.host_positions(torch.arange(self.num_rows))]
         if self.host_format is not None:
