@@ -72,6 +72,9 @@ SLOW = {
     "test_notebook.py::test_big_table_notebook_runs_from_any_folder",
     "test_dgl_compat.py::test_fresh_interpreter_imports_plugin_then_uses_dgl_with_spawned_workers",
     "test_multi_node_example.py::test_two_machines_train_as_well_as_one",
+    "test_producer.py::test_closing_mid_pass_raises_nothing",
+    "test_producer.py::test_batches_that_cannot_be_packed_keep_no_slot",
+    "test_loader_contracts.py::test_a_producer_resumes_a_generator_with_the_batches_in_its_ring_and_yields_an_empty_epoch",
 }
 
 

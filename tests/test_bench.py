@@ -629,8 +629,3 @@ def test_a_train_run_stopped_partway_keeps_the_configurations_it_finished(tmp_pa
     assert list(report["configs"]) == ["cache"] and report["configs"]["cache"]["epoch_s"] > 0
     assert report["configs_left"] == ["host", "cache+pipe"]
     assert "not run yet: host, cache+pipe" in (out / "train.md").read_text()
-    monkeypatch.setattr(train, "run_config", real)
-    train.run(args)  # run whole, the report names nothing left
-    report = json.loads((out / "train.json").read_text())
-    assert list(report["configs"]) == ["cache", "host", "cache+pipe"] and report["configs_left"] == []
-    assert "_table_text" not in report and "not run yet" not in (out / "train.md").read_text()
