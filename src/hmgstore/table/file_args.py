@@ -70,10 +70,7 @@ def as_path(path) -> Path:
         what = "an np.memmap" if isinstance(path, np.memmap) else f"a {type(path).__name__}"
         raise TypeError(f"hmgstore.load reads a file by its path, and got {what}; build a table over an array "
                         "or memmap with hmgstore.HybridTensor(x, device), or pass the file's path")
-    try:
-        return Path(path)
-    except TypeError:
-        raise TypeError(f"hmgstore.load takes a file path (str or os.PathLike), got {type(path).__name__}") from None
+    return checks.path(path, "a file", "hmgstore.load")
 
 
 def dict_key(path: Path, key):
