@@ -232,7 +232,8 @@ def test_a_file_cut_short_under_a_live_table_is_refused_at_the_next_gather(folde
         table[[3999]]
     with pytest.raises(RuntimeError, match="cut short"):
         table.gather(torch.tensor([0]))
-    copied = hmgstore.HybridTensor(np.load(folder / "m.npy", mmap_mode="r"), "cpu", copy=True)
+    memmap_table(folder / "whole.npy")  # a file of its own: another test may not have run in this process
+    copied = hmgstore.HybridTensor(np.load(folder / "whole.npy", mmap_mode="r"), "cpu", copy=True)
     assert file_identity.watch(copied.source) is None  # a copy has no file to watch
 
 
