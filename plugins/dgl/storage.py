@@ -29,8 +29,8 @@ PRUNE_AT = 64
 def rows_elsewhere(table) -> bool:
     """Whether GPUs hold copies of some of ``table``'s rows (a GPU cache, shards on the node's GPUs): rows that an
     in-place edit of its host rows (``g.ndata[key]``) cannot reach."""
-    if isinstance(table, HybridTensor):
-        return table.num_gpu_rows > 0
+    if isinstance(table, HybridTensor):  # a one-GPU cache, or a view of shards and replicas (resident tiers all)
+        return table.placement.resident_rows > 0
     return table.device.type == "cuda"  # a ShardedTensor or DistributedTensor over GPUs
 
 
