@@ -67,6 +67,7 @@ import hmgstore.distributed as hd
 from hmgstore import HybridTensor
 from hmgstore import data as datasets
 from hmgstore.cli import flags
+from hmgstore.graph import CSC, expected_draws
 from hmgstore.plugins.pyg import CSCGraphStore, HybridFeatureStore, HybridNeighborSampler, to_csc
 from hmgstore.rows import hotness
 
@@ -274,8 +275,11 @@ def main(argv=None) -> dict | None:
 
     graph = shared_graph(args)
     num_nodes, num_classes = graph["x"].shape[0], int(graph["y"].max()) + 1
-    in_degree = graph["colptr"].diff()
-    x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=hotness.order_by_score(in_degree),  # <-- hmgstore
+    # rows ranked by how often the sampler draws them (from_data's default; in-degree ranks no better than chance
+    # on a directed graph: default-hotness-cpu.md); each rank makes the same exact sums on its own GPU
+    csc = CSC(graph["row"], graph["colptr"], None, (num_nodes, num_nodes))
+    draws = expected_draws(csc, progress=progress, device=device)
+    x = hd.shard(graph["x"], gpu_budget=args.gpu_budget, hot_order=hotness.order_by_score(draws),  # <-- hmgstore
                  replicate=args.replicate, device=device, compress=args.compress, progress=progress)
     feature_store = HybridFeatureStore(device)
     feature_store.put_tensor(x.table, group_name=None, attr_name="x", index=None)
