@@ -209,8 +209,10 @@ def main(argv=None) -> dict:
 
     if not args.no_hmgstore:
         hot = {}
-        if args.gpu_budget:  # the most-cited rows stay on the GPU, the rest are read from pinned host memory
-            hot = dict(gpu_budget=args.gpu_budget, hot_order=hmgstore.hotness.order_by_score(g.in_degrees()))
+        if args.gpu_budget:  # the rows the sampler draws most stay on the GPU, the rest are read from pinned memory
+            csc = hmgstore.graph.to_csc(data.edge_index, "coo", size=(data.num_nodes, data.num_nodes))
+            draws = hmgstore.graph.expected_draws(csc)
+            hot = dict(gpu_budget=args.gpu_budget, hot_order=hmgstore.hotness.order_by_score(draws))
         table = hmgstore.HybridTensor(data.x, device, **hot)
         # ------------------------------------------------------------------ hmgstore: the one-line swap
         attach(g, {"feat": table, "label": data.y}, device=device)
