@@ -267,3 +267,27 @@ def test_the_reader_takes_its_root_as_bytes_and_refuses_what_is_not_a_path(ogb_r
     assert _load(ogb_reader, os.fsencode(tmp_path)).train_idx.tolist() == [0, 1]
     with pytest.raises(TypeError, match=r"load_node_dataset takes the datasets' folder \(root\) as a path"):
         _load(ogb_reader, 3)
+
+
+@pytest.mark.parametrize("damage", [b"{'descr': '<i8', 'fortran_order': False, 'shape': (2, 100000)) }",
+                                    b"{'descr': '<i8', 'fortran_order': False, 'shape': (2, 100000 ", b"not a zip"])
+def test_a_damaged_npz_header_leaves_the_edge_count_to_ogb(ogb_reader, tmp_path, damage):
+    """raw/data.npz's edge count is read from its header alone; a header that does not parse (an unclosed
+    bracket raises tokenize's TokenError, not a ValueError) or a file that is no zip is not counted: ogb's
+    reading then names the damage, and no parser's error leaks from the count."""
+    folder = tmp_path / "ogbn_x"
+    (folder / "raw").mkdir(parents=True)
+    path = folder / "raw" / "data.npz"
+    edges = np.zeros((2, 100_000), dtype=np.int64)  # past zipfile's first reads: its CRC check never comes
+    np.savez(path, edge_index=edges)
+    if damage == b"not a zip":
+        path.write_bytes(damage)
+    else:
+        whole = path.read_bytes()
+        start = whole.index(b"{'descr'")
+        end = whole.index(b"}", start) + 1
+        path.write_bytes(whole[:start] + damage.ljust(end - start)[:end - start] + whole[end:])
+    meta = {"binary": "True", "add_inverse_edge": "False"}
+    assert ogb_reader._raw_edges_held(folder, meta, {}) is None
+    np.savez(path, edge_index=edges)
+    assert ogb_reader._raw_edges_held(folder, {**meta, "add_inverse_edge": "True"}, {}) == 200_000

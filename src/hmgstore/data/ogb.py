@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,7 @@ import torch
 
 from ..memory import owned
 from ..rows import checks
+from ..table.file_args import NPY_HEADER_ERRORS
 from . import ogb_split, processed_record, raw_csv
 from .community import NodeGraph
 
@@ -317,7 +319,7 @@ def _raw_edges_held(folder: Path, meta, rows: dict[str, int]) -> int | None:
     else:
         try:
             held = _npz_edge_count(folder)
-        except (OSError, KeyError, ValueError, EOFError) as err:
+        except (OSError, KeyError, zipfile.BadZipFile, *NPY_HEADER_ERRORS) as err:  # ogb then says what is wrong
             log.debug("not counting %s's raw edges: %s", folder, err)
             return None
     if held is None:
@@ -327,8 +329,6 @@ def _raw_edges_held(folder: Path, meta, rows: dict[str, int]) -> int | None:
 
 def _npz_edge_count(folder: Path) -> int:
     """The number of edges in ``raw/data.npz``'s ``edge_index``, read from its header only."""
-    import zipfile
-
     with zipfile.ZipFile(folder / "raw" / "data.npz") as z, z.open("edge_index.npy") as f:
         version = np.lib.format.read_magic(f)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
