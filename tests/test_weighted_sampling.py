@@ -414,3 +414,24 @@ def test_gpu_sampler_with_hubs_draws_the_cpu_samples_bit_for_bit():
             b = samplers[1].sample({None: seeds.cuda()})
             for field in ("node", "row", "col", "edge"):
                 assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), field
+
+
+@pytest.mark.parametrize("placement", DEVICES)
+def test_with_replacement_a_list_is_drawn_alone_beside_heavier_ones(placement):
+    """Each seed's draws follow its own list's weights, whatever the other seeds of the batch weigh: a light
+    list beside lists 1e16 times heavier keeps its 1:3 and never draws its zero weight."""
+    device, share = placement
+    heavy, light = 2, 2  # nodes 0-1: two edges of weight 1e16; nodes 2-3: weights 1, 3, 0
+    dst = torch.tensor([0, 0, 1, 1, 2, 2, 2, 3, 3, 3])
+    src = 4 + torch.arange(len(dst))
+    weight = torch.tensor([1e16] * 4 + [1.0, 3.0, 0.0] * 2)
+    csc = to_csc(torch.stack([src, dst]), "coo", (14, 14))
+    budget = None if share is None else int(share * csc.num_edges * 8)
+    topo = Topology(csc, device, gpu_budget=budget, progress=False, weight=weight)
+    seeds = (torch.arange(DRAWS) % (heavy + light)).to(topo.device)
+    nbr, eid, counts = sample_hop(topo, seeds, 3, True, 777)
+    first = topo.colptr.index_select(0, seeds).repeat_interleave(counts)
+    pos, of_light = (eid - first).cpu(), (seeds >= heavy).repeat_interleave(counts).cpu()
+    drawn = pos[of_light]
+    assert 2 not in drawn.tolist()
+    assert passes(Counter((p,) for p in drawn.tolist()), {(0,): 0.25, (1,): 0.75}, len(drawn))

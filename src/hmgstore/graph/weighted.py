@@ -236,7 +236,12 @@ def _with_replacement(weight: torch.Tensor, first: torch.Tensor, degree: torch.T
                       h: torch.Tensor) -> torch.Tensor:
     """:func:`weighted_positions` with replacement: each slot searches its node's running sum of weights."""
     seg, _, w, start = _lists(weight, first, degree)
+    # each list over its own largest weight: the running sum below spans the whole hop, and a light list beside a
+    # heavy one would else round to a total of 0 (drawn as if unweighted, zero weights included) or lose its
+    # proportions; scaled, every list with a positive weight sums to at least 1
     w = w.double()
+    peak = torch.zeros(len(degree), dtype=torch.float64).scatter_reduce_(0, seg, w, "amax")
+    w = w / torch.where(peak > 0, peak, 1.0).index_select(0, seg)
     num_slots = int(counts.sum())
     slot_seg = torch.repeat_interleave(torch.arange(len(degree)), counts, output_size=num_slots)
     t = torch.arange(num_slots) - (counts.cumsum(0) - counts).index_select(0, slot_seg)
