@@ -140,3 +140,31 @@ def test_captured_batches_take_each_batchs_seed_times(strategy):
         for field in ("node", "row", "col", "edge", "batch"):
             assert torch.equal(getattr(a, field)[None], getattr(b, field)[None].cpu()), (step, field)
     assert any(gpu._graphs.values())  # a graph was captured and replayed
+
+
+def test_seed_times_outside_int64_and_of_other_kinds_are_refused():
+    """Times are int64 (PyG's too): a uint64 time past 2**63 is refused rather than wrapped to a negative one that
+    sorts before every other (an edge from the future would be drawn, a seed would see no neighbour); complex
+    times are refused, not cut to their real part; seed_time is a dict; an empty batch needs no times' dtype."""
+    import numpy as np
+
+    ei, node_time, edge_time = temporal_graph(n=20, m=100)
+    csc = to_csc(ei, "coo", (20, 20))
+    late = edge_time.numpy().astype(np.uint64)
+    late[0] = 2**63 + 1
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        sort_by_time(csc, edge_time=late)
+    with pytest.raises(ValueError, match="int64's range"):
+        sort_by_time(csc, edge_time=[2**64 + 1] * 100)
+    sampler, _ = build(ei, 20, ("cpu", None), "edge", node_time, edge_time, [2], "last")
+    seeds = {None: torch.tensor([1, 2])}
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        sampler.sample(seeds, {None: np.array([5, 2**63 + 5], dtype=np.uint64)})
+    with pytest.raises(TypeError, match="integer times"):
+        sampler.sample(seeds, {None: torch.tensor([5 + 1j, 7 + 0j])})
+    with pytest.raises(TypeError, match="a dict of node type"):
+        sampler.sample(seeds, torch.tensor([5, 7]))
+    empty = sampler.sample({None: torch.empty(0, dtype=torch.int64)}, {None: torch.empty(0, dtype=torch.int64)})
+    assert all(v.numel() == 0 for v in empty.node.values())
+    fine = sampler.sample(seeds, {None: np.array([30, 40], dtype=np.uint64)})
+    assert fine.node[None].numel() >= 2

@@ -18,6 +18,8 @@ sampling then runs over the windows instead of the whole lists.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from .csc import CSC, unshared
@@ -25,15 +27,30 @@ from .csc import CSC, unshared
 STRATEGIES = ("uniform", "last")
 
 
+def integer_times(times, what: str) -> torch.Tensor:
+    """``times`` as a tensor of an integer dtype whose every value int64 holds (cast later, never wrapped: a
+    uint64 time past 2**63 would turn negative and sort before every other). Raises TypeError for floats,
+    complex numbers and bools, ValueError for a value past int64's range, naming ``what``."""
+    try:
+        given = torch.as_tensor(times)
+    except (ValueError, OverflowError) as err:  # a Python int past 2**63, a ragged list
+        raise (ValueError(f"{what} holds a time outside int64's range: store times as int64") if "Overflow" in str(err)
+               else ValueError(f"{what} is not a list of times: {err}")) from None
+    if given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool:
+        raise TypeError(f"{what} must hold integer times (int64, e.g. seconds since an epoch), as PyG's sampler "
+                        f"requires; got dtype {given.dtype}")
+    if given.dtype == torch.uint64 and given.numel() and bool((given.view(torch.int64) < 0).any()):
+        raise ValueError(f"{what} holds a time of 2**63 or more, past int64's range (PyG's samplers take int64 "
+                         "times): store them as int64")
+    return given
+
+
 def check_times(times, length: int, what: str) -> torch.Tensor:
     """``times`` as an int64 CPU tensor of ``length`` values, never sharing the caller's memory (int64 CPU
     times are copied, once: a sampler holds them, and the caller's later edits must not reach it). Raises
     TypeError for non-integer times (PyG's samplers take int64 times too) and ValueError for a wrong length,
     naming ``what``."""
-    given = torch.as_tensor(times)
-    if given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool:
-        raise TypeError(f"{what} must hold integer times (int64, e.g. seconds since an epoch), as PyG's sampler "
-                        f"requires; got dtype {given.dtype}")
+    given = integer_times(times, what)
     times = given.detach().to("cpu", torch.int64).reshape(-1)
     if times.numel() != length:
         raise ValueError(f"{what} must hold {length} times, one per {'edge' if 'edge' in what else 'node'}; "
@@ -98,11 +115,14 @@ def tree_times(seeds: dict, seed_time: dict | None, temporal: bool, device) -> t
     typed = [nt for nt, ids in seeds.items() if len(ids)]
     if len(typed) > 1:
         raise ValueError(f"temporal sampling takes seeds of one node type per batch, got {typed}")
+    if seed_time is not None and not isinstance(seed_time, Mapping):
+        raise TypeError(f"seed_time is a dict of node type -> times, got a {type(seed_time).__name__}: pass "
+                        "{None: times} for a graph of one node type")
     if not seed_time or typed and typed[0] not in seed_time:
         raise ValueError("temporal sampling needs each seed's time: pass seed_time={node type: times}")
-    times = torch.as_tensor(seed_time[typed[0]] if typed else [])
-    if times.dtype.is_floating_point or times.dtype == torch.bool:
-        raise TypeError(f"seed times must be integers (int64), as the graph's times; got {times.dtype}")
-    if typed and times.numel() != len(seeds[typed[0]]):
+    if not typed:  # a batch of no seeds has no times
+        return torch.empty(0, dtype=torch.int64, device=device)
+    times = integer_times(seed_time[typed[0]], "seed_time")
+    if times.numel() != len(seeds[typed[0]]):
         raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
     return times.reshape(-1).to(device, torch.int64)
