@@ -71,6 +71,24 @@ def test_induced_holds_every_edge_between_the_nodes(device):
         assert batch.edge_index.shape[1] == len(edge_set(batch))  # no edge twice
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_induced_lists_each_edge_once_when_seeds_repeat(device):
+    """A batch's seeds may repeat (PyG keeps them, n_id too): each edge between the nodes is listed once,
+    joining the first positions of its two ends."""
+    data = graph()
+    sampler = HybridNeighborSampler(data, [3, 2], device=device, subgraph_type="induced")
+    seeds = torch.tensor([5, 5, 9, 17, 9, 5])
+    loader = NeighborLoader(data, [3, 2], neighbor_sampler=sampler, input_nodes=seeds, batch_size=len(seeds))
+    batch = next(iter(loader))
+    n_id = batch.n_id.cpu()
+    assert torch.equal(n_id[:len(seeds)], seeds)
+    assert edge_set(batch) == all_edges_between(data, n_id)
+    assert batch.edge_index.shape[1] == len(edge_set(batch))  # no edge twice
+    first = {int(v): i for i, v in reversed(list(enumerate(n_id.tolist())))}
+    ei = batch.edge_index.cpu()
+    assert all(first[int(n_id[i])] == i for i in ei.reshape(-1).tolist())
+
+
 @pytest.mark.skipif(not HAS_PYG_SAMPLER, reason="needs pyg-lib or torch-sparse for PyG's own sampler")
 @pytest.mark.parametrize("device", DEVICES)
 def test_induced_matches_pyg_with_every_neighbour(device):

@@ -16,26 +16,39 @@ from .topology import Topology
 
 
 def local_ids(nodes: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """Position of each candidate in ``nodes`` (distinct ids), -1 where absent. Same device, int64."""
+    """Position of each candidate in ``nodes`` (its first, for an id listed more than once), -1 where absent.
+    Same device, int64."""
     if len(nodes) == 0:
         return torch.full_like(candidates, -1)
-    ordered, order = torch.sort(nodes)
+    ordered, order = torch.sort(nodes, stable=True)  # a repeated id's first position sorts first
     at = torch.searchsorted(ordered, candidates).clamp_(max=len(nodes) - 1)
     return torch.where(ordered[at] == candidates, order[at], -1)
+
+
+def first_positions(ids: torch.Tensor) -> torch.Tensor:
+    """Positions in ``ids`` of each id's first occurrence, in order (every position when none repeats)."""
+    ordered, order = torch.sort(ids, stable=True)
+    first = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
+    first[1:] = ordered[1:] != ordered[:-1]
+    mask = torch.empty_like(first)
+    mask[order] = first
+    return mask.nonzero().view(-1)
 
 
 def induced_edges(topology: Topology, src_nodes: torch.Tensor, dst_nodes: torch.Tensor):
     """Every edge of ``topology`` from a node of ``src_nodes`` to a node of ``dst_nodes``.
 
-    ``src_nodes`` / ``dst_nodes``: int64 distinct global ids of the edge
-    type's source / destination type, on the topology's device. Returns
+    ``src_nodes`` / ``dst_nodes``: int64 global ids of the edge type's
+    source / destination type, on the topology's device. Returns
     ``(row, col, edge)``, int64 on that device: local ids into
     ``src_nodes`` and ``dst_nodes``, and the CSC position of each edge,
     destination by destination in ``dst_nodes`` order, in CSC order within
-    one.
+    one. Each edge is listed once: an id listed twice (a batch's seeds may
+    repeat, PyG keeps them) is the first of its positions at either end.
     """
-    nbr, eid, counts = _sample_hop(topology, dst_nodes, -1, False, 0)
-    col = torch.arange(len(dst_nodes), device=dst_nodes.device).repeat_interleave(counts, output_size=len(nbr))
+    at = first_positions(dst_nodes)
+    nbr, eid, counts = _sample_hop(topology, dst_nodes.index_select(0, at), -1, False, 0)
+    col = at.repeat_interleave(counts, output_size=len(nbr))
     row = local_ids(src_nodes, nbr)
     keep = row >= 0
     return row[keep], col[keep], eid[keep]
