@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hmgstore import FeatureTable, HybridTensor
+from hmgstore.rows import checks
 
 from ._compat import import_dgl
 from .renumber import edges_moved, tag_edges, untag_edges
@@ -65,11 +66,15 @@ class HybridDGLGraph(dgl.DGLGraph):
     """
 
     def remove_nodes(self, *args, **kwargs):
-        """DGL's ``remove_nodes``; the attached features of the node and edge types it renumbered go stale."""
+        """DGL's ``remove_nodes``; the attached features of the node and edge types it renumbered go stale. A
+        keyword DGL's does not take raises TypeError naming this method (and the closest one)."""
+        checks.keywords("HybridDGLGraph.remove_nodes", kwargs, checks.takes(dgl.DGLGraph.remove_nodes))
         return self._renumbering(super().remove_nodes, *args, **kwargs)
 
     def remove_edges(self, *args, **kwargs):
-        """DGL's ``remove_edges``; the attached features of the edge type it renumbered go stale."""
+        """DGL's ``remove_edges``; the attached features of the edge type it renumbered go stale. A keyword DGL's
+        does not take raises TypeError naming this method (and the closest one)."""
+        checks.keywords("HybridDGLGraph.remove_edges", kwargs, checks.takes(dgl.DGLGraph.remove_edges))
         return self._renumbering(super().remove_edges, *args, **kwargs)
 
     def _renumbering(self, remove, *args, **kwargs):

@@ -210,7 +210,7 @@ def from_tensors(*, edge_index=None, csr=None, csc=None, num_nodes: int | None =
     if len(given) != 1:
         raise ValueError("pass the topology once: edge_index=..., csr=(rowptr, col) or csc=(row, colptr)")
     checks.misspelt("from_tensors", [k for k, v in features.items() if not hasattr(v, "shape")],
-                    inspect.signature(from_tensors).parameters)
+                    [*inspect.signature(from_tensors).parameters, *TABLE_OPTIONS])
     if not features:
         raise ValueError("pass node attributes by name, e.g. from_tensors(edge_index=ei, x=x, y=y)")
     counted = num_nodes is not None

@@ -209,8 +209,14 @@ def cluster_loader(feature_store: ClusterFeatureStore, sampler: ClusterNeighborS
     reshuffle each epoch (``loader.batch_sampler.set_epoch(epoch)``) from
     ``seed``. Other ``kwargs`` go to ``NodeLoader`` (``num_workers`` must
     stay 0). Raises ValueError for a ``batch_size`` under 1 or ``num_workers``, TypeError for non-integer
-    ``batch_size`` or ids, before the collective.
+    ``batch_size`` or ids and for a keyword neither this function nor ``NodeLoader`` takes (naming
+    ``cluster_loader`` and the closest one), before the collective.
     """
+    # NodeLoader passes the keywords it does not name on to torch's DataLoader; those filled in here are not the
+    # caller's to give
+    filled = ("data", "node_sampler", "input_nodes", "batch_sampler", "filter_per_worker", "dataset")
+    checks.keywords("cluster_loader", kwargs, checks.takes(NodeLoader, torch.utils.data.DataLoader, without=filled),
+                    checks.takes(cluster_loader))
     if kwargs.get("num_workers", 0):
         raise ValueError("cluster loaders sample and gather collectively, in the main process: num_workers=0")
     batch_size = checks.count(batch_size, "batch_size", at_least=1)  # before the collective: every rank raises

@@ -26,9 +26,12 @@ import threading
 import torch
 
 from hmgstore import HybridTensor
-from hmgstore.rows import budget, formats
+from hmgstore.rows import budget, checks, formats
 
 _queued = threading.local()  # .rides: {id(store): Ride}
+#: The keywords :meth:`HybridFeatureStore.from_sources` and :meth:`EdgeTables.put_edge_tables` pass on to every
+#: table (their ``options``): the constructor's, less those they fill in themselves.
+TABLE_KEYWORDS = checks.takes(HybridTensor, without=("source", "device", "gpu_rows", "max_sms", "progress"))
 
 
 class Ride:
@@ -95,7 +98,10 @@ class EdgeTables:
         Raises:
             ValueError: for a budget without hotness, a score of the wrong length, or two attributes of one
                 edge type with different row counts.
+            TypeError: naming this method, for a keyword it does not take (and the closest one it takes).
         """
+        checks.keywords(f"{type(self).__name__}.put_edge_tables", options, TABLE_KEYWORDS,
+                        checks.takes(EdgeTables.put_edge_tables))
         options.pop("layout", None)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
         stored = formats.get(compress)

@@ -44,10 +44,10 @@ from torch_geometric.data import FeatureStore, TensorAttr
 
 from hmgstore import HybridTensor, gather_many, resolve_device
 from hmgstore.prefetch.pipeline import register_table_finder
-from hmgstore.rows import budget, formats, stats
+from hmgstore.rows import budget, checks, formats, stats
 from hmgstore.rows.hotness import order_by_score
 
-from .edge_tables import EdgeTables, float32_only, take_queued
+from .edge_tables import TABLE_KEYWORDS, EdgeTables, float32_only, take_queued
 from .graph_store import check_loaders
 from .ranges import as_range, read_range
 from .updates import check_removable, index_none_by_default, is_whole, update
@@ -108,8 +108,7 @@ def _host_layout(layout, group, copied: bool, gpu_rows: dict, hotness: dict | No
 
     ``"hotness"`` orders the host tier hottest first; ``"auto"`` does so where the host tier is ``copied``
     anyway and the type keeps rows on the GPU; a permutation or None is passed on. ``orders`` caches one sort
-    of the scores per node type. Raises ValueError for another string, and for ``"hotness"`` without hotness.
-    """
+    of the scores per node type. Raises ValueError for another string, and for ``"hotness"`` without hotness."""
     if not isinstance(layout, str):
         return layout
     if layout not in ("auto", "hotness"):
@@ -218,6 +217,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
             ...                                         gpu_budget="2GB", hotness={None: in_degree},
             ...                                         gpu_whole=("y",))  # doctest: +SKIP
         """
+        checks.keywords("HybridFeatureStore.from_sources", options, TABLE_KEYWORDS, checks.takes(cls.from_sources))
         store = cls(device)
         host_dtype, compress = options.pop("host_dtype", None), options.pop("compress", None)
         layout = options.pop("layout", "auto")
@@ -292,12 +292,13 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     # ---- PyG's FeatureStore interface -----------------------------------------
     def put_tensor(self, tensor, *args, **kwargs) -> bool:
         """PyG's ``put_tensor``, with ``index`` defaulting to None (the whole table)."""
-        return super().put_tensor(tensor, *args, **index_none_by_default(args, kwargs))
+        return super().put_tensor(tensor, *args, **index_none_by_default(args, kwargs, "put_tensor"))
 
     def update_tensor(self, tensor, *args, **kwargs) -> bool:
         """PyG's ``update_tensor`` (``index`` defaulting to None), which never loses the old attribute:
         :func:`hmgstore.plugins.pyg.updates.update` says what it does and raises."""
-        return update(self, tensor, self._tensor_attr_cls.cast(*args, **index_none_by_default(args, kwargs)))
+        attr = self._tensor_attr_cls.cast(*args, **index_none_by_default(args, kwargs, "update_tensor"))
+        return update(self, tensor, attr)
 
     def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
         if not is_whole(attr.index):

@@ -23,6 +23,7 @@ from __future__ import annotations
 from torch_geometric.data import TensorAttr
 
 from hmgstore import HybridTensor
+from hmgstore.rows import checks
 
 
 def is_whole(index) -> bool:
@@ -30,9 +31,11 @@ def is_whole(index) -> bool:
     return index is None or (isinstance(index, slice) and index == slice(None))
 
 
-def index_none_by_default(args: tuple, kwargs: dict) -> dict:
+def index_none_by_default(args: tuple, kwargs: dict, call: str) -> dict:
     """``kwargs`` with ``index=None`` added when ``args``/``kwargs`` (``TensorAttr`` fields after the tensor)
-    leave the index out, so that ``put_tensor(x, group, name)`` and ``update_tensor`` mean the whole table."""
+    leave the index out, so that ``put_tensor(x, group, name)`` and ``update_tensor`` mean the whole table.
+    Raises TypeError naming the store's method ``call`` for a keyword that is not a field (the closest one)."""
+    checks.keywords(f"HybridFeatureStore.{call}", kwargs, checks.takes(TensorAttr))
     if len(args) < 3 and not (args and isinstance(args[0], TensorAttr)) and "index" not in kwargs:
         return {**kwargs, "index": None}
     return kwargs

@@ -50,7 +50,7 @@ from ..graph.csc import CSC, to_csc
 from ..memory.pinned import as_host_tensor
 from ..rows import checks
 from ..rows.ids import check_range
-from ..table.files import load, read
+from ..table.files import LOAD_OPTIONS, load, read
 from ..table.tensor import HybridTensor
 from ..util.progress import tqdm
 from .node import share_on_node
@@ -259,6 +259,8 @@ def part_of(features, edge_index, book: PartitionBook, machine: int, device=None
             that are not the book's) and as :class:`~hmgstore.HybridTensor` does (``placement``).
         IndexError: for edges naming nodes beyond the book.
     """
+    checks.keywords("part_of", placement, checks.takes(HybridTensor, without=("source", "device", "progress")),
+                    checks.takes(part_of))
     _check_book(book)
     machine = checks.count(machine, "machine")
     if machine >= book.num_machines:
@@ -327,6 +329,10 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
         UserWarning: for a part whose ``meta.json`` records no files (written before partition() recorded them):
             it loads after the other checks, but a file replaced by one of the same shape would go unnoticed.
     """
+    # share=True builds each table over shared memory (HybridTensor), else reads it (load, whose placement
+    # keywords are its **kwargs, LOAD_OPTIONS): the keywords they take differ
+    checks.keywords("load_partition", placement, (*checks.takes(HybridTensor if share else load, without=(
+        "source", "path", "device", "progress")), *LOAD_OPTIONS), checks.takes(load_partition))
     machine = checks.count(machine, "machine")
     folder = part_dir(out_dir, machine)
     meta, records, book = read_meta_and_book(folder, machine, out_dir)

@@ -116,6 +116,10 @@ class DistributedTensor:
         return self.table.num_rows
 
     def gather(self, index, **kwargs) -> torch.Tensor:
+        """Rows ``index``, as :meth:`HybridTensor.gather` takes its keywords (another raises TypeError naming
+        this method)."""
+        checks.keywords("DistributedTensor.gather", kwargs, checks.takes(HybridTensor.gather, without=("index",)),
+                        ("index",))
         return self.table.gather(index, **kwargs)
 
     gather_batch = staticmethod(gather_each)  # one request at a time (hmgstore.FeatureTable's batch hook)

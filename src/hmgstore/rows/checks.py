@@ -19,6 +19,8 @@ ValueError naming it.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import math
 import numbers
 import operator
@@ -256,6 +258,19 @@ def keywords(function: str, given: dict, accepted, named=()) -> None:
     close = difflib.get_close_matches(name, [*accepted, *named], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(sorted(accepted))}"
     raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
+
+
+@functools.cache
+def takes(*functions, without: tuple = ()) -> tuple[str, ...]:
+    """The keywords ``functions`` (functions, classes, unbound methods) take, less ``self`` and ``without``:
+    for :func:`keywords`, what an entry point may forward to them in its ``**kwargs`` (``without``: those it
+    fills in itself). Read from their signatures, so it never falls behind them; cached, as hot paths call it."""
+    names: dict[str, None] = {}  # a dict: insertion order, each name once
+    for function in functions:
+        for name, parameter in inspect.signature(function).parameters.items():
+            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY) and name != "self":
+                names.setdefault(name)
+    return tuple(name for name in names if name not in without)
 
 
 def misspelt(function: str, given, named, others: str = "node attributes") -> None:

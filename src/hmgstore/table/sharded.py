@@ -188,7 +188,10 @@ class ShardedTensor:
                              f"{[str(d) for d in self.views]}") from None
 
     def gather(self, index, device=None, **kwargs) -> torch.Tensor:
-        """Rows ``index`` gathered into ``device`` (default: the only device, else the current GPU)."""
+        """Rows ``index`` gathered into ``device`` (default: the only device, else the current GPU); the other
+        keywords are :meth:`HybridTensor.gather`'s (another raises TypeError naming this method)."""
+        checks.keywords("ShardedTensor.gather", kwargs, checks.takes(HybridTensor.gather, without=("index",)),
+                        ("index", "device"))
         if device is None and len(self.views) == 1:
             device = next(iter(self.views))
         return self.on(device).gather(index, **kwargs)

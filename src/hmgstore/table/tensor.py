@@ -163,9 +163,10 @@ class HybridTensor(Table):
     def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None, *, host_dtype=None, compress=None,
               backing: str = "auto", **kwargs) -> HybridTensor:
         """A table of ``shape`` (``(N, *row_shape)``) and ``dtype`` in owned host memory, zeros, to fill with
-        ``table[ids] = rows``; the other arguments (``kwargs``: the placement, ``max_sms``, ``stats``, ``progress``) are
-        the constructor's.
-        """
+        ``table[ids] = rows``; the other arguments (``kwargs``: the placement, ``max_sms``, ``stats``, ``progress``,
+        ``layout``) are the constructor's; another keyword raises TypeError naming ``empty``."""
+        checks.keywords("HybridTensor.empty", kwargs, ("layout", "max_sms", "progress",
+                                                       *checks.takes(cls._place_and_build)), checks.takes(cls.empty))
         device = resolve_device(device)
         host_format, gpu_format = formats.for_tiers(host_dtype, compress)
         shape = checks.shape(shape)  # integers >= 0: a float size is refused, never truncated
@@ -182,9 +183,10 @@ class HybridTensor(Table):
         """A table over ``host``, a host tier already stored as ``fmt`` (None: rows as they read), used in place.
 
         Rows read as ``dtype``; ``shape``: the table's (needed for scaled formats); ``layout``: the old ids in the
-        order ``host`` keeps them; the other arguments are the constructor's. :func:`hmgstore.load` and :meth:`empty`
-        build tables with it.
-        """
+        order ``host`` keeps them; the other arguments are the constructor's (another keyword: TypeError naming
+        ``over_host_tier``). :func:`hmgstore.load` and :meth:`empty` build tables with it."""
+        checks.keywords("HybridTensor.over_host_tier", placement, checks.takes(cls._place_and_build),
+                        checks.takes(cls.over_host_tier))
         self = cls.__new__(cls)
         self._setup(host, resolve_device(device), max_sms, progress, host_format=fmt, gpu_format=gpu_format,
                     dtype=dtype, shape=shape, layout=layout)
@@ -198,8 +200,7 @@ class HybridTensor(Table):
         keeps a stored format or a layout, or is read-only. For PyG's whole-table reads and for checks. Raises
         RuntimeError for a closed table, and as a gather does for a memmap's file cut short, checked at the call only:
         the host tier handed back over a writable memmap (``mode="r+"``/``"c"``) reads the file itself, so a read of it
-        once the file is cut short kills the process (SIGBUS); ``.clone()`` it while the file is whole.
-        """
+        once the file is cut short kills the process (SIGBUS); ``.clone()`` it while the file is whole."""
         if self.closing:
             raise RuntimeError("this table was closed; build a new HybridTensor")
         if self._file is not None:  # the check a gather makes (not its deferred CUDA build): no SIGBUS below
@@ -263,8 +264,7 @@ class HybridTensor(Table):
                 into a real table, and a value that is not rows (None, a string).
             IndexError: for ids out of range; RuntimeError when closed.
             ValueError: for a value that does not broadcast, numbers past the table dtype's range (NaN or
-                infinity into an integer table, a finite number a float table would store as infinity).
-        """
+                infinity into an integer table, a finite number a float table would store as infinity)."""
         rows_only(index)
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             # expand() refuses a sparse value with a message that blames the shape, which is right
