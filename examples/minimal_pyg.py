@@ -3,8 +3,10 @@
 GraphSAGE on a small synthetic graph (a few seconds on a CPU; the GPU when there is one). The lines marked
 ``# hmgstore:`` are all that differs from stock PyG, where the loader would read ``data`` with PyG's sampler.
 
-    python examples/minimal_pyg.py
+    python examples/minimal_pyg.py [--seed N] [--batch-size N]
 """
+import argparse
+
 import torch
 import torch.nn.functional as F
 from torch_geometric.data import Data
@@ -12,10 +14,15 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.nn import GraphSAGE
 
 import hmgstore  # hmgstore:
+from hmgstore.cli import flags
 from hmgstore.data import synthetic
 from hmgstore.plugins.pyg import HybridNeighborSampler, from_data  # hmgstore:
 
-torch.manual_seed(0)
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+flags.add_seed(parser)
+flags.add_batch_size(parser, 256)
+args = parser.parse_args()  # --help prints the usage and ends the script here, before any work
+torch.manual_seed(args.seed)
 graph = synthetic(num_nodes=5_000, feat_dim=32, num_classes=8)  # your graph: any Data with x, y and edge_index
 data = Data(x=graph.x, y=graph.y, edge_index=graph.edge_index)
 
@@ -26,7 +33,7 @@ device = stores[0].device  # hmgstore: batches land where the stores gather (the
 
 def loader(ids, shuffle):
     return NeighborLoader(stores, [10, 5], neighbor_sampler=sampler,  # hmgstore: stores and sampler, not data
-                          input_nodes=ids, batch_size=256, shuffle=shuffle)
+                          input_nodes=ids, batch_size=args.batch_size, shuffle=shuffle)
 
 
 model = GraphSAGE(32, 64, num_layers=2, out_channels=8).to(device)
