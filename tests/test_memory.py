@@ -103,6 +103,15 @@ def test_row_layout_of_dense_and_sliced_tables():
     assert memory.row_layout(torch.empty(20).as_strided((5, 1, 4), (4, 999, 1))) == (16, 16)
 
 
+def test_a_source_of_no_rows_is_laid_out_whatever_its_strides():
+    """numpy gives an empty array strides of 0, contiguous or not: a table of no rows has nothing to lay out."""
+    empty = torch.from_numpy(np.zeros((0, 3, 2), np.float32))
+    assert memory.row_layout(empty) == (24, 24)
+    for source in (np.zeros((0, 3), np.float32), np.ascontiguousarray(np.zeros((0, 3), np.float32))):
+        table = hmgstore.HybridTensor(source, "cpu")
+        assert table.shape == (0, 3) and table[torch.empty(0, dtype=torch.int64)].shape == (0, 3)
+
+
 def test_row_layout_refuses_rows_that_are_not_contiguous_or_overlap():
     with pytest.raises(ValueError, match=r"contiguous.*source\.contiguous\(\)"):
         memory.row_layout(torch.empty(10, 4, 4).transpose(1, 2))

@@ -43,6 +43,23 @@ def test_as_range_names_runs_only():
     assert ranges.as_range(run.float(), N) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_runs_of_unsigned_ids_read_as_runs_and_ids_past_int64_still_raise(x, dtype):
+    """Unsigned ids, which the gather takes, are runs too (torch has no diff() for them); a uint64 id of 2**63
+    or more inside a run turns negative as int64, so it is no run and reaches the gather's IndexError."""
+    store = hpyg.HybridFeatureStore("cpu")
+    store.put_tensor(x, group_name=None, attr_name="x")
+    run = torch.arange(7, 7 + ranges.MIN_RUN).to(dtype)
+    assert ranges.as_range(run, N) == (7, 7 + ranges.MIN_RUN)
+    assert torch.equal(store.get_tensor(None, "x", run), x[7:7 + ranges.MIN_RUN])
+    if dtype == torch.uint64:
+        far = torch.from_numpy(np.arange(7, 7 + ranges.MIN_RUN, dtype=np.uint64))
+        far[5] = torch.from_numpy(np.array([2**63 + 3], dtype=np.uint64))[0]
+        assert ranges.as_range(far, N) is None
+        with pytest.raises(IndexError, match="out of range"):
+            store.get_tensor(None, "x", far)
+
+
 def test_cpu_store_reads_a_run_as_a_view_of_host_memory(x):
     store = hpyg.HybridFeatureStore("cpu")
     store.put_tensor(x, group_name=None, attr_name="x")

@@ -49,6 +49,8 @@ def as_range(index, num_rows: int) -> tuple[int, int] | None:
     lo, last = int(index[0]), int(index[-1])
     if last - lo + 1 != len(index) or lo < 0 or last >= num_rows:  # two reads rule out almost every batch
         return None
+    if index.dtype in (torch.uint16, torch.uint32, torch.uint64):  # torch has no diff() for these; an id past
+        index = index.to(torch.int64)  # int64 turns negative there, is no run, and reaches the gather's check
     if not bool((index.diff() == 1).all()):
         return None
     return lo, last + 1

@@ -33,6 +33,7 @@ GPU kernels can read it directly over PCIe (zero-copy). Four facts shape it:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import weakref
@@ -131,6 +132,9 @@ def row_layout(tensor: torch.Tensor) -> tuple[int, int]:
     trailing = tensor.shape[1:]
     if 0 in trailing:  # empty rows: no byte to lay out, whatever strides torch gave the empty tensor
         return 0, 0
+    if tensor.shape[0] == 0:  # no row: nothing is laid out, and numpy gives an empty array strides of 0
+        row_bytes = math.prod(trailing) * tensor.element_size()
+        return row_bytes, row_bytes
     expected = 1
     for size, stride in reversed(list(zip(trailing, tensor.stride()[1:]))):
         if size != 1 and stride != expected:
