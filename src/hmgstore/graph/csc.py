@@ -287,9 +287,11 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
-        # colptr copied as CSC() copies it (row is kept): samplers trust the checked offsets
-        return CSC.trusted(row, colptr.clone() if colptr is second else colptr, None,
-                           (num_src, colptr.numel() - 1))  # checked above
+        # colptr owned as CSC() owns it (row is kept): samplers trust the checked offsets, so a later edit of the
+        # caller's array (numpy's included: from_numpy shares it) must not reach them
+        given = torch.from_numpy(second) if isinstance(second, np.ndarray) else second
+        owned = unshared(colptr, given) if isinstance(given, torch.Tensor) else colptr
+        return CSC.trusted(row, owned, None, (num_src, colptr.numel() - 1))  # checked above
 
     if layout == "csr":
         rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")

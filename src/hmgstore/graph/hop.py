@@ -82,7 +82,7 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
             gets ``min(k, degree)`` (so a huge ``k`` costs no more than the
             largest degree), with replacement ``k`` draws when its degree is
             not 0 (the output then holds ``k`` per such seed), ``-1`` every
-            neighbour.
+            neighbour once, whatever ``replace``.
         replace: a bool, sample with replacement.
         key: the hop's draw key, an integer (any, read as 64 bits), or a
             one-element integer tensor.
@@ -150,6 +150,7 @@ def _sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, 
     on the topology's device, in range."""
     if topology.temporal and seed_time is None:
         raise ValueError("this topology is temporal: give each seed's time (seed_time)")
+    replace = replace and k >= 0  # k < 0 takes every neighbour, with or without replacement (as PyG and DGL do)
     if topology.device.type == "cuda":
         key_t = key if isinstance(key, torch.Tensor) else torch.tensor([_signed(key)], device=topology.device)
         return _sample_hop_cuda(topology, seeds, k, replace, key_t, index, seed_time, strategy)
@@ -172,18 +173,7 @@ def _sample_hop(topology: Topology, seeds: torch.Tensor, k: int, replace: bool, 
     offsets = counts.cumsum(0) - counts
     num_slots = int(counts.sum())
     seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
-    t = torch.arange(num_slots) - offsets.index_select(0, seg)
-    if replace:
-        pos = draw(key, drawn_as.index_select(0, seg), t, degree.index_select(0, seg))
-    else:
-        pos = t  # seeds that take every neighbour
-        partial = counts < degree
-        floyd = partial.nonzero().view(-1)
-        if len(floyd):
-            chosen = _floyd_cpu(key, drawn_as.index_select(0, floyd), counts.index_select(0, floyd),
-                                degree.index_select(0, floyd))
-            slots = partial.index_select(0, seg).nonzero().view(-1)  # the slots of those seeds, in order
-            pos = pos.clone().index_copy_(0, slots, chosen.masked_select(chosen >= 0))
+    pos = torch.arange(num_slots) - offsets.index_select(0, seg)  # every neighbour (k < 0), in order
     eid = first.index_select(0, seg) + pos
     return topology.row.index_select(0, eid).long(), eid, counts
 
@@ -223,7 +213,7 @@ def _queue_hop(topology: Topology, nodes: torch.Tensor, lohi: torch.Tensor, max_
     :func:`sample_hop`. ``seed_time``: a temporal topology's seed times (int64 on the device), per seed, or
     per tree (``per_tree``: a disjoint batch's seeds, indexed by key // num_dst)."""
     device = nodes.device
-    replace = replace and (k >= 0 or not topology.weighted)  # a weighted topology takes every neighbour for k < 0
+    replace = replace and k >= 0  # k < 0 takes every neighbour, with or without replacement (as PyG and DGL do)
     win_lo = win_deg = None
     if topology.temporal:
         win_lo, win_deg = (torch.empty(max_seeds, dtype=torch.int64, device=device) for _ in range(2))
