@@ -48,7 +48,8 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
             if out is None:
                 out = torch.empty((index.ids.shape[0], *table.row_shape), dtype=table.dtype, device=device)
             else:
-                check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table)
+                check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table,
+                          [i.ids for i in indices])
                 out = out.view(index.ids.shape[0], *table.row_shape)
             results.append(out)
         counting = list({id(t): t for t, _ in requests if t.counter is not None}.values())
@@ -87,7 +88,7 @@ def gather_cpu(table, index: torch.Tensor, out: torch.Tensor | None) -> torch.Te
     if out is None:
         out = torch.empty(shape, dtype=table.dtype)
     else:
-        check_out(out, shape, table.dtype, table.device, table)
+        check_out(out, shape, table.dtype, table.device, table, (ids,))
     started = table.counter.start() if table.counter is not None else None
     read_host(table, ids, out.view(len(ids), *table.row_shape))
     if started is not None:
@@ -117,11 +118,12 @@ def read_host(table, ids: torch.Tensor, out: torch.Tensor) -> None:
         table.counter.rows[-1] += len(ids)  # a CPU table is its host tier
 
 
-def check_out(out: torch.Tensor, shape, dtype, device, table=None) -> None:
+def check_out(out: torch.Tensor, shape, dtype, device, table=None, ids=()) -> None:
     """Raise ValueError unless ``out`` is a contiguous tensor of ``shape``, ``dtype`` on ``device`` that does not
     require grad (a gather writes it outside autograd, which would not know) and shares no memory with
-    ``table``'s tiers (rows written while others are read from it would read half-written rows), TypeError for
-    what is not a tensor."""
+    ``table``'s tiers (rows written while others are read from it would read half-written rows) nor with any
+    tensor of ``ids`` (the gather's ids: rows written over ids not read yet would fetch the wrong rows), TypeError
+    for what is not a tensor."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out is a tensor to write the rows into, or None; got {type(out).__name__}")
     if out.requires_grad:
@@ -136,6 +138,11 @@ def check_out(out: torch.Tensor, shape, dtype, device, table=None) -> None:
     if table is not None and any(_overlap(out, tier) for tier in (table._source, table.gpu_tier)):
         raise ValueError("out shares memory with the table it gathers from (its rows would be overwritten while "
                          "they are read); pass a separate tensor, or no out to get a new one")
+    for k, index in enumerate(ids):
+        if _overlap(out, index):
+            which = "the ids" if len(ids) == 1 else f"the ids of request {k}"
+            raise ValueError(f"out shares memory with {which} (rows written over ids not read yet would fetch the "
+                             "wrong rows); pass a separate tensor, or the ids' .clone()")
 
 
 def check_outs_apart(tables: list, outs: list) -> None:
@@ -161,8 +168,12 @@ def _overlap(a: torch.Tensor, b) -> bool:
     if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
         return False
     lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
-    b_lo = b.untyped_storage().data_ptr()
-    return lo < b_lo + b.untyped_storage().nbytes() and b_lo < hi
+    if b.is_contiguous():  # its own bytes; else (strided) every byte of its storage, which holds them
+        b_lo, b_hi = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
+    else:
+        b_lo = b.untyped_storage().data_ptr()
+        b_hi = b_lo + b.untyped_storage().nbytes()
+    return lo < b_hi and b_lo < hi
 
 
 def page_shift(table) -> int:
