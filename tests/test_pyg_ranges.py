@@ -7,6 +7,8 @@ steps and ids out of range still go through the gather and its checks.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -86,6 +88,24 @@ def test_read_only_and_half_width_sources_are_copied_or_decoded(x, tmp_path):
     got[0] = 0  # a copy: writing to it is safe
     half = hpyg.HybridFeatureStore.from_sources({(None, "x"): x}, "cpu", host_dtype=torch.bfloat16)
     assert torch.equal(half.get_tensor(None, "x", slice(3, 40)), x[3:40].to(torch.bfloat16).float())
+
+
+def test_a_torch_tensor_over_read_only_pages_is_read_as_a_copy(x, tmp_path):
+    """torch.from_numpy of a memmap opened "r" is writable to torch; a view of it handed out would crash the
+    process (SIGSEGV) at the caller's first in-place edit, so a range of it is copied."""
+    path = tmp_path / "x.npy"
+    np.save(path, x.numpy())
+    with warnings.catch_warnings():  # torch's "not writable" warning, given once a process
+        warnings.simplefilter("ignore")
+        source = torch.from_numpy(np.load(path, mmap_mode="r"))
+    store = hpyg.HybridFeatureStore.from_sources({(None, "x"): source}, "cpu")
+    for index in (slice(5, 300), torch.arange(7, 7 + ranges.MIN_RUN)):
+        got = store.get_tensor(None, "x", index)
+        assert torch.equal(got, x[index])
+        end = source.data_ptr() + source.numel() * source.element_size()
+        assert not source.data_ptr() <= got.data_ptr() < end, "a view of the read-only pages"
+        got[0] = -1  # a copy: safe
+    assert torch.equal(store.get_tensor(None, "x", slice(5, 6)), x[5:6])
 
 
 @pytest.mark.gpu

@@ -81,4 +81,6 @@ def read_range(table: HybridTensor, lo: int, hi: int, *, copy: bool = False) -> 
         rows, copy = table.host_format.decode(rows, table.row_shape), False
     if table.device.type == "cuda":
         return rows.to(table.device, non_blocking=True)
-    return rows.clone() if copy else rows
+    # a torch tensor over read-only pages (torch.from_numpy of a memmap opened "r") is writable to torch: a view
+    # of it handed out would kill the process at the caller's first in-place edit (SIGSEGV)
+    return rows.clone() if copy or table.read_only else rows
