@@ -10,6 +10,7 @@ conftest.py.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,7 +64,12 @@ def test_a_hop_draws_real_edges_and_min_k_degree_distinct_ones(graph, k, replace
     n, src, dst = graph
     csc, topo = _topology(n, src, dst)
     seeds = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))  # repeats allowed
-    nbr, eid, counts = sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, data.draw(st.integers()))
+    key = data.draw(st.integers())
+    if key < -2**63:  # documented: refused (larger keys are read as their low 64 bits)
+        with pytest.raises(ValueError, match="key must be at least"):
+            sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, key)
+        return
+    nbr, eid, counts = sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, key)
     for seed, nbrs, positions in zip(seeds, _per_seed(seeds, counts, nbr), _per_seed(seeds, counts, eid)):
         own = _in_edges(src, dst, seed)
         given_ids = _given_ids(csc, torch.tensor(positions, dtype=torch.int64))
@@ -97,7 +103,12 @@ def test_zero_weight_edges_are_drawn_only_after_every_positive_one(graph, k, rep
     weight = torch.tensor(weights, dtype=torch.float32)
     csc, topo = _topology(n, src, dst, weight=weight)
     seeds = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n))
-    nbr, eid, counts = sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, data.draw(st.integers()))
+    key = data.draw(st.integers())
+    if key < -2**63:  # documented: refused (larger keys are read as their low 64 bits)
+        with pytest.raises(ValueError, match="key must be at least"):
+            sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, key)
+        return
+    nbr, eid, counts = sample_hop(topo, torch.tensor(seeds, dtype=torch.int64), k, replace, key)
     for seed, positions in zip(seeds, _per_seed(seeds, counts, eid)):
         given_ids = _given_ids(csc, torch.tensor(positions, dtype=torch.int64))
         own = _in_edges(src, dst, seed)

@@ -77,7 +77,9 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-for-bit equality, NaN included (a row read as poison must not compare equal by luck)."""
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    return torch.equal(a.contiguous().view(-1).view(torch.uint8), b.contiguous().view(-1).view(torch.uint8))
+    def raw(t):  # dense strides first: a one-row view may keep a stride of 2, which a byte view refuses
+        return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t).view(-1).view(torch.uint8)
+    return torch.equal(raw(a), raw(b))
 
 
 # ---- reads -------------------------------------------------------------------------------------------------------

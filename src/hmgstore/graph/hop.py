@@ -84,8 +84,8 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
             not 0 (the output then holds ``k`` per such seed), ``-1`` every
             neighbour once, whatever ``replace``.
         replace: a bool, sample with replacement.
-        key: the hop's draw key, an integer (any, read as 64 bits), or a
-            one-element integer tensor.
+        key: the hop's draw key, an integer of at least ``-2**63`` (larger
+            ones read as their low 64 bits), or a one-element integer tensor.
         index: None, or 1-D integer ids [S], the index each seed draws as
             (default: its position in ``seeds``): an owner machine samples a
             requester's seeds as they sit in the requester's frontier, so
@@ -104,7 +104,7 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
     Raises:
         TypeError: ``topology`` not a Topology; ``k``, ``key`` or ids not
             integers (floats and bools included); ``replace`` not a bool.
-        ValueError: ``k`` under -1; ids not 1-D; ``index`` or ``seed_time``
+        ValueError: ``k`` under -1; ``key`` under ``-2**63``; ids not 1-D; ``index`` or ``seed_time``
             not one per seed; ``seed_time`` missing for a temporal topology
             or given for another; an unknown ``strategy``, or ``"last"``
             without times.
