@@ -29,6 +29,7 @@ Ids already on a GPU are checked in one of two ways (``check=``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -53,11 +54,34 @@ class Index:
     host: torch.Tensor | None = None  # the same ids on the CPU, when they came from there (int64)
 
 
-def _scalar(value) -> torch.Tensor:
+def _scalar(value, num_rows: int) -> torch.Tensor:
     value = int(value)
     if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
-        raise IndexError(f"index {value} is out of range (beyond int64)")
+        _beyond_int64(value, None, num_rows)
     return torch.tensor([value], dtype=torch.int64)
+
+
+def _beyond_int64(value: int, position: int | None, num_rows: int) -> NoReturn:
+    """Raise IndexError naming an id past int64 (a uint64 of 2**63 or more, a Python int), which no table has."""
+    at = "" if position is None else f" at position {position}"
+    raise IndexError(f"id {value}{at} out of range [0, {num_rows}): the table has {num_rows} rows (valid ids are "
+                     f"0..{num_rows - 1}), and ids past int64 name none")
+
+
+def _list_beyond_int64(index: list | tuple, num_rows: int) -> None:
+    """Raise IndexError naming the first id of a (nested) list past int64, when it holds one."""
+    flat: list = []
+    stack: list = [index]
+    while stack:  # depth first, in order: the first id past int64 as the list is read
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        else:
+            flat.append(item)
+    for k, value in enumerate(flat):
+        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and \
+                not -_INT64_MAX - 1 <= int(value) <= _INT64_MAX:
+            _beyond_int64(int(value), k, num_rows)
 
 
 def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -74,7 +98,7 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if isinstance(index, (bool, np.bool_)):
         raise TypeError("a bool is not a row index; pass an int, a slice or an integer tensor")
     if isinstance(index, (int, np.integer)):
-        return _scalar(index), ()
+        return _scalar(index, num_rows), ()
     if isinstance(index, slice):  # an empty slice (t[10:3], t[-1:-5]) is empty, as in torch
         rows = range(*index.indices(num_rows))
         ids = torch.arange(rows.start, rows.stop, rows.step) if len(rows) else torch.empty(0, dtype=torch.int64)
@@ -94,8 +118,7 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
         try:
             index = torch.as_tensor(index)
         except (RuntimeError, OverflowError, TypeError, ValueError) as err:
-            if "verflow" in str(err):
-                raise IndexError(f"an index in the list is out of range (beyond int64): {err}") from None
+            _list_beyond_int64(index, num_rows)
             raise TypeError(f"could not read a list index as integers: {err}") from None
     elif not isinstance(index, torch.Tensor):
         raise TypeError(
@@ -267,3 +290,23 @@ def normalize_many(requests, device: torch.device) -> list[Index]:
 def normalize(index, num_rows: int, device: torch.device) -> Index:
     """:func:`normalize_many` for one index."""
     return normalize_many([(index, num_rows)], device)[0]
+
+
+def last_writes(ids: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, rows)`` of a write with each repeated id kept once, with the last row given for it.
+
+    ``ids``: 1-D int64 ids, checked; ``rows``: ``[len(ids), ...]``. A write that names an id twice stores the
+    row given last, as torch's ``x[ids] = rows`` does on the CPU for a few rows: the copies a table makes
+    (``index_copy_`` on the host, an index put on a GPU) leave that order unspecified (on the CPU, a large
+    write copies in parallel and another row may land last), so repeats are settled here, the same on every
+    device. Ids without repeats come back as given, at the cost of one sort.
+    """
+    if len(ids) < 2:
+        return ids, rows
+    ordered, order = torch.sort(ids, stable=True)
+    last = torch.ones(len(ids), dtype=torch.bool)
+    torch.ne(ordered[1:], ordered[:-1], out=last[:-1])  # the last of each run of equal ids, in the order given
+    if bool(last.all()):
+        return ids, rows
+    keep = order[last]
+    return ids[keep], rows[keep]

@@ -28,7 +28,7 @@ from ..cuda.deferred import raise_deferred
 from ..gather import cpu_share, fusion, plan
 from ..memory import owned
 from ..rows import checks, formats
-from ..rows.ids import CHECKS, normalize, rows_only
+from ..rows.ids import CHECKS, last_writes, normalize, rows_only
 from ..rows.placement import for_table
 from ..rows.stats import TierCounter
 from ..rows.writes import rows_to_write
@@ -254,17 +254,17 @@ class HybridTensor(Table):
         return self.gather(rows_only(index))
 
     def __setitem__(self, index, value) -> None:
-        """Overwrite rows ``index`` with ``value`` (broadcast to ``[len, *row_shape]``) in every tier: the host tier
-        at once, the GPU tier's copies on the current stream (gathers in flight may see old or new rows).
+        """Overwrite rows ``index`` with ``value`` (broadcast to ``[len, *row_shape]``; a repeated id gets its last
+        row) in every tier: the host tier at once, the GPU tier's copies on the current stream (gathers in flight
+        may see old or new rows).
 
         Raises:
             TypeError: for a read-only source, a view of a sharded table, a sparse value (with the fix) and a tensor
                 or array value of a kind the table's dtype cannot hold (float into int, complex into float:
                 ``torch.can_cast``), as torch's ``x[ids] = v`` refuses it; a list of such a kind, a complex number
                 into a real table, and a value that is not rows (None, a string).
-            IndexError: for ids out of range; RuntimeError when closed.
-            ValueError: for a value that does not broadcast, numbers past the table dtype's range (NaN or
-                infinity into an integer table, a finite number a float table would store as infinity)."""
+            IndexError: for ids out of range; RuntimeError when closed. ValueError: for a value that does not
+                broadcast, numbers past the dtype's range (NaN or inf into integers, a float stored as inf)."""
         rows_only(index)
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             # expand() refuses a sparse value with a message that blames the shape, which is right
@@ -285,14 +285,14 @@ class HybridTensor(Table):
                 raise ValueError(f"a value of shape {tuple(rows.shape)} does not broadcast to the {len(ids)} rows "
                                  f"written, {(len(ids), *self.row_shape)}") from None
             fmt, source, pinned, gpu = self.host_format, self.host_tier, self.pinned, self.gpu_tier
-            row_map = self.row_map
+            ids, rows = last_writes(ids, rows)  # an id given twice: its last row, on every device
             host_rows = (fmt.encode(rows.contiguous(), ids) if fmt else rows).contiguous()
             at = self.host_positions(ids)
             source.index_copy_(0, at, host_rows)
             if pinned is not None and pinned.tensor is not source:  # a small table's pinned copy
                 pinned.tensor.index_copy_(0, at, host_rows)
             if gpu is not None and len(ids):
-                new = ids.to(self.device) if row_map is None else row_map[ids.to(self.device)]
+                new = ids.to(self.device) if self.row_map is None else self.row_map[ids.to(self.device)]
                 resident = (new < self.num_gpu_rows).nonzero().flatten()
                 if self.gpu_format is None and fmt is not None:  # the GPU tier keeps rows as they read
                     host_rows = fmt.decode(host_rows, self.row_shape)
