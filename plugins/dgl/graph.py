@@ -18,12 +18,13 @@ from hmgstore.rows import checks
 from ._compat import import_dgl
 from .renumber import edges_moved, tag_edges, untag_edges
 from .storage import HybridFeatureStorage
+from .subgraphs import CarriesAttached
 from .views import AttachedEdgeDataView, AttachedNodeDataView
 
 dgl: Any = import_dgl()  # untyped: its classes are subclassed here
 
 
-class HybridDGLGraph(dgl.DGLGraph):
+class HybridDGLGraph(CarriesAttached, dgl.DGLGraph):
     """A ``DGLGraph`` some of whose node features are served by hmgstore tables.
 
     Made by :func:`attach`, which re-classes an existing graph; everything
@@ -32,7 +33,8 @@ class HybridDGLGraph(dgl.DGLGraph):
     attached key that the graph's frames lack read the whole table
     (:mod:`hmgstore.plugins.dgl.views`); a key the frames have is served
     from them, to the loader too. ``local_scope`` undoes attach and detach
-    inside it, as it undoes DGL's own writes.
+    inside it, as it undoes DGL's own writes. Its subgraph methods (``subgraph``, ``sample_neighbors``, ...)
+    carry the attached features to the new graph as DGL carries ``ndata`` (:mod:`.subgraphs`).
 
     What reads only the graph's frames does not see attached keys: message
     passing (``update_all``, ``apply_edges``, ``apply_nodes``: copy
@@ -82,12 +84,14 @@ class HybridDGLGraph(dgl.DGLGraph):
         edge_types = sorted({etype for _, etype in self.__dict__.get("_hmgstore_edge_storages", {})}, key=str)
         edges = {etype: self.num_edges(etype) for etype in edge_types}
         frames, tagged = self._edge_frames, None
+        self._hmgstore_renumbering = True  # DGL removes through subgraph(): the tables are marked stale, not carried
         try:
             tagged = tag_edges(self, edge_types)
             result = remove(*args, **kwargs)
             moved = {etype: edges_moved(self, etype, edges[etype]) for etype in edge_types}
         finally:
             untag_edges(self, frames, tagged)
+            self.__dict__.pop("_hmgstore_renumbering", None)
         stale = dict(self.__dict__.get("_hmgstore_stale", {}))  # a new dict: copies of the graph keep theirs
         for (key, ntype) in self.__dict__.get("_hmgstore_storages", {}):
             if self.num_nodes(ntype) != nodes[ntype]:  # DGL keeps the nodes left in order: same count, same ids

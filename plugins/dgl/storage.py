@@ -192,7 +192,7 @@ class PendingFetch:
         ids = _private_ids(indices)
         if ids.device.type == "cpu":  # here, so a bad fetch fails alone; GPU ids are checked by the gather
             try:
-                check_range(ids, table.shape[0])
+                check_range(indices if indices.dtype == torch.uint64 else ids, table.shape[0])  # uint64: as given
             except IndexError as err:
                 raise IndexError(f"fetch: {err}") from None
         self.table, self.indices, self.device, self.pin_memory = table, ids, resolve_device(device), bool(pin_memory)
