@@ -31,6 +31,13 @@ def check_graph(topologies, num_nodes, generator, **flags) -> tuple[torch.device
     if len(devices) != 1:
         raise ValueError(f"every topology of a sampler must be on one device, got {sorted(map(str, devices))}")
     hetero = None not in topologies
+    if not hetero and len(topologies) > 1:
+        raise ValueError(f"topologies mixes the homogeneous key None with edge types {[k for k in topologies if k]}: "
+                         "key one edge type by None, or every one by its (src, relation, dst) triple")
+    for et in topologies if hetero else ():  # ends read as et[0] and et[-1]: a string or pair would misread
+        if not (isinstance(et, tuple) and len(et) == 3 and all(isinstance(part, str) for part in et)):
+            raise TypeError(f"an edge type is a (src node type, relation, dst node type) triple of strings, as in "
+                            f"PyG and DGL; got {et!r}")
     for et, topo in topologies.items():
         src, dst = (et[0], et[-1]) if hetero else (None, None)
         missing = [nt for nt in (src, dst) if nt not in num_nodes]

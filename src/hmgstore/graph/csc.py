@@ -28,6 +28,10 @@ LAYOUTS = ("coo", "csr", "csc")
 _FLOAT32_SMALLEST = 2.0 ** -149  # float32's smallest positive (subnormal) number: anything below casts to 0
 
 
+#: Integer dtypes torch stores but cannot add or compare on the CPU.
+_NO_ARITHMETIC = (torch.uint16, torch.uint32, torch.uint64)
+
+
 @dataclass(frozen=True, eq=False)
 class CSC:
     """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``.
@@ -45,7 +49,8 @@ class CSC:
 
     Raises:
         TypeError: ``row``, ``colptr`` or ``perm`` not a tensor, or holding
-            floats or bools; ``size`` not a pair of integers.
+            floats, bools or unsigned integers wider than 8 bits (torch
+            cannot do arithmetic on them); ``size`` not a pair of integers.
         ValueError: ``size`` not of two sizes >= 0; a tensor not 1-D;
             ``colptr`` not ``num_dst + 1`` offsets from 0 to E that never
             decrease; ``perm`` not of length E.
@@ -66,6 +71,9 @@ class CSC:
             value = getattr(self, name)
             if not (isinstance(value, torch.Tensor) or (name == "perm" and value is None)):
                 raise TypeError(f"CSC's {name} is a 1-D integer tensor, got {type(value).__name__}")
+            if value is not None and value.dtype in _NO_ARITHMETIC:  # torch has no add/min/max for them
+                raise TypeError(f"CSC's {name} has dtype {value.dtype}, which torch cannot add or compare on the "
+                                f"CPU; pass {name}.long() (to_csc converts it for you)")
         checks.integers(self.row, "row")
         # Offsets copied (8 bytes a node), then checked: samplers trust them for every read of row, so an edit of
         # the caller's tensor afterwards must not reach them (it made the CPU sampler read past row).
@@ -327,10 +335,14 @@ def edge_weight_in_csc_order(weight, csc: CSC) -> torch.Tensor:
     infinite weight, or one that float32 cannot hold (above its largest, or
     positive but below its smallest), naming the first bad edge.
     """
-    if isinstance(weight, np.ndarray):
-        weight = torch.from_numpy(weight)
-    elif not isinstance(weight, torch.Tensor):
-        weight = torch.as_tensor(weight)
+    try:
+        if isinstance(weight, np.ndarray):
+            weight = torch.from_numpy(weight)
+        elif not isinstance(weight, torch.Tensor):
+            weight = torch.as_tensor(weight)
+    except (TypeError, ValueError, RuntimeError) as err:  # strings, None, objects: torch's words vary by kind
+        raise TypeError(f"edge weights must be real numbers (a tensor, array or list), got {type(weight).__name__}"
+                        f": {err}") from None
     if weight.dtype == torch.bool or weight.dtype.is_complex:
         raise TypeError(f"edge weights must be real numbers, got dtype {weight.dtype}")
     source = weight

@@ -18,13 +18,17 @@ def check_fanout(values, what: str = "num_neighbors") -> list[int]:
     """``values`` as a list of ints after checking each one.
 
     ``values``: an iterable of ints (Python, numpy or 0-d integer tensors).
-    Returns a new list of Python ints. Raises TypeError for a non-list or a
-    value that is not a whole number (``1.5``, ``True``), ValueError for a
-    negative value other than -1; both name ``what``, the position and the
-    value.
+    Returns a new list of Python ints. Raises TypeError for a non-list, a
+    set (it keeps no order: the hops' would be the hash's) or a value that
+    is not a whole number (``1.5``, ``True``),
+    ValueError for a negative value other than -1; both name ``what``, the
+    position and the value.
     """
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what} must be a list of neighbours per hop such as [15, 10, 5], got {values!r}")
+    if isinstance(values, (set, frozenset)):
+        raise TypeError(f"{what} is a {type(values).__name__}, which keeps no order: the hops' fanouts go from the "
+                        f"seeds outwards, so pass a list such as [15, 10, 5]")
     checked = []
     for hop, value in enumerate(values):
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \

@@ -18,6 +18,7 @@ from ..cuda import sample as kernels
 from ..rows import checks
 from . import temporal, weighted
 from .draws import _draw_mixed, _seed_hash, _signed, draw
+from .seeds import MAX_REPLACE_FANOUT
 from .topology import Topology
 
 __all__ = ["draw", "sample_hop", "slot_counts"]
@@ -104,10 +105,12 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
     Raises:
         TypeError: ``topology`` not a Topology; ``k``, ``key`` or ids not
             integers (floats and bools included); ``replace`` not a bool.
-        ValueError: ``k`` under -1; ``key`` under ``-2**63``; ids not 1-D; ``index`` or ``seed_time``
-            not one per seed; ``seed_time`` missing for a temporal topology
-            or given for another; an unknown ``strategy``, or ``"last"``
-            without times.
+        ValueError: ``k`` under -1, or with ``replace`` over
+            :data:`~hmgstore.graph.seeds.MAX_REPLACE_FANOUT`; ``key`` under ``-2**63``; ids not 1-D;
+            ``index`` or ``seed_time`` not one per seed (``seed_time`` 1-D,
+            each time within int64: a uint64 past 2**63 is refused, never
+            wrapped); ``seed_time`` missing for a temporal topology or given
+            for another; an unknown ``strategy``, or ``"last"`` without times.
         IndexError: a seed outside ``[0, num_dst)``.
         RuntimeError: the topology is closed.
     """
@@ -135,10 +138,15 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
             raise ValueError(f"index holds {len(index)} ids for {len(seeds)} seeds: one per seed")
         index = index.to(device, torch.int64)
     if seed_time is not None:
-        seed_time = checks.integers(seed_time, "seed_time")
+        seed_time = temporal.integer_times(seed_time, "seed_time")  # a uint64 past 2**63 refused, not wrapped
+        if seed_time.dim() != 1:
+            raise ValueError(f"seed_time is 1-D, one time per seed; got shape {tuple(seed_time.shape)}")
         if len(seed_time) != len(seeds):
             raise ValueError(f"seed_time holds {len(seed_time)} times for {len(seeds)} seeds: one per seed")
         seed_time = seed_time.to(device, torch.int64)
+    if replace and k > MAX_REPLACE_FANOUT:  # k rows a seed: the output could not be allocated
+        raise ValueError(f"k is {k}: with replace=True every seed draws that many neighbours, which cannot be "
+                         f"allocated; pass k <= {MAX_REPLACE_FANOUT}, or replace=False (at most a seed's in-degree)")
     if k > 0 and not replace:  # min(k, degree) per seed: slots beyond the largest degree would all go unused
         k = min(k, int(topology.degree(seeds).max()) if len(seeds) else 0)
     return _sample_hop(topology, seeds, k, replace, key, index, seed_time, strategy)

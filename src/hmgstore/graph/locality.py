@@ -111,10 +111,16 @@ def metis_order(csc: CSC, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
 
     Needs ``pymetis`` (``pip install pymetis``, or ``pip install 'hmgstore[locality]'``): ImportError
     otherwise. METIS holds the whole graph in memory (about ``16 * E`` bytes) and takes minutes past
-    tens of millions of edges. Raises ValueError for ``num_parts`` under 1, TypeError for one that is not
-    an integer.
+    tens of millions of edges. Raises ValueError for ``num_parts`` under 1 and for a CSC that is not square
+    (one node type's edges: as many sources as destinations), TypeError for a ``num_parts`` that is not an
+    integer and a ``csc`` that is not a CSC.
     """
     num_parts = checks.count(num_parts, "num_parts", at_least=1)
+    if not isinstance(csc, CSC):
+        raise TypeError(f"csc is a hmgstore.graph.CSC (to_csc makes one), got {type(csc).__name__}")
+    if csc.size[0] != csc.size[1]:
+        raise ValueError(f"metis_order partitions the nodes of one type: its CSC must be square, got {csc.size[0]} "
+                         f"sources and {csc.size[1]} destinations (a bipartite edge type has no such layout)")
     try:
         import pymetis
     except ImportError:

@@ -105,8 +105,9 @@ def time_window(topology, seeds: torch.Tensor, seed_time: torch.Tensor, k: int, 
 def tree_times(seeds: dict, seed_time: dict | None, temporal: bool, device) -> torch.Tensor | None:
     """A batch's time per tree (per seed: temporal sampling is disjoint), int64 on ``device``; None when the
     sampler is not ``temporal``. ``seeds``: node type -> ids; ``seed_time``: node type -> times. Raises
-    ValueError for times without a temporal graph, seeds of several node types, missing times or a count
-    that differs from the seeds'; TypeError for non-integer times."""
+    ValueError for times without a temporal graph, seeds of several node types, missing times, times that are
+    not 1-D or a count that differs from the seeds'; KeyError for times of a node type the seeds lack;
+    TypeError for non-integer times."""
     if not temporal:
         if seed_time:
             raise ValueError("seed times were given, but no edge type has times: build the topologies with "
@@ -120,9 +121,15 @@ def tree_times(seeds: dict, seed_time: dict | None, temporal: bool, device) -> t
                         "{None: times} for a graph of one node type")
     if not seed_time or typed and typed[0] not in seed_time:
         raise ValueError("temporal sampling needs each seed's time: pass seed_time={node type: times}")
+    stray = [nt for nt in seed_time if nt not in seeds]  # a misspelt type's times would be dropped unseen
+    if stray:
+        raise KeyError(f"seed_time names node types {stray} that the seeds do not ({list(seeds)}): key the times "
+                       "by the seeds' node type")
     if not typed:  # a batch of no seeds has no times
         return torch.empty(0, dtype=torch.int64, device=device)
     times = integer_times(seed_time[typed[0]], "seed_time")
+    if times.dim() > 1:  # one time per seed: a [S, 1] column would pass a count check and read as rows
+        raise ValueError(f"seed_time[{typed[0]!r}] is 1-D, one time per seed; got shape {tuple(times.shape)}")
     if times.numel() != len(seeds[typed[0]]):
         raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
     return times.reshape(-1).to(device, torch.int64)
