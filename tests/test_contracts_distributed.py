@@ -378,8 +378,12 @@ def test_partition_command_refuses_counts_and_splits_that_do_not_fit(tmp_path, m
 @given(nodes=st.one_of(st.integers(-3, 50), st.floats(0, 9), st.booleans()),
        machines=st.one_of(st.integers(-2, 4), st.floats(0, 3), st.booleans()))
 def test_book_counts(nodes, machines):
+    kind = [isinstance(v, (bool, float)) for v in (nodes, machines)]
     for make in (PartitionBook.range, PartitionBook.hash):
-        if any(isinstance(v, (bool, float)) for v in (nodes, machines)):
+        if any(kind) and ((not kind[0] and nodes < 0) or (not kind[1] and machines < 1)):
+            with pytest.raises((TypeError, ValueError), match="takes an integer|must be at least"):  # either first
+                make(nodes, machines)
+        elif any(kind):
             with pytest.raises(TypeError, match="takes an integer"):
                 make(nodes, machines)
         elif nodes < 0 or machines < 1:
