@@ -38,6 +38,7 @@ from torch_geometric.sampler.neighbor_sampler import edge_sample
 
 from hmgstore import resolve_device
 from hmgstore.graph import CSC, NeighborSampler, Topology, check_fanout
+from hmgstore.graph.fanout import check_ordered
 from hmgstore.graph.induced import induced_edges
 from hmgstore.graph.seeds import check_seeds
 from hmgstore.graph.temporal import check_times, sort_by_time
@@ -189,7 +190,7 @@ class HybridNeighborSampler(BaseSampler):
             edges = self._temporal(data, time_attr, edges, per_edge)
         self.edge_types = list(edges)
         self.is_hetero = None not in edges
-        num_neighbors = fanout_values(num_neighbors, self.is_hetero)
+        num_neighbors = fanout_values(check_ordered(num_neighbors), self.is_hetero)  # a set: refused, not listed
         values = num_neighbors.get_values(self.edge_types if self.is_hetero else None)
         per_type = {et: check_fanout(v, f"num_neighbors of {et!r}") for et, v in values.items()} if self.is_hetero \
             else {None: check_fanout(values)}  # before any topology is built

@@ -30,6 +30,8 @@ _FLOAT32_SMALLEST = 2.0 ** -149  # float32's smallest positive (subnormal) numbe
 
 #: Integer dtypes torch stores but cannot add or compare on the CPU.
 _NO_ARITHMETIC = (torch.uint16, torch.uint32, torch.uint64)
+#: Integer dtypes a CSC widens to int64 (losslessly): torch's CPU sampling kernels have no 8- or 16-bit versions.
+_WIDENED = (torch.int8, torch.int16, torch.uint8)
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,11 +39,13 @@ class CSC:
     """One edge type's topology (see the module docstring); ``size`` is ``(num_src, num_dst)``.
 
     Args:
-        row: 1-D integer tensor [E] (int32 or int64), the source of each edge,
-            each in ``[0, num_src)``.
+        row: 1-D integer tensor [E] (int32 or int64; int8, int16 and uint8
+            are widened to int64), the source of each edge, each in
+            ``[0, num_src)``.
         colptr: 1-D integer tensor [num_dst + 1]: starts at 0, never
-            decreases, ends at E (copied: the CSC's offsets are its own).
-        perm: None, or a 1-D integer tensor [E]: the given edge id of each
+            decreases, ends at E (copied as int64: the CSC's offsets are its
+            own).
+        perm: None, or a 1-D integer tensor [E] (widened as ``row``): the given edge id of each
             CSC edge, a permutation of ``range(E)`` (checked where it is
             inverted, :meth:`coo_in_given_order`, and where a
             :class:`~hmgstore.graph.Topology` takes it for a sampler).
@@ -75,9 +79,14 @@ class CSC:
                 raise TypeError(f"CSC's {name} has dtype {value.dtype}, which torch cannot add or compare on the "
                                 f"CPU; pass {name}.long() (to_csc converts it for you)")
         checks.integers(self.row, "row")
-        # Offsets copied (8 bytes a node), then checked: samplers trust them for every read of row, so an edit of
-        # the caller's tensor afterwards must not reach them (it made the CPU sampler read past row).
-        object.__setattr__(self, "colptr", self.colptr.clone())
+        checks.integers(self.colptr, "colptr")  # before the cast below: floats refused, never truncated
+        for name in ("row", "perm"):  # torch's CPU kernels (repeat_interleave, sorts) lack 8- and 16-bit ints
+            value = getattr(self, name)
+            if value is not None and value.dtype in _WIDENED:
+                object.__setattr__(self, name, value.long())
+        # Offsets copied as int64 (8 bytes a node), then checked: samplers trust them for every read of row, so an
+        # edit of the caller's tensor afterwards must not reach them (it made the CPU sampler read past row).
+        object.__setattr__(self, "colptr", self.colptr.to(torch.int64, copy=True))
         checks.offsets(self.colptr, "colptr", self.row.numel(), length=size[1] + 1)
         try:
             check_range(self.row, size[0])
@@ -208,6 +217,9 @@ def _as_index(tensor, what: str) -> torch.Tensor:
         raise TypeError(f"{what} must hold integer node ids or offsets, got dtype {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tuple(tensor.shape)}")
+    if tensor.dtype == torch.uint64 and tensor.numel() and bool((tensor.view(torch.int64) < 0).any()):
+        raise ValueError(f"{what} holds a value of 2**63 or more, past int64's range (ids and offsets are int64; "
+                         "the cast would wrap it negative): no graph has that many nodes or edges, so check the data")
     return tensor.to("cpu", torch.int64)
 
 
@@ -254,7 +266,8 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
     ``edge_index``: for ``layout="coo"`` a ``[2, E]`` tensor (or numpy
     array) or a pair ``(row, col)``; for ``"csr"`` a pair ``(rowptr, col)``;
     for ``"csc"`` a pair ``(row, colptr)``. Integer tensors (int64 ids are kept
-    without a copy, CSC offsets are copied; other dtypes and devices are converted). ``size``:
+    without a copy, CSC offsets are copied; other dtypes and devices are converted to int64 on the CPU,
+    unsigned ones included, but a uint64 value past int64's range is refused, never wrapped). ``size``:
     ``(num_src, num_dst)``, inferred from the ids when None. ``is_sorted``:
     COO edges already sorted by destination (checked; saves the sort).
     ``sort``: how COO edges are ordered by destination, ``(col, num_dst) ->
@@ -270,7 +283,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
             another length than 2; a COO tensor not ``[2, E]``; parts that are not 1-D or differ in length;
             offsets that do not start at 0, decrease, end elsewhere than at E, or whose count disagrees with
             ``size``; ``is_sorted=True`` on CSR input (it has no destination order to trust) or on COO edges
-            not sorted by destination.
+            not sorted by destination; a uint64 id or offset of 2**63 or more.
         IndexError: a node id outside ``size`` (negative ids included), naming the part that holds it.
     """
     layout = _layout(layout)

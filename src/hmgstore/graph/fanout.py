@@ -10,6 +10,7 @@ than the one asked for without a word.
 from __future__ import annotations
 
 import numbers
+from collections.abc import KeysView, Set
 
 import torch
 
@@ -26,9 +27,7 @@ def check_fanout(values, what: str = "num_neighbors") -> list[int]:
     """
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{what} must be a list of neighbours per hop such as [15, 10, 5], got {values!r}")
-    if isinstance(values, (set, frozenset)):
-        raise TypeError(f"{what} is a {type(values).__name__}, which keeps no order: the hops' fanouts go from the "
-                        f"seeds outwards, so pass a list such as [15, 10, 5]")
+    check_ordered(values, what)
     checked = []
     for hop, value in enumerate(values):
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
@@ -43,6 +42,17 @@ def check_fanout(values, what: str = "num_neighbors") -> list[int]:
                              "of them")
         checked.append(value)
     return checked
+
+
+def check_ordered(values, what: str = "num_neighbors"):
+    """``values`` as given, after refusing a set (``set``, ``frozenset`` or another unordered
+    :class:`collections.abc.Set`; a dict's keys keep their order and pass) with a TypeError naming ``what``:
+    read in hash order, its hops' fanouts would be swapped without a word. Adapters call it before they read an
+    iterable into a list."""
+    if isinstance(values, Set) and not isinstance(values, KeysView):
+        raise TypeError(f"{what} is a {type(values).__name__}, which keeps no order: the hops' fanouts go from the "
+                        f"seeds outwards, so pass a list such as [15, 10, 5]")
+    return values
 
 
 def parse_fanout(text: str) -> list[int]:

@@ -181,7 +181,8 @@ class NeighborSampler:
             TypeError: ``seeds`` not a dict; non-integer ids or times.
             KeyError: a node type the graph does not have.
             ValueError: seeds that are not 1-D; ``seed_time`` without a
-                temporal topology, missing or not one per seed.
+                temporal topology, missing, not 1-D or not one per seed; a
+                disjoint batch whose keys pass int64 (:func:`.seeds.check_seeds`).
             IndexError: an id out of range (before sampling).
             RuntimeError: the sampler, or one of its topologies, is closed.
         """
@@ -195,7 +196,7 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
-            seeds = check_seeds(seeds, self.num_nodes, self.device)
+            seeds = check_seeds(seeds, self.num_nodes, self.device, self.disjoint)
             return self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
         finally:
             with self._idle:

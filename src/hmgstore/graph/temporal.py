@@ -128,7 +128,7 @@ def tree_times(seeds: dict, seed_time: dict | None, temporal: bool, device) -> t
     if not typed:  # a batch of no seeds has no times
         return torch.empty(0, dtype=torch.int64, device=device)
     times = integer_times(seed_time[typed[0]], "seed_time")
-    if times.dim() > 1:  # one time per seed: a [S, 1] column would pass a count check and read as rows
+    if times.dim() != 1:  # one time per seed: a [S, 1] column or a 0-d time would pass a count check
         raise ValueError(f"seed_time[{typed[0]!r}] is 1-D, one time per seed; got shape {tuple(times.shape)}")
     if times.numel() != len(seeds[typed[0]]):
         raise ValueError(f"seed_time holds {times.numel()} times for {len(seeds[typed[0]])} seeds")
