@@ -159,3 +159,15 @@ def test_dgl_fetch_of_a_uint64_id_past_int64_names_it_as_given():
     with pytest.raises(IndexError, match=rf"^fetch: index {2**63 + 5} at position 1 is out of range") as err:
         g.get_node_storage("feat").fetch(ids, "cpu")
     assert "-" not in str(err.value).split("range")[0]  # not the int64 the bits read as
+
+
+def test_a_write_of_the_tables_own_rows_is_refused_as_torch_refuses_it_and_a_clone_is_written():
+    import hmgstore
+
+    x = torch.arange(18.0).view(6, 3) + 0.5
+    table = hmgstore.HybridTensor(x.clone(), "cpu")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        table[torch.tensor([3, 4])] = table.source[0:2]
+    assert torch.equal(table[torch.arange(6)], x), "nothing written"
+    table[torch.tensor([3, 4])] = table.source[0:2].clone()
+    assert torch.equal(table[torch.tensor([3, 4])], x[0:2])

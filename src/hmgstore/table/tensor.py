@@ -255,16 +255,16 @@ class HybridTensor(Table):
 
     def __setitem__(self, index, value) -> None:
         """Overwrite rows ``index`` with ``value`` (broadcast to ``[len, *row_shape]``; a repeated id gets its last
-        row) in every tier: the host tier at once, the GPU tier's copies on the current stream (gathers in flight
-        may see old or new rows).
+        row) in every tier: the host tier at once, the GPU tier's copies on the current stream (gathers may see either).
 
         Raises:
             TypeError: for a read-only source, a view of a sharded table, a sparse value (with the fix) and a tensor
                 or array value of a kind the table's dtype cannot hold (float into int, complex into float:
                 ``torch.can_cast``), as torch's ``x[ids] = v`` refuses it; a list of such a kind, a complex number
                 into a real table, and a value that is not rows (None, a string).
-            IndexError: for ids out of range; RuntimeError when closed. ValueError: for a value that does not
-                broadcast, numbers past the dtype's range (NaN or inf into integers, a float stored as inf)."""
+            IndexError: ids out of range. RuntimeError: closed, or a value in the table's own memory (as torch's
+                ``x[ids] = x[a:b]``; pass a ``.clone()``). ValueError: a value that does not broadcast, numbers
+                past the dtype's range (NaN or inf into integers, a float stored as inf)."""
         rows_only(index)
         if isinstance(value, torch.Tensor) and value.layout != torch.strided:
             # expand() refuses a sparse value with a message that blames the shape, which is right
