@@ -171,3 +171,26 @@ def test_a_write_of_the_tables_own_rows_is_refused_as_torch_refuses_it_and_a_clo
     assert torch.equal(table[torch.arange(6)], x), "nothing written"
     table[torch.tensor([3, 4])] = table.source[0:2].clone()
     assert torch.equal(table[torch.tensor([3, 4])], x[0:2])
+
+
+@pytest.mark.parametrize("compress", [None, "int8"])
+def test_dgl_dataloader_over_a_subgraph_method_result_reads_the_parents_rows(compress):
+    hdgl = pytest.importorskip("hmgstore.plugins.dgl", reason="needs DGL (pip install 'dgl==2.1.0')")
+    import dgl
+
+    import hmgstore
+
+    n, gen = 300, torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, n, (3000,), generator=gen), torch.randint(0, n, (3000,), generator=gen)
+    x = torch.randn(n, 8, generator=gen)
+    table = hmgstore.HybridTensor(x, "cpu", compress=compress)
+    g = dgl.graph((src, dst), num_nodes=n)
+    hdgl.attach(g, {"feat": table})
+    every = table[torch.arange(n)]  # the rows as the table reads them (int8: quantised)
+    sg = g.subgraph(torch.randperm(n, generator=gen)[:150])
+    sampler = dgl.dataloading.NeighborSampler([4, 4], prefetch_node_feats=["feat"])
+    batches = 0
+    for inputs, _, blocks in dgl.dataloading.DataLoader(sg, torch.arange(50), sampler, batch_size=16):
+        assert torch.equal(blocks[0].srcdata["feat"], every[sg.ndata[dgl.NID][inputs]])
+        batches += 1
+    assert batches == 4
