@@ -217,7 +217,7 @@ def _as_index(tensor, what: str) -> torch.Tensor:
         raise TypeError(f"{what} must hold integer node ids or offsets, got dtype {tensor.dtype}")
     if tensor.dim() != 1:
         raise ValueError(f"{what} must be 1-D, got shape {tuple(tensor.shape)}")
-    if tensor.dtype == torch.uint64 and tensor.numel() and bool((tensor.view(torch.int64) < 0).any()):
+    if checks.past_int64(tensor):
         raise ValueError(f"{what} holds a value of 2**63 or more, past int64's range (ids and offsets are int64; "
                          "the cast would wrap it negative): no graph has that many nodes or edges, so check the data")
     return tensor.to("cpu", torch.int64)

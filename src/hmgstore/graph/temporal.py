@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import torch
 
+from ..rows import checks
 from .csc import CSC, unshared
 
 STRATEGIES = ("uniform", "last")
@@ -39,7 +40,7 @@ def integer_times(times, what: str) -> torch.Tensor:
     if given.dtype.is_floating_point or given.dtype.is_complex or given.dtype == torch.bool:
         raise TypeError(f"{what} must hold integer times (int64, e.g. seconds since an epoch), as PyG's sampler "
                         f"requires; got dtype {given.dtype}")
-    if given.dtype == torch.uint64 and given.numel() and bool((given.view(torch.int64) < 0).any()):
+    if checks.past_int64(given):
         raise ValueError(f"{what} holds a time of 2**63 or more, past int64's range (PyG's samplers take int64 "
                          "times): store them as int64")
     return given

@@ -97,6 +97,12 @@ def integers(values, name: str) -> torch.Tensor:
     return values
 
 
+def past_int64(values: torch.Tensor) -> bool:
+    """Whether ``values`` is a uint64 tensor holding 2**63 or more, which a cast to int64 would wrap negative
+    (ids, offsets and times are int64: such a value names nothing, and wrapped it names the wrong thing)."""
+    return values.dtype == torch.uint64 and values.numel() > 0 and bool((values.view(torch.int64) < 0).any())
+
+
 def offsets(ptr, name: str, total: int | None = None, *, length: int | None = None) -> torch.Tensor:
     """``ptr`` as a 1-D integer tensor after checking it is a list's offsets (CSR/CSC ``rowptr``/``colptr``).
 
