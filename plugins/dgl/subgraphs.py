@@ -57,8 +57,8 @@ class CarriesAttached:
         return _with_ids(self, super().khop_out_subgraph, args, kwargs)  # type: ignore[misc]
 
     def sample_neighbors(self, *args, **kwargs):
-        # copy_ndata/copy_edata, however passed: by keyword unless more than 5 arguments come by position (binding
-        # the signature costs ~30 us, a sixth of DGL's own call on a 1024-seed hop; DGL's samplers pass keywords)
+        # copy_ndata/copy_edata, however passed: by keyword unless they come by position (DGL's samplers call this
+        # every hop of every batch, with keywords: the signature is bound only when it must be)
         given = kwargs if len(args) <= _FIRST_COPY_FLAG else _SAMPLE.bind(self, *args, **kwargs).arguments
         result = super().sample_neighbors(*args, **kwargs)  # type: ignore[misc]
         return carry(self, result, given.get("copy_ndata", True), given.get("copy_edata", True))
