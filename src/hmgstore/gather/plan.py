@@ -41,15 +41,14 @@ def run(requests, outs, device: torch.device, stream, check: str) -> list[torch.
     context = contextlib.nullcontext() if device.type == "cpu" else cuda_context(device, stream)
     with context as stream:
         indices, pending = prepare_many([(index, table.num_rows) for table, index in requests], device, check)
-        results = []
+        results, every_ids = [], [i.ids for i in indices]
         # Per batch, every torch call here takes the GIL from a training thread beside a pipeline: sizes and
         # shapes are read as attributes (ids.shape[0]), not with len() or numel(), which are torch calls.
         for (table, _), index, out in zip(requests, indices, outs):
             if out is None:
                 out = torch.empty((index.ids.shape[0], *table.row_shape), dtype=table.dtype, device=device)
             else:
-                check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table,
-                          [i.ids for i in indices])
+                check_out(out, (*index.shape, *table.row_shape), table.dtype, device, table, every_ids)
                 out = out.view(index.ids.shape[0], *table.row_shape)
             results.append(out)
         counting = list({id(t): t for t, _ in requests if t.counter is not None}.values())
