@@ -424,6 +424,7 @@ def test_sample_and_train_benchmarks_run_on_cpu(tmp_path):
             assert set(report["configs"]) == {"host", "host+pipe", "cache", "host+proc"}
             assert all(c["epoch_s"] > 0 for c in report["configs"].values())
             assert report["configs"]["host+proc"]["producer_batches_per_s"] > 0  # made in a producer process
+            assert report["configs"]["host+proc"]["alone_batches_per_s"]["step"] > 0  # on the producer's batches
             assert "(in producer)" in res.stdout  # its own rate is in the "loader alone, as run" column
             assert report["configs"]["cache"]["feature_stats"]["rows"] > 0
             assert "requires_grad" not in res.stderr  # the loss is read as a number without autograd's warning

@@ -72,7 +72,7 @@ import hmgstore
 from ..cli import flags
 from ..graph import presample
 from .report import header, write_report
-from .train_alone import PhaseTimer, _forever, _rate, ceilings, counted_stats
+from .train_alone import PhaseTimer, _forever, _rate, _step_alone, ceilings, counted_stats
 from .train_configs import (
     Kept,
     _hollow,
@@ -307,6 +307,9 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     timed = _timed(iterable, loader, pipe, data, classes, device, args, reps, sync, trimmed, step_work)
     if mode == "proc":
         alone["producer"] = _rate(iterable, reps, sync, warmup=1)
+        # The step's ceiling in this process, on the producer's batches: its rate comes from the same run
+        # (and the same MPS daemon, where one runs) as the epoch it is the ceiling of.
+        alone["step"], _, step_issue, _, _ = _step_alone(iterable, data, classes, device, args, reps, sync, copy=True)
         iterable.close()
     seconds, per_epoch = timed["seconds"], math.ceil(len(train) / args.batch_size)
     result = {"config": config, "seconds_per_batch": seconds, "batches_per_s": 1 / seconds,

@@ -154,14 +154,15 @@ def _gpu_profile(fn, path, reps: int = 10) -> None:
                     "such as enumerate(DataLoader) carry their kernels' time again: read the kernel rows)\n" + table)
 
 
-def _step_alone(loader, data, classes, device, args, reps: int, sync,
-                profile=None) -> tuple[float, bool, float, float | None, list | None]:
+def _step_alone(loader, data, classes, device, args, reps: int, sync, profile=None,
+                copy: bool = False) -> tuple[float, bool, float, float | None, list | None]:
     """The training step's own batches/s, over up to 8 batches made beforehand (its ceiling), whether its
     layers were trimmed, the seconds a step took to issue (its Python and launches: where this is
     close to the step's time, the step is bound by the CPU, not the GPU), its :func:`torch_calls` and,
     with ``args.timeline`` on a GPU, the GPU work of ``args.timeline`` steps
-    (:func:`hmgstore.bench.timeline.profiled_intervals`)."""
-    batches = [b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
+    (:func:`hmgstore.bench.timeline.profiled_intervals`). ``copy``: each batch is cloned as it is taken (a
+    producer's batches are views into its ring, overwritten once the next is taken)."""
+    batches = [b.clone() if copy else b.to(device) for b in itertools.islice(_forever(loader), min(reps, 8))]
     model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
     for batch in batches[:2]:
