@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps producer-mps-papers; peer-rows scale scale-papers papers-a papers-b two-machines (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps producer-mps-papers producer-priority; peer-rows scale scale-papers papers-a papers-b two-machines (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -289,6 +289,21 @@ for stage in "$@"; do
                     set -- $v; name=$1; shift
                     timeout 200 python3 -m hmgstore.bench train $common --configs "$@" --out "$OUT/mps-$name" 2>"$OUT/mps-$name.log" || rc=1
                     grep -E "batches/s  epoch" "$OUT/mps-$name.log" | tail -1
+                  done
+                  echo quit | nvidia-cuda-mps-control
+                else echo "MPS daemon did not start"; rc=1; fi
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    # MPS client priorities (CUDA_MPS_CLIENT_PRIORITY can only lower a client): RUNS of producer-first (the
+    # trainer at 1), trainer-first (the producer at 1), neither; ~230 s each on the papers-shaped graph
+    producer-priority) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+                if nvidia-cuda-mps-control -d; then
+                  rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12 --configs cache+proc --sm-percent 100"
+                  for name in ${RUNS:-producer-first neither}; do
+                    case $name in producer-first) t=1 p=0 ;; trainer-first) t=0 p=1 ;; *) t=0 p=0 ;; esac
+                    CUDA_MPS_CLIENT_PRIORITY=$t timeout 280 python3 -m hmgstore.bench train $common --mps-priority $p \
+                      --out "$OUT/priority-$name" 2>"$OUT/priority-$name.log" || rc=1
+                    grep -E "batches/s  epoch" "$OUT/priority-$name.log" | tail -1
                   done
                   echo quit | nvidia-cuda-mps-control
                 else echo "MPS daemon did not start"; rc=1; fi

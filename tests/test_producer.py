@@ -408,3 +408,34 @@ def test_a_producer_without_an_mps_daemon_is_warned(tmp_path, monkeypatch, caplo
     with caplog.at_level(logging.WARNING, logger="hmgstore.prefetch.producer"):
         producer.warn_without_mps(30)
     assert caplog.text == ""
+
+
+class EnvironmentSeen:
+    """A loader stand-in whose one batch holds the producer process's values of the MPS variables (-1: unset)."""
+
+    def __iter__(self):
+        yield {name: torch.tensor([int(os.environ.get(name, "-1"))])
+               for name in ("CUDA_MPS_CLIENT_PRIORITY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
+
+
+def make_environment_seen():
+    return EnvironmentSeen()
+
+
+def test_mps_settings_reach_the_producer_process_and_leave_the_trainers_alone(monkeypatch):
+    """sm_percent and mps_priority are the producer's own environment; the trainer's is as it was."""
+    monkeypatch.setenv("CUDA_MPS_CLIENT_PRIORITY", "1")  # the trainer runs below normal
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    with hmgstore.Producer(make_environment_seen, device="cpu", mps_priority=0, sm_percent=40) as producer:
+        (seen,) = [{k: int(v) for k, v in b.items()} for b in producer]
+    assert seen == {"CUDA_MPS_CLIENT_PRIORITY": 0, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": 40}
+    assert os.environ["CUDA_MPS_CLIENT_PRIORITY"] == "1" and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in os.environ
+    with hmgstore.Producer(make_environment_seen, device="cpu") as producer:  # none given: inherited
+        (seen,) = [{k: int(v) for k, v in b.items()} for b in producer]
+    assert seen == {"CUDA_MPS_CLIENT_PRIORITY": 1, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": -1}
+
+
+@pytest.mark.parametrize("bad, error", [(2, ValueError), (-1, ValueError), (0.0, TypeError), (True, TypeError)])
+def test_an_mps_priority_other_than_0_or_1_is_refused(bad, error):
+    with pytest.raises(error, match="mps_priority"):
+        hmgstore.Producer(list, mps_priority=bad)

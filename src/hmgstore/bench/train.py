@@ -62,6 +62,7 @@ import functools
 import gc
 import logging
 import math
+import os
 import resource
 import time
 
@@ -140,6 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "loader's, the time both ran at once and the GPU's idle time (hmgstore.bench.timeline)")
     p.add_argument("--sm-percent", type=flags.whole(1, 100), default=None,
                    help="+proc: the producer's share of the SMs under CUDA MPS (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)")
+    p.add_argument("--mps-priority", type=flags.whole(0, 1), default=None,
+                   help="+proc: the producer's MPS client priority (CUDA_MPS_CLIENT_PRIORITY: 0 normal, 1 below "
+                        "normal; default: the trainer's). The trainer's own is its environment's")
     p.add_argument("--fuse", type=flags.positive, default=1,
                    help="pipeline: gather this many batches' rows in one launch (hmgstore.gather.fusion; default: 1)")
     p.add_argument("--sampler-graphs", choices=("on", "off"), default="on",
@@ -220,7 +224,8 @@ def _make(config, base, mode, pipe, max_sms, data, csc, train, device, args, hot
         make = functools.partial(produced_loader, base, args, hot, device, topology_cache=topology_cache, split=split,
                                  split_threads=threads)
         producer = hmgstore.Producer(make, depth=args.depth, device=device, seed=args.seed, max_sms=max_sms,
-                                     fuse=args.fuse, sm_percent=args.sm_percent, overlap_reads=overlap_reads).start()
+                                     fuse=args.fuse, sm_percent=args.sm_percent, overlap_reads=overlap_reads,
+                                     mps_priority=getattr(args, "mps_priority", None)).start()
         return None, data, None, None, time.perf_counter() - build_start, producer
     # kept apart by mode too: without the pipeline the phase timer times the loader (below), and puts it back
     built, built_by = kept.get(key, config, functools.partial(
@@ -365,6 +370,8 @@ def run(args) -> dict:
         "model": f"GraphSAGE {len(args.fanout)} layers, hidden 256, fanout {fanout}", "batch": args.batch_size,
         "cache": args.cache, "seed": args.seed, "compress": args.compress,
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
+        "mps": {"sm_percent": args.sm_percent, "producer_priority": args.mps_priority,
+                "trainer_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY")},
         "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
         "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,

@@ -31,8 +31,9 @@ next batch is taken (clone what must live longer), and never past
 ``close()``: drop the last batch before closing, or the producer's exit warns
 that shared CUDA tensors were not released. ``sm_percent`` caps the
 producer's share of the GPU's SMs under CUDA MPS (the producer's
-``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``; without an MPS daemon it has no
-effect).
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) and ``mps_priority`` sets its MPS
+client priority (``CUDA_MPS_CLIENT_PRIORITY``: 0 normal, 1 below normal);
+without an MPS daemon neither has an effect.
 
 An exception raised while making a batch is raised in the training loop, at
 that batch, with the producer's traceback as its cause. A producer that dies
@@ -149,14 +150,18 @@ class Producer:
         overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (default False; ``"auto"``: on for
             a PyG loader without a transform; a batch is packed into the ring once its CPU reads have landed).
         sm_percent: the producer's ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (1-100; only under an MPS daemon).
+        mps_priority: the producer's ``CUDA_MPS_CLIENT_PRIORITY``, 0 (normal) or 1 (below normal); None: the
+            trainer's environment decides, as for any child process. A client can only lower its own priority,
+            so the producer's kernels go first where the trainer runs at 1 and the producer at 0.
 
     The constructor checks every argument and starts nothing (:meth:`start`, or the first pass, does).
 
     Raises:
-        TypeError: ``make_loader`` not callable; ``depth``, ``seed`` or ``sm_percent`` not an integer (floats
-            and bools included).
-        ValueError: ``depth`` under 1; ``sm_percent`` outside 1-100; ``max_sms``, ``fuse`` or
-            ``overlap_reads`` not as :class:`hmgstore.Pipeline` takes them (ValueError for every kind there).
+        TypeError: ``make_loader`` not callable; ``depth``, ``seed``, ``sm_percent`` or ``mps_priority`` not an
+            integer (floats and bools included).
+        ValueError: ``depth`` under 1; ``sm_percent`` outside 1-100; ``mps_priority`` not 0 or 1; ``max_sms``,
+            ``fuse`` or ``overlap_reads`` not as :class:`hmgstore.Pipeline` takes them (ValueError for every kind
+            there).
     """
 
     process: BaseProcess | None
@@ -175,7 +180,7 @@ class Producer:
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
                  max_sms: int | str | None = None, fuse: int | str = 1, sm_percent: int | None = None,
-                 overlap_reads: bool | str = False):
+                 overlap_reads: bool | str = False, mps_priority: int | None = None):
         if not callable(make_loader):
             raise TypeError(f"make_loader is a picklable callable that returns the loader, got "
                             f"{type(make_loader).__name__}")
@@ -185,12 +190,16 @@ class Producer:
         check_overlap_reads(overlap_reads)
         if sm_percent is not None and checks.count(sm_percent, "sm_percent") not in range(1, 101):
             raise ValueError(f"sm_percent is a share of the GPU's SMs, 1 to 100; got {sm_percent}")
+        if mps_priority is not None and checks.count(mps_priority, "mps_priority") not in (0, 1):
+            raise ValueError(f"mps_priority is an MPS client priority, 0 (normal) or 1 (below normal); got "
+                             f"{mps_priority}")
         if device is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = resolve_device(device) if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
         self.make_loader, self.depth, self.seed = make_loader, depth, seed
         self.max_sms, self.fuse, self.sm_percent, self.overlap_reads = max_sms, fuse, sm_percent, overlap_reads
+        self.mps_priority = mps_priority
         self.process = None
         self.stats: dict = {}  # the producer's counts for the last full pass (batches, busy_s, waited_s)
         self.waited = 0.0  # seconds the trainer waited for batches (last pass)
@@ -214,6 +223,8 @@ class Producer:
         self._buffers, self._held, self._pass, self._open = [None] * (self.depth + 1), None, 0, None
         self._carried = []
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.sm_percent)} if self.sm_percent else {}
+        if self.mps_priority is not None:
+            env["CUDA_MPS_CLIENT_PRIORITY"] = str(self.mps_priority)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # the spawned process copies the environment at start
         try:
