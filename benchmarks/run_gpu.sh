@@ -4,7 +4,7 @@
 #                                          reach reach-quick compress compress-quick compress-split locality fuse
 #                                          example-loss nccl-net compress-100 (2 x H200) producer-tests ipc-shm gpu-share train-sms-sweep train-final train-int8 train-proc train-proc-128 train-proc-sms train-proc-mps
 #                                          sample sample-papers hotness gather-host split split-tests train pyg
-#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps producer-mps-papers producer-priority; peer-rows scale scale-papers papers-a papers-b two-machines (2+ GPUs)
+#                                          topology-tests probe-topology probe-rows-small remote-train soak dma-misses step-pages strong-mps producer-mps-papers producer-priority sampler-stream; peer-rows scale scale-papers papers-a papers-b two-machines (2+ GPUs)
 #                                          multi (2+ GPUs: the multigpu tests of tests/test_sharded.py, test_distributed.py,
 #                                          test_examples.py, test_bench.py, and the CPU tests of those) peer multi-pyg
 # Logs and results go under $OUT (or ./bench-out). Wheels that the GPU image lacks
@@ -304,6 +304,21 @@ for stage in "$@"; do
                     CUDA_MPS_CLIENT_PRIORITY=$t timeout 280 python3 -m hmgstore.bench train $common --mps-priority $p \
                       --out "$OUT/priority-$name" 2>"$OUT/priority-$name.log" || rc=1
                     grep -E "batches/s  epoch" "$OUT/priority-$name.log" | tail -1
+                  done
+                  echo quit | nvidia-cuda-mps-control
+                else echo "MPS daemon did not start"; rc=1; fi
+                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+    # The sampler's batches on a stream of their own (HMGSTORE_SAMPLER_STREAM=1) against the loader's stream,
+    # papers-shaped graph, the producer under MPS by default (CONFIGS: bench train's --configs and options)
+    sampler-stream) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+                if nvidia-cuda-mps-control -d; then
+                  rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12"
+                  for own in ${RUNS:-1 0}; do
+                    HMGSTORE_SAMPLER_STREAM=$own timeout 280 python3 -m hmgstore.bench train $common \
+                      --configs ${CONFIGS:-cache+proc --sm-percent 100} --out "$OUT/sampler-stream-$own" \
+                      2>"$OUT/sampler-stream-$own.log" || rc=1
+                    grep -E "batches/s  epoch" "$OUT/sampler-stream-$own.log" | tail -2
                   done
                   echo quit | nvidia-cuda-mps-control
                 else echo "MPS daemon did not start"; rc=1; fi

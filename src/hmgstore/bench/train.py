@@ -71,7 +71,7 @@ import torch
 import hmgstore
 
 from ..cli import flags
-from ..graph import presample
+from ..graph import presample, sampling_stream
 from .report import header, write_report
 from .train_alone import PhaseTimer, _forever, _rate, _step_alone, ceilings, counted_stats
 from .train_configs import (
@@ -372,7 +372,8 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "mps": {"sm_percent": args.sm_percent, "producer_priority": args.mps_priority,
                 "trainer_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY")},
-        "sampler_graphs": args.sampler_graphs, "trim": args.trim, "tf32": args.tf32 and cuda,
+        "sampler_graphs": args.sampler_graphs, "sampler_stream": sampling_stream.OWN_STREAM,
+        "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
         "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,
         "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,

@@ -37,6 +37,7 @@ from .hop import _queue_hop, _sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 from .sample import Sample
+from .sampling_stream import on_own_stream
 from .seeds import check_replace_fanout, check_seeds
 from .temporal import STRATEGIES, tree_times
 
@@ -196,8 +197,11 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
-            seeds = check_seeds(seeds, self.num_nodes, self.device, self.disjoint)
-            return self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
+            with on_own_stream(self.device, seeds, seed_time) as hand_over:  # see graph.sampling_stream
+                seeds = check_seeds(seeds, self.num_nodes, self.device, self.disjoint)
+                out = self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
+                hand_over(out.node, out.row, out.col, out.edge, out.batch)
+            return out
         finally:
             with self._idle:
                 self._active -= 1
