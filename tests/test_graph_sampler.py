@@ -420,3 +420,37 @@ def test_a_hop_drawn_as_other_seeds_equals_the_owners_sampler(device, replace):
     # A part's row may be int32 (a CSC given as is): the neighbours still come back int64, as every answer is sent.
     narrow, _ = sample_rows(csc.colptr, csc.row.int(), seeds, index, -1, False, key=12345)
     assert narrow.dtype == torch.int64
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_heterogeneous_disjoint_trees_are_numbered_by_seed_across_node_types(placement):
+    """Every node type's batch numbers trees by the seed they grew from (as PyG's disjoint batches do): an edge
+    joins two nodes of one tree whatever their types, and a node appears once per tree of its type."""
+    device, share = placement
+    g = torch.Generator().manual_seed(4)
+    sizes = {"paper": 500, "author": 300}
+    edges = {("author", "writes", "paper"): torch.stack([torch.randint(0, 300, (2000,), generator=g),
+                                                          torch.randint(0, 500, (2000,), generator=g)]),
+             ("paper", "cites", "paper"): torch.stack([torch.randint(0, 500, (3000,), generator=g),
+                                                       torch.randint(0, 500, (3000,), generator=g)]),
+             ("paper", "written_by", "author"): torch.stack([torch.randint(0, 500, (2000,), generator=g),
+                                                             torch.randint(0, 300, (2000,), generator=g)])}
+    topologies = {}
+    for et, ei in edges.items():
+        csc = to_csc(ei, "coo", (sizes[et[0]], sizes[et[-1]]))
+        budget = None if share is None else int(share * csc.num_edges * 4)
+        topologies[et] = Topology(csc, device, gpu_budget=budget, progress=False)
+    sampler = NeighborSampler(topologies, sizes, {et: [3, 2, 2] for et in edges}, disjoint=True)
+    seeds = torch.tensor([5, 5, 17, 400])  # a repeated seed grows two trees
+    out = sampler.sample({"paper": seeds})
+    batch = {nt: b.cpu() for nt, b in out.batch.items()}
+    node = {nt: n.cpu() for nt, n in out.node.items()}
+    assert torch.equal(node["paper"][:4], seeds) and batch["paper"][:4].tolist() == [0, 1, 2, 3]
+    assert len(node["author"]) > 0 and all(bool(((b >= 0) & (b < 4)).all()) for b in batch.values())
+    for (src, rel, dst), row in out.row.items():
+        col = out.col[(src, rel, dst)].cpu()
+        assert torch.equal(batch[src][row.cpu()], batch[dst][col]), rel  # edges stay inside their seed's tree
+    for nt in sizes:
+        pairs = batch[nt] * sizes[nt] + node[nt]
+        assert len(torch.unique(pairs)) == len(pairs), nt
+    assert torch.equal(batch["paper"][node["paper"] == 5][:2], torch.tensor([0, 1]))  # both trees of seed 5
