@@ -1,13 +1,13 @@
 """A GPU sampler's batch on a stream of its own, so that its read-back does not wait for the gathers.
 
 Why. A loader queues a batch's sampling and then its feature gather on one
-stream (the pipeline's side stream). The sampler reads each batch's sizes
-back once (:meth:`hmgstore.graph.NeighborSampler.sample`), and its CPU seeds'
-copy to the GPU is synchronous too, so both wait for everything queued on that
-stream before them: the previous batch's gather, which beside a training step
-reads host memory at a few SMs for milliseconds. On a stream of its own the
-sampler waits only for its own kernels, and the next batch's sampling runs on
-the GPU beside the last batch's gather.
+stream (the pipeline's side stream). The sampler's seed copy and kernels
+queue there behind the previous batch's gather, which beside a training step
+reads host memory at a few SMs for milliseconds, and its one read-back of the
+batch's sizes (:meth:`hmgstore.graph.NeighborSampler.sample`) waits for all of
+it: the loader's thread idles until the last batch's rows have landed. On a
+stream of its own the sampler waits only for its own kernels, and the next
+batch's sampling runs on the GPU beside the last batch's gather.
 
 How. With :data:`OWN_STREAM` set, :func:`on_own_stream` runs a batch on the
 device's sampling stream (one per device, made once, as the pipeline's side
