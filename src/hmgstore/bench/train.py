@@ -72,8 +72,9 @@ import hmgstore
 
 from ..cli import flags
 from ..graph import presample, sampling_stream
+from . import train_timed
 from .report import header, write_report
-from .train_alone import PhaseTimer, _forever, _rate, _step_alone, ceilings, counted_stats
+from .train_alone import _rate, _step_alone, ceilings, counted_stats
 from .train_configs import (
     Kept,
     _hollow,
@@ -88,14 +89,11 @@ from .train_configs import (
 )
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
 from .train_setup import (
-    SAGE,
     _graph_source,
     _topology_share,
     build_graph,
     build_loader,
     produced_loader,
-    train_step,
-    trimmable,
 )
 
 log = logging.getLogger(__name__)
@@ -242,55 +240,6 @@ def _make(config, base, mode, pipe, max_sms, data, csc, train, device, args, hot
     return loader, data, stores, sampler, build, hmgstore.Pipeline(loader, device=device, **options) if pipe else loader
 
 
-def _timed(iterable, loader, pipe: bool, data, classes, device, args, reps: int, sync, trimmed, step_work) -> dict:
-    """Train ``reps`` batches after 3 of warm-up; per batch: seconds, the wait for (or making of) the batch and
-    the step's issue, and the phases when not pipelined. Also the GPU timeline (``--timeline``), after them."""
-    model = SAGE([data.x.shape[1], *[256] * (len(args.fanout) - 1), classes]).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
-    timer = PhaseTimer(device)
-    if not pipe:
-        timer.wrap(loader, "filter_fn", "gather")
-    warmup, load_s, train_s = 3, 0.0, 0.0
-    it = _forever(iterable)
-    for step in range(warmup + reps):
-        if step == warmup:
-            sync()
-            start = time.perf_counter()
-            timer.seconds.clear()
-            load_s = train_s = 0.0
-        t0 = time.perf_counter()
-        batch = next(it)
-        if not pipe:
-            batch = batch.to(device, non_blocking=True)
-            sync()
-        t1 = time.perf_counter()
-        if step == 0:
-            trimmed = args.trim and trimmable(batch)
-        loss = train_step(model, optimizer, batch, args.trim)
-        if not pipe:
-            sync()
-        load_s += t1 - t0
-        train_s += time.perf_counter() - t1
-    sync()
-    seconds = (time.perf_counter() - start) / reps
-    timer.unwrap()
-    out = {"seconds": seconds, "loss": loss.detach().item(), "trimmed": trimmed, "gpu_time": None,
-           "split_s": {"wait": load_s / reps, "train_issue": train_s / reps}}
-    if not pipe:
-        gather = timer.seconds["gather"] / reps
-        out["split_s"] = {"sampling": load_s / reps - gather, "gather": gather, "train": train_s / reps}
-    if getattr(args, "timeline", 0) and pipe and step_work is not None:  # after the timed batches: it slows them
-        from .timeline import per_batch, profiled_intervals
-
-        def trained():
-            train_step(model, optimizer, next(it), args.trim)
-
-        out["gpu_time"] = per_batch(step_work, args.timeline, profiled_intervals(trained, args.timeline), args.timeline)
-    del batch  # a producer's batches are views into its ring: released before it is closed
-    it.close()
-    return out
-
-
 def _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split, topology_cache, threads,
                 overlap, overlap_reads) -> dict:
     name, _, cap = config.partition("/")[0].partition("@")  # cache+pipe@none: capped as --max-sms none says
@@ -309,7 +258,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     if loader is not None:  # the ceilings: the loader with no training, and the step with no loader
         alone, trimmed, step_issue, calls, step_work = ceilings(loader, iterable, pipe, data, classes, device, args,
                                                                 reps, sync, config)
-    timed = _timed(iterable, loader, pipe, data, classes, device, args, reps, sync, trimmed, step_work)
+    timed = train_timed.timed(iterable, loader, pipe, data, classes, device, args, reps, sync, trimmed, step_work)
     if mode == "proc":
         alone["producer"] = _rate(iterable, reps, sync, warmup=1)
         # The step's ceiling in this process, on the producer's batches: its rate comes from the same run
