@@ -16,6 +16,7 @@ import torch
 
 from ..cuda import sample as kernels
 from ..rows import checks
+from ..util.host_memory import check_room
 from . import temporal, weighted
 from .draws import _draw_mixed, _seed_hash, _signed, draw
 from .seeds import MAX_REPLACE_FANOUT
@@ -112,6 +113,7 @@ def sample_hop(topology: Topology, seeds, k: int, replace: bool, key, index=None
             wrapped); ``seed_time`` missing for a temporal topology or given
             for another; an unknown ``strategy``, or ``"last"`` without times.
         IndexError: a seed outside ``[0, num_dst)``.
+        MemoryError: on the CPU, a hop with replacement needing more host memory than is available.
         RuntimeError: the topology is closed.
     """
     if not isinstance(topology, Topology):
@@ -196,6 +198,10 @@ def _sample_hop_slots(topology: Topology, first: torch.Tensor, k: int, replace: 
     No per-slot segment ids, no slot-sized ``nonzero``: 2-3x fewer passes over the hop's slots, most of
     which wait for both threads of a loaded 2-core machine (fanout 15,10,5, batch 1024, synthetic 200K).
     """
+    # [S, k] int64 matrices (draws, positions, their hashes) and a bool mask: a replace fanout of millions asks
+    # for terabytes, which Linux would grant and then kill the process for as they fill.
+    check_room(len(first) * k * 33, f"a hop of {len(first)} seeds with a fanout of {k} on the CPU",
+               "lower the fanout (with replace=True every seed draws k neighbours) or the batch size")
     slot = torch.arange(k)
     used = slot < counts[:, None]
     if replace:  # k draws per seed with neighbours (a seed with none uses no slot: any n >= 1 does)

@@ -185,6 +185,7 @@ class NeighborSampler:
                 temporal topology, missing, not 1-D or not one per seed; a
                 disjoint batch whose keys pass int64 (:func:`.seeds.check_seeds`).
             IndexError: an id out of range (before sampling).
+            MemoryError: on the CPU, a hop with replacement needing more host memory than is available.
             RuntimeError: the sampler, or one of its topologies, is closed.
         """
         if not isinstance(seeds, dict):

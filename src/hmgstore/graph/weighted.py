@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import torch
 
+from ..util.host_memory import check_room
 from ..util.progress import tqdm
 from .draws import _draw_mixed, _seed_hash, unit_closed_open, unit_open
 
@@ -266,6 +267,9 @@ def sample_hop_weighted(topology, seeds: torch.Tensor, k: int, replace: bool, ke
         counts = torch.where(degree > 0, k, 0) if replace else degree.clamp(max=k)
     topology.count(seeds, counts)
     num_slots = int(counts.sum())
+    if replace:  # ~10 slot-sized int64 and float64 arrays below; without replacement the slots are edges
+        check_room(num_slots * 80, f"a weighted hop of {len(seeds)} seeds with a fanout of {k} on the CPU",
+                   "lower the fanout (with replace=True every seed draws k neighbours) or the batch size")
     seg = torch.repeat_interleave(torch.arange(len(seeds)), counts, output_size=num_slots)
     pos = torch.arange(num_slots) - (counts.cumsum(0) - counts).index_select(0, seg)  # every neighbour, in order
     first = topology.colptr.index_select(0, seeds)
