@@ -80,3 +80,54 @@ def test_on_the_cpu_the_switch_changes_nothing(own_stream):
     torch.manual_seed(100)
     out = cpu.sample({None: seeds})
     _same(_reference(seeds, 0), out)
+
+
+def _slow_output(sampler, monkeypatch, fail=False):
+    """Make every batch's outputs land ~0.3 s late on the stream that samples it (and, with ``fail``, raise)."""
+    original = sampler._output
+
+    def slow(*args):
+        torch.cuda._sleep(LONG)
+        if fail:
+            raise RuntimeError("a batch that fails after its kernels were queued")
+        return original(*args)
+    monkeypatch.setattr(sampler, "_output", slow)
+
+
+@pytest.mark.gpu
+def test_the_calling_stream_reads_a_batch_only_once_it_has_landed(own_stream, monkeypatch):
+    """The outputs land late on the sampling stream; copies taken at once on the calling stream (no host
+    synchronisation in between) still hold the batch, eager, captured and replayed."""
+    own_stream(True)
+    gpu, _ = build(power_law_graph(), 3000, ("cuda", 0.3), num_neighbors=[6, 3, 2])
+    _slow_output(gpu, monkeypatch)
+    caller = torch.cuda.Stream()
+    for step in range(5):
+        seeds = torch.randperm(3000, generator=torch.Generator().manual_seed(step))[:400]
+        with torch.cuda.stream(caller):
+            torch.manual_seed(100 + step)
+            out = gpu.sample({None: seeds})
+            copies = {f: getattr(out, f)[None].clone() for f in ("node", "row", "col", "edge")}
+        del out  # its memory is not reused by the next batch before the copies above have run
+        caller.synchronize()
+        reference = _reference(seeds, step)
+        for f, copy in copies.items():
+            assert torch.equal(getattr(reference, f)[None], copy.cpu()), (step, f)
+
+
+@pytest.mark.gpu
+def test_a_batch_that_fails_still_holds_the_calling_stream_until_its_reads_are_done(own_stream, monkeypatch):
+    """GPU seeds read by a batch that raises after queueing its kernels: the calling stream waits for them
+    (so the seeds' memory is not reused under a pending read)."""
+    own_stream(True)
+    gpu, _ = build(power_law_graph(), 3000, ("cuda", 0.3), num_neighbors=[6, 3, 2])
+    gpu.sample({None: torch.arange(10)})  # the first batch waits for the calling stream: done before the test
+    _slow_output(gpu, monkeypatch, fail=True)
+    caller = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(caller):
+        seeds = torch.arange(0, 3000, 7, device="cuda")
+        with pytest.raises(RuntimeError, match="fails after"):
+            gpu.sample({None: seeds})
+        assert not caller.query()  # still waiting for the sampling stream's work
+    caller.synchronize()

@@ -37,7 +37,7 @@ from .hop import _queue_hop, _sample_hop
 from .labor import sample_hop_labor
 from .relabel import DENSE_MAX_NODES, DenseMaps, DenseNodeSet, HashNodeSet, node_set
 from .sample import Sample
-from .sampling_stream import on_own_stream
+from .sampling_stream import StreamUse
 from .seeds import check_replace_fanout, check_seeds
 from .temporal import STRATEGIES, tree_times
 
@@ -135,6 +135,7 @@ class NeighborSampler:
         self.cuda_graphs = cuda_graphs
         self._graphs: dict = {}  # seed counts -> captured batch (CapturedBatch), or None once warmed up
         self._closed, self._active, self._idle = False, 0, threading.Condition()  # see close()
+        self._stream = StreamUse(self.device)
 
     def __getstate__(self):  # a CPU sampler sent to a loader's worker: its own lock there
         state = dict(self.__dict__)
@@ -198,11 +199,9 @@ class NeighborSampler:
         try:
             for topo in self.topologies.values():
                 topo.check()  # a topology closed on its own, not through this sampler
-            with on_own_stream(self.device, seeds, seed_time) as hand_over:  # see graph.sampling_stream
+            with self._stream.batch(seeds, seed_time) as hand_over:  # see graph.sampling_stream
                 seeds = check_seeds(seeds, self.num_nodes, self.device, self.disjoint)
-                out = self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device))
-                hand_over(out.node, out.row, out.col, out.edge, out.batch)
-            return out
+                return hand_over(self._sample(seeds, tree_times(seeds, seed_time, self.temporal, self.device)))
         finally:
             with self._idle:
                 self._active -= 1

@@ -9,15 +9,21 @@ it: the loader's thread idles until the last batch's rows have landed. On a
 stream of its own the sampler waits only for its own kernels, and the next
 batch's sampling runs on the GPU beside the last batch's gather.
 
-How. With :data:`OWN_STREAM` set, :func:`on_own_stream` runs a batch on the
-device's sampling stream (one per device, made once, as the pipeline's side
-stream is). Inputs already on the GPU (seeds made by earlier work of the
-calling stream) make the sampling stream wait for the calling stream first;
-CPU inputs, what PyG's and DGL's loaders pass, need no wait. The calling
-stream then waits for the batch, and each output tensor is marked as used by
-it (``record_stream``), so that the allocator does not hand its memory to the
-sampling stream's next batch while the calling stream still reads it. The
-outputs are the same tensors, with the same values, as on the calling stream.
+How. A sampler reads :data:`OWN_STREAM` once, when it is built (a flag
+flipped later would leave its captured CUDA graphs' buffers on the other
+stream), into a :class:`StreamUse`; each batch runs in :meth:`StreamUse.batch`
+on the device's sampling stream (one per device, made once, as the pipeline's
+side stream is). The sampling stream waits for the calling stream before the
+sampler's first batch (its tiers were built on it) and before any batch whose
+inputs are on the GPU (seeds the caller made); a topology's counters, zeroed
+on the stream that resets them, are synchronised there;
+CPU inputs, what PyG's and DGL's loaders pass, need no wait. GPU inputs are
+marked used by the sampling stream, and the calling stream waits for the batch
+however it ends (an error too), so no memory is reused under a pending read.
+Each output tensor is marked used by the calling stream (``record_stream``), so
+that the allocator does not hand its memory to the sampling stream's next batch
+while the calling stream still reads it. The outputs are the same tensors,
+with the same values, as on the calling stream.
 
 Off by default until measured on a GPU beside a training step: set
 ``HMGSTORE_SAMPLER_STREAM=1`` in the environment (before hmgstore is imported;
@@ -27,11 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
-#: Whether a GPU sampler runs its batches on the device's sampling stream (see the module's docstring).
+#: Whether GPU samplers built from now on run their batches on the device's sampling stream (see the module).
 OWN_STREAM = os.environ.get("HMGSTORE_SAMPLER_STREAM", "0") == "1"
 
 _streams: dict[int, torch.cuda.Stream] = {}
@@ -45,39 +51,49 @@ def sampling_stream(device: torch.device) -> torch.cuda.Stream:
     return _streams[device.index]
 
 
-def _cuda_tensors(obj) -> Iterator[torch.Tensor]:
-    """The CUDA tensors in ``obj``: a tensor, or dicts, lists and tuples of them (a Sample's fields)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.is_cuda:
-            yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _cuda_tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _cuda_tensors(value)
+def _gpu_tensors(fields) -> Iterator[torch.Tensor]:
+    """The CUDA tensors among ``fields``, each a tensor or a mapping of them (a Sample's fields; seeds and
+    times by node type); values of other kinds (lists, numpy arrays) are never on a GPU."""
+    for field in fields:
+        for value in field.values() if isinstance(field, Mapping) else (field,):
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                yield value
 
 
-@contextlib.contextmanager
-def on_own_stream(device: torch.device, *inputs) -> Iterator[Callable]:
-    """Run the block on ``device``'s sampling stream (with :data:`OWN_STREAM`, on a GPU; else where it is).
+class StreamUse:
+    """How one sampler uses its device's sampling stream: whether at all (:data:`OWN_STREAM` when it was
+    built, on a GPU) and whether the stream must first wait for the calling stream (see the module)."""
 
-    Yields ``hand_over(fields)``: called on the block's outputs (any of tensors, dicts, lists, tuples), it makes
-    the calling stream wait for them and marks them used by it. ``inputs``: what the block reads; any on the GPU
-    makes the sampling stream wait for the calling stream first.
-    """
-    if not OWN_STREAM or device.type != "cuda":
-        yield lambda *fields: None
-        return
-    caller = torch.cuda.current_stream(device)
-    stream = sampling_stream(device)
-    if any(True for _ in _cuda_tensors(list(inputs))):
-        stream.wait_stream(caller)
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.own = OWN_STREAM and device.type == "cuda"
+        self._caught_up = False
 
-    def hand_over(*fields) -> None:
-        caller.wait_stream(stream)
-        for t in _cuda_tensors(list(fields)):
-            t.record_stream(caller)
+    @contextlib.contextmanager
+    def batch(self, *inputs) -> Iterator[Callable]:
+        """Run the block on the sampling stream (where :attr:`own`; else where it is). Yields
+        ``hand_over(sample)``, to call on the block's output (a dataclass whose fields are tensors, or mappings
+        of them): it marks them used by the calling stream and returns ``sample``. ``inputs``: what the block
+        reads (tensors, or mappings of them)."""
+        if not self.own:
+            yield lambda sample: sample
+            return
+        caller = torch.cuda.current_stream(self.device)
+        stream = sampling_stream(self.device)
+        read = list(_gpu_tensors(inputs))
+        if read or not self._caught_up:
+            stream.wait_stream(caller)
+            self._caught_up = True
+        for t in read:
+            t.record_stream(stream)
 
-    with torch.cuda.stream(stream):
-        yield hand_over
+        def hand_over(sample):
+            for t in _gpu_tensors(vars(sample).values()):
+                t.record_stream(caller)
+            return sample
+
+        try:
+            with torch.cuda.stream(stream):
+                yield hand_over
+        finally:
+            caller.wait_stream(stream)

@@ -311,6 +311,8 @@ class Topology:
         """Start counting (again, from zero) the neighbour ids read from each tier (see
         :mod:`hmgstore.rows.stats`); ``counting=False``: stop counting."""
         self._counter = TierCounter(("gpu", "host"), self.index_bytes, self.device) if counting else None
+        if counting and self.device.type == "cuda":  # zeroed on this stream; a sampler may count on another
+            torch.cuda.current_stream(self.device).synchronize()
 
     def stats(self) -> dict:
         """Neighbour ids read per tier since :meth:`reset_stats`, the GPU hit ratio and the sampling
