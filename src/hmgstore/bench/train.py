@@ -122,8 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depth", type=flags.positive, default=2, help="pipeline depth (default: 2)")
     p.add_argument("--max-sms", type=flags.sm_cap, nargs="+", default=[None],
                    help="pipeline and producer: cap the gather at this many SMs, leaving the rest to training; 'auto' "
-                        "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory) or 'none' (the default, "
-                        "as hmgstore.Pipeline's); several values run each pipelined configuration once per cap")
+                        "(hmgstore.prefetch.pipeline.auto_sms where a table reads host memory: hmgstore.Pipeline's and "
+                        "Producer's default) or 'none' (the default here); several values run each pipelined "
+                        "configuration once per cap")
     p.add_argument("--no-trim", dest="trim", action="store_false",
                    help="run every layer over every sampled node (default: layers trimmed per hop, trim_to_layer)")
     p.add_argument("--no-tf32", dest="tf32", action="store_false",

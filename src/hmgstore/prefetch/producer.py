@@ -145,7 +145,10 @@ class Producer:
         depth: batches made ahead of the trainer (the ring has ``depth + 1`` slots).
         device: the CUDA device both processes use (default: the current GPU; the CPU without one).
         seed: seeds torch in the producer before ``make_loader()`` (the same batches, run to run).
-        max_sms: passed to the producer's :class:`hmgstore.Pipeline`.
+        max_sms: passed to the producer's :class:`hmgstore.Pipeline`; ``"auto"`` (the default, as there) caps
+            gathers that read host memory, which out of process matters more: on the papers-shaped graph under MPS
+            the epoch ran at 0.80-0.82x the step alone capped at 12 SMs, 0.72x uncapped
+            (``benchmarks/results/producer-mps-papers-h200.md``).
         fuse: passed to the producer's :class:`hmgstore.Pipeline`.
         overlap_reads: passed to the producer's :class:`hmgstore.Pipeline` (default False; ``"auto"``: on for
             a PyG loader without a transform; a batch is packed into the ring once its CPU reads have landed).
@@ -179,7 +182,7 @@ class Producer:
     _length: int | None
 
     def __init__(self, make_loader: Callable, *, depth: int = 2, device=None, seed: int | None = None,
-                 max_sms: int | str | None = None, fuse: int | str = 1, sm_percent: int | None = None,
+                 max_sms: int | str | None = "auto", fuse: int | str = 1, sm_percent: int | None = None,
                  overlap_reads: bool | str = False, mps_priority: int | None = None):
         if not callable(make_loader):
             raise TypeError(f"make_loader is a picklable callable that returns the loader, got "
