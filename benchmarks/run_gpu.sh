@@ -18,6 +18,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 status=0
+# A user-level MPS daemon for the stages that run a producer process beside the trainer (no GPU setting changed)
+mps_start() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+  nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; return 1; }
+}
+mps_stop() { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
 for stage in "$@"; do
   echo "=== $stage $(date -u +%FT%TZ)"
   case $stage in
@@ -280,9 +287,7 @@ for stage in "$@"; do
                 unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
     # The cached papers-shaped loader in a producer process against the pipeline thread, the strong step, all under
     # one user-level MPS daemon (stopped at the end): producer with gathers capped at 12 SMs, thread, producer uncapped
-    producer-mps-papers) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-                if nvidia-cuda-mps-control -d; then
+    producer-mps-papers) if mps_start; then
                   rc=0; common="--graph papers:111M:1.6B --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress"
                   for v in "proc100-cap12 cache+proc --sm-percent 100 --max-sms 12" "thread-cap12 cache+pipe --max-sms 12" \
                            "proc100-uncapped cache+proc --sm-percent 100 --max-sms none"; do
@@ -290,14 +295,11 @@ for stage in "$@"; do
                     timeout 200 python3 -m hmgstore.bench train $common --configs "$@" --out "$OUT/mps-$name" 2>"$OUT/mps-$name.log" || rc=1
                     grep -E "batches/s  epoch" "$OUT/mps-$name.log" | tail -1
                   done
-                  echo quit | nvidia-cuda-mps-control
-                else echo "MPS daemon did not start"; rc=1; fi
-                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+                  mps_stop
+                else rc=1; fi ;;
     # MPS client priorities (CUDA_MPS_CLIENT_PRIORITY can only lower a client): RUNS of producer-first (the
     # trainer at 1), trainer-first (the producer at 1), neither; ~230 s each on the papers-shaped graph
-    producer-priority) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-                if nvidia-cuda-mps-control -d; then
+    producer-priority) if mps_start; then
                   rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12 --configs cache+proc --sm-percent 100"
                   for name in ${RUNS:-producer-first neither}; do
                     case $name in producer-first) t=1 p=0 ;; trainer-first) t=0 p=1 ;; *) t=0 p=0 ;; esac
@@ -305,14 +307,11 @@ for stage in "$@"; do
                       --out "$OUT/priority-$name" 2>"$OUT/priority-$name.log" || rc=1
                     grep -E "batches/s  epoch" "$OUT/priority-$name.log" | tail -1
                   done
-                  echo quit | nvidia-cuda-mps-control
-                else echo "MPS daemon did not start"; rc=1; fi
-                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+                  mps_stop
+                else rc=1; fi ;;
     # The sampler's batches on a stream of their own (HMGSTORE_SAMPLER_STREAM=1) against the loader's stream,
     # papers-shaped graph, the producer under MPS by default (CONFIGS: bench train's --configs and options)
-    sampler-stream) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-                mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
-                if nvidia-cuda-mps-control -d; then
+    sampler-stream) if mps_start; then
                   rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12"
                   for own in ${RUNS:-1 0}; do
                     HMGSTORE_SAMPLER_STREAM=$own timeout 280 python3 -m hmgstore.bench train $common \
@@ -320,9 +319,8 @@ for stage in "$@"; do
                       2>"$OUT/sampler-stream-$own.log" || rc=1
                     grep -E "batches/s  epoch" "$OUT/sampler-stream-$own.log" | tail -2
                   done
-                  echo quit | nvidia-cuda-mps-control
-                else echo "MPS daemon did not start"; rc=1; fi
-                unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY ;;
+                  mps_stop
+                else rc=1; fi ;;
     # The soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
     # topology 25% in GPU memory), then hmgstore.Producer for 10; host RSS, GPU memory, fds and /dev/shm per epoch
     soak) timeout 590 python3 benchmarks/soak.py ${SOAK_ARGS:-} --out "$OUT/soak-gpu" >"$OUT/soak.log" 2>&1; rc=$?
