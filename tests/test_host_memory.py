@@ -19,7 +19,8 @@ def test_available_bytes_reads_meminfo(tmp_path):
 
 
 def test_check_room_says_what_to_lower():
-    host_memory.check_room(10, "ten bytes", "fix it", available=10)  # exactly what is there: fine
+    host_memory.check_room(2 * 10**9, "two GB", "fix it", available=2 * 10**9)  # exactly what is there: fine
+    host_memory.check_room(10**6, "a small hop", "fix it", available=10)  # under CHECK_FROM: not looked at
     with pytest.raises(MemoryError, match=r"a hop needs about 2 GB of host memory, more than the 1 GB .*lower it"):
         host_memory.check_room(2 * 10**9, "a hop", "lower it", available=10**9)
 

@@ -21,9 +21,17 @@ def available_bytes(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
+#: Sizes below this are not checked: a batch's ordinary hops stay far under it, and reading /proc/meminfo for each
+#: would cost more than the hop's own work on small graphs.
+CHECK_FROM = 1 << 28
+
+
 def check_room(nbytes: int, what: str, fix: str, available: int | None = None) -> None:
     """Raise MemoryError when ``nbytes`` (what ``what`` needs) pass the host memory available now (None:
-    read :func:`available_bytes`; nothing is checked where it is unknown); ``fix`` says what to change."""
+    read :func:`available_bytes`; nothing is checked where it is unknown, or below :data:`CHECK_FROM`);
+    ``fix`` says what to change."""
+    if nbytes < CHECK_FROM:
+        return
     free = available_bytes() if available is None else available
     if free is not None and nbytes > free:
         raise MemoryError(f"{what} needs about {nbytes / 1e9:.3g} GB of host memory, more than the "
