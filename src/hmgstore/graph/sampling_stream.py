@@ -37,19 +37,10 @@ from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+from ..util.device import kept_stream
+
 #: Whether GPU samplers built from now on run their batches on the device's sampling stream (see the module).
 OWN_STREAM = os.environ.get("HMGSTORE_SAMPLER_STREAM", "0") == "1"
-
-_streams: dict[int, torch.cuda.Stream] = {}
-
-
-def sampling_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one sampling stream of ``device``, made on first use and kept (a new stream each batch would strand
-    the caching allocator's blocks on streams no longer used)."""
-    if device.index not in _streams:
-        _streams[device.index] = torch.cuda.Stream(device)
-    return _streams[device.index]
-
 
 def _gpu_tensors(fields) -> Iterator[torch.Tensor]:
     """The CUDA tensors among ``fields``, each a tensor or a mapping of them (a Sample's fields; seeds and
@@ -79,7 +70,7 @@ class StreamUse:
             yield lambda sample: sample
             return
         caller = torch.cuda.current_stream(self.device)
-        stream = sampling_stream(self.device)
+        stream = kept_stream(self.device, "sampling")
         read = list(_gpu_tensors(inputs))
         if read or not self._caught_up:
             stream.wait_stream(caller)

@@ -19,11 +19,10 @@ import torch
 from ..cuda.gather import capped_gathers
 from ..gather.finish_scope import deferred_finishes
 from ..gather.fusion import fused
+from ..util.device import kept_stream
 
 #: The end of a pass, as an item's batch (not None: a loader may yield None as a batch).
 DONE = object()
-
-_side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -35,9 +34,7 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     iterated at once on one GPU (a training and a validation loader) therefore make their batches one after
     the other on that stream.
     """
-    if device.index not in _side_streams:
-        _side_streams[device.index] = torch.cuda.Stream(device)
-    return _side_streams[device.index]
+    return kept_stream(device, "side")
 
 
 def ends(item: tuple) -> bool:

@@ -25,3 +25,16 @@ def resolve_device(device) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"hmgstore tables live on 'cpu' or 'cuda' devices, not {device}")
     return device
+
+
+_kept_streams: dict[tuple[str, int | None], torch.cuda.Stream] = {}
+
+
+def kept_stream(device: torch.device, role: str) -> torch.cuda.Stream:
+    """The one stream of ``device`` for ``role`` (the pipeline's side stream, the sampler's own), made on first
+    use and kept: torch's caching allocator reuses a freed block only for the stream that made it, so a new
+    stream each epoch or batch would strand every earlier one's blocks."""
+    key = (role, device.index)
+    if key not in _kept_streams:
+        _kept_streams[key] = torch.cuda.Stream(device)
+    return _kept_streams[key]
