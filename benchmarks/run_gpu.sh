@@ -25,6 +25,9 @@ mps_start() {
   nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; return 1; }
 }
 mps_stop() { echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; }
+# bench train on the papers-shaped graph (GRAPH overrides it) with 20% of the features as int8 rows, topology and
+# labels on the GPU: the cached configuration the producer stages compare
+papers_cached="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress"
 for stage in "$@"; do
   echo "=== $stage $(date -u +%FT%TZ)"
   case $stage in
@@ -288,7 +291,7 @@ for stage in "$@"; do
     # The cached papers-shaped loader in a producer process against the pipeline thread, the strong step, all under
     # one user-level MPS daemon (stopped at the end): producer with gathers capped at 12 SMs, thread, producer uncapped
     producer-mps-papers) if mps_start; then
-                  rc=0; common="--graph papers:111M:1.6B --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress"
+                  rc=0; common=$papers_cached
                   for v in "proc100-cap12 cache+proc --sm-percent 100 --max-sms 12" "thread-cap12 cache+pipe --max-sms 12" \
                            "proc100-uncapped cache+proc --sm-percent 100 --max-sms none"; do
                     set -- $v; name=$1; shift
@@ -300,7 +303,7 @@ for stage in "$@"; do
     # MPS client priorities (CUDA_MPS_CLIENT_PRIORITY can only lower a client): RUNS of producer-first (the
     # trainer at 1), trainer-first (the producer at 1), neither; ~230 s each on the papers-shaped graph
     producer-priority) if mps_start; then
-                  rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12 --configs cache+proc --sm-percent 100"
+                  rc=0; common="$papers_cached --max-sms 12 --configs cache+proc --sm-percent 100"
                   for name in ${RUNS:-producer-first neither}; do
                     case $name in producer-first) t=1 p=0 ;; trainer-first) t=0 p=1 ;; *) t=0 p=0 ;; esac
                     CUDA_MPS_CLIENT_PRIORITY=$t timeout 280 python3 -m hmgstore.bench train $common --mps-priority $p \
@@ -312,7 +315,7 @@ for stage in "$@"; do
     # The sampler's batches on a stream of their own (HMGSTORE_SAMPLER_STREAM=1) against the loader's stream,
     # papers-shaped graph, the producer under MPS by default (CONFIGS: bench train's --configs and options)
     sampler-stream) if mps_start; then
-                  rc=0; common="--graph ${GRAPH:-papers:111M:1.6B} --cache 0.2 --compress int8 --topology-cache 1.0 --labels-on-gpu --batches 60 --no-progress --max-sms 12"
+                  rc=0; common="$papers_cached --max-sms 12"
                   for own in ${RUNS:-1 0}; do
                     HMGSTORE_SAMPLER_STREAM=$own timeout 280 python3 -m hmgstore.bench train $common \
                       --configs ${CONFIGS:-cache+proc --sm-percent 100} --out "$OUT/sampler-stream-$own" \
