@@ -38,11 +38,14 @@ def test_a_batch_does_not_wait_for_the_calling_streams_work_on_its_own_stream(ow
     outputs = []
     for step in range(5):
         seeds = torch.randperm(3000, generator=torch.Generator().manual_seed(step))[:400]
+        slept = torch.cuda.Event()
         with torch.cuda.stream(caller):
             torch.cuda._sleep(LONG)  # the last batch's gather, say
+            slept.record(caller)
             torch.manual_seed(100 + step)
             out = gpu.sample({None: seeds})
-            busy = not caller.query()
+            # the sleep itself, not the caller's stream: a replay queues its outputs' copies there afterwards
+            busy = not slept.query()
         caller.synchronize()
         _same(_reference(seeds, step), out)
         if step >= 2:  # replays (the capture itself synchronises the device)
