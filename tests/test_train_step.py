@@ -7,6 +7,7 @@ were. The report carries, beside each configuration, the step's own rate and
 the loader's own rate, and says whether trimming and TF32 were used.
 """
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -420,6 +421,31 @@ def test_each_configuration_builds_after_the_last_ones_tables_are_freed(tmp_path
     train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "host", "cache+pipe", "--out",
                           str(tmp_path)]))
     assert alive == [[], [False], [False, False]]
+
+
+def test_sampler_stream_values_build_a_loader_each_and_leave_the_setting_as_it_was(tmp_path, monkeypatch):
+    """--sampler-stream on off: the pipelined cache configuration once per value (name/streamV), the others
+    under the first value, each with a loader
+    whose sampler was built under that value (a sampler reads it once, when built), and the producer's
+    environment variable set alike; afterwards both are as before."""
+    from hmgstore.bench import train
+    from hmgstore.graph import sampling_stream
+
+    seen, real = [], sampling_stream.StreamUse.__init__
+
+    def init(self, device):
+        seen.append((sampling_stream.OWN_STREAM, os.environ.get("HMGSTORE_SAMPLER_STREAM")))
+        real(self, device)
+
+    monkeypatch.setattr(sampling_stream.StreamUse, "__init__", init)
+    monkeypatch.delenv("HMGSTORE_SAMPLER_STREAM", raising=False)
+    report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "cache+pipe",
+                                   "--sampler-stream", "on", "off", "--out", str(tmp_path)]))
+    assert list(report["configs"]) == ["cache", "cache+pipe/streamon", "cache+pipe/streamoff"]
+    assert [c["sampler_stream"] for c in report["configs"].values()] == [True, True, False]  # the first: cache's
+    assert "loader_of" not in report["configs"]["cache+pipe/streamoff"]  # built again: not the other's sampler
+    assert (True, "1") in seen and (False, "0") in seen and report["sampler_stream"] == ["on", "off"]
+    assert sampling_stream.OWN_STREAM is False and "HMGSTORE_SAMPLER_STREAM" not in os.environ
 
 
 def test_split_threads_without_a_split_is_refused(tmp_path):

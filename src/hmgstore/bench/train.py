@@ -85,6 +85,7 @@ from .train_configs import (
     _with_caps,
     _with_variants,
     base_of,
+    sampler_stream_as,
     variant,
 )
 from .train_report import add_ratios, plot, table_text  # noqa: F401 - re-exported
@@ -155,10 +156,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache configurations: the share of the topology's bytes on the GPU, when it should differ "
                         "from --cache (1.0: the whole topology; the features stay at --cache). Several values: each "
                         "cache configuration once per value, as name/topoT. Default: --cache")
+    _add_variant_options(p)
+    p.add_argument("--labor", action="store_true",
+                   help="every configuration (and the cache's pre-sampling) samples LABOR-0 instead of uniform "
+                        "(HybridNeighborSampler labor=True); the report's nodes_per_batch shows the rows it saves")
+    flags.add_seed(p)
+    flags.add_no_progress(p)
+    p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
+
+
+def _add_variant_options(p: argparse.ArgumentParser) -> None:
+    """Options that run a configuration once per value given (``name/keyV``), and its repeats."""
     p.add_argument("--overlap-reads", choices=("auto", "on", "off"), nargs="+", default=["off"],
                    help="pipeline and producer: hmgstore.Pipeline's overlap_reads (a split gather's CPU reads "
                         "finished by the reader thread while the next batch is sampled); several values: each cache "
                         "configuration once per value, as name/overlapV")
+    p.add_argument("--sampler-stream", choices=("on", "off"), nargs="+", default=[None],
+                   help="pipelined cache configurations: the GPU sampler's batches on a stream of their own (on) or "
+                        "on the loader's (off) (hmgstore.graph.sampling_stream; a producer gets it through "
+                        "HMGSTORE_SAMPLER_STREAM); several values: each once per value, as name/streamV, the others "
+                        "under the first. Default: as the environment's HMGSTORE_SAMPLER_STREAM says")
     p.add_argument("--repeat", type=flags.positive, default=1,
                    help="run the whole list of configurations this many times, interleaved (name/runK for K >= 2): "
                         "the spread between runs of one configuration is the run's noise")
@@ -179,13 +197,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
                         "Default: torch's count")
-    p.add_argument("--labor", action="store_true",
-                   help="every configuration (and the cache's pre-sampling) samples LABOR-0 instead of uniform "
-                        "(HybridNeighborSampler labor=True); the report's nodes_per_batch shows the rows it saves")
-    flags.add_seed(p)
-    flags.add_no_progress(p)
-    p.add_argument("--out", default="bench-out/train", help="folder for train.json, .md and .png")
-    p.add_argument("--quick", action="store_true", help="tiny sizes: checks that the benchmark runs")
 
 
 def run_config(config: str, data, csc, train, classes, device, args, hot, kept: Kept | None = None) -> dict:
@@ -206,8 +217,10 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     exclusive = gather_kernel.EXCLUSIVE
     gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str) == "whole"
     try:
-        return _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
-                           topology_cache, threads, overlap, overlap_reads)
+        with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)):
+            result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
+                                 topology_cache, threads, overlap, overlap_reads)
+            return {**result, "sampler_stream": sampling_stream.OWN_STREAM}
     finally:
         gather_kernel.EXCLUSIVE = exclusive
         if own:
@@ -249,7 +262,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     pipe = mode != ""
     reps = args.stock_batches if base == "stock" else args.batches
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    key = None if mode == "proc" else (base, topology_cache, pipe)
+    key = None if mode == "proc" else (base, topology_cache, pipe, sampling_stream.OWN_STREAM)
     kept.keep_only(key)  # a loader not used again is closed first: not counted in what earlier ones left
     host_gb = _resident_gb()  # what earlier configurations and the graph left in this process
     loader, data, stores, sampler, build, iterable = _make(
@@ -309,8 +322,10 @@ def run(args) -> dict:
         raise ValueError("--split-threads sets the threads of the CPU's reads of a split gather: give --split too")
     configs = _with_variants(configs, "thr", args.split_threads)
     configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
-    configs = _repeated([v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
-                                                      if _mode(c) and base_of(c) != "api" else [c])], args.repeat)
+    configs = [v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
+                                            if _mode(c) and base_of(c) != "api" else [c])]
+    configs = _repeated([v for c in configs for v in (_with_variants([c], "stream", args.sampler_stream)
+                                                      if _mode(c) else [c])], args.repeat)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -322,7 +337,8 @@ def run(args) -> dict:
         "pipeline": {"depth": args.depth, "max_sms": args.max_sms, "fuse": args.fuse},
         "mps": {"sm_percent": args.sm_percent, "producer_priority": args.mps_priority,
                 "trainer_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY")},
-        "sampler_graphs": args.sampler_graphs, "sampler_stream": sampling_stream.OWN_STREAM,
+        "sampler_graphs": args.sampler_graphs,
+        "sampler_stream": args.sampler_stream if any(args.sampler_stream) else sampling_stream.OWN_STREAM,
         "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
         "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,

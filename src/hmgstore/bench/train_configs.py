@@ -1,14 +1,18 @@
 """``bench train``'s configuration names: a base (``stock``, ``all_gpu``, ``host``, ``cache``), a mode
 (``+pipe``: hmgstore.Pipeline; ``+proc``: hmgstore.Producer), a cap (``@4``, ``@none``) and variants
-(``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/run2``), each list expanded from the command line's options;
-what the training side of a producer-only run keeps of the graph; and the loader kept between configurations."""
+(``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/streamon``, ``/run2``), each list expanded from the command
+line's options; what the training side of a producer-only run keeps of the graph; the loader kept between
+configurations; the sampler stream a configuration's samplers are built under."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from typing import Any
 
 import torch
+
+from ..graph import sampling_stream
 
 
 def _resident_gb() -> float | None:
@@ -117,3 +121,24 @@ class Kept:
         gc.collect()  # PyG's loader holds a bound method of itself: its stores and tables go in a collection
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # the closed tiers' blocks, for a producer process started next
+
+
+@contextlib.contextmanager
+def sampler_stream_as(value: str | None):
+    """Samplers built in the block run their batches on a stream of their own (``"on"``) or not (``"off"``):
+    :data:`hmgstore.graph.sampling_stream.OWN_STREAM`, read when a sampler is built, and a producer's environment
+    alike; both as before afterwards. ``None``: as they are."""
+    if value is None:
+        yield
+        return
+    own, env = sampling_stream.OWN_STREAM, os.environ.get("HMGSTORE_SAMPLER_STREAM")
+    sampling_stream.OWN_STREAM = value == "on"
+    os.environ["HMGSTORE_SAMPLER_STREAM"] = "1" if value == "on" else "0"
+    try:
+        yield
+    finally:
+        sampling_stream.OWN_STREAM = own
+        if env is None:
+            os.environ.pop("HMGSTORE_SAMPLER_STREAM", None)
+        else:
+            os.environ["HMGSTORE_SAMPLER_STREAM"] = env
