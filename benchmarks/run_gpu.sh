@@ -301,7 +301,7 @@ for stage in "$@"; do
                   mps_stop
                 else rc=1; fi ;;
     # MPS client priorities (CUDA_MPS_CLIENT_PRIORITY can only lower a client): RUNS of producer-first (the
-    # trainer at 1), trainer-first (the producer at 1), neither; ~230 s each on the papers-shaped graph
+    # trainer at 1), trainer-first (the producer at 1), neither; ~140 s each on the papers-shaped graph (one H200)
     producer-priority) if mps_start; then
                   rc=0; common="$papers_cached --max-sms 12 --configs cache+proc --sm-percent 100"
                   for name in ${RUNS:-producer-first neither}; do
@@ -312,16 +312,13 @@ for stage in "$@"; do
                   done
                   mps_stop
                 else rc=1; fi ;;
-    # The sampler's batches on a stream of their own (HMGSTORE_SAMPLER_STREAM=1) against the loader's stream,
-    # papers-shaped graph, the producer under MPS by default (CONFIGS: bench train's --configs and options)
+    # The sampler's batches on a stream of their own against the loader's stream (bench train --sampler-stream on
+    # off: one graph build), papers-shaped graph, the thread then the producer, under MPS; ~450 s
     sampler-stream) if mps_start; then
-                  rc=0; common="$papers_cached --max-sms 12"
-                  for own in ${RUNS:-1 0}; do
-                    HMGSTORE_SAMPLER_STREAM=$own timeout 280 python3 -m hmgstore.bench train $common \
-                      --configs ${CONFIGS:-cache+proc --sm-percent 100} --out "$OUT/sampler-stream-$own" \
-                      2>"$OUT/sampler-stream-$own.log" || rc=1
-                    grep -E "batches/s  epoch" "$OUT/sampler-stream-$own.log" | tail -2
-                  done
+                  timeout 560 python3 -m hmgstore.bench train $papers_cached --max-sms 12 --sm-percent 100 \
+                    --configs ${CONFIGS:-cache+pipe cache+proc} --sampler-stream ${STREAMS:-on off} ${EXTRA:-} \
+                    --out "$OUT/sampler-stream" 2>"$OUT/sampler-stream.log"; rc=$?
+                  grep -E "batches/s  epoch" "$OUT/sampler-stream.log" | tail -4
                   mps_stop
                 else rc=1; fi ;;
     # The soak: examples/pyg_graphsage.py's pipelined training, 30 epochs of the 2M-node graph (table and
