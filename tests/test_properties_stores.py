@@ -2,12 +2,14 @@
 the source tensor, whatever the store's host options; writes through ``update_tensor`` read back.
 
 The index kinds are the ones PyG's loaders and users pass: slices with any step, runs of consecutive ids (read as
-one slice of host memory past ``ranges.MIN_RUN``), id tensors with repeats, lists, bool masks and none at all.
+one slice of host memory past ``ranges.MIN_RUN``), id tensors with repeats, lists, numpy arrays of ids or a mask
+(PyG's ``IndexType``), bool masks and none at all.
 Compared bit for bit with torch indexing of the rows the table reads (for int8 rows: their documented rounding,
 read once through the table).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -37,7 +39,7 @@ def stores(draw):
 
 
 def _index(draw, n: int):
-    kind = draw(st.sampled_from(["slice", "run", "ids", "list", "mask", "empty"]))
+    kind = draw(st.sampled_from(["slice", "run", "ids", "list", "numpy", "numpy-mask", "mask", "empty"]))
     if kind == "slice":
         return slice(draw(st.integers(-n - 2, n + 2)), draw(st.integers(-n - 2, n + 2)), draw(st.integers(1, 5)))
     if kind == "run":
@@ -47,10 +49,20 @@ def _index(draw, n: int):
         return torch.tensor(draw(st.lists(st.integers(0, n - 1), max_size=64)), dtype=torch.int64)
     if kind == "list":
         return draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=20))
+    if kind == "numpy":
+        dtype = draw(st.sampled_from([np.int64, np.int32]))
+        return np.array(draw(st.lists(st.integers(0, n - 1), max_size=64)), dtype=dtype)
+    if kind == "numpy-mask":
+        return np.random.default_rng(draw(st.integers(0, 2**31))).random(n) < 0.5
     if kind == "mask":
         seed, share = draw(st.integers(0, 2**31)), draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]))
         return torch.rand(n, generator=torch.Generator().manual_seed(seed)) < share
     return torch.empty(0, dtype=torch.int64)
+
+
+def _want(served: torch.Tensor, index) -> torch.Tensor:
+    """What torch indexing of the served rows reads for ``index`` (lists and numpy arrays as tensors)."""
+    return served[torch.as_tensor(index)] if isinstance(index, (list, np.ndarray)) else served[index]
 
 
 @FAST
@@ -59,8 +71,7 @@ def test_get_tensor_reads_what_torch_indexing_reads(case, data):
     store, served = case
     index = _index(data.draw, len(served))
     got = store.get_tensor(None, "x", index)
-    want = served[torch.as_tensor(index)] if isinstance(index, list) else served[index]
-    assert got.dtype == want.dtype and torch.equal(got, want)
+    assert got.dtype == _want(served, index).dtype and torch.equal(got, _want(served, index))
 
 
 @FAST
@@ -70,8 +81,7 @@ def test_many_reads_at_once_match_each_read(case, data):
     indices = [_index(data.draw, len(served)) for _ in range(data.draw(st.integers(1, 3)))]
     attrs = [store._tensor_attr_cls(None, "x", index) for index in indices]
     for got, index in zip(store.multi_get_tensor(attrs), indices):
-        want = served[torch.as_tensor(index)] if isinstance(index, list) else served[index]
-        assert torch.equal(got, want)
+        assert torch.equal(got, _want(served, index))
 
 
 @FAST

@@ -34,7 +34,9 @@ def test_put_get_size_remove(small_graph):
     store.put_tensor(hmgstore.HybridTensor(x[:, :4], "cpu"), group_name="t", attr_name="x")  # index: whole
     idx = torch.tensor([5, 0, 1999, 5])
     assert torch.equal(store.get_tensor(None, "x", idx), x[idx])
-    assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])  # (PyG's TensorAttr rejects numpy)
+    assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])
+    assert torch.equal(store.get_tensor(None, "x", idx.numpy()), x[idx])  # PyG's own TensorAttr refuses numpy
+    assert torch.equal(store[None, "x", idx.numpy().astype("int32")], x[idx])
     whole = store.get_tensor("t", "x", None)  # a whole table is its host source, never a gathered copy
     assert torch.equal(whole, x[:, :4]) and whole.data_ptr() == x.data_ptr()
     got = store.multi_get_tensor([TensorAttr(None, "x", idx), TensorAttr("t", "x", None)])

@@ -42,6 +42,7 @@ from hmgstore.distributed import (
 from hmgstore.rows import checks
 
 from .graph_store import CSCGraphStore, check_loaders
+from .updates import IndexAttr
 
 
 class ClusterFeatureStore(FeatureStore):
@@ -56,7 +57,7 @@ class ClusterFeatureStore(FeatureStore):
     """
 
     def __init__(self, tables: dict[str, ClusterTensor]):
-        super().__init__()
+        super().__init__(tensor_attr_cls=IndexAttr)  # numpy indices too
         check_loaders()
         if not tables or not all(isinstance(t, ClusterTensor) for t in tables.values()):
             raise TypeError("ClusterFeatureStore takes {attr_name: ClusterTensor}, at least one")

@@ -50,7 +50,7 @@ from hmgstore.rows.hotness import order_by_score
 from .edge_tables import TABLE_KEYWORDS, EdgeTables, float32_only, take_queued
 from .graph_store import check_loaders
 from .ranges import as_range, read_range
-from .updates import check_removable, index_none_by_default, is_whole, update
+from .updates import IndexAttr, check_removable, index_none_by_default, is_whole, update
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +150,9 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     removes whole attributes only (:mod:`hmgstore.plugins.pyg.updates`).
 
     ``get_tensor``/``multi_get_tensor`` take any index HybridTensor takes
-    (integer tensor on any device, slice, int; None: every row, as the host
-    source itself, or a copy of a read-only source; PyG's ``TensorAttr``
-    itself cannot hold a numpy array) and return ``[len(index), *row_shape]``
-    tensors of the table's dtype on ``device``. Unknown attributes raise
+    (integer tensor on any device, numpy array, slice, int; None: every row,
+    as the host source itself, or a copy of a read-only source) and return
+    ``[len(index), *row_shape]`` tensors of the table's dtype on ``device``. Unknown attributes raise
     KeyError, ids out of range IndexError (before any memory is read).
     A contiguous run of rows (a slice with step 1, or a CPU tensor of
     consecutive ids) is read as one slice of the host tier, not row by row
@@ -168,7 +167,7 @@ class HybridFeatureStore(EdgeTables, FeatureStore):
     """
 
     def __init__(self, device=None):
-        super().__init__()
+        super().__init__(tensor_attr_cls=IndexAttr)  # numpy indices too
         check_loaders()
         self.device = resolve_device(device)
         self._tables: dict[Key, HybridTensor] = {}

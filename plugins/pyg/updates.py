@@ -25,6 +25,19 @@ from torch_geometric.data import TensorAttr
 from hmgstore import HybridTensor
 from hmgstore.rows import checks
 
+_UNSET = TensorAttr().index  # PyG's marker of a field not given
+
+
+class IndexAttr(TensorAttr):
+    """PyG's ``TensorAttr``, whose ``index`` may also be a numpy array, as PyG's ``IndexType`` allows: PyG's own
+    ``is_set`` compares a field with ``!=``, which a numpy array answers element by element, so that
+    ``store.get_tensor(None, "x", np.array([...]))`` raised ValueError ("truth value of an array") inside PyG."""
+
+    def is_set(self, key: str) -> bool:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(f"TensorAttr has no field {key!r}; its fields: {list(self.__dataclass_fields__)}")
+        return getattr(self, key) is not _UNSET
+
 
 def is_whole(index) -> bool:
     """Whether ``index`` names every row of a table: None or ``slice(None)``."""
