@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-import hmgstore.util.device  # noqa: F401 - registers the fork hooks
+from hmgstore.util import fork_guard
 
 # Garbage in a cycle, holding a CUDA tensor marked used by a side stream, left uncollected at the fork; the child
 # collects, and exits with 0 if it lived through it.
@@ -58,10 +58,39 @@ def test_the_child_freezes_what_it_inherited_only_where_the_parent_had_started_c
         read, write = os.pipe()
         pid = os.fork()  # the registered hooks run around it
         if pid == 0:
-            os.write(write, b"1" if gc.get_freeze_count() > 0 else b"0")
-            os._exit(0)
+            try:
+                os.write(write, b"%d%d" % (gc.get_freeze_count() > 0, gc.isenabled()))
+            finally:
+                os._exit(0)
         os.close(write)
-        got = os.read(read, 1)
+        got = os.read(read, 2)
         os.close(read)
         os.waitpid(pid, 0)
-        assert got == (b"1" if frozen else b"0"), started
+        assert got == (b"11" if frozen else b"01"), started  # and the child's collector is on
+        assert gc.isenabled()  # the parent's too
+
+
+def test_the_collector_is_off_from_the_first_hook_until_the_child_has_frozen(monkeypatch):
+    """Other modules' fork hooks allocate (before ours in the child): a collection they set off would free
+    inherited garbage before the freeze. So the collector is off from the parent's first hook (ours: the last
+    registered runs first) until the freeze, and back on in the parent once no thread of it forks any more."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    try:
+        fork_guard._before()
+        assert not gc.isenabled()
+        fork_guard._before()  # a second thread forking meanwhile
+        fork_guard._after_in_parent()
+        assert not gc.isenabled()  # the other thread's fork is still under way
+        fork_guard._after_in_parent()
+        assert gc.isenabled()
+        gc.disable()  # a parent that had the collector off keeps it off
+        fork_guard._before()
+        fork_guard._after_in_parent()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    fork_guard._before()  # no CUDA: the collector is left alone
+    assert gc.isenabled()
+    fork_guard._after_in_parent()
+    assert gc.isenabled()

@@ -1,13 +1,11 @@
-"""Which device a table, a topology or a sampler lives on: :func:`resolve_device`, the one rule; the
-device's long-lived streams; what a forked child must not do with its parent's CUDA objects."""
+"""Which device a table, a topology or a sampler lives on: :func:`resolve_device`, the one rule; and the
+device's long-lived streams."""
 from __future__ import annotations
-
-import gc
-import os
 
 import torch
 
 from ..cuda.runtime import check_visible
+from . import fork_guard  # noqa: F401 - registers its fork hooks with the first import of hmgstore
 
 
 def resolve_device(device) -> torch.device:
@@ -43,25 +41,3 @@ def kept_stream(device: torch.device, role: str) -> torch.cuda.Stream:
         _kept_streams[key] = torch.cuda.Stream(device)
     return _kept_streams[key]
 
-
-# A forked child (a DataLoader worker) cannot use its parent's CUDA context. Objects in reference cycles that the
-# parent had not collected yet are copied into it, and the child's first collection would run their destructors:
-# freeing a CUDA tensor marked used by another stream (record_stream: the pipeline's outputs, the sampler's) calls
-# into CUDA there, which throws inside a destructor and aborts the worker ("CUDA error: initialization error").
-# So where the parent had started CUDA, the child's collector never looks at what it inherited (gc.freeze); what
-# the child makes itself is collected as usual. The inherited garbage is the parent's to free.
-_cuda_at_fork = False
-
-
-def _before_fork() -> None:
-    global _cuda_at_fork
-    _cuda_at_fork = torch.cuda.is_initialized()
-
-
-def _in_child() -> None:
-    if _cuda_at_fork:
-        gc.freeze()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
