@@ -37,6 +37,9 @@ def test_put_get_size_remove(small_graph):
     assert torch.equal(store.get_tensor(None, "y", idx.int()), y[idx])
     assert torch.equal(store.get_tensor(None, "x", idx.numpy()), x[idx])  # PyG's own TensorAttr refuses numpy
     assert torch.equal(store[None, "x", idx.numpy().astype("int32")], x[idx])
+    plain = TensorAttr(None, "x", idx.numpy())  # PyG's own class, as a caller builds it
+    assert torch.equal(store.get_tensor(plain), x[idx]) and torch.equal(store.multi_get_tensor([plain])[0], x[idx])
+    assert torch.equal(store[plain], x[idx]) and store.get_tensor_size(plain) == tuple(x.shape)
     whole = store.get_tensor("t", "x", None)  # a whole table is its host source, never a gathered copy
     assert torch.equal(whole, x[:, :4]) and whole.data_ptr() == x.data_ptr()
     got = store.multi_get_tensor([TensorAttr(None, "x", idx), TensorAttr("t", "x", None)])

@@ -33,6 +33,13 @@ class IndexAttr(TensorAttr):
     ``is_set`` compares a field with ``!=``, which a numpy array answers element by element, so that
     ``store.get_tensor(None, "x", np.array([...]))`` raised ValueError ("truth value of an array") inside PyG."""
 
+    @classmethod
+    def cast(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and type(args[0]) is TensorAttr:  # PyG's own, built by the caller
+            attr = args[0]
+            return cls(attr.group_name, attr.attr_name, attr.index)
+        return super().cast(*args, **kwargs)
+
     def is_set(self, key: str) -> bool:
         if key not in self.__dataclass_fields__:
             raise KeyError(f"TensorAttr has no field {key!r}; its fields: {list(self.__dataclass_fields__)}")
