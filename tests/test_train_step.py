@@ -440,10 +440,13 @@ def test_sampler_stream_values_build_a_loader_each_and_leave_the_setting_as_it_w
     monkeypatch.setattr(sampling_stream.StreamUse, "__init__", init)
     monkeypatch.delenv("HMGSTORE_SAMPLER_STREAM", raising=False)
     report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "cache+pipe",
-                                   "--sampler-stream", "on", "off", "--out", str(tmp_path)]))
-    assert list(report["configs"]) == ["cache", "cache+pipe/streamon", "cache+pipe/streamoff"]
-    assert [c["sampler_stream"] for c in report["configs"].values()] == [True, True, False]  # the first: cache's
-    assert "loader_of" not in report["configs"]["cache+pipe/streamoff"]  # built again: not the other's sampler
+                                   "--sampler-stream", "on", "off", "--max-sms", "4", "none", "--out", str(tmp_path)]))
+    # grouped by stream value: one loader build each, the caps' configurations reusing it
+    assert list(report["configs"]) == ["cache", "cache+pipe@4/streamon", "cache+pipe@none/streamon",
+                                       "cache+pipe@4/streamoff", "cache+pipe@none/streamoff"]
+    assert report["configs"]["cache+pipe@none/streamon"]["loader_of"] == "cache+pipe@4/streamon"
+    assert "loader_of" not in report["configs"]["cache+pipe@4/streamoff"]  # built again: not the other's sampler
+    assert not any(c["sampler_stream"] for c in report["configs"].values())  # a CPU sampler uses no stream
     assert (True, "1") in seen and (False, "0") in seen and report["sampler_stream"] == ["on", "off"]
     assert sampling_stream.OWN_STREAM is False and "HMGSTORE_SAMPLER_STREAM" not in os.environ
 

@@ -220,7 +220,9 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
         with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)):
             result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                                  topology_cache, threads, overlap, overlap_reads)
-            return {**result, "sampler_stream": sampling_stream.OWN_STREAM}
+            # whether its samplers ran on a stream of their own: GPU samplers only (stock's is PyG's, on the CPU)
+            own = sampling_stream.OWN_STREAM and device.type == "cuda" and base_of(config) != "stock"
+            return {**result, "sampler_stream": own}
     finally:
         gather_kernel.EXCLUSIVE = exclusive
         if own:
@@ -324,8 +326,11 @@ def run(args) -> dict:
     configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
     configs = [v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                             if _mode(c) and base_of(c) != "api" else [c])]
-    configs = _repeated([v for c in configs for v in (_with_variants([c], "stream", args.sampler_stream)
-                                                      if _mode(c) else [c])], args.repeat)
+    configs = [v for c in configs for v in (_with_variants([c], "stream", args.sampler_stream) if _mode(c) else [c])]
+    if len(args.sampler_stream) > 1:  # one loader build per stream value, producers last (the graph then freed)
+        configs.sort(key=lambda c: (_mode(c) == "proc", args.sampler_stream.index(
+            variant(c, "stream", args.sampler_stream[0], str))))
+    configs = _repeated(configs, args.repeat)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
