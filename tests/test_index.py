@@ -41,7 +41,10 @@ def test_check_range_names_value_and_position(bad, pos):
 
 def test_normalize_keeps_int32_and_widens_narrow_types():
     assert normalize(torch.tensor([1, 2], dtype=torch.int32), 5, CPU).ids.dtype == torch.int32
-    assert normalize(torch.tensor([1, 2], dtype=torch.uint8), 5, CPU).ids.dtype == torch.int64
+    assert normalize(torch.tensor([1, 2], dtype=torch.int16), 5, CPU).ids.dtype == torch.int64
+    assert normalize(np.array([1, 2], dtype=np.uint8), 5, CPU).ids.tolist() == [1, 2]  # ids, as numpy reads them
+    with pytest.raises(TypeError, match=r"torch.uint8 index is ambiguous.*index.bool\(\) for a mask"):
+        normalize(torch.tensor([1, 0, 1, 1, 0], dtype=torch.uint8), 5, CPU)  # torch reads it as a mask
     idx = normalize(torch.tensor([[1], [2]]), 5, CPU)
     assert idx.ids.shape == (2,) and idx.shape == (2, 1)
     with pytest.raises(IndexError):

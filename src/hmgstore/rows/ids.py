@@ -93,7 +93,10 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     ids int64 or int32 (uint64 ids are reinterpreted as int64, so ids of
     2^63 and above look negative and fail the range check; on the CPU they
     are reported here, as the uint64 values given). Raises TypeError for
-    float, complex or other types, IndexError for ints beyond int64.
+    float, complex or other types, and for a torch uint8 tensor (torch reads
+    one as a mask, numpy a uint8 array as ids: reading either way would
+    silently answer another question than the caller's code asks of torch
+    or numpy), IndexError for ints beyond int64.
     """
     if isinstance(index, (bool, np.bool_)):
         raise TypeError("a bool is not a row index; pass an int, a slice or an integer tensor")
@@ -111,7 +114,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
             raise TypeError(f"index must hold integers or bools, got numpy {index.dtype}")
         # reshape: ascontiguousarray makes a 0-d array 1-d, and t[np.array(3)] is one row, as x[3] is
         dense = np.ascontiguousarray(index).reshape(index.shape)
-        index = torch.from_numpy(dense.copy() if not index.flags.writeable else dense)
+        if dense.dtype == np.uint8:  # ids, as numpy reads them (a torch uint8 tensor is refused below)
+            dense = dense.astype(np.int64)
+        index = torch.from_numpy(dense.copy() if not dense.flags.writeable else dense)
     elif isinstance(index, (list, tuple)):
         if len(index) == 0:
             return torch.empty(0, dtype=torch.int64), (0,)
@@ -136,10 +141,13 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
                 f"a bool mask must have shape ({num_rows},), one entry per row; got {tuple(index.shape)}")
         ids = index.nonzero().flatten()
         return ids, (len(ids),)
+    if index.dtype == torch.uint8:
+        raise TypeError("a torch.uint8 index is ambiguous: torch reads it as a mask (deprecated), numpy as "
+                        "integer ids; pass index.bool() for a mask or index.long() for ids")
     shape = tuple(index.shape)
     if index.dtype in (torch.int64, torch.int32):
         return index, shape
-    if index.dtype in _SIGNED or index.dtype in _UNSIGNED[:3]:
+    if index.dtype in _SIGNED or index.dtype in _UNSIGNED[1:3]:
         return index.to(torch.int64), shape
     if _UNSIGNED and index.dtype == _UNSIGNED[-1]:  # uint64: same bits as int64; >= 2^63 looks negative
         ids = index.view(torch.int64)
@@ -149,7 +157,8 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
             raise IndexError(f"uint64 index {int(flat[bad]) + 2**64} at position {bad} is out of range "
                              f"for a table of {num_rows} rows (valid ids are 0..{num_rows - 1})")
         return ids, shape
-    raise TypeError(f"index must be an integer tensor (int32 or int64), got {index.dtype}")
+    raise TypeError(f"index must be an integer tensor (int8 to int64, uint16 to uint64) or a bool mask, got "
+                    f"{index.dtype}")
 
 
 def rows_only(index):
