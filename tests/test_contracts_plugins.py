@@ -73,6 +73,19 @@ def test_to_csc_refuses_sizes_that_are_not_node_counts(size, error, message):
         to_csc(torch.tensor([[0, 1], [1, 2]]), "coo", size)
 
 
+def test_a_node_id_past_the_node_count_names_the_argument_of_each_entry_point():
+    """from_data and from_tensors take no size=: the message names what each of them takes."""
+    from torch_geometric.data import Data
+
+    from hmgstore.plugins.pyg import from_data, from_tensors
+
+    edges = torch.tensor([[0, 150], [1, 2]])
+    for build in (lambda: from_data(Data(x=torch.randn(100, 2), edge_index=edges, num_nodes=100)),
+                  lambda: from_tensors(edge_index=edges, x=torch.randn(100, 2))):
+        with pytest.raises(IndexError, match=r"outside \[0, 100\).*num_nodes= to from_tensors, data.num_nodes"):
+            build()
+
+
 def test_to_csc_refuses_sizes_that_disagree_with_the_tensors():
     with pytest.raises(IndexError, match=r"edge_index\[0\] holds a node id outside \[0, 2\)"):
         to_csc(torch.tensor([[2, 0], [0, 1]]), "coo", (2, 5))

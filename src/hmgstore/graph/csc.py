@@ -233,7 +233,8 @@ def _node_count(ids: torch.Tensor, bound: int | None, what: str) -> int:
         check_range(ids, bound)
     except IndexError as err:
         raise IndexError(f"{what} holds a node id outside [0, {bound}): {err}; "
-                         "pass the right size=(num_src_nodes, num_dst_nodes)") from None
+                         "pass the right node count: size=(num_src_nodes, num_dst_nodes) to put_edge_index, "
+                         "num_nodes= to from_tensors, data.num_nodes for from_data") from None
     return bound
 
 
