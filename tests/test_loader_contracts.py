@@ -219,3 +219,9 @@ def test_a_pipeline_makes_every_batch_whatever_it_makes_in_the_consumers_thread(
     pipeline.warm = warm
     assert list(pipeline) == [1, 2, 3, 4] and list(pipeline) == [1, 2, 3, 4]
     assert list(hmgstore.Pipeline([])) == []
+
+
+@pytest.mark.parametrize("loader", [5, None, object()])
+def test_a_pipeline_refuses_a_loader_that_is_not_iterable_when_built(loader):
+    with pytest.raises(TypeError, match=r"Pipeline takes a loader, an iterable of batches.*got "):
+        hmgstore.Pipeline(loader, device="cpu")

@@ -239,7 +239,11 @@ def test_auto_cap_leaves_loaders_whose_tables_are_all_on_the_gpu_uncapped(monkey
     from hmgstore.prefetch import pipeline
 
     monkeypatch.setattr(pipeline, "_finders", [])
-    loader = SimpleNamespace(tables=[SimpleNamespace(placement=SimpleNamespace(has_host_tier=False))] * 2)
+    class Loader(SimpleNamespace):
+        def __iter__(self):
+            return iter(())
+
+    loader = Loader(tables=[SimpleNamespace(placement=SimpleNamespace(has_host_tier=False))] * 2)
     pipeline.register_table_finder(lambda loader: getattr(loader, "tables", None))
     pipeline.register_table_finder(lambda loader: pytest.fail("the first finder that knows the loader answers"))
     assert pipeline.tables_of(loader) == loader.tables

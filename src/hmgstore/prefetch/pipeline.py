@@ -210,6 +210,7 @@ class Pipeline:
             without a ``transform`` (:func:`reads_can_overlap`).
 
     Raises:
+        TypeError: for a ``loader`` that is not iterable (at construction, not at the first batch).
         ValueError: for a ``depth``, ``max_sms``, ``fuse`` or ``overlap_reads`` out of range.
         RuntimeError: when a pass starts over a one-shot loader that is used up (see ``loader``), and at the end
             of an empty pass over an iterable whose ``iter()`` handed out the used-up iterator of its last
@@ -224,6 +225,9 @@ class Pipeline:
 
     def __init__(self, loader: Iterable, depth: int = 2, *, device=None, max_sms: int | str | None = "auto",
                  fuse: int | str = 1, overlap_reads: bool | str = False):
+        if not isinstance(loader, Iterable) and not hasattr(type(loader), "__getitem__"):  # iter() takes either
+            raise TypeError(f"Pipeline takes a loader, an iterable of batches (a PyG NeighborLoader, a DGL "
+                            f"DataLoader, a list), got {type(loader).__name__}")
         depth = checks.setting(depth, "depth is the number of batches prepared ahead, at least 1")
         max_sms, fuse = check_max_sms(max_sms), check_fuse(fuse)
         check_overlap_reads(overlap_reads)
