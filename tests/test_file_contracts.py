@@ -202,3 +202,13 @@ def test_a_npy_file_named_pt_is_read_by_its_header(tmp_path):
         hmgstore.load(tmp_path / "x.pt", "cpu", key="a", progress=False)
     with pytest.raises(ValueError, match="header says dtype float32; dtype=int32 disagrees"):
         hmgstore.load(tmp_path / "x.pt", "cpu", dtype=np.int32, progress=False)
+
+
+def test_load_says_a_directory_is_not_a_file_and_which_key_is_not_in_a_dict(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is a directory, not a file of rows"):
+        hmgstore.load(tmp_path, "cpu", progress=False)
+    torch.save({"feat": torch.ones(3, 2), "y": torch.zeros(3)}, tmp_path / "both.pt")
+    with pytest.raises(ValueError, match=r"holds a dict, and 'nope' is not one of its keys; pass key= one of 'feat'"):
+        hmgstore.load(tmp_path / "both.pt", "cpu", key="nope", progress=False)
+    with pytest.raises(ValueError, match=r"holds a dict; pass key= one of 'feat', 'y'"):  # no key given
+        hmgstore.load(tmp_path / "both.pt", "cpu", progress=False)

@@ -138,7 +138,7 @@ def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) ->
     """:func:`read` of rows stored as ``fmt`` (a Format or None), and the table's shape (not a scaled host tier's)."""
     path = as_path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no file at {path}")
+        raise FileNotFoundError(f"{path} is a directory, not a file of rows" if path.is_dir() else f"no file at {path}")
     suffix = path.suffix.lower()
     npy = suffix == ".npy" or starts_as_npy(path)  # a .npy under another name (.pt too): its header, never rows
     if suffix in (".pt", ".pth") and not npy:
@@ -316,7 +316,9 @@ def _read_torch(path: Path, key, fmt, backing, progress) -> tuple[torch.Tensor, 
         if key not in tensors:
             if not tensors:
                 raise ValueError(f"{path.name} holds a dict without a tensor among its values")
-            raise ValueError(f"{path.name} holds a dict; pass key= one of {', '.join(sorted(map(repr, tensors)))}")
+            given = "" if key is None else f", and {key!r} is not one of its keys"
+            raise ValueError(f"{path.name} holds a dict{given}; pass key= one of "
+                             f"{', '.join(sorted(map(repr, tensors)))}")
         obj = tensors[key]
     elif key is not None:
         what = "a single tensor" if isinstance(obj, torch.Tensor) else f"a {type(obj).__name__}, not a dict"
