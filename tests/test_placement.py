@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import hmgstore
 from hmgstore.rows import hotness, placement
 
 
@@ -211,3 +212,13 @@ def test_by_hotness_states_and_keeps_its_contract():
         hotness.by_hotness(torch.tensor([1]), 100, -4)
     with pytest.raises(ValueError, match="not a whole number of bytes"):
         hotness.by_hotness(torch.tensor([1]), 2.5, 8)
+
+
+def test_an_order_that_is_not_ids_is_named_and_a_uint8_order_is_ids():
+    """A layout or hot order is a list of rows: a string is refused naming the argument (not as a table index),
+    and a uint8 tensor is read as ids (never as the mask torch would make of a uint8 index)."""
+    x = torch.arange(8.0).reshape(4, 2)
+    with pytest.raises(TypeError, match=r"layout is row ids \(an integer tensor, numpy array or list\), got str"):
+        hmgstore.HybridTensor(x, "cpu", layout="zz")
+    table = hmgstore.HybridTensor(x, "cpu", layout=torch.tensor([3, 1, 0, 2], dtype=torch.uint8), progress=False)
+    assert torch.equal(table[torch.arange(4)], x)

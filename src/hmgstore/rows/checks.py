@@ -203,6 +203,10 @@ def id_list(ids, name: str, num_rows: int, *, source: str | None = None) -> torc
     ``source`` in every case.
     """
     try:
+        if not isinstance(ids, (torch.Tensor, np.ndarray, list, tuple, range)):
+            raise TypeError(f"{name} is row ids (an integer tensor, numpy array or list), got {type(ids).__name__}")
+        if isinstance(ids, torch.Tensor) and ids.dtype == torch.uint8:  # ids: a list of rows is never a mask
+            ids = ids.long()
         if isinstance(ids, np.ndarray) and ids.dtype.kind not in "iu":
             raise TypeError(f"{name} holds {ids.dtype} values; ids are integers (floats are never truncated)")
         if isinstance(ids, torch.Tensor) and (ids.dtype.is_floating_point or ids.dtype.is_complex
