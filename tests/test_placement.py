@@ -222,3 +222,8 @@ def test_an_order_that_is_not_ids_is_named_and_a_uint8_order_is_ids():
         hmgstore.HybridTensor(x, "cpu", layout="zz")
     table = hmgstore.HybridTensor(x, "cpu", layout=torch.tensor([3, 1, 0, 2], dtype=torch.uint8), progress=False)
     assert torch.equal(table[torch.arange(4)], x)
+
+
+def test_a_misspelt_backing_is_refused_even_where_nothing_is_copied():
+    with pytest.raises(ValueError, match=r"backing must be one of \('auto', 'hugepage', 'cuda'\), got 'zz'"):
+        hmgstore.HybridTensor(torch.ones(4, 2), "cpu", backing="zz")

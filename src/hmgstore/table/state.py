@@ -54,6 +54,8 @@ class Table:
         permutation); a table's own source is copied in that order, a stored host tier is in it already.
         """
         self.device = device
+        if backing not in owned.BACKINGS:  # checked even where nothing is copied: a misspelt value is not ignored
+            raise ValueError(f"backing must be one of {owned.BACKINGS}, got {backing!r}")
         self._given = source  # what the caller passed: a read-only array is handed back as it is
         self._source, self._read_only = as_host_tensor(source)  # a memmap cut short raises: not SIGBUS in a copy
         checks.table_dtype(self._source.dtype if dtype is None else dtype)  # before any copy, write or pickle
