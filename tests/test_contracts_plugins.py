@@ -86,6 +86,15 @@ def test_a_node_id_past_the_node_count_names_the_argument_of_each_entry_point():
             build()
 
 
+def test_a_csc_or_csr_pair_given_the_wrong_way_round_is_told_its_order():
+    row, colptr = torch.tensor([1, 0, 2]), torch.tensor([0, 1, 3])
+    with pytest.raises(ValueError, match=r"the pair is \(row, colptr\), in that order"):
+        to_csc((colptr, row), "csc")
+    with pytest.raises(ValueError, match=r"the pair is \(rowptr, col\), in that order"):
+        to_csc((row, colptr), "csr")
+    assert to_csc((row, colptr), "csc").row.tolist() == [1, 0, 2]  # the right order builds
+
+
 def test_to_csc_refuses_sizes_that_disagree_with_the_tensors():
     with pytest.raises(IndexError, match=r"edge_index\[0\] holds a node id outside \[0, 2\)"):
         to_csc(torch.tensor([[2, 0], [0, 1]]), "coo", (2, 5))

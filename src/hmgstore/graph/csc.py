@@ -223,6 +223,15 @@ def _as_index(tensor, what: str) -> torch.Tensor:
     return tensor.to("cpu", torch.int64)
 
 
+def _pair_offsets(ptr: torch.Tensor, name: str, total: int, pair: str) -> None:
+    """:func:`hmgstore.rows.checks.offsets`, its error saying the pair's order: a pair given the other way round
+    fails here first."""
+    try:
+        checks.offsets(ptr, name, total)
+    except ValueError as err:
+        raise ValueError(f"{err}; the pair is {pair}, in that order") from None
+
+
 def _node_count(ids: torch.Tensor, bound: int | None, what: str) -> int:
     """``bound`` (or ``max + 1`` when None) after checking every id is in ``[0, bound)``."""
     if ids.numel() == 0:
@@ -305,7 +314,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
 
     if layout == "csc":
         row, colptr = _as_index(first, "row"), _as_index(second, "colptr")
-        checks.offsets(colptr, "colptr", row.numel())
+        _pair_offsets(colptr, "colptr", row.numel(), "(row, colptr)")
         if num_dst is not None and colptr.numel() != num_dst + 1:
             raise ValueError(f"colptr has {colptr.numel()} entries for {num_dst} destination nodes (needs num_dst + 1)")
         num_src = _node_count(row, num_src, "row")
@@ -317,7 +326,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
 
     if layout == "csr":
         rowptr, col = _as_index(first, "rowptr"), _as_index(second, "col")
-        checks.offsets(rowptr, "rowptr", col.numel())
+        _pair_offsets(rowptr, "rowptr", col.numel(), "(rowptr, col)")
         if num_src is not None and rowptr.numel() != num_src + 1:
             raise ValueError(f"rowptr has {rowptr.numel()} entries for {num_src} source nodes (needs num_src + 1)")
         row, num_src, is_sorted = ptr2index(rowptr, col.numel()), rowptr.numel() - 1, False
