@@ -40,4 +40,3 @@ def kept_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     if key not in _kept_streams:
         _kept_streams[key] = torch.cuda.Stream(device)
     return _kept_streams[key]
-
