@@ -209,6 +209,18 @@ def test_attach_accepts_tables_of_each_kind_and_adds_keys(small_graph):
     assert "hmgstore" in repr(g)
 
 
+def test_attach_checks_its_device_even_when_every_table_is_already_a_hybrid_tensor(small_graph):
+    g = _homogeneous(small_graph, torch.int64)
+    table = hmgstore.HybridTensor(small_graph.x, "cpu")
+    with pytest.raises(ValueError, match="live on 'cpu' or 'cuda' devices"):
+        hdgl.attach(g, {"feat": table}, device="meta")
+    if not torch.cuda.is_available():  # the GPU-less machine's own error, with its fix
+        with pytest.raises(RuntimeError, match="CUDA"):
+            hdgl.attach(g, {"feat": table}, device="cuda:7")
+    assert not hasattr(g, "_hmgstore_storages")  # nothing attached
+    assert hdgl.attach(g, {"feat": table}, device="cpu") is g
+
+
 def test_attach_refuses_bad_input_and_changes_nothing(small_graph):
     g = _homogeneous(small_graph, torch.int64)
     hetero, features = _heterogeneous(small_graph, torch.int64)

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
-from hmgstore import FeatureTable, HybridTensor
+from hmgstore import FeatureTable, HybridTensor, resolve_device
 from hmgstore.rows import checks
 
 from ._compat import import_dgl
@@ -324,7 +324,8 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
     ``prefetch_edge_feats=[key]`` then fetches them in the same gather as
     the node features.
     ``device``: for wrapped tables only; None means the current GPU if torch
-    sees one, else the CPU.
+    sees one, else the CPU. A device that does not exist raises, as for
+    every table, even where every table is already a HybridTensor.
 
     ``g.ndata[key]``/``g.edata[key]`` keep working: a key the graph's frames
     lack reads the whole table (:mod:`hmgstore.plugins.dgl.views`).
@@ -350,6 +351,7 @@ def attach(graph, features: Mapping | None = None, *, edata: Mapping | None = No
         raise TypeError("edata must be a dict {key: table} or {key: {etype: table}}")
     if not features and not edata:
         raise TypeError("nothing to attach: features (and edata) are empty")
+    device = None if device is None else resolve_device(device)  # checked even when no table needs it
     storages, edge_storages = {}, _edge_storages(graph, edata or {}, device)
     features = features or {}
     for key, value in features.items():
