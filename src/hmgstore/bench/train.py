@@ -221,8 +221,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
             result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                                  topology_cache, threads, overlap, overlap_reads)
             # whether its samplers ran on a stream of their own: GPU samplers only (stock's is PyG's, on the CPU)
-            own = sampling_stream.OWN_STREAM and device.type == "cuda" and base_of(config) != "stock"
-            return {**result, "sampler_stream": own}
+            on_stream = sampling_stream.OWN_STREAM and device.type == "cuda" and base_of(config) != "stock"
+            return {**result, "sampler_stream": on_stream}
     finally:
         gather_kernel.EXCLUSIVE = exclusive
         if own:
