@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..graph import sampling_stream
+from ..util.environ import environ
 
 
 def _resident_gb() -> float | None:
@@ -131,14 +132,10 @@ def sampler_stream_as(value: str | None):
     if value is None:
         yield
         return
-    own, env = sampling_stream.OWN_STREAM, os.environ.get("HMGSTORE_SAMPLER_STREAM")
+    own = sampling_stream.OWN_STREAM
     sampling_stream.OWN_STREAM = value == "on"
-    os.environ["HMGSTORE_SAMPLER_STREAM"] = "1" if value == "on" else "0"
     try:
-        yield
+        with environ({"HMGSTORE_SAMPLER_STREAM": "1" if value == "on" else "0"}):
+            yield
     finally:
         sampling_stream.OWN_STREAM = own
-        if env is None:
-            os.environ.pop("HMGSTORE_SAMPLER_STREAM", None)
-        else:
-            os.environ["HMGSTORE_SAMPLER_STREAM"] = env

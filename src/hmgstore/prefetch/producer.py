@@ -61,6 +61,7 @@ import torch
 
 from ..rows import checks
 from ..util.device import resolve_device
+from ..util.environ import environ
 from . import shared_ring as ring
 from .pipeline import check_fuse, check_max_sms, check_overlap_reads
 from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
@@ -228,20 +229,16 @@ class Producer:
         env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.sm_percent)} if self.sm_percent else {}
         if self.mps_priority is not None:
             env["CUDA_MPS_CLIENT_PRIORITY"] = str(self.mps_priority)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # the spawned process copies the environment at start
         try:
             self.process = ctx.Process(target=serve, name="hmgstore-producer", daemon=True, args=(
                 self.make_loader, self.device, self.depth + 1, self.seed, (self.max_sms, self.fuse, self.overlap_reads),
                 self._commands, self._results))
-            self.process.start()
+            with environ(env):  # the spawned process copies the environment at start
+                self.process.start()
         except Exception as err:
             self.process = None
             self.close()
             raise start_error(self.make_loader, err) from err
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         kind, _, *rest = self._get(starting=True)
         if kind == "error":
             self.close()
