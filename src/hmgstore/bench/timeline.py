@@ -8,7 +8,10 @@ the same process) or the loader's (every other stream: the pipeline's sampling, 
   Grown beside the loader, the step shares SMs or memory with it;
 - ``loader_ms``: the loader's kernels' and copies' summed time;
 - ``overlap_ms``: the time both sides ran at once;
-- ``busy_ms`` and ``idle_ms``: the GPU's time with any work, and with none, over the window.
+- ``busy_ms`` and ``idle_ms``: the GPU's time with any work, and with none, over the window;
+- ``loader_kernels``: the loader's milliseconds a batch by kernel (or copy) name, the largest first, and
+  ``step_grown``: the step's kernels whose time grew most beside the loader, ``[alone, beside]`` milliseconds:
+  which of the loader's work to cut, and which of the step's it slows.
 
 Read: ``wall = busy + idle``, and ``busy <= step + loader - overlap`` (equal where no two streams of one side
 run at once; the loader's streams often do), so a GPU-bound epoch (idle near 0) gains only by more overlap or
@@ -25,14 +28,40 @@ import tempfile
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def gpu_intervals(trace: dict) -> list[tuple[int, float, float]]:
-    """``(stream, start_us, end_us)`` of each piece of GPU work in a chrome trace (``export_chrome_trace``)."""
+#: How many kernel names ``loader_kernels`` and ``step_grown`` list.
+TOP_KERNELS = 12
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without its return type and arguments (a demangled name can run to kilobytes); the
+    template arguments stay: they tell torch's elementwise kernels apart."""
+    name = name.removeprefix("void ")
+    return (name[:name.index("(")] if "(" in name else name).strip()
+
+
+def gpu_intervals(trace: dict) -> list[tuple[int, float, float, str]]:
+    """``(stream, start_us, end_us, name)`` of each piece of GPU work in a chrome trace (``export_chrome_trace``),
+    ``name`` as :func:`short_name` gives it."""
     out = []
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "stream" in e.get("args", {}):
             start = float(e["ts"])
-            out.append((int(e["args"]["stream"]), start, start + float(e.get("dur", 0.0))))
+            out.append((int(e["args"]["stream"]), start, start + float(e.get("dur", 0.0)), short_name(e.get("name", ""))))
     return out
+
+
+def by_name(intervals, reps: int) -> dict[str, float]:
+    """Milliseconds a batch (of ``reps``) by name, the largest first."""
+    totals: dict[str, float] = {}
+    for _, start, end, name in intervals:
+        totals[name] = totals.get(name, 0.0) + (end - start) / reps / 1e3
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def grown(alone: dict[str, float], beside: dict[str, float]) -> dict[str, list[float]]:
+    """``[alone, beside]`` of the :data:`TOP_KERNELS` names whose time grew most from ``alone`` to ``beside``."""
+    names = sorted(beside, key=lambda n: alone.get(n, 0.0) - beside[n])[:TOP_KERNELS]
+    return {n: [alone.get(n, 0.0), beside[n]] for n in names}
 
 
 def union(intervals) -> list[tuple[float, float]]:
@@ -68,10 +97,10 @@ def split_by_stream(intervals, step_streams) -> dict:
     GPU work ``intervals`` (:func:`gpu_intervals`) whose streams in ``step_streams`` are the step's."""
     if not intervals:
         return {"wall": 0.0, "step": 0.0, "loader": 0.0, "overlap": 0.0, "busy": 0.0, "idle": 0.0}
-    step = [(s, e) for stream, s, e in intervals if stream in step_streams]
-    loader = [(s, e) for stream, s, e in intervals if stream not in step_streams]
-    wall = max(e for _, _, e in intervals) - min(s for _, s, _ in intervals)
-    busy = length(union([(s, e) for _, s, e in intervals]))
+    step = [(s, e) for stream, s, e, *_ in intervals if stream in step_streams]
+    loader = [(s, e) for stream, s, e, *_ in intervals if stream not in step_streams]
+    wall = max(e for _, _, e, *_ in intervals) - min(s for _, s, *_ in intervals)
+    busy = length(union([(s, e) for _, s, e, *_ in intervals]))
     return {"wall": wall, "step": sum(e - s for s, e in step), "loader": sum(e - s for s, e in loader),
             "overlap": intersection(union(step), union(loader)), "busy": busy, "idle": wall - busy}
 
@@ -101,9 +130,12 @@ def per_batch(alone, alone_reps: int, epoch, reps: int) -> dict:
     from the pipeline and trained on, with the step's streams and ``step_alone_ms`` from ``alone``, that of
     ``alone_reps`` steps on batches made beforehand (both :func:`profiled_intervals`). ``step_streams`` is
     empty where the step alone ran no GPU work: then every stream counts as the loader's."""
-    streams = sorted({stream for stream, _, _ in alone})
+    streams = sorted({stream for stream, *_ in alone})
     out = {f"{k}_ms": v / reps / 1e3 for k, v in split_by_stream(epoch, set(streams)).items()}
-    out["step_alone_ms"] = sum(e - s for _, s, e in alone) / alone_reps / 1e3
+    out["step_alone_ms"] = sum(e - s for _, s, e, *_ in alone) / alone_reps / 1e3
     out["step_streams"] = streams
     out["batches"] = reps
+    loader = by_name([w for w in epoch if w[0] not in streams], reps)
+    out["loader_kernels"] = dict(list(loader.items())[:TOP_KERNELS])
+    out["step_grown"] = grown(by_name(alone, alone_reps), by_name([w for w in epoch if w[0] in streams], reps))
     return out
