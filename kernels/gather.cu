@@ -189,7 +189,7 @@ __device__ __forceinline__ void decode_job_rows(const char* const (&src)[ROWS], 
 #endif
 
 extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, int num_jobs, i64 total_tiles,
-                                                i64* err) {
+                                                i64* err, int pass) {
   for (i64 tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     int j = 0;
     while (j + 1 < num_jobs && jobs[(j + 1) * J_WORDS + J_TILE_START] <= tile) ++j;
@@ -207,6 +207,8 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
     const void* map = reinterpret_cast<const void*>(job[J_MAP]);
     const int ntiers = (int)job[J_NTIERS];
     const i64 narrow = job[J_NARROW];
+    // bit t set: this pass leaves tier t's rows to the other one
+    const i64 skip = pass == PASS_ALL ? 0 : pass == PASS_LOCAL ? ~job[J_LOCAL] : job[J_LOCAL];
 
     const char* src[ROWS];
     char* dst[ROWS];
@@ -219,6 +221,7 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
       if (r >= n) continue;
       const i64 id = (flags & F_IDS64) ? reinterpret_cast<const i64*>(ids)[r] : reinterpret_cast<const int*>(ids)[r];
       if (id < 0 || id >= num_rows) {
+        if (pass == PASS_LOCAL) continue;  // the remote pass reports it
         const i64 position = perm ? perm[r] : r;
         dst[k] = reinterpret_cast<char*>(job[J_OUT]) + position * row_bytes;
         bad_rows |= 1u << k;
@@ -235,6 +238,7 @@ extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, i
       int t = 0;
       while (t < ntiers && nid >= job[J_BOUNDS + t + 1]) ++t;
       if (t == ntiers || nid < job[J_BOUNDS]) continue;
+      if ((skip >> t) & 1) continue;
       src[k] = reinterpret_cast<const char*>(job[J_BASE + t]) + (nid - job[J_BOUNDS + t]) * job[J_PITCH + t];
       dst[k] = reinterpret_cast<char*>(job[J_OUT]) + (perm ? perm[r] : r) * row_bytes;
       if ((narrow >> t) & 1) narrow_rows |= 1u << k;

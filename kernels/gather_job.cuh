@@ -18,7 +18,8 @@
 #define J_BASE (J_BOUNDS + MAX_TIERS + 1)    // MAX_TIERS words: address of each tier's first row
 #define J_PITCH (J_BASE + MAX_TIERS)         // MAX_TIERS words: bytes between a tier's rows
 #define J_NARROW (J_PITCH + MAX_TIERS)       // bit t set: tier t stores rows in the job's format (F_FMT_*), decoded
-#define J_WORDS (J_NARROW + 1)
+#define J_LOCAL (J_NARROW + 1)   // bit t set: tier t is in the launching GPU's own memory (PASS_LOCAL reads it)
+#define J_WORDS (J_LOCAL + 1)
 
 #define F_IDS64 1         // ids are int64 (else int32)
 #define F_MAP64 2         // map is int64 (else int32)
@@ -30,6 +31,13 @@
 #define FMT_BF16 2        //   bfloat16
 #define FMT_E4M3 3        //   float8 e4m3 values, then a float32 scale per row
 #define FMT_INT8 4        //   int8 values, then a float32 scale per row
+
+// A launch's pass: which of its rows it copies. A capped gather of a table with rows in GPU memory and rows
+// elsewhere may run two launches (hmgstore/cuda/gather.py says when): the local rows with the GPU's full width,
+// the others (host, peer GPUs) under the cap, where they wait on the link.
+#define PASS_ALL 0     // every row, and ids out of range
+#define PASS_LOCAL 1   // rows of tiers with their J_LOCAL bit set
+#define PASS_REMOTE 2  // rows of the other tiers, and ids out of range
 
 // The error record a launch may be given (4 int64 words, device memory, zeroed): the first id out of
 // range sets E_FLAG to 1 and writes which job, which output position and the id itself.

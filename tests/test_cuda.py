@@ -41,6 +41,26 @@ def test_job_words_layout():
     assert flags & L["F_IDS64"] == 0  # int32 ids
 
 
+def test_local_tiers_are_marked_and_a_capped_gather_splits_only_where_asked(monkeypatch):
+    """J_LOCAL marks the tiers in the GPU's own memory; a capped launch reads them in a pass of its own, uncapped,
+    only with CAPPED_ROWS="remote" and rows both local and remote; whole-SM launches stay one pass."""
+    tiers = [Tier("replica", 0, 3, torch.arange(3), 1 << 20, 40), Tier("shard1", 3, 5, torch.arange(2), 1 << 21, 40),
+             Tier("gpu", 5, 7, torch.arange(2), 1 << 22, 40), Tier("host", 7, 107, None, 1 << 30, 64)]
+    assert gather.tier_words(tiers, None, 107, 40)[L["J_LOCAL"]] == 0b0101
+    mixed = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 107, 40, tiers)
+    host = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 107, 40, tiers[3:])
+    whole = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 7, 40, tiers[2:3])
+    one, two = (L["PASS_ALL"],), (L["PASS_LOCAL"], L["PASS_REMOTE"])
+    monkeypatch.setattr(gather, "CAPPED_ROWS", "all")
+    assert gather.passes([mixed], 12, 0) == one
+    monkeypatch.setattr(gather, "CAPPED_ROWS", "remote")
+    assert gather.passes([mixed], 12, 0) == two
+    assert gather.passes([host, whole], 12, 0) == two  # local and remote rows in different jobs of one launch
+    assert gather.passes([mixed], None, 0) == one  # uncapped: nothing to split
+    assert gather.passes([mixed], 12, 50_000) == one  # whole SMs
+    assert gather.passes([host], 12, 0) == one and gather.passes([whole], 12, 0) == one
+
+
 def test_too_many_tiers_refused():
     tiers = [Tier("host", 0, 2, None, 0, 16)] * (gather.MAX_TIERS + 1)
     job = gather.Job(torch.arange(2), None, torch.empty(2, 4), None, 2, 16, tiers)
@@ -53,7 +73,7 @@ def test_job_layout_is_read_from_the_header_the_kernel_is_compiled_with():
     kernel = importlib.resources.files("hmgstore.kernels").joinpath(gather.SOURCE).read_text()
     assert gather.read_layout(header) == gather.LAYOUT
     assert L["J_BASE"] == L["J_BOUNDS"] + L["MAX_TIERS"] + 1 and L["J_NARROW"] == L["J_PITCH"] + L["MAX_TIERS"]
-    assert L["J_WORDS"] == L["J_NARROW"] + 1 and gather.E_WORDS == 4
+    assert L["J_LOCAL"] == L["J_NARROW"] + 1 and L["J_WORDS"] == L["J_LOCAL"] + 1 and gather.E_WORDS == 4
     assert "#define J_" not in kernel  # the layout is written once, in the header
     assert gather.read_layout("#define A 3\n#define B (A + 4) // seven\n") == {"A": 3, "B": 7}
     with pytest.raises(ValueError, match="only integers"):

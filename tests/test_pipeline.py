@@ -274,8 +274,12 @@ def test_auto_cap_is_off_for_tables_whole_on_the_gpu_and_on_for_host_tables():
     whole, _ = from_data(data, device="cuda", gpu_budget=2**40, progress=False)
     host, _ = from_data(data, device="cuda", gpu_budget=None, progress=False)  # gpu_budget="auto" would fit it all
     device = torch.device("cuda", torch.cuda.current_device())
-    assert hmgstore.Pipeline(type("L", (), {"data": (whole, None)})(), device=device)._auto_sms() is None
-    assert hmgstore.Pipeline(type("L", (), {"data": (host, None)})(), device=device)._auto_sms() == auto_sms(device)
+
+    def loader(stores):  # a loader's stores are found through its .data (a PyG loader's)
+        return type("Loader", (), {"data": (stores, None), "__iter__": lambda self: iter(())})()
+
+    assert hmgstore.Pipeline(loader(whole), device=device)._auto_sms() is None
+    assert hmgstore.Pipeline(loader(host), device=device)._auto_sms() == auto_sms(device)
 
 
 @pytest.mark.gpu

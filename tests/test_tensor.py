@@ -443,6 +443,38 @@ def test_stream_and_max_sms(cuda_device, monkeypatch, exclusive):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("index_on", ["cpu", "cuda"])
+def test_capped_gather_in_two_passes_is_exact_and_reports_bad_ids(cuda_device, monkeypatch, index_on):
+    """CAPPED_ROWS="remote": the GPU tier's rows in an uncapped launch, then the host rows capped; every row
+    written once, exact in float32 and int8, into a poisoned output; an id out of range still reported."""
+    from hmgstore.cuda import gather
+
+    monkeypatch.setattr(gather, "CAPPED_ROWS", "remote")
+    launches = []
+    real = gather.run
+    monkeypatch.setattr(gather, "run", lambda packed, *a, **k: launches.append(packed) or real(packed, *a, **k))
+    x = random_table(30_000, (128,), torch.float32, seed=21)
+    idx = torch.randint(0, 30_000, (70_000,))
+    fmt = hmgstore.rows.formats.get("int8")
+    for compress in (None, "int8"):
+        t = hmgstore.HybridTensor(x, cuda_device, gpu_rows=torch.randperm(30_000)[:9_000], max_sms=2,
+                                  compress=compress)
+        want = x if compress is None else fmt.decode(fmt.encode(x), (128,))
+        out = torch.full((70_000, 128), float("nan"), device=cuda_device)
+        t.gather(idx.to(cuda_device) if index_on == "cuda" else idx, out=out)
+        assert_same(out, want[idx])
+        assert launches[-1].passes == (gather.LAYOUT["PASS_LOCAL"], gather.LAYOUT["PASS_REMOTE"])
+        bad = idx[:100].clone()
+        bad[57] = 30_000
+        with pytest.raises(IndexError, match="30000"):
+            t.gather(bad.to(cuda_device) if index_on == "cuda" else bad, check="sync")
+        check_context_alive(cuda_device)
+        whole = hmgstore.HybridTensor(x[:500], cuda_device, gpu_rows=torch.arange(500), max_sms=2, compress=compress)
+        assert_same(whole[torch.tensor([499, 3])], want[[499, 3]])
+        assert launches[-1].passes == (gather.LAYOUT["PASS_ALL"],)  # nothing remote: one launch
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("bad", [-1, 1000, 2**31, 2**40, -(2**40)])
 @pytest.mark.parametrize("index_on", ["cpu", "cuda"])
 def test_bad_index_raises_and_context_survives(bad, index_on, cuda_device):

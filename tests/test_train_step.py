@@ -430,6 +430,33 @@ def test_each_configuration_builds_after_the_last_ones_tables_are_freed(tmp_path
     assert alive == [[], [False], [False, False]]
 
 
+def test_capped_rows_values_share_a_loader_and_leave_the_setting_as_it_was(tmp_path, monkeypatch):
+    """--capped-rows all remote: each pipelined cache configuration once per value (name/rowsV) on one loader
+    (the setting is read at each launch), run with the setting and the producer's environment variable set;
+    afterwards both are as before."""
+    from hmgstore.bench import train
+    from hmgstore.cuda import gather
+
+    seen, real = [], train._run_config
+
+    def run_config(config, *args, **kwargs):
+        seen.append((config, gather.CAPPED_ROWS, os.environ.get("HMGSTORE_CAPPED_ROWS")))
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(train, "_run_config", run_config)
+    monkeypatch.delenv("HMGSTORE_CAPPED_ROWS", raising=False)
+    report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache", "cache+pipe",
+                                   "--capped-rows", "all", "remote", "--out", str(tmp_path)]))
+    assert list(report["configs"]) == ["cache", "cache+pipe/rowsall", "cache+pipe/rowsremote"]
+    assert report["configs"]["cache+pipe/rowsremote"]["loader_of"] == "cache+pipe/rowsall"
+    assert seen == [("cache", "all", "all"), ("cache+pipe/rowsall", "all", "all"),  # the others under the first
+                    ("cache+pipe/rowsremote", "remote", "remote")]
+    assert report["capped_rows"] == ["all", "remote"]
+    assert gather.CAPPED_ROWS == "all" and "HMGSTORE_CAPPED_ROWS" not in os.environ
+    assert train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache+pipe", "--out",
+                                 str(tmp_path)]))["capped_rows"] == "all"  # the library's, where none is given
+
+
 def test_sampler_stream_values_build_a_loader_each_and_leave_the_setting_as_it_was(tmp_path, monkeypatch):
     """--sampler-stream on off: the pipelined cache configuration once per value (name/streamV), the others
     under the first value, each with a loader

@@ -45,8 +45,8 @@ def gpu_intervals(trace: dict) -> list[tuple[int, float, float, str]]:
     out = []
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "stream" in e.get("args", {}):
-            start = float(e["ts"])
-            out.append((int(e["args"]["stream"]), start, start + float(e.get("dur", 0.0)), short_name(e.get("name", ""))))
+            start, name = float(e["ts"]), short_name(e.get("name", ""))
+            out.append((int(e["args"]["stream"]), start, start + float(e.get("dur", 0.0)), name))
     return out
 
 
@@ -105,7 +105,7 @@ def split_by_stream(intervals, step_streams) -> dict:
             "overlap": intersection(union(step), union(loader)), "busy": busy, "idle": wall - busy}
 
 
-def profiled_intervals(fn, reps: int) -> list[tuple[int, float, float]]:
+def profiled_intervals(fn, reps: int) -> list[tuple[int, float, float, str]]:
     """:func:`gpu_intervals` of ``reps`` calls of ``fn`` (the GPU synchronised before and after)."""
     import torch
     from torch.profiler import ProfilerActivity, profile

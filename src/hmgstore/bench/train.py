@@ -77,6 +77,7 @@ from .report import header, write_report
 from .train_alone import _rate, _step_alone, ceilings, counted_stats
 from .train_configs import (
     Kept,
+    _capped_rows,
     _hollow,
     _mode,
     _repeated,
@@ -85,6 +86,7 @@ from .train_configs import (
     _with_caps,
     _with_variants,
     base_of,
+    capped_rows_as,
     sampler_stream_as,
     variant,
 )
@@ -177,6 +179,11 @@ def _add_variant_options(p: argparse.ArgumentParser) -> None:
                         "on the loader's (off) (hmgstore.graph.sampling_stream; a producer gets it through "
                         "HMGSTORE_SAMPLER_STREAM); several values: each once per value, as name/streamV, the others "
                         "under the first. Default: as the environment's HMGSTORE_SAMPLER_STREAM says")
+    p.add_argument("--capped-rows", choices=("all", "remote"), nargs="+", default=[None],
+                   help="pipelined cache configurations: the rows their gathers' SM cap holds, all of them or only "
+                        "those read over a link, the GPU tier's then read uncapped (hmgstore.cuda.gather.CAPPED_ROWS, "
+                        "HMGSTORE_CAPPED_ROWS); several values: each once per value, as name/rowsV, the others under "
+                        "the first. Default: the library's")
     p.add_argument("--repeat", type=flags.positive, default=1,
                    help="run the whole list of configurations this many times, interleaved (name/runK for K >= 2): "
                         "the spread between runs of one configuration is the run's noise")
@@ -217,7 +224,8 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     exclusive = gather_kernel.EXCLUSIVE
     gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str) == "whole"
     try:
-        with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)):
+        with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)), \
+                capped_rows_as(variant(config, "rows", getattr(args, "capped_rows", [None])[0], str)):
             result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                                  topology_cache, threads, overlap, overlap_reads)
             # whether its samplers ran on a stream of their own: GPU samplers only (stock's is PyG's, on the CPU)
@@ -308,10 +316,9 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
     return result
 
 
-def run(args) -> dict:
-    """Train every configuration in turn; write and return the report."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+def _configs(args, cuda: bool) -> list[str]:
+    """The configurations to run, in order: those asked for that this machine can run, each once per value of
+    every option given several (``name/keyV``), the whole list ``--repeat`` times."""
     configs = [c for c in args.configs if cuda or not c.startswith("all_gpu")]
     try:
         import torch_sparse  # noqa: F401
@@ -326,11 +333,20 @@ def run(args) -> dict:
     configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
     configs = [v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                             if _mode(c) and base_of(c) != "api" else [c])]
-    configs = [v for c in configs for v in (_with_variants([c], "stream", args.sampler_stream) if _mode(c) else [c])]
+    configs = [v for c in configs for v in (_with_variants(_with_variants([c], "stream", args.sampler_stream), "rows",
+                                                           args.capped_rows) if _mode(c) else [c])]
     if len(args.sampler_stream) > 1:  # one loader build per stream value, producers last (the graph then freed)
         configs.sort(key=lambda c: (_mode(c) == "proc", args.sampler_stream.index(
             variant(c, "stream", args.sampler_stream[0], str))))
     configs = _repeated(configs, args.repeat)
+    return configs
+
+
+def run(args) -> dict:
+    """Train every configuration in turn; write and return the report."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    configs = _configs(args, cuda)
     data, csc, train, classes, name = build_graph(args.graph, args.feat_dim)
     fanout = ",".join(map(str, args.fanout))
     report = {
@@ -344,6 +360,7 @@ def run(args) -> dict:
                 "trainer_priority": os.environ.get("CUDA_MPS_CLIENT_PRIORITY")},
         "sampler_graphs": args.sampler_graphs,
         "sampler_stream": args.sampler_stream if any(args.sampler_stream) else sampling_stream.OWN_STREAM,
+        "capped_rows": args.capped_rows if any(args.capped_rows) else _capped_rows(),
         "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
         "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,

@@ -80,6 +80,13 @@ def _with_caps(configs: list, caps: list) -> list:
     return out
 
 
+def _capped_rows() -> str:
+    """The library's :data:`hmgstore.cuda.gather.CAPPED_ROWS` (the report's where no value is given)."""
+    from ..cuda import gather
+
+    return gather.CAPPED_ROWS
+
+
 def _whole_sm_launch(device) -> dict | None:
     """Whether capped gathers can hold whole SMs on ``device``: the shared memory a block asks for, per kernel
     build (None: that build spreads its blocks), or None without a GPU."""
@@ -139,3 +146,22 @@ def sampler_stream_as(value: str | None):
             yield
     finally:
         sampling_stream.OWN_STREAM = own
+
+
+@contextlib.contextmanager
+def capped_rows_as(value: str | None):
+    """Gathers launched in the block cap the rows ``value`` says (:data:`hmgstore.cuda.gather.CAPPED_ROWS`, read at
+    each launch), and a producer started in it alike (its environment); both as before afterwards. ``None``: as
+    they are."""
+    if value is None:
+        yield
+        return
+    from ..cuda import gather
+
+    before = gather.CAPPED_ROWS
+    gather.CAPPED_ROWS = value
+    try:
+        with environ({"HMGSTORE_CAPPED_ROWS": value}):
+            yield
+    finally:
+        gather.CAPPED_ROWS = before

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -35,6 +36,12 @@ EXCLUSIVE = False
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
 CARVEOUT = 100
+#: Which rows of a capped gather the cap holds: ``"all"``, or ``"remote"``: only those read over a link (host, peer
+#: GPUs), the rows in the GPU's own memory then read by a launch of their own with the GPU's full width
+#: (:func:`passes`). Set by ``HMGSTORE_CAPPED_ROWS`` in the environment (a producer process inherits it) or here.
+CAPPED_ROWS = os.environ.get("HMGSTORE_CAPPED_ROWS", "all")
+#: Tiers in the reading GPU's own memory (a placement's tier names): the local pass's.
+LOCAL_TIERS = ("gpu", "replica")
 
 
 def _evaluate(expr: str, known: dict[str, int]) -> int:
@@ -148,6 +155,8 @@ def tier_words(tiers: Sequence, map: torch.Tensor | None, num_rows: int, row_byt
         words[L["J_PITCH"] + t] = tier.pitch
         if tier.stored is not None:
             words[L["J_NARROW"]] |= 1 << t
+        if tier.name in LOCAL_TIERS:
+            words[L["J_LOCAL"]] |= 1 << t
     return words
 
 
@@ -307,6 +316,25 @@ class Packed:
     max_sms: int | None = None  # the launch's cap: the tables' and the packing thread's (capped_gathers)
     smem: int = 0  # a capped launch's shared memory per block (exclusive_smem), 0: none
     block: int = BLOCK
+    passes: tuple[int, ...] = (LAYOUT["PASS_ALL"],)  # the launches it takes (gather_job.cuh's PASS_*), in order
+
+
+def passes(jobs: Sequence[Job], max_sms: int | None, smem: int) -> tuple[int, ...]:
+    """The launches a gather of ``jobs`` takes: one for every row, or, where the cap holds the remote rows only
+    (:data:`CAPPED_ROWS`) and the jobs read rows both in the GPU's memory and over a link, the local rows uncapped
+    and then the others capped (whole-SM launches, :data:`EXCLUSIVE`, keep one pass).
+
+    Why. A capped launch exists so that rows that wait on PCIe do not hold the GPU beside the training step; the
+    rows already in GPU memory are bandwidth-bound and, under the same cap, stretch the launch to several times
+    their uncapped time (the local rows' tiles run first in a page-grouped batch)."""
+    L = LAYOUT
+    if max_sms is None or CAPPED_ROWS != "remote" or smem:
+        return (L["PASS_ALL"],)
+    local = remote = False
+    for job in jobs:
+        for tier in job.tiers:
+            local, remote = local or tier.name in LOCAL_TIERS, remote or tier.name not in LOCAL_TIERS
+    return (L["PASS_LOCAL"], L["PASS_REMOTE"]) if local and remote else (L["PASS_ALL"],)
 
 
 def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | None:
@@ -327,7 +355,8 @@ def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | N
         words.extend(w)
         tile_start += tiles
     table = torch.tensor(words, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-    return Packed(table, len(kept), tile_start, kept, narrow, max_sms, smem, block)
+    return Packed(table, len(kept), tile_start, kept, narrow, max_sms, smem, block,
+                  passes([jobs[k] for k in kept], max_sms, smem))
 
 
 def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
@@ -340,15 +369,17 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
     if packed is None:
         return
     kernel = _kernel(device.index, packed.narrow, whole=bool(packed.smem))
-    if packed.smem and packed.max_sms is not None:  # one block to an SM: the cap is whole SMs
-        sms = torch.cuda.get_device_properties(device.index).multi_processor_count
-        grid = max(1, min(packed.tiles, int(packed.max_sms), sms))
-    else:
-        grid = grid_size(device.index, kernel, packed.tiles, packed.max_sms, packed.narrow)
-    with cupy().cuda.Device(device.index):
-        kernel((grid,), (packed.block,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
-                                          np.int64(packed.tiles), np.uint64(0 if err is None else err.data_ptr())),
-               stream=cupy_stream(stream), shared_mem=packed.smem)
+    for step in packed.passes:
+        cap = None if step == LAYOUT["PASS_LOCAL"] else packed.max_sms
+        if packed.smem and cap is not None:  # one block to an SM: the cap is whole SMs
+            sms = torch.cuda.get_device_properties(device.index).multi_processor_count
+            grid = max(1, min(packed.tiles, int(cap), sms))
+        else:
+            grid = grid_size(device.index, kernel, packed.tiles, cap, packed.narrow)
+        with cupy().cuda.Device(device.index):
+            kernel((grid,), (packed.block,), (np.uint64(packed.table.data_ptr()), np.int32(packed.num_jobs),
+                                              np.int64(packed.tiles), np.uint64(0 if err is None else err.data_ptr()),
+                                              np.int32(step)), stream=cupy_stream(stream), shared_mem=packed.smem)
 
 
 def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stream,
