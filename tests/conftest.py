@@ -64,7 +64,7 @@ SLOW = {
     "test_train_step.py::test_topology_cache_sets_the_samplers_gpu_budget_apart_from_the_features",
     "test_train_step.py::test_split_threads_name_cache_configurations_and_reach_the_table",
     "test_train_step.py::test_sampler_stream_values_build_a_loader_each_and_leave_the_setting_as_it_was",
-    "test_train_step.py::test_capped_rows_values_share_a_loader_and_leave_the_setting_as_it_was",
+    "test_train_step.py::test_capped_rows_and_cap_modes_reach_the_gathers_and_a_producer",
     "test_examples.py::test_batches_from_a_producer_process",
     "test_examples.py::test_two_cpu_processes",
     "test_examples.py::test_minimal_example_is_short_marked_and_trains",

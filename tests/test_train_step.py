@@ -430,17 +430,18 @@ def test_each_configuration_builds_after_the_last_ones_tables_are_freed(tmp_path
     assert alive == [[], [False], [False, False]]
 
 
-def test_capped_rows_values_share_a_loader_and_leave_the_setting_as_it_was(tmp_path, monkeypatch):
+def test_capped_rows_and_cap_modes_reach_the_gathers_and_a_producer(tmp_path, monkeypatch):
     """--capped-rows all remote: each pipelined cache configuration once per value (name/rowsV) on one loader
     (the setting is read at each launch), run with the setting and the producer's environment variable set;
-    afterwards both are as before."""
+    afterwards both are as before. --cap-mode reaches a producer through its environment alike."""
     from hmgstore.bench import train
     from hmgstore.cuda import gather
 
     seen, real = [], train._run_config
 
     def run_config(config, *args, **kwargs):
-        seen.append((config, gather.CAPPED_ROWS, os.environ.get("HMGSTORE_CAPPED_ROWS")))
+        seen.append((config, gather.CAPPED_ROWS, os.environ.get("HMGSTORE_CAPPED_ROWS"),
+                     os.environ.get("HMGSTORE_WHOLE_SMS")))
         return real(config, *args, **kwargs)
 
     monkeypatch.setattr(train, "_run_config", run_config)
@@ -449,10 +450,17 @@ def test_capped_rows_values_share_a_loader_and_leave_the_setting_as_it_was(tmp_p
                                    "--capped-rows", "all", "remote", "--out", str(tmp_path)]))
     assert list(report["configs"]) == ["cache", "cache+pipe/rowsall", "cache+pipe/rowsremote"]
     assert report["configs"]["cache+pipe/rowsremote"]["loader_of"] == "cache+pipe/rowsall"
-    assert seen == [("cache", "all", "all"), ("cache+pipe/rowsall", "all", "all"),  # the others under the first
-                    ("cache+pipe/rowsremote", "remote", "remote")]
+    assert [s[:3] for s in seen] == [("cache", "all", "all"), ("cache+pipe/rowsall", "all", "all"),  # the others
+                                     ("cache+pipe/rowsremote", "remote", "remote")]  # under the first
     assert report["capped_rows"] == ["all", "remote"]
     assert gather.CAPPED_ROWS == "all" and "HMGSTORE_CAPPED_ROWS" not in os.environ
+    seen.clear()
+    monkeypatch.delenv("HMGSTORE_WHOLE_SMS", raising=False)
+    report = train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache+proc", "--cap-mode",
+                                   "whole", "spread", "--out", str(tmp_path)]))
+    assert [(s[0], s[3]) for s in seen] == [
+        ("cache+proc/capwhole", "1"), ("cache+proc/capspread", "0")]  # a producer's cap mode: its environment
+    assert gather.EXCLUSIVE is False and "HMGSTORE_WHOLE_SMS" not in os.environ
     assert train.run(parse_args(["train", "--quick", "--no-progress", "--configs", "cache+pipe", "--out",
                                  str(tmp_path)]))["capped_rows"] == "all"  # the library's, where none is given
 

@@ -86,6 +86,7 @@ from .train_configs import (
     _with_caps,
     _with_variants,
     base_of,
+    cap_mode_as,
     capped_rows_as,
     sampler_stream_as,
     variant,
@@ -198,8 +199,8 @@ def _add_variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
                    help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', "
                         "the default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's "
-                        "whole_sm_launch says whether this GPU can); several values: each pipelined cache "
-                        "configuration once per value, as name/capV (a producer process: the library's default)")
+                        "whole_sm_launch says whether this GPU can; a producer's through HMGSTORE_WHOLE_SMS); several "
+                        "values: each pipelined cache configuration once per value, as name/capV")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
@@ -219,20 +220,16 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     threads = variant(config, "thr", args.split_threads[0] if cached else None, int)  # the CPU reads' threads
     overlap = variant(config, "overlap", args.overlap_reads[0], str)
     overlap_reads = {"on": True, "off": False}.get(overlap, overlap)
-    from ..cuda import gather as gather_kernel
-
-    exclusive = gather_kernel.EXCLUSIVE
-    gather_kernel.EXCLUSIVE = variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str) == "whole"
     try:
         with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)), \
-                capped_rows_as(variant(config, "rows", getattr(args, "capped_rows", [None])[0], str)):
+                capped_rows_as(variant(config, "rows", getattr(args, "capped_rows", [None])[0], str)), \
+                cap_mode_as(variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str)):
             result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                                  topology_cache, threads, overlap, overlap_reads)
             # whether its samplers ran on a stream of their own: GPU samplers only (stock's is PyG's, on the CPU)
             on_stream = sampling_stream.OWN_STREAM and device.type == "cuda" and base_of(config) != "stock"
             return {**result, "sampler_stream": on_stream}
     finally:
-        gather_kernel.EXCLUSIVE = exclusive
         if own:
             kept.close()
 
@@ -330,7 +327,7 @@ def _configs(args, cuda: bool) -> list[str]:
     if any(args.split_threads) and not any(args.split):
         raise ValueError("--split-threads sets the threads of the CPU's reads of a split gather: give --split too")
     configs = _with_variants(configs, "thr", args.split_threads)
-    configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) == "pipe" else [c])]
+    configs = [v for c in configs for v in (_with_variants([c], "cap", args.cap_mode) if _mode(c) else [c])]
     configs = [v for c in configs for v in (_with_variants([c], "overlap", args.overlap_reads)
                                             if _mode(c) and base_of(c) != "api" else [c])]
     configs = [v for c in configs for v in (_with_variants(_with_variants([c], "stream", args.sampler_stream), "rows",

@@ -149,19 +149,29 @@ def sampler_stream_as(value: str | None):
 
 
 @contextlib.contextmanager
-def capped_rows_as(value: str | None):
-    """Gathers launched in the block cap the rows ``value`` says (:data:`hmgstore.cuda.gather.CAPPED_ROWS`, read at
-    each launch), and a producer started in it alike (its environment); both as before afterwards. ``None``: as
-    they are."""
-    if value is None:
-        yield
-        return
+def _gather_setting_as(name: str, value, variable: str, text: str):
+    """:mod:`hmgstore.cuda.gather`'s setting ``name`` at ``value`` in the block (the gathers read it at each launch)
+    and its environment variable at ``text`` (a producer started in the block reads it when imported)."""
     from ..cuda import gather
 
-    before = gather.CAPPED_ROWS
-    gather.CAPPED_ROWS = value
+    before = getattr(gather, name)
+    setattr(gather, name, value)
     try:
-        with environ({"HMGSTORE_CAPPED_ROWS": value}):
+        with environ({variable: text}):
             yield
     finally:
-        gather.CAPPED_ROWS = before
+        setattr(gather, name, before)
+
+
+def capped_rows_as(value: str | None):
+    """Gathers launched in the block cap the rows ``value`` says (:data:`hmgstore.cuda.gather.CAPPED_ROWS`), a
+    producer started in it alike. ``None``: as they are."""
+    return contextlib.nullcontext() if value is None else \
+        _gather_setting_as("CAPPED_ROWS", value, "HMGSTORE_CAPPED_ROWS", value)
+
+
+def cap_mode_as(value: str | None):
+    """Capped gathers launched in the block hold whole SMs (``"whole"``, :data:`hmgstore.cuda.gather.EXCLUSIVE`)
+    or spread blocks (``"spread"``), a producer started in it alike. ``None``: as they are."""
+    return contextlib.nullcontext() if value is None else \
+        _gather_setting_as("EXCLUSIVE", value == "whole", "HMGSTORE_WHOLE_SMS", "1" if value == "whole" else "0")

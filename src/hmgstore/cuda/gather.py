@@ -30,8 +30,9 @@ HEADER, SOURCE = "gather_job.cuh", "gather.cu"
 KERNEL_OPTIONS: tuple[str, ...] = ()
 #: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
 #: thread slots, spread over SMs. Whole SMs sped up the training step's kernels but not the epoch, where they varied
-#: more from run to run than spread blocks (``benchmarks/results/strong-step-h100.md``).
-EXCLUSIVE = False
+#: more from run to run than spread blocks (``benchmarks/results/strong-step-h100.md``). Set by
+#: ``HMGSTORE_WHOLE_SMS=1`` in the environment (a producer process inherits it) or here.
+EXCLUSIVE = os.environ.get("HMGSTORE_WHOLE_SMS", "0") == "1"
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
