@@ -37,9 +37,12 @@ EXCLUSIVE = os.environ.get("HMGSTORE_WHOLE_SMS", "0") == "1"
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
 CARVEOUT = 100
-#: Which rows of a capped gather the cap holds: ``"all"``, or ``"remote"``: only those read over a link (host, peer
-#: GPUs), the rows in the GPU's own memory then read by a launch of their own with the GPU's full width
-#: (:func:`passes`). Set by ``HMGSTORE_CAPPED_ROWS`` in the environment (a producer process inherits it) or here.
+#: Which rows of a capped gather the cap holds: ``"all"`` (the default), or ``"remote"``: only those read over a link
+#: (host, peer GPUs), the rows in the GPU's own memory then read by a launch of their own with the GPU's full width
+#: (:func:`passes`). On the papers-shaped graph beside a strong step, "remote" made the producer alone 16-23% faster
+#: and its epoch 3.5-5% slower: the uncapped launch slows the step more than it shortens the gather
+#: (``benchmarks/results/loader-gather-papers-h200.md``). Set by ``HMGSTORE_CAPPED_ROWS`` in the environment (a
+#: producer process inherits it) or here.
 CAPPED_ROWS = os.environ.get("HMGSTORE_CAPPED_ROWS", "all")
 #: Tiers in the reading GPU's own memory (a placement's tier names): the local pass's.
 LOCAL_TIERS = ("gpu", "replica")
@@ -326,8 +329,9 @@ def passes(jobs: Sequence[Job], max_sms: int | None, smem: int) -> tuple[int, ..
     and then the others capped (whole-SM launches, :data:`EXCLUSIVE`, keep one pass).
 
     Why. A capped launch exists so that rows that wait on PCIe do not hold the GPU beside the training step; the
-    rows already in GPU memory are bandwidth-bound and, under the same cap, stretch the launch to several times
-    their uncapped time (the local rows' tiles run first in a page-grouped batch)."""
+    rows already in GPU memory are bandwidth-bound and under the same cap lengthen the launch (the cached
+    papers-shaped loader alone ran 16-23% faster with them uncapped). Beside a GPU-bound step the uncapped launch
+    cost the epoch more than that: see :data:`CAPPED_ROWS`."""
     L = LAYOUT
     if max_sms is None or CAPPED_ROWS != "remote" or smem:
         return (L["PASS_ALL"],)
