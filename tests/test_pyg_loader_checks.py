@@ -193,6 +193,32 @@ def test_link_loader_on_hetero_stores_needs_an_edge_type(hetero_stores, hetero):
     assert len(loader) == 3
 
 
+def test_an_edge_label_index_out_of_range_is_named_with_its_edge(stores, data, hetero_stores, hetero):
+    """An end of a labelled edge past the graph's nodes: IndexError naming edge_label_index, the side and the
+    edge's column, not a position among the batch's de-duplicated seeds and negatives."""
+    sampler = HybridNeighborSampler(stores, [3], device="cpu", progress=False)
+    n = data.num_nodes
+    label_index = data.edge_index[:, :12].clone()
+    label_index[1, 9] = n + 5
+    loader = LinkNeighborLoader(stores, [3], neighbor_sampler=sampler, edge_label_index=label_index, batch_size=4,
+                                shuffle=False)
+    batches = iter(loader)
+    next(batches), next(batches)  # edges 0..7 are good
+    with pytest.raises(IndexError, match=rf"edge_label_index: the destination of edge 9 is node {n + 5}, out of "
+                                         rf"range for {n} nodes \(valid ids are 0..{n - 1}\)"):
+        next(batches)
+    writes = ("author", "writes", "paper")
+    authors = hetero["author"].num_nodes
+    bad = hetero[writes].edge_index[:, :6].clone()
+    bad[0, 2] = -1
+    sampler = HybridNeighborSampler(hetero_stores, [3], device="cpu", progress=False)
+    loader = LinkNeighborLoader(hetero_stores, [3], neighbor_sampler=sampler, edge_label_index=(writes, bad),
+                                batch_size=6)
+    with pytest.raises(IndexError, match=rf"the source of edge 2 is node -1, out of range for {authors} nodes of "
+                                         "type 'author'"):
+        next(iter(loader))
+
+
 # ---- item 3: PyG's own sampler missing ------------------------------------------------------------------
 def test_without_pyg_sampler_the_stores_sample_with_hmgstores(no_pyg_sampler, stores, data, small_graph):
     with pytest.warns(UserWarning, match="neither is installed: run `make pyg-sampler`"):

@@ -314,6 +314,7 @@ class HybridNeighborSampler(BaseSampler):
     def sample_from_edges(self, index: EdgeSamplerInput, neg_sampling: NegativeSampling | None = None):
         """The subgraphs around the edges ``index`` and their negatives, with PyG's own negative sampling;
         the edge labels and label indices come back on the sampler's device."""
+        self._check_edges(index)
         if self.is_hetero:
             num_nodes, node_time = self.num_nodes, self.node_time or None
         else:  # a tensor or None (a tensor's truth value is ambiguous: no `or` here)
@@ -322,6 +323,21 @@ class HybridNeighborSampler(BaseSampler):
         out = self._finish(out)
         out.metadata = tuple(m.to(self.device) if isinstance(m, torch.Tensor) else m for m in out.metadata)
         return out
+
+    def _check_edges(self, index: EdgeSamplerInput) -> None:
+        """IndexError naming ``edge_label_index`` where an edge's end is no node of the graph: past here the ends
+        are mixed with negatives and de-duplicated, and a bad one would be reported at a position of that mix."""
+        ends = (None, None) if index.input_type is None else (index.input_type[0], index.input_type[-1])
+        for ids, node_type, side in ((index.row, ends[0], "source"), (index.col, ends[1], "destination")):
+            n = int(self.num_nodes[node_type])
+            bad = ((ids < 0) | (ids >= n)).nonzero()
+            if len(bad):
+                k = int(bad[0])
+                column = int(index.input_id[k]) if index.input_id is not None else k
+                kind = f" of type {node_type!r}" if node_type is not None else ""
+                raise IndexError(f"edge_label_index: the {side} of edge {column} is node {int(ids[k])}, out of range "
+                                 f"for {n} nodes{kind} (valid ids are 0..{n - 1}); check the loader's "
+                                 "edge_label_index against the graph's num_nodes")
 
     def reset_stats(self, counting: bool = True) -> None:
         """Start counting the neighbour ids read from each tier of the topology; ``counting=False``: stop (the
