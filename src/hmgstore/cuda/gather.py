@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import logging
-import os
 import re
 import threading
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from .runtime import cupy, cupy_stream, kernel_source, module
+from .settings import choice
 
 #: Threads per block: 256 matched 512 and beat 128 (benchmarks/probes/tune_gather.py, benchmarks/results/tune-h100.md).
 BLOCK = 256
@@ -32,7 +32,7 @@ KERNEL_OPTIONS: tuple[str, ...] = ()
 #: thread slots, spread over SMs. Whole SMs sped up the training step's kernels but not the epoch, where they varied
 #: more from run to run than spread blocks (``benchmarks/results/strong-step-h100.md``). Set by
 #: ``HMGSTORE_WHOLE_SMS=1`` in the environment (a producer process inherits it) or here.
-EXCLUSIVE = os.environ.get("HMGSTORE_WHOLE_SMS", "0") == "1"
+EXCLUSIVE = choice("HMGSTORE_WHOLE_SMS", ("0", "1"), "0") == "1"
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
 #: The whole-SM build's preferred shared-memory carveout, in percent of the most an SM can give (100: all of it).
@@ -43,7 +43,7 @@ CARVEOUT = 100
 #: and its epoch 3.5-5% slower: the uncapped launch slows the step more than it shortens the gather
 #: (``benchmarks/results/loader-gather-papers-h200.md``). Set by ``HMGSTORE_CAPPED_ROWS`` in the environment (a
 #: producer process inherits it) or here.
-CAPPED_ROWS = os.environ.get("HMGSTORE_CAPPED_ROWS", "all")
+CAPPED_ROWS = choice("HMGSTORE_CAPPED_ROWS", ("all", "remote"), "all")
 #: Tiers in the reading GPU's own memory (a placement's tier names): the local pass's.
 LOCAL_TIERS = ("gpu", "replica")
 

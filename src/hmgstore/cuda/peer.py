@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import weakref
 
 import torch
 
 from . import vmm
 from .runtime import cupy
+from .settings import choice
 
 log = logging.getLogger("hmgstore")
 
@@ -53,7 +53,7 @@ def enable_peer_access(device_index: int, peer_index: int) -> None:
 #: How a GPU's shard is shared with the node's other processes: "vmm" (cuMemCreate, :mod:`.vmm`; the default,
 #: where the driver supports it) or "ipc" (cudaMalloc and a legacy CUDA IPC handle, 14-24 GB/s of random rows
 #: on an NVLink pair where "vmm" reads at the peer-access rate). HMGSTORE_PEER_MEMORY=ipc selects the second.
-SHARE_WITH = os.environ.get("HMGSTORE_PEER_MEMORY", "vmm")
+SHARE_WITH = choice("HMGSTORE_PEER_MEMORY", ("vmm", "ipc"), "vmm")
 
 
 class DeviceBuffer:

@@ -36,15 +36,15 @@ environment (before hmgstore is imported; a producer process inherits it), or
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator, Mapping
 
 import torch
 
+from ..cuda.settings import choice
 from ..util.device import kept_stream
 
 #: Whether GPU samplers built from now on run their batches on the device's sampling stream (see the module).
-OWN_STREAM = os.environ.get("HMGSTORE_SAMPLER_STREAM", "0") == "1"
+OWN_STREAM = choice("HMGSTORE_SAMPLER_STREAM", ("0", "1"), "0") == "1"
 
 def _gpu_tensors(fields) -> Iterator[torch.Tensor]:
     """The CUDA tensors among ``fields``, each a tensor or a mapping of them (a Sample's fields; seeds and
