@@ -24,16 +24,21 @@
 // tier t holds new ids bounds[t] <= n < bounds[t+1] at base[t] + (n -
 // bounds[t]) * pitch[t]. The host tier is the source table pinned in place;
 // GPU and peer tiers are device buffers. A tier may store its rows in a narrower
-// format (bit t of J_NARROW; the job's format in F_FMT_*: float16, bfloat16, or float8/int8 values with a float32 scale per row, hmgstore/formats.py): the kernel
+// format (bit t of J_NARROW; the job's format in F_FMT_*: float16, bfloat16, or float8/int8 values with a float32 scale per row, hmgstore/rows/formats.py): the kernel
 // decodes them into the float32 output, so 2-3.6x fewer bytes cross PCIe and a GPU tier holds as many more rows.
 //
 // Bad ids. CPU ids are range-checked at the public entry
-// (hmgstore/index.py). GPU ids are checked here: the kernel never reads a
+// (hmgstore/rows/ids.py). GPU ids are checked here: the kernel never reads a
 // row for an id outside the table (a zero-copy read out of bounds is fatal
 // to the CUDA context); it fills that output row with 0xFF bytes (NaN for
 // floats) and, given an error record `err`, writes the first bad id there
 // (layout E_* in gather_job.cuh), which the host reads without waiting
-// (hmgstore/index.py: deferred checks).
+// (hmgstore/cuda/deferred.py: deferred checks).
+//
+// Passes. `pass` (PASS_* in gather_job.cuh) says which rows a launch copies:
+// all of them, or those of the job's local tiers (J_LOCAL) or of the others;
+// a split gather runs the two, each row copied by one. Bad ids belong to the
+// PASS_ALL and PASS_REMOTE launches, so each is filled and recorded once.
 //
 // Address order. For tables with a host tier the caller passes ids grouped
 // by ~2 MiB of the host tier (hmgstore/cuda/order.py) and `perm`, the output
@@ -115,7 +120,7 @@ __device__ __forceinline__ unsigned int stored_value(const L& r, int i) {
 // Rows k with bit k of `narrow` set, stored in format FMT -> float32 rows of `elems` values. Each thread loads
 // one L (V stored values) of every such row before it decodes any, as copy_rows does, then writes V floats
 // (float4 stores when V is a multiple of 4). Scaled formats: one float32 multiply by the row's scale, stored
-// after its values at the next multiple of 4 bytes: value * scale, as hmgstore/formats.py decodes.
+// after its values at the next multiple of 4 bytes: value * scale, as hmgstore/rows/formats.py decodes.
 template <int FMT, typename L>
 __device__ __forceinline__ void decode_rows(const char* const (&src)[ROWS], char* const (&dst)[ROWS],
                                             unsigned narrow, i64 elems, int lane, int tpr) {
@@ -190,6 +195,9 @@ __device__ __forceinline__ void decode_job_rows(const char* const (&src)[ROWS], 
 
 extern "C" __global__ void HMG_BOUNDS hmg_gather(const i64* __restrict__ jobs, int num_jobs, i64 total_tiles,
                                                 i64* err, int pass) {
+#ifdef LB_THREADS
+  pass = PASS_ALL;  // whole-SM launches take one pass (hmgstore/cuda/gather.py: passes): its logic compiled out
+#endif
   for (i64 tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     int j = 0;
     while (j + 1 < num_jobs && jobs[(j + 1) * J_WORDS + J_TILE_START] <= tile) ++j;

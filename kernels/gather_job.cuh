@@ -26,7 +26,7 @@
 #define F_VEC_SHIFT 8     // bits 8..15: log2 of the vector width in bytes
 #define F_TPR_SHIFT 16    // bits 16..23: log2 of the threads per row (team size)
 #define F_NVEC_SHIFT 24   // bits 24..31: log2 of the stored values each narrow load reads (0, 2, 3 or 4)
-#define F_FMT_SHIFT 32    // bits 32..39: the narrow tiers' format, one per job (hmgstore/formats.py):
+#define F_FMT_SHIFT 32    // bits 32..39: the narrow tiers' format, one per job (hmgstore/rows/formats.py):
 #define FMT_F16 1         //   float16
 #define FMT_BF16 2        //   bfloat16
 #define FMT_E4M3 3        //   float8 e4m3 values, then a float32 scale per row

@@ -46,19 +46,24 @@ def test_local_tiers_are_marked_and_a_capped_gather_splits_only_where_asked(monk
     only with CAPPED_ROWS="remote" and rows both local and remote; whole-SM launches stay one pass."""
     tiers = [Tier("replica", 0, 3, torch.arange(3), 1 << 20, 40), Tier("shard1", 3, 5, torch.arange(2), 1 << 21, 40),
              Tier("gpu", 5, 7, torch.arange(2), 1 << 22, 40), Tier("host", 7, 107, None, 1 << 30, 64)]
-    assert gather.tier_words(tiers, None, 107, 40)[L["J_LOCAL"]] == 0b0101
+    assert gather.tier_words(tiers, None, 107, 40)[L["J_LOCAL"]] == 0b0101  # shard1 is another GPU's
+    own = [tiers[0], tiers[1].bind(1 << 21, 40, own=True), *tiers[2:]]
+    assert gather.tier_words(own, None, 107, 40)[L["J_LOCAL"]] == 0b0111  # the reading GPU's own shard
+    with pytest.raises(ValueError, match="only a shard"):
+        tiers[3].bind(1 << 30, 64, own=True)
     mixed = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 107, 40, tiers)
     host = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 107, 40, tiers[3:])
     whole = gather.Job(torch.arange(4), None, torch.empty(4, 10), None, 7, 40, tiers[2:3])
-    one, two = (L["PASS_ALL"],), (L["PASS_LOCAL"], L["PASS_REMOTE"])
+    one, two = ((L["PASS_ALL"], True),), ((L["PASS_LOCAL"], False), (L["PASS_REMOTE"], True))
     monkeypatch.setattr(gather, "CAPPED_ROWS", "all")
-    assert gather.passes([mixed], 12, 0) == one
+    assert gather.passes([mixed], 12, 0) == one and gather.passes([whole], 12, 0) == one
     monkeypatch.setattr(gather, "CAPPED_ROWS", "remote")
     assert gather.passes([mixed], 12, 0) == two
     assert gather.passes([host, whole], 12, 0) == two  # local and remote rows in different jobs of one launch
     assert gather.passes([mixed], None, 0) == one  # uncapped: nothing to split
     assert gather.passes([mixed], 12, 50_000) == one  # whole SMs
-    assert gather.passes([host], 12, 0) == one and gather.passes([whole], 12, 0) == one
+    assert gather.passes([host], 12, 0) == one  # every row remote: capped
+    assert gather.passes([whole], 12, 0) == ((L["PASS_ALL"], False),)  # every row local: uncapped, one launch
 
 
 def test_too_many_tiers_refused():

@@ -446,7 +446,8 @@ def test_stream_and_max_sms(cuda_device, monkeypatch, exclusive):
 @pytest.mark.parametrize("index_on", ["cpu", "cuda"])
 def test_capped_gather_in_two_passes_is_exact_and_reports_bad_ids(cuda_device, monkeypatch, index_on):
     """CAPPED_ROWS="remote": the GPU tier's rows in an uncapped launch, then the host rows capped; every row
-    written once, exact in float32 and int8, into a poisoned output; an id out of range still reported."""
+    written once, exact in float32 and int8, into a poisoned output; a GPU id out of range filled with 0xFF bytes
+    and reported once (by the remote pass); a table with no remote rows, one uncapped launch."""
     from hmgstore.cuda import gather
 
     monkeypatch.setattr(gather, "CAPPED_ROWS", "remote")
@@ -463,15 +464,24 @@ def test_capped_gather_in_two_passes_is_exact_and_reports_bad_ids(cuda_device, m
         out = torch.full((70_000, 128), float("nan"), device=cuda_device)
         t.gather(idx.to(cuda_device) if index_on == "cuda" else idx, out=out)
         assert_same(out, want[idx])
-        assert launches[-1].passes == (gather.LAYOUT["PASS_LOCAL"], gather.LAYOUT["PASS_REMOTE"])
+        assert launches[-1].passes == ((gather.LAYOUT["PASS_LOCAL"], False), (gather.LAYOUT["PASS_REMOTE"], True))
         bad = idx[:100].clone()
         bad[57] = 30_000
-        with pytest.raises(IndexError, match="30000"):
-            t.gather(bad.to(cuda_device) if index_on == "cuda" else bad, check="sync")
+        if index_on == "cuda":  # checked by the kernel: the remote pass fills the row and records the id, once
+            rows = t[bad.to(cuda_device)].cpu()
+            assert torch.equal(rows[57].view(torch.int32), torch.full((128,), -1, dtype=torch.int32))
+            keep = torch.arange(100) != 57
+            assert_same(rows[keep], want[bad[keep]])
+            with pytest.raises(IndexError, match=r"index 30000 at position 57 "):
+                hmgstore.raise_deferred(cuda_device)
+            hmgstore.raise_deferred(cuda_device)  # reported once: nothing left
+        else:  # checked on the host before any launch
+            with pytest.raises(IndexError, match="30000"):
+                t.gather(bad, check="sync")
         check_context_alive(cuda_device)
         whole = hmgstore.HybridTensor(x[:500], cuda_device, gpu_rows=torch.arange(500), max_sms=2, compress=compress)
         assert_same(whole[torch.tensor([499, 3])], want[[499, 3]])
-        assert launches[-1].passes == (gather.LAYOUT["PASS_ALL"],)  # nothing remote: one launch
+        assert launches[-1].passes == ((gather.LAYOUT["PASS_ALL"], False),)  # nothing remote: one launch, uncapped
 
 
 @pytest.mark.gpu

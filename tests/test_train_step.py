@@ -254,6 +254,18 @@ def test_a_kept_loader_is_built_once_per_key_and_closed_on_change():
     assert len(closed) == 4
 
 
+def test_kernel_names_lose_their_argument_lists_only():
+    """Names are cut at the "(" of their trailing argument list, not at one inside their namespaces or template
+    arguments: torch's kernels in an anonymous namespace, or templated on a lambda, keep names apart."""
+    from hmgstore.bench.timeline import short_name
+
+    assert short_name("void hmg_gather(long long const*, int, long long, long long*, int)") == "hmg_gather"
+    assert short_name("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, 2>(float*, long)") \
+        == "at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, 2>"
+    assert short_name("void k<f(int)>(int (*)(int), float)") == "k<f(int)>"
+    assert short_name("sm90_xmma_gemm_f32f32") == "sm90_xmma_gemm_f32f32" and short_name("") == ""
+
+
 def test_timeline_splits_gpu_work_by_stream():
     """The step's streams against the loader's: summed times, the time both ran at once, the GPU's busy and
     idle time, from a chrome trace's GPU events (other events ignored); the loader's time by kernel name, and
@@ -270,19 +282,20 @@ def test_timeline_splits_gpu_work_by_stream():
                              {"ph": "i", "cat": "kernel", "ts": 1, "args": {"stream": 7}}]}
     work = gpu_intervals(trace)
     assert work == [(7, 0.0, 10.0, "step_k<float>"), (7, 10.0, 15.0, "other"),
-                    (20, 12.0, 18.0, "Memcpy HtoD"), (21, 30.0, 34.0, "gather")]
+                    (20, 12.0, 18.0, "Memcpy HtoD (Pinned -> Device)"), (21, 30.0, 34.0, "gather")]
     assert union([(5, 8), (0, 2), (1, 3), (8, 9)]) == [(0, 3), (5, 9)]
     assert intersection([(0, 3), (5, 9)], [(2, 6), (8, 20)]) == 1 + 1 + 1
     m = split_by_stream(work, {7})
     assert m == {"wall": 34.0, "step": 15.0, "loader": 10.0, "overlap": 3.0, "busy": 22.0, "idle": 12.0}
     assert m["busy"] == m["step"] + m["loader"] - m["overlap"] and m["wall"] == m["busy"] + m["idle"]
-    alone = [(7, 100.0, 108.0, "step_k<float>"), (7, 120.0, 124.0, "step_k<float>"), (7, 130.0, 136.0, "other")]
+    alone = [(7, 100.0, 108.0, "step_k<float>"), (7, 120.0, 124.0, "step_k<float>"), (7, 130.0, 132.0, "other")]
     b = per_batch(alone, 2, work, 2)  # microseconds over 2 batches -> milliseconds a batch
-    assert b["step_ms"] == pytest.approx(0.0075) and b["step_alone_ms"] == pytest.approx(0.009)
+    assert b["step_ms"] == pytest.approx(0.0075) and b["step_alone_ms"] == pytest.approx(0.007)
     assert b["idle_ms"] == pytest.approx(0.006) and b["step_streams"] == [7] and b["batches"] == 2
-    assert list(b["loader_kernels"]) == ["Memcpy HtoD", "gather"]  # the largest first
+    assert list(b["loader_kernels"]) == ["Memcpy HtoD (Pinned -> Device)", "gather"]  # the largest first
     assert b["loader_kernels"]["gather"] == pytest.approx(0.002)
-    assert b["step_grown"] == {"step_k<float>": pytest.approx([0.006, 0.005]), "other": pytest.approx([0.003, 0.0025])}
+    # "other" grew (0.001 -> 0.0025 ms a batch); step_k shrank (0.006 -> 0.005): not listed
+    assert b["step_grown"] == {"other": pytest.approx([0.001, 0.0025])}
     assert per_batch([], 1, work, 1)["step_ms"] == 0.0  # no step streams: everything is the loader's
     assert split_by_stream([], {7})["wall"] == 0.0
 

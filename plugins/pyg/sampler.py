@@ -332,12 +332,13 @@ class HybridNeighborSampler(BaseSampler):
             n = int(self.num_nodes[node_type])
             bad = ((ids < 0) | (ids >= n)).nonzero()
             if len(bad):
-                k = int(bad[0])
-                column = int(index.input_id[k]) if index.input_id is not None else k
+                k = int(bad[0])  # input_id: the edge's column of edge_label_index, or the loader's own input_id=
+                edge = f"edge {int(index.input_id[k])}" if index.input_id is not None else f"edge {k} of the batch"
                 kind = f" of type {node_type!r}" if node_type is not None else ""
-                raise IndexError(f"edge_label_index: the {side} of edge {column} is node {int(ids[k])}, out of range "
-                                 f"for {n} nodes{kind} (valid ids are 0..{n - 1}); check the loader's "
-                                 "edge_label_index against the graph's num_nodes")
+                valid = f"valid ids are 0..{n - 1}" if n else "the graph has none"
+                raise IndexError(f"edge_label_index: the {side} of {edge} is node {int(ids[k])}, out of range for {n} "
+                                 f"nodes{kind} ({valid}); check the loader's edge_label_index against the graph's "
+                                 "num_nodes")
 
     def reset_stats(self, counting: bool = True) -> None:
         """Start counting the neighbour ids read from each tier of the topology; ``counting=False``: stop (the

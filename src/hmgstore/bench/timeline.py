@@ -33,10 +33,17 @@ TOP_KERNELS = 12
 
 
 def short_name(name: str) -> str:
-    """A kernel's name without its return type and arguments (a demangled name can run to kilobytes); the
-    template arguments stay: they tell torch's elementwise kernels apart."""
-    name = name.removeprefix("void ")
-    return (name[:name.index("(")] if "(" in name else name).strip()
+    """A kernel's name without its return type and its argument list (a demangled name can run to kilobytes); the
+    namespaces and template arguments stay, "(anonymous namespace)" among them: they tell torch's kernels apart."""
+    name = name.removeprefix("void ").strip()
+    if not name.endswith(")"):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):  # the "(" that opens the trailing argument list
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            return name[:i].strip() or name
+    return name
 
 
 def gpu_intervals(trace: dict) -> list[tuple[int, float, float, str]]:
@@ -45,7 +52,8 @@ def gpu_intervals(trace: dict) -> list[tuple[int, float, float, str]]:
     out = []
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "stream" in e.get("args", {}):
-            start, name = float(e["ts"]), short_name(e.get("name", ""))
+            start, name = float(e["ts"]), e.get("name", "")  # a copy's name says its kind: kept whole
+            name = short_name(name) if e.get("cat") == "kernel" else name
             out.append((int(e["args"]["stream"]), start, start + float(e.get("dur", 0.0)), name))
     return out
 
@@ -59,8 +67,10 @@ def by_name(intervals, reps: int) -> dict[str, float]:
 
 
 def grown(alone: dict[str, float], beside: dict[str, float]) -> dict[str, list[float]]:
-    """``[alone, beside]`` of the :data:`TOP_KERNELS` names whose time grew most from ``alone`` to ``beside``."""
-    names = sorted(beside, key=lambda n: alone.get(n, 0.0) - beside[n])[:TOP_KERNELS]
+    """``[alone, beside]`` of the :data:`TOP_KERNELS` names whose time grew most from ``alone`` to ``beside``
+    (those that grew only)."""
+    names = sorted((n for n in beside if beside[n] > alone.get(n, 0.0)), key=lambda n: alone.get(n, 0.0) - beside[n])
+    names = names[:TOP_KERNELS]
     return {n: [alone.get(n, 0.0), beside[n]] for n in names}
 
 

@@ -1,8 +1,8 @@
 """``bench train``'s configuration names: a base (``stock``, ``all_gpu``, ``host``, ``cache``), a mode
 (``+pipe``: hmgstore.Pipeline; ``+proc``: hmgstore.Producer), a cap (``@4``, ``@none``) and variants
-(``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/streamon``, ``/run2``), each list expanded from the command
-line's options; what the training side of a producer-only run keeps of the graph; the loader kept between
-configurations; the sampler stream a configuration's samplers are built under."""
+(``/split1.0``, ``/topo1.0``, ``/overlapon``, ``/streamon``, ``/capwhole``, ``/rowsremote``, ``/run2``), each list
+expanded from the command line's options; what the training side of a producer-only run keeps of the graph; the
+loader kept between configurations; the sampler stream and the gathers' settings a configuration runs under."""
 from __future__ import annotations
 
 import contextlib

@@ -31,7 +31,7 @@ KERNEL_OPTIONS: tuple[str, ...] = ()
 #: True: a capped gather's blocks hold whole SMs (:func:`exclusive_smem`); False (the default): the cap bounds its
 #: thread slots, spread over SMs. Whole SMs sped up the training step's kernels but not the epoch, where they varied
 #: more from run to run than spread blocks (``benchmarks/results/strong-step-h100.md``). Set by
-#: ``HMGSTORE_WHOLE_SMS=1`` in the environment (a producer process inherits it) or here.
+#: ``HMGSTORE_WHOLE_SMS=1`` in the environment (a producer process inherits it), or here for this process only.
 EXCLUSIVE = choice("HMGSTORE_WHOLE_SMS", ("0", "1"), "0") == "1"
 #: Threads per block of a capped gather, one block to an SM.
 EXCLUSIVE_BLOCK = 1024
@@ -42,10 +42,8 @@ CARVEOUT = 100
 #: (:func:`passes`). On the papers-shaped graph beside a strong step, "remote" made the producer alone 16-23% faster
 #: and its epoch 3.5-5% slower: the uncapped launch slows the step more than it shortens the gather
 #: (``benchmarks/results/loader-gather-papers-h200.md``). Set by ``HMGSTORE_CAPPED_ROWS`` in the environment (a
-#: producer process inherits it) or here.
+#: producer process inherits it), or here for this process only.
 CAPPED_ROWS = choice("HMGSTORE_CAPPED_ROWS", ("all", "remote"), "all")
-#: Tiers in the reading GPU's own memory (a placement's tier names): the local pass's.
-LOCAL_TIERS = ("gpu", "replica")
 
 
 def _evaluate(expr: str, known: dict[str, int]) -> int:
@@ -159,7 +157,7 @@ def tier_words(tiers: Sequence, map: torch.Tensor | None, num_rows: int, row_byt
         words[L["J_PITCH"] + t] = tier.pitch
         if tier.stored is not None:
             words[L["J_NARROW"]] |= 1 << t
-        if tier.name in LOCAL_TIERS:
+        if tier.local:  # in this GPU's memory (hmgstore.rows.placement.Tier.local)
             words[L["J_LOCAL"]] |= 1 << t
     return words
 
@@ -320,13 +318,15 @@ class Packed:
     max_sms: int | None = None  # the launch's cap: the tables' and the packing thread's (capped_gathers)
     smem: int = 0  # a capped launch's shared memory per block (exclusive_smem), 0: none
     block: int = BLOCK
-    passes: tuple[int, ...] = (LAYOUT["PASS_ALL"],)  # the launches it takes (gather_job.cuh's PASS_*), in order
+    passes: tuple[tuple[int, bool], ...] = ((LAYOUT["PASS_ALL"], True),)  # (gather_job.cuh's PASS_*, capped)
 
 
-def passes(jobs: Sequence[Job], max_sms: int | None, smem: int) -> tuple[int, ...]:
-    """The launches a gather of ``jobs`` takes: one for every row, or, where the cap holds the remote rows only
-    (:data:`CAPPED_ROWS`) and the jobs read rows both in the GPU's memory and over a link, the local rows uncapped
-    and then the others capped (whole-SM launches, :data:`EXCLUSIVE`, keep one pass).
+def passes(jobs: Sequence[Job], max_sms: int | None, smem: int) -> tuple[tuple[int, bool], ...]:
+    """The launches a gather of ``jobs`` takes, in order, each a pass (gather_job.cuh's ``PASS_*``) and whether
+    the cap holds it. One capped launch for every row, unless the cap holds the remote rows only
+    (:data:`CAPPED_ROWS`): then the rows in the GPU's memory (:attr:`hmgstore.rows.placement.Tier.local`) are
+    read uncapped, in a launch of their own where the jobs also read rows over a link (whole-SM launches,
+    :data:`EXCLUSIVE`, keep one capped pass).
 
     Why. A capped launch exists so that rows that wait on PCIe do not hold the GPU beside the training step; the
     rows already in GPU memory are bandwidth-bound and under the same cap lengthen the launch (the cached
@@ -334,12 +334,14 @@ def passes(jobs: Sequence[Job], max_sms: int | None, smem: int) -> tuple[int, ..
     cost the epoch more than that: see :data:`CAPPED_ROWS`."""
     L = LAYOUT
     if max_sms is None or CAPPED_ROWS != "remote" or smem:
-        return (L["PASS_ALL"],)
+        return ((L["PASS_ALL"], True),)
     local = remote = False
     for job in jobs:
         for tier in job.tiers:
-            local, remote = local or tier.name in LOCAL_TIERS, remote or tier.name not in LOCAL_TIERS
-    return (L["PASS_LOCAL"], L["PASS_REMOTE"]) if local and remote else (L["PASS_ALL"],)
+            local, remote = local or tier.local, remote or not tier.local
+    if local and remote:
+        return (L["PASS_LOCAL"], False), (L["PASS_REMOTE"], True)
+    return ((L["PASS_ALL"], remote),)
 
 
 def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | None:
@@ -366,7 +368,7 @@ def pack(jobs: list[Job], device: torch.device, *caps: int | None) -> Packed | N
 
 def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
         err: torch.Tensor | None = None) -> None:
-    """Launch a :func:`pack` result on ``stream``, capped as it was packed.
+    """Launch a :func:`pack` result on ``stream``: each of its :func:`passes`, capped as it was packed.
 
     ``err``: an int64 CUDA tensor of ``E_WORDS`` zeros where the kernel
     records the first id out of range (see gather_job.cuh), or None.
@@ -374,8 +376,8 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
     if packed is None:
         return
     kernel = _kernel(device.index, packed.narrow, whole=bool(packed.smem))
-    for step in packed.passes:
-        cap = None if step == LAYOUT["PASS_LOCAL"] else packed.max_sms
+    for step, capped in packed.passes:
+        cap = packed.max_sms if capped else None
         if packed.smem and cap is not None:  # one block to an SM: the cap is whole SMs
             sms = torch.cuda.get_device_properties(device.index).multi_processor_count
             grid = max(1, min(packed.tiles, int(cap), sms))
@@ -389,7 +391,7 @@ def run(packed: Packed | None, device: torch.device, stream: torch.cuda.Stream,
 
 def launch_gather(jobs: list[Job], device: torch.device, stream: torch.cuda.Stream,
                   max_sms: int | None = None) -> None:
-    """Run every job in one launch of ``hmg_gather`` on ``stream``.
+    """Run every job in one launch of ``hmg_gather`` on ``stream`` (two where :func:`passes` says so).
 
     All tensors named by the jobs must be on ``device`` (or, for tier bases,
     readable from it) and stay alive until the stream reaches this point;

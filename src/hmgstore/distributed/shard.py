@@ -316,7 +316,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
         for s, ((_, handle), bus) in enumerate(zip(handles, buses)):
             tier = p.tier(f"shard{s}")
             if s == me:
-                readable.append(tier.bind(buffer.ptr, row_bytes, fmt))
+                readable.append(tier.bind(buffer.ptr, row_bytes, fmt, own=True))
                 continue
             why = _open_peer(handle, bus, device, opened, readable, tier, row_bytes, fmt)
             if why is not None:

@@ -44,7 +44,8 @@ class Tier:
     0 until a table binds them (:meth:`bind`). ``stored``: the
     :class:`hmgstore.rows.formats.Format` the tier keeps a float32 table's rows
     in (bfloat16, float16, float8 or int8 with a per-row scale), decoded by
-    every gather; None when rows are kept as they read.
+    every gather; None when rows are kept as they read. ``own``: a shard
+    bound by the rank whose GPU holds it (:attr:`local`).
 
     Args:
         name: ``"gpu"``, ``"replica"``, ``"shard{s}"`` (``s`` a whole
@@ -56,12 +57,13 @@ class Tier:
         base: the address of the tier's first row, an integer >= 0.
         pitch: the bytes between rows, an integer >= 0.
         stored: None or a :class:`hmgstore.rows.formats.Format`.
+        own: True only for a ``"shard{s}"`` tier read by GPU ``s`` itself.
 
     Raises:
         TypeError: ``name`` not a string; ``start``, ``end``, ``base`` or
             ``pitch`` not integers; ``rows`` not an integer tensor;
-            ``stored`` not a Format.
-        ValueError: another name; a negative bound, ``base`` or ``pitch``;
+            ``stored`` not a Format; ``own`` not a bool.
+        ValueError: another name; ``own`` for a tier other than a shard; a negative bound, ``base`` or ``pitch``;
             ``end < start``; ``rows`` not 1-D or not ``end - start`` ids; rows
             given for the host tier or missing for a resident one.
     """
@@ -73,6 +75,7 @@ class Tier:
     base: int = 0
     pitch: int = 0
     stored: object = None  # hmgstore.rows.formats.Format
+    own: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str):
@@ -96,14 +99,25 @@ class Tier:
         if self.stored is not None and not isinstance(self.stored, Format):
             raise TypeError(f"tier {self.name!r}: stored is a hmgstore.rows.formats.Format or None, got "
                             f"{type(self.stored).__name__}")
+        if not isinstance(self.own, bool):
+            raise TypeError(f"tier {self.name!r}: own is a bool, got {type(self.own).__name__}")
+        if self.own and not self.name.startswith("shard"):
+            raise ValueError(f"tier {self.name!r}: only a shard is its own GPU's (own=True)")
 
     @property
     def size(self) -> int:
         return self.end - self.start
 
-    def bind(self, base: int, pitch: int, stored=None) -> Tier:
-        """This tier read at ``base`` with ``pitch`` bytes between rows, its rows kept as ``stored``."""
-        return dataclasses.replace(self, base=base, pitch=pitch, stored=stored)
+    @property
+    def local(self) -> bool:
+        """Whether the reading GPU holds these rows in its own memory: a one-GPU table's resident rows, a replica,
+        its own shard. Other tiers are read over a link (PCIe, NVLink)."""
+        return self.name in ("gpu", "replica") or self.own
+
+    def bind(self, base: int, pitch: int, stored=None, own: bool = False) -> Tier:
+        """This tier read at ``base`` with ``pitch`` bytes between rows, its rows kept as ``stored``; ``own``: a
+        shard read by the GPU that holds it."""
+        return dataclasses.replace(self, base=base, pitch=pitch, stored=stored, own=own)
 
 
 @dataclass(frozen=True, eq=False)

@@ -169,8 +169,9 @@ class ShardedTensor:
         row_bytes = row_layout(self._source)[0]
         shards = [p.tier(f"shard{s}").bind(self._tiers[d.index, f"shard{s}"].data_ptr(), row_bytes)
                   for s, d in enumerate(self.devices)]
-        for d in self.devices:
-            readable = [t for t in shards if t.name not in unreachable[d.index]]
+        for k, d in enumerate(self.devices):  # a view reads its own GPU's shard as local (Tier.own)
+            readable = [t.bind(t.base, t.pitch, t.stored, own=s == k) for s, t in enumerate(shards)
+                        if t.name not in unreachable[d.index]]
             if "replica" in p.names:
                 readable.append(p.tier("replica").bind(self._tiers[d.index, "replica"].data_ptr(), row_bytes))
             self.views[d] = HybridTensor.from_tiers(self._source, d, p, readable, owner=self, pinned=self._pinned,

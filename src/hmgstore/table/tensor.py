@@ -1,9 +1,9 @@
 """HybridTensor: one logical [N, ...] table whose rows live in several tiers.
 
 On a CUDA device, chosen rows are copied into a GPU-resident tier and the host source is pinned in place as the
-host tier; ``table[idx]`` is gathered in one kernel launch, whichever tiers the ids hit. On the CPU the same API
-reads with ``torch.index_select``; results are bit-identical. ``gather_many`` fuses the gathers of several tables
-(a batch's features, labels, node types) into one launch.
+host tier; ``table[idx]`` is gathered in one kernel launch (two with ``CAPPED_ROWS="remote"``), whichever tiers
+the ids hit. On the CPU the same API reads with ``torch.index_select``; results are bit-identical. ``gather_many``
+fuses the gathers of several tables (a batch's features, labels, node types) into one launch.
 
 The public functions here check their arguments, then :mod:`hmgstore.gather.plan` does the work; the table's
 state and lifecycle are :mod:`hmgstore.table.state`; the per-tier counters and the split gather's setting are kept
