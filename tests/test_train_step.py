@@ -152,7 +152,7 @@ def test_cap_modes_are_cache_variants():
     assert [variant(n, "cap", "whole", str) for n in names] == ["whole", "whole", "spread"]
     args = parse_args(["train", "--cap-mode", "spread"])
     assert args.cap_mode == ["spread"]
-    assert parse_args(["train"]).cap_mode == ["spread"]  # the library's default (hmgstore.cuda.gather.EXCLUSIVE)
+    assert parse_args(["train"]).cap_mode == [None]  # the library's (hmgstore.cuda.gather.EXCLUSIVE, its environment)
 
 
 def test_cap_modes_run_as_pipelined_cache_variants_on_one_loader(tmp_path):
@@ -465,7 +465,8 @@ def test_capped_rows_and_cap_modes_reach_the_gathers_and_a_producer(tmp_path, mo
     assert report["configs"]["cache+pipe/rowsremote"]["loader_of"] == "cache+pipe/rowsall"
     assert [s[:3] for s in seen] == [("cache", "all", "all"), ("cache+pipe/rowsall", "all", "all"),  # the others
                                      ("cache+pipe/rowsremote", "remote", "remote")]  # under the first
-    assert report["capped_rows"] == ["all", "remote"]
+    assert report["capped_rows"] == ["all", "remote"] and report["cap_mode"] == ["spread"]
+    assert {s[3] for s in seen} == {None}  # no --cap-mode: the environment's (a user's export) left alone
     assert gather.CAPPED_ROWS == "all" and "HMGSTORE_CAPPED_ROWS" not in os.environ
     seen.clear()
     monkeypatch.delenv("HMGSTORE_WHOLE_SMS", raising=False)

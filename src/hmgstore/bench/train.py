@@ -77,6 +77,7 @@ from .report import header, write_report
 from .train_alone import _rate, _step_alone, ceilings, counted_stats
 from .train_configs import (
     Kept,
+    _cap_modes,
     _capped_rows,
     _hollow,
     _mode,
@@ -196,11 +197,11 @@ def _add_variant_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels-on-gpu", action="store_true",
                    help="cache: the labels whole in GPU memory, out of the --cache budget (from_data's gpu_whole="
                         "('y',)); by default they follow the features' rows, and a batch's misses read them from host")
-    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=["spread"],
-                   help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread', "
-                        "the default) or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's "
-                        "whole_sm_launch says whether this GPU can; a producer's through HMGSTORE_WHOLE_SMS); several "
-                        "values: each pipelined cache configuration once per value, as name/capV")
+    p.add_argument("--cap-mode", choices=("whole", "spread"), nargs="+", default=[None],
+                   help="pipelines' capped gathers hold that many SMs' worth of blocks spread over the GPU ('spread') "
+                        "or whole SMs ('whole': hmgstore.cuda.gather.EXCLUSIVE; the report's whole_sm_launch says "
+                        "whether this GPU can; a producer's through HMGSTORE_WHOLE_SMS); several values: each "
+                        "pipelined cache configuration once per value, as name/capV. Default: the library's")
     p.add_argument("--split-threads", type=flags.positive, nargs="+", default=[None],
                    help="cache configurations with --split: torch's intra-op threads for the CPU's reads (HybridTensor."
                         "set_split's threads; several values: each cache configuration once per value, as name/thrN). "
@@ -223,7 +224,7 @@ def run_config(config: str, data, csc, train, classes, device, args, hot, kept: 
     try:
         with sampler_stream_as(variant(config, "stream", getattr(args, "sampler_stream", [None])[0], str)), \
                 capped_rows_as(variant(config, "rows", getattr(args, "capped_rows", [None])[0], str)), \
-                cap_mode_as(variant(config, "cap", getattr(args, "cap_mode", ["spread"])[0], str)):
+                cap_mode_as(variant(config, "cap", getattr(args, "cap_mode", [None])[0], str)):
             result = _run_config(config, data, csc, train, classes, device, args, hot, kept, cached, split,
                                  topology_cache, threads, overlap, overlap_reads)
             # whether its samplers ran on a stream of their own: GPU samplers only (stock's is PyG's, on the CPU)
@@ -360,8 +361,8 @@ def run(args) -> dict:
         "capped_rows": args.capped_rows if any(args.capped_rows) else _capped_rows(),
         "trim": args.trim, "tf32": args.tf32 and cuda,
         "host_layout": args.host_layout, "split": args.split, "split_threads": args.split_threads,
-        "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": args.cap_mode,
-        "whole_sm_launch": _whole_sm_launch(device) if "whole" in args.cap_mode else None,
+        "labels_on_gpu": args.labels_on_gpu, "labor": args.labor, "cap_mode": _cap_modes(args.cap_mode),
+        "whole_sm_launch": _whole_sm_launch(device) if "whole" in _cap_modes(args.cap_mode) else None,
         "profiled": bool(args.profile),
         "overlap_reads": args.overlap_reads, "repeat": args.repeat,
         "topology_cache": [_topology_share(args, t) for t in args.topology_cache], "configs": {},

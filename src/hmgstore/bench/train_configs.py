@@ -80,6 +80,13 @@ def _with_caps(configs: list, caps: list) -> list:
     return out
 
 
+def _cap_modes(given: list) -> list[str]:
+    """``--cap-mode``'s values, or the library's mode (:data:`hmgstore.cuda.gather.EXCLUSIVE`) where none is given."""
+    from ..cuda import gather
+
+    return given if any(given) else ["whole" if gather.EXCLUSIVE else "spread"]
+
+
 def _capped_rows() -> str:
     """The library's :data:`hmgstore.cuda.gather.CAPPED_ROWS` (the report's where no value is given)."""
     from ..cuda import gather
