@@ -222,3 +222,15 @@ def test_the_cpu_torchrun_commands_run_as_written():
             raise AssertionError(f"{command}: still running after 600 s") from None
         assert proc.returncode == 0, f"{command} failed:\n{err[-3000:]}"
         assert "2 ranks (gloo)" in out, out
+
+
+def test_every_environment_variable_read_is_in_the_set_up_table():
+    """Each HMGSTORE_* variable the package reads has a row in docs/setup.md's table, and each row one read."""
+    read = set()
+    for folder in ("src", "plugins"):
+        for path in (ROOT / folder).rglob("*.py"):
+            read |= set(re.findall(r"HMGSTORE_[A-Z_]+", path.read_text()))
+    table = (ROOT / "docs" / "setup.md").read_text().partition("## Environment variables")[2]
+    rows = set(re.findall(r"^\| `(HMGSTORE_[A-Z_]+)` \|", table, flags=re.M))
+    assert read == rows, f"read, not in the table: {sorted(read - rows)}; in the table, not read: {sorted(rows - read)}"
+
