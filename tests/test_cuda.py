@@ -66,6 +66,31 @@ def test_local_tiers_are_marked_and_a_capped_gather_splits_only_where_asked(monk
     assert gather.passes([whole], 12, 0) == ((L["PASS_ALL"], False),)  # every row local: uncapped, one launch
 
 
+def test_run_launches_each_pass_with_its_cap(monkeypatch):
+    """run(): one launch per pass, in order, the kernel told its pass; the capped pass's grid from the cap, the
+    uncapped one's from the whole GPU (the kernel, the grid and CuPy faked: no GPU here)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    launches, grids = [], []
+
+    def kernel(grid, block, args, stream=None, shared_mem=0):
+        launches.append((grid, block, int(args[-1]), shared_mem))
+
+    monkeypatch.setattr(gather, "_kernel", lambda *a, **k: kernel)
+    monkeypatch.setattr(gather, "grid_size", lambda index, k, tiles, cap, narrow: grids.append(cap) or (cap or 99))
+    monkeypatch.setattr(gather, "cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: nullcontext())))
+    monkeypatch.setattr(gather, "cupy_stream", lambda stream: stream)
+    two = ((L["PASS_LOCAL"], False), (L["PASS_REMOTE"], True))
+    packed = gather.Packed(torch.zeros(gather.J_WORDS, dtype=torch.int64), 1, 50, [0], max_sms=12, passes=two)
+    gather.run(packed, torch.device("cuda", 0), "stream")
+    assert grids == [None, 12]
+    assert launches == [((99,), (gather.BLOCK,), L["PASS_LOCAL"], 0), ((12,), (gather.BLOCK,), L["PASS_REMOTE"], 0)]
+    launches.clear()
+    gather.run(gather.Packed(packed.table, 1, 50, [0], max_sms=12), torch.device("cuda", 0), "stream")
+    assert [(g, p) for g, _, p, _ in launches] == [((12,), L["PASS_ALL"])]  # the default: one capped launch
+
+
 def test_too_many_tiers_refused():
     tiers = [Tier("host", 0, 2, None, 0, 16)] * (gather.MAX_TIERS + 1)
     job = gather.Job(torch.arange(2), None, torch.empty(2, 4), None, 2, 16, tiers)
