@@ -139,46 +139,40 @@ class Kept:
 
 
 @contextlib.contextmanager
-def sampler_stream_as(value: str | None):
-    """Samplers built in the block run their batches on a stream of their own (``"on"``) or not (``"off"``):
-    :data:`hmgstore.graph.sampling_stream.OWN_STREAM`, read when a sampler is built, and a producer's environment
-    alike; both as before afterwards. ``None``: as they are."""
-    if value is None:
-        yield
-        return
-    own = sampling_stream.OWN_STREAM
-    sampling_stream.OWN_STREAM = value == "on"
-    try:
-        with environ({"HMGSTORE_SAMPLER_STREAM": "1" if value == "on" else "0"}):
-            yield
-    finally:
-        sampling_stream.OWN_STREAM = own
-
-
-@contextlib.contextmanager
-def _gather_setting_as(name: str, value, variable: str, text: str):
-    """:mod:`hmgstore.cuda.gather`'s setting ``name`` at ``value`` in the block (the gathers read it at each launch)
-    and its environment variable at ``text`` (a producer started in the block reads it when imported)."""
-    from ..cuda import gather
-
-    before = getattr(gather, name)
-    setattr(gather, name, value)
+def _setting_as(module, name: str, value, variable: str, text: str):
+    """``module``'s setting ``name`` at ``value`` in the block and its environment variable at ``text`` (a producer
+    started in the block reads it when imported); both as before afterwards."""
+    before = getattr(module, name)
+    setattr(module, name, value)
     try:
         with environ({variable: text}):
             yield
     finally:
-        setattr(gather, name, before)
+        setattr(module, name, before)
+
+
+def sampler_stream_as(value: str | None):
+    """Samplers built in the block run their batches on a stream of their own (``"on"``) or not (``"off"``):
+    :data:`hmgstore.graph.sampling_stream.OWN_STREAM`, read when a sampler is built, a producer's alike. ``None``:
+    as they are."""
+    on = value == "on"
+    return contextlib.nullcontext() if value is None else \
+        _setting_as(sampling_stream, "OWN_STREAM", on, "HMGSTORE_SAMPLER_STREAM", "1" if on else "0")
 
 
 def capped_rows_as(value: str | None):
-    """Gathers launched in the block cap the rows ``value`` says (:data:`hmgstore.cuda.gather.CAPPED_ROWS`), a
-    producer started in it alike. ``None``: as they are."""
+    """Gathers launched in the block cap the rows ``value`` says (:data:`hmgstore.cuda.gather.CAPPED_ROWS`, read at
+    each launch), a producer started in it alike. ``None``: as they are."""
+    from ..cuda import gather
+
     return contextlib.nullcontext() if value is None else \
-        _gather_setting_as("CAPPED_ROWS", value, "HMGSTORE_CAPPED_ROWS", value)
+        _setting_as(gather, "CAPPED_ROWS", value, "HMGSTORE_CAPPED_ROWS", value)
 
 
 def cap_mode_as(value: str | None):
     """Capped gathers launched in the block hold whole SMs (``"whole"``, :data:`hmgstore.cuda.gather.EXCLUSIVE`)
     or spread blocks (``"spread"``), a producer started in it alike. ``None``: as they are."""
+    from ..cuda import gather
+
     return contextlib.nullcontext() if value is None else \
-        _gather_setting_as("EXCLUSIVE", value == "whole", "HMGSTORE_WHOLE_SMS", "1" if value == "whole" else "0")
+        _setting_as(gather, "EXCLUSIVE", value == "whole", "HMGSTORE_WHOLE_SMS", "1" if value == "whole" else "0")
