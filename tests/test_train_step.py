@@ -136,12 +136,39 @@ def test_train_benchmark_reports_the_ceilings(tmp_path):
         assert alone["step"] > 0 and alone["loader_main"] > 0 and c["trimmed"] is False
         assert ("loader_pipe" in alone) == ("+pipe" in name)
         assert c["gpu_time"] is None  # --timeline needs a GPU
+        assert len(c["gc"]["collections"]) == 3 and c["gc"]["ms_per_batch"] >= 0  # the timed batches' collections
     assert (out / "profile-loader-host.txt").read_text().count("function calls") >= 1
     # the second cap's configuration trains on the first's loader: only the pipeline differs
     configs = report["configs"]
     assert configs["host+pipe@auto"]["build_s"] > 0 and "loader_of" not in configs["host+pipe@auto"]
     assert configs["host+pipe@none"]["loader_of"] == "host+pipe@auto" and "build_s" not in configs["host+pipe@none"]
     assert "| host+pipe@auto's |" in res.stdout
+
+
+def test_collector_pauses_count_the_collections_in_the_block_only():
+    """CollectorPauses: each collection in the block by generation, with the time it held the interpreter; none
+    before the block or after it, none before a reset."""
+    import gc
+
+    from hmgstore.bench.timing import CollectorPauses
+
+    gc.collect()
+    with CollectorPauses() as pauses:
+        gc.collect(0)
+        pauses.reset()
+        cycles = []
+        for _ in range(20_000):  # garbage in cycles: a full collection has work to do
+            a: list = []
+            a.append(a)
+            cycles.append(a)
+        del cycles
+        gc.collect()
+        gc.collect(1)
+    gc.collect()
+    got = pauses.per_batch(4)
+    assert got["collections"][2] == 1 and got["collections"][1] >= 1  # the reset dropped the first one
+    assert got["full_ms"] > 0 and got["ms_per_batch"] >= got["full_ms"] / 4
+    assert pauses._note not in gc.callbacks  # unregistered when the block ends
 
 
 def test_cap_modes_are_cache_variants():

@@ -85,3 +85,42 @@ def concurrent_seconds(work, streams, *, per_round: int = 1, reps: int = 10, war
     return {"seconds": [statistics.median(t[g] for t in times) for g in range(len(streams))],
             "wall_seconds": statistics.median(walls), "times": times, "wall_times": walls,
             "gated": gate is not None}
+
+
+class CollectorPauses:
+    """Python's garbage collections in this process while the block runs (``gc.callbacks``): how many, and the
+    seconds they held the interpreter, by generation. Each holds the GIL, so a collection in any thread (the
+    pipeline's too) stalls the training thread's issue for as long; a full one walks every tracked object."""
+
+    def __init__(self):
+        self.reset()
+        self._started = 0.0
+
+    def reset(self) -> None:
+        """Count from now (the warm-up's collections left out)."""
+        self.counts, self.seconds = [0, 0, 0], [0.0, 0.0, 0.0]
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            generation = min(int(info.get("generation", 0)), 2)
+            self.counts[generation] += 1
+            self.seconds[generation] += time.perf_counter() - self._started
+
+    def __enter__(self) -> CollectorPauses:
+        import gc
+
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        gc.callbacks.remove(self._note)
+
+    def per_batch(self, batches: int) -> dict:
+        """``{"collections": [gen0, gen1, gen2], "ms_per_batch": the pauses' milliseconds / batches, "full_ms": the
+        full collections' milliseconds}``."""
+        return {"collections": list(self.counts), "ms_per_batch": 1e3 * sum(self.seconds) / max(1, batches),
+                "full_ms": 1e3 * self.seconds[2]}

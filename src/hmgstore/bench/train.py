@@ -293,7 +293,7 @@ def _run_config(config, data, csc, train, classes, device, args, hot, kept, cach
               "trimmed": timed["trimmed"], "max_sms": max_sms if pipe else None, "split": split,
               "overlap_reads": overlap if pipe else None, "topology_cache": topology_cache, "split_threads": threads,
               "step_issue_s": step_issue, "torch_calls": calls, "gpu_time": timed["gpu_time"],
-              "alone_batches_per_s": alone, "split_s": timed["split_s"]}
+              "alone_batches_per_s": alone, "split_s": timed["split_s"], "gc": timed["gc"]}
     if build is not None:
         result["build_s"] = build
     elif loader is not None:

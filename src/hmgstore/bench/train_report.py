@@ -169,6 +169,8 @@ def table_text(report: dict) -> str:
             g = c["gpu_time"]
             split += (f"; GPU ms a batch: step {g['step_ms']:.2f} (alone {g['step_alone_ms']:.2f}), loader "
                       f"{g['loader_ms']:.2f}, both at once {g['overlap_ms']:.2f}, idle {g['idle_ms']:.2f}")
+        if c.get("gc") and c["gc"]["collections"][2]:  # a full collection holds the GIL while it walks every object
+            split += f"; full collections {c['gc']['collections'][2]} ({c['gc']['full_ms']:.0f} ms)"
         if c.get("trimmed") is False and report.get("trim", False):
             split += "; untrimmed (no per-hop counts)"
         speed = [f"{stock / c['epoch_s']:.1f}"] if stock else []

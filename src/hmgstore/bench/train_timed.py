@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from .timing import CollectorPauses
 from .train_alone import PhaseTimer, _forever
 from .train_setup import SAGE, train_step, trimmable
 
@@ -20,30 +21,32 @@ def timed(iterable, loader, pipe: bool, data, classes, device, args, reps: int, 
         timer.wrap(loader, "filter_fn", "gather")
     warmup, load_s, train_s = 3, 0.0, 0.0
     it = _forever(iterable)
-    for step in range(warmup + reps):
-        if step == warmup:
-            sync()
-            start = time.perf_counter()
-            timer.seconds.clear()
-            load_s = train_s = 0.0
-        t0 = time.perf_counter()
-        batch = next(it)
-        if not pipe:
-            batch = batch.to(device, non_blocking=True)
-            sync()
-        t1 = time.perf_counter()
-        if step == 0:
-            trimmed = args.trim and trimmable(batch)
-        loss = train_step(model, optimizer, batch, args.trim)
-        if not pipe:
-            sync()
-        load_s += t1 - t0
-        train_s += time.perf_counter() - t1
-    sync()
-    seconds = (time.perf_counter() - start) / reps
+    with CollectorPauses() as pauses:
+        for step in range(warmup + reps):
+            if step == warmup:
+                sync()
+                start = time.perf_counter()
+                timer.seconds.clear()
+                pauses.reset()
+                load_s = train_s = 0.0
+            t0 = time.perf_counter()
+            batch = next(it)
+            if not pipe:
+                batch = batch.to(device, non_blocking=True)
+                sync()
+            t1 = time.perf_counter()
+            if step == 0:
+                trimmed = args.trim and trimmable(batch)
+            loss = train_step(model, optimizer, batch, args.trim)
+            if not pipe:
+                sync()
+            load_s += t1 - t0
+            train_s += time.perf_counter() - t1
+        sync()
+        seconds = (time.perf_counter() - start) / reps
     timer.unwrap()
     out = {"seconds": seconds, "loss": loss.detach().item(), "trimmed": trimmed, "gpu_time": None,
-           "split_s": {"wait": load_s / reps, "train_issue": train_s / reps}}
+           "split_s": {"wait": load_s / reps, "train_issue": train_s / reps}, "gc": pauses.per_batch(reps)}
     if not pipe:
         gather = timer.seconds["gather"] / reps
         out["split_s"] = {"sampling": load_s / reps - gather, "gather": gather, "train": train_s / reps}
