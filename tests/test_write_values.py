@@ -274,3 +274,29 @@ def test_float_tensors_into_an_integer_table_are_still_refused_and_integers_stil
         table[[1]] = np.array([[2**64 - 1, 0]], dtype=np.uint64)
     table[[1]] = np.array([[7, -7]], dtype=">i8")
     assert table.dense().tolist() == [[0, 0], [7, -7], [0, 0]]
+
+
+@pytest.mark.parametrize("view", ["numpy", "from_numpy", "torch"])
+def test_rows_in_the_tables_own_memory_are_refused_however_they_are_viewed(view):
+    """A value over the table's own bytes (a numpy view, a tensor from it, a torch view) is refused: copied row
+    after row, row 2 would receive row 1 already overwritten. torch's own check sees the torch view only."""
+    x = torch.arange(20.0).reshape(5, 4)
+    table = hmgstore.HybridTensor(x)
+    value = {"numpy": lambda: x.numpy()[0:2], "from_numpy": lambda: torch.from_numpy(x.numpy()[0:2]),
+             "torch": lambda: x[0:2]}[view]()
+    with pytest.raises(RuntimeError, match="share memory with the table|unsupported operation"):
+        table[[1, 2]] = value
+    assert torch.equal(x, torch.arange(20.0).reshape(5, 4))  # nothing written
+    table[[1, 2]] = value.clone() if view != "numpy" else value.copy()
+    assert table[[1, 2]].tolist() == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
+def test_a_lazy_conjugate_or_negative_view_is_refused_as_a_source():
+    """x.conj() and torch's negative views keep the unconjugated values in memory, which a kernel reads: refused
+    with the fix (CPU gathers resolved them; GPU ones would not)."""
+    c = torch.complex(torch.ones(3, 2), torch.arange(6.0).reshape(3, 2))
+    with pytest.raises(ValueError, match=r"lazy conjugate view.*resolve_conj\(\)"):
+        hmgstore.HybridTensor(c.conj())
+    with pytest.raises(ValueError, match="lazy negative view"):
+        hmgstore.HybridTensor(torch._neg_view(torch.arange(6.0).reshape(3, 2)))
+    assert torch.equal(hmgstore.HybridTensor(c.conj().resolve_conj())[[2]], c.conj()[[2]])

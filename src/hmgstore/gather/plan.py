@@ -28,6 +28,7 @@ from ..cuda import deferred, gather, order
 from ..memory.pinned import PinnedHost
 from ..rows.ids import Index, check_pending, check_range, prepare_many
 from ..rows.placement import host_only
+from ..rows.writes import shares_memory
 from . import cpu_share, finish_scope
 
 
@@ -134,11 +135,11 @@ def check_out(out: torch.Tensor, shape, dtype, device, table=None, ids=()) -> No
             f"out must be a contiguous tensor of shape {tuple(shape)}, dtype {dtype} on {device}; "
             f"got shape {tuple(out.shape)}, dtype {out.dtype} on {out.device}"
             f"{'' if out.is_contiguous() else ', not contiguous'}")
-    if table is not None and any(_overlap(out, tier) for tier in (table._source, table.gpu_tier)):
+    if table is not None and any(shares_memory(out, tier) for tier in (table._source, table.gpu_tier)):
         raise ValueError("out shares memory with the table it gathers from (its rows would be overwritten while "
                          "they are read); pass a separate tensor, or no out to get a new one")
     for k, index in enumerate(ids):
-        if _overlap(out, index):
+        if shares_memory(out, index):
             which = "the ids" if len(ids) == 1 else f"the ids of request {k}"
             raise ValueError(f"out shares memory with {which} (rows written over ids not read yet would fetch the "
                              "wrong rows); pass a separate tensor, or the ids' .clone()")
@@ -157,22 +158,9 @@ def check_outs_apart(tables: list, outs: list) -> None:
                              "the other's); give each request its own buffer")
     for k, out in enumerate(outs):
         for j, table in enumerate(tables):
-            if out is not None and any(_overlap(out, tier) for tier in (table._source, table.gpu_tier)):
+            if out is not None and any(shares_memory(out, tier) for tier in (table._source, table.gpu_tier)):
                 raise ValueError(f"out shares memory with the table of request {j} (out {k}: that table's rows would "
                                  "be overwritten while they are read); pass a separate tensor, or no out")
-
-
-def _overlap(a: torch.Tensor, b) -> bool:
-    """Whether tensor ``a``'s bytes and tensor ``b``'s (anything else: none) lie in the same memory."""
-    if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
-        return False
-    lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
-    if b.is_contiguous():  # its own bytes; else (strided) every byte of its storage, which holds them
-        b_lo, b_hi = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
-    else:
-        b_lo = b.untyped_storage().data_ptr()
-        b_hi = b_lo + b.untyped_storage().nbytes()
-    return lo < b_hi and b_lo < hi
 
 
 def page_shift(table) -> int:

@@ -72,7 +72,8 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
     writes to them, nor to a torch tensor over such memory (``torch.from_numpy``
     of one), which the process's memory map tells. Raises TypeError for CUDA
     tensors, sparse tensors (with the fix: ``source.to_dense()``), numpy
-    dtypes torch lacks and other types; ValueError for numpy arrays torch
+    dtypes torch lacks and other types; ValueError for lazy conjugate or
+    negative views (``x.conj()``: their memory holds other values), numpy arrays torch
     cannot read in place (foreign byte order, backwards or column-major
     rows), with the numpy fix; RuntimeError for an array over a memory-mapped
     file that was cut short (:func:`hmgstore.memory.mapped.check_whole`), whose
@@ -86,6 +87,10 @@ def as_host_tensor(source) -> tuple[torch.Tensor, bool]:
             raise TypeError(
                 f"the source table must live in host memory, got a tensor on {source.device}; "
                 "pass the CPU tensor (hmgstore decides what to copy to the GPU)")
+        if source.is_conj() or source.is_neg():  # its bytes hold the values before the lazy op: a kernel reads those
+            raise ValueError(f"the source table is a lazy {'conjugate' if source.is_conj() else 'negative'} view, "
+                             "whose memory holds other values than it shows; pass source.resolve_conj().resolve_neg() "
+                             "(a copy holding the values)")
         tensor, read_only = source.detach(), _in_read_only_mapping(source)
     elif isinstance(source, np.ndarray):
         check_whole(source)  # a memmap's file cut short: refused here, before a copy or pin reads a lost page

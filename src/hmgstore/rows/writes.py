@@ -1,5 +1,6 @@
 """What a table write ``t[ids] = value`` stores: :func:`rows_to_write` converts the value to the table's
-rows, never cutting a number in silence (a float64 that float32 rows would hold as inf is refused)."""
+rows, never cutting a number in silence (a float64 that float32 rows would hold as inf is refused), and
+:func:`check_apart` refuses rows that lie in the table's own memory."""
 from __future__ import annotations
 
 import math
@@ -145,3 +146,25 @@ def _all_within(given: torch.Tensor, dtype: torch.dtype) -> None:
     bad = (values < np.array(low, values.dtype)) | (values > np.array(high, values.dtype))
     if bool(bad.any()):
         _within(int(values[bad].flat[0]), dtype)
+
+
+def shares_memory(a: torch.Tensor, b) -> bool:
+    """Whether tensor ``a``'s bytes and tensor ``b``'s (anything else: none) lie in the same memory."""
+    if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
+        return False
+    lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
+    if b.is_contiguous():  # its own bytes; else (strided) every byte of its storage, which holds them
+        b_lo, b_hi = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
+    else:
+        b_lo = b.untyped_storage().data_ptr()
+        b_hi = b_lo + b.untyped_storage().nbytes()
+    return lo < b_hi and b_lo < hi
+
+
+def check_apart(rows: torch.Tensor, *tiers) -> None:
+    """RuntimeError where the (contiguous) ``rows`` to write share memory with one of ``tiers`` (tensors, or None):
+    rows copied one after another would read rows already overwritten. torch refuses ``x[ids] = x[a:b]`` only
+    where both are views of one storage object; a numpy view of the table (``x.numpy()[a:b]``) is another."""
+    if any(shares_memory(rows, tier) for tier in tiers):
+        raise RuntimeError("the rows to write share memory with the table (some would be read after they were "
+                           "overwritten); pass value.clone(), or a copy of the array")

@@ -6,8 +6,7 @@ the ids hit. On the CPU the same API reads with ``torch.index_select``; results 
 fuses the gathers of several tables (a batch's features, labels, node types) into one launch.
 
 The public functions here check their arguments, then :mod:`hmgstore.gather.plan` does the work; the table's
-state and lifecycle are :mod:`hmgstore.table.state`; the per-tier counters and the split gather's setting are kept
-here.
+state and lifecycle are :mod:`hmgstore.table.state`; the tier counters and the split gather's setting are here.
 
 Streams. A gather runs on ``stream`` if given, else on the current stream of the table's device, and its result is
 ready on that stream; the host does not wait, except that ids already on a GPU are range-checked with one
@@ -31,7 +30,7 @@ from ..rows import checks, formats
 from ..rows.ids import CHECKS, last_writes, normalize, rows_only
 from ..rows.placement import for_table
 from ..rows.stats import TierCounter
-from ..rows.writes import rows_to_write
+from ..rows.writes import check_apart, rows_to_write
 from ..util.device import resolve_device
 from .state import Table
 
@@ -287,6 +286,7 @@ class HybridTensor(Table):
             fmt, source, pinned, gpu = self.host_format, self.host_tier, self.pinned, self.gpu_tier
             ids, rows = last_writes(ids, rows)  # an id given twice: its last row, on every device
             host_rows = (fmt.encode(rows.contiguous(), ids) if fmt else rows).contiguous()
+            check_apart(host_rows, source, getattr(pinned, "tensor", None))  # CPU rows: the GPU tier is apart
             at = self.host_positions(ids)
             source.index_copy_(0, at, host_rows)
             if pinned is not None and pinned.tensor is not source:  # a small table's pinned copy
