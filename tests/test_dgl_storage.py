@@ -133,6 +133,20 @@ def test_fetch_returns_waitable_rows(small_graph, idtype, pin_memory):
     assert storage.fetch(torch.empty(0, dtype=idtype), "cpu").wait().shape == (0, 16)
 
 
+def test_rows_written_between_fetch_and_wait_come_back_as_written():
+    """The gather runs at the first wait(), as documented: a write in between is seen (DGL's own storage reads
+    at fetch); rows fetched after a wait are read then."""
+    from hmgstore.plugins.dgl.storage import HybridFeatureStorage
+
+    table = hmgstore.HybridTensor(torch.arange(20.0).reshape(5, 4))
+    storage = HybridFeatureStorage(table)
+    pending = storage.fetch(torch.tensor([0, 1]), "cpu")
+    table[torch.tensor([0])] = torch.full((1, 4), -1.0)
+    assert pending.wait().tolist() == [[-1.0] * 4, [4.0, 5.0, 6.0, 7.0]]
+    table[torch.tensor([1])] = torch.zeros(1, 4)
+    assert pending.wait()[1].tolist() == [4.0, 5.0, 6.0, 7.0]  # read once, at its first wait()
+
+
 def test_fetches_of_a_thread_gather_together_and_threads_stay_apart(small_graph, monkeypatch):
     calls = []
     gather_batch = hmgstore.HybridTensor.gather_batch  # the table kind's batch gather: one gather_many

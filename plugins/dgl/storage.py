@@ -134,7 +134,9 @@ class HybridFeatureStorage(dgl.storages.FeatureStorage):
     def fetch(self, indices, device, pin_memory=False, **kwargs) -> PendingFetch:
         """Request rows ``indices``; ``.wait()`` on the result returns them on ``device``.
 
-        The gather happens at the first ``wait()`` of any fetch of this thread, for all of them at once.
+        The gather happens at the first ``wait()`` of any fetch of this thread, for all of them at once: rows
+        written to the table between ``fetch`` and that ``wait()`` come back as written (DGL's own
+        ``TensorStorage`` reads at ``fetch``).
 
         Args:
             indices: int32 or int64 tensor ``[n]`` (n may be 0) on the CPU or a GPU, each id in ``[0, N)``.
