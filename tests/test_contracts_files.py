@@ -250,6 +250,19 @@ def test_a_plain_array_over_a_memmap_is_watched_as_the_memmap(folder, plain):
         table[[last]]
 
 
+def test_a_torch_tensor_over_a_memmap_is_watched_through_the_memory_map(folder):
+    """torch.from_numpy of a memmap shows no file; the table finds it in /proc/self/maps: cut short, refused at
+    the next gather, never a SIGBUS. Anonymous memory has no file to watch."""
+    path = folder / "f.npy"
+    np.save(path, np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64))
+    table = hmgstore.HybridTensor(torch.from_numpy(np.load(path, mmap_mode="r+"))[1:], "cpu")
+    assert torch.equal(table[[4094]], torch.arange(4095 * 64, 4096 * 64, dtype=torch.float32).view(1, 64))
+    os.truncate(path, 4096)
+    with pytest.raises(RuntimeError, match=r"f\.npy was cut short under a live table: it holds 4096 bytes"):
+        table[[4094]]
+    assert file_identity.watch(torch.arange(1 << 20)) is None
+
+
 def test_identities_name_what_changed(folder):
     path = folder / "i.bin"
     path.write_bytes(b"a" * 10000)

@@ -7,7 +7,8 @@ whole (a copy, an encoding, a pickle of its rows, pinning a small source into pi
 :func:`check_whole` first: one ``fstat`` of the descriptor the mapping itself keeps open, so the file measured is
 the one the pages come from, even after it was renamed, replaced or deleted by name.
 
-A torch tensor made from such an array (``torch.from_numpy``) does not show its file and is not checked; nor can a
+A torch tensor made from such an array (``torch.from_numpy``) does not show its file and is not checked here (a
+table over one finds the file in the process's memory map: :func:`hmgstore.rows.file_identity.watch`); nor can a
 file cut while a read is under way be caught (copy the rows while it is whole).
 """
 from __future__ import annotations

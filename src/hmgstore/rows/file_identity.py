@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 #: Bytes per sampled page of the checksum.
 PAGE_BYTES = 4096
@@ -177,9 +178,11 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
 class LiveFile:
     """An open descriptor of a live table's mapped file, to refuse a gather once the file is cut short."""
 
-    def __init__(self, path: str, needed: int):
+    def __init__(self, path: str, needed: int, opener: str | None = None):
+        """``path``: the file's name, for messages; ``needed``: the bytes the table maps; ``opener``: what to open
+        instead of ``path`` (``/proc/self/map_files/...``: the very file mapped, whatever its name is now)."""
         self.path, self.needed = path, needed
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = os.open(opener or path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._closer = weakref.finalize(self, os.close, self._fd)
 
     def check(self) -> None:
@@ -214,11 +217,35 @@ def _memmap_under(source) -> np.memmap | None:
     return None
 
 
+def _mapped_file(tensor) -> LiveFile | None:
+    """A :class:`LiveFile` over the regular file whose pages a CPU tensor's storage lies in (a ``torch.from_numpy``
+    of a memmap, which does not show its file), found in Linux's ``/proc/self/maps``; None for memory no such file
+    backs (anonymous, shared memory) or where ``/proc`` cannot be read."""
+    storage = tensor.untyped_storage()
+    lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)  # span, perms, offset, device, inode, name
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                if not start <= lo < end:
+                    continue
+                name = fields[5].strip() if len(fields) == 6 else ""
+                if hi == lo or not name.startswith("/") or name.startswith(("/dev/", "/memfd:")):
+                    return None
+                return LiveFile(name, int(fields[2], 16) + hi - start, f"/proc/self/map_files/{fields[0]}")
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def watch(source) -> LiveFile | None:
     """For a ``source`` over a memmap's pages (the memmap or a numpy array viewing it): record its file's
     identity (:func:`identity_of`) and return a :class:`LiveFile` over the bytes ``source`` spans; None for any
-    other source (nothing can change under it). A torch tensor made from such an array
-    (``torch.from_numpy``) does not show its file and is not watched."""
+    other source (nothing can change under it). A CPU torch tensor over a file's pages (``torch.from_numpy`` of
+    a memmap) is found through the process's memory map and watched alike (its identity is not recorded)."""
+    if isinstance(source, torch.Tensor):
+        return _mapped_file(source) if source.device.type == "cpu" else None
     mapped = _memmap_under(source)
     if mapped is None:
         return None
