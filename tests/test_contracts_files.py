@@ -263,6 +263,31 @@ def test_a_torch_tensor_over_a_memmap_is_watched_through_the_memory_map(folder):
     assert file_identity.watch(torch.arange(1 << 20)) is None
 
 
+def test_without_map_files_the_mapped_file_is_opened_by_name_if_it_is_still_the_one(folder, monkeypatch):
+    """/proc/self/map_files asks privileges most users lack: the file is then opened by its name, kept only where
+    it is still the file mapped (device and inode); one replaced since warns that it cannot be watched."""
+    real_open = os.open
+
+    def no_map_files(path, *args, **kwargs):
+        if str(path).startswith("/proc/self/map_files/"):
+            raise PermissionError(1, "Operation not permitted", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_map_files)
+    path = folder / "n.npy"
+    np.save(path, np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64))
+    table = hmgstore.HybridTensor(torch.from_numpy(np.load(path, mmap_mode="r+")), "cpu")
+    os.truncate(path, 4096)
+    with pytest.raises(RuntimeError, match=r"n\.npy was cut short under a live table"):
+        table[[4095]]
+    for name in ("mapped.npy", "other.npy"):
+        np.save(folder / name, np.ones((4096, 64), dtype=np.float32))
+    mapped = torch.from_numpy(np.load(folder / "mapped.npy", mmap_mode="r+"))
+    os.replace(folder / "other.npy", folder / "mapped.npy")  # another file under the name now
+    with pytest.warns(RuntimeWarning, match=r"mapped\.npy, the file under this table's rows, cannot be opened"):
+        assert file_identity.watch(mapped) is None
+
+
 def test_identities_name_what_changed(folder):
     path = folder / "i.bin"
     path.write_bytes(b"a" * 10000)

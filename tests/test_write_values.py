@@ -291,6 +291,23 @@ def test_rows_in_the_tables_own_memory_are_refused_however_they_are_viewed(view)
     assert table[[1, 2]].tolist() == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
 
 
+def test_values_beside_a_strided_tables_rows_are_written_and_values_over_them_refused():
+    """A table over a column slice or every other row: a value in the bytes between its rows is not the table's
+    (written, as torch writes it); one over a row is refused."""
+    big = torch.arange(48.0).reshape(6, 8)
+    table = hmgstore.HybridTensor(big[:, :4])
+    table[[1]] = big.numpy()[0:1, 4:]  # row 0's other columns
+    assert table[[1]].tolist() == [[4.0, 5.0, 6.0, 7.0]]
+    with pytest.raises(RuntimeError, match="share memory with the table"):
+        table[[1]] = big.numpy()[0:1, 2:6]  # half of it in row 0
+    rows = torch.arange(48.0).reshape(6, 8)
+    every_other = hmgstore.HybridTensor(rows[::2])
+    every_other[[1]] = rows.numpy()[1:2]  # a row between the table's
+    assert every_other[[1]].tolist() == [list(range(8, 16))]
+    with pytest.raises(RuntimeError, match="share memory with the table"):
+        every_other[[0]] = rows.numpy()[4:5]  # the table's row 2
+
+
 def test_a_lazy_conjugate_or_negative_view_is_refused_as_a_source():
     """x.conj() and torch's negative views keep the unconjugated values in memory, which a kernel reads: refused
     with the fix (CPU gathers resolved them; GPU ones would not)."""

@@ -33,6 +33,7 @@ page a SIGBUS that kills the interpreter. So:
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 import zlib
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ import torch
 PAGE_BYTES = 4096
 #: Pages sampled besides the first (the header's): at evenly spaced offsets, the last page included.
 SAMPLED_PAGES = 4
+#: How a watched file is opened.
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 class FileChangedError(ValueError):
@@ -178,11 +181,11 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
 class LiveFile:
     """An open descriptor of a live table's mapped file, to refuse a gather once the file is cut short."""
 
-    def __init__(self, path: str, needed: int, opener: str | None = None):
-        """``path``: the file's name, for messages; ``needed``: the bytes the table maps; ``opener``: what to open
-        instead of ``path`` (``/proc/self/map_files/...``: the very file mapped, whatever its name is now)."""
+    def __init__(self, path: str, needed: int, fd: int | None = None):
+        """``path``: the file, opened here unless ``fd`` is a descriptor of it already (then named only in
+        messages); ``needed``: the bytes the table maps."""
         self.path, self.needed = path, needed
-        self._fd = os.open(opener or path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = os.open(path, _READ) if fd is None else fd
         self._closer = weakref.finalize(self, os.close, self._fd)
 
     def check(self) -> None:
@@ -220,22 +223,49 @@ def _memmap_under(source) -> np.memmap | None:
 def _mapped_file(tensor) -> LiveFile | None:
     """A :class:`LiveFile` over the regular file whose pages a CPU tensor's storage lies in (a ``torch.from_numpy``
     of a memmap, which does not show its file), found in Linux's ``/proc/self/maps``; None for memory no such file
-    backs (anonymous, shared memory) or where ``/proc`` cannot be read."""
+    backs (anonymous, shared memory) or where ``/proc`` cannot be read, and, with a warning, for a file that can
+    no longer be opened."""
     storage = tensor.untyped_storage()
     lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
-                fields = line.split(maxsplit=5)  # span, perms, offset, device, inode, name
+                fields = line.rstrip("\n").split(maxsplit=5)  # span, perms, offset, device, inode, name
                 start, end = (int(x, 16) for x in fields[0].split("-"))
-                if not start <= lo < end:
-                    continue
-                name = fields[5].strip() if len(fields) == 6 else ""
-                if hi == lo or not name.startswith("/") or name.startswith(("/dev/", "/memfd:")):
-                    return None
-                return LiveFile(name, int(fields[2], 16) + hi - start, f"/proc/self/map_files/{fields[0]}")
+                if start <= lo < end:
+                    break
+            else:
+                return None
+        name = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
+        if hi == lo or not name.startswith("/") or name.startswith(("/dev/", "/memfd:")):
+            return None
+        fd = _open_mapped(start, end, name, fields[3], int(fields[4]))
     except (OSError, ValueError):
         return None
+    if fd is None:
+        warnings.warn(f"hmgstore: {name}, the file under this table's rows, cannot be opened again to watch it: if "
+                      "it is cut short, a gather dies by SIGBUS; build the table with copy=True to hold its rows",
+                      RuntimeWarning, stacklevel=4)
+        return None
+    return LiveFile(name, int(fields[2], 16) + hi - start, fd)
+
+
+def _open_mapped(start: int, end: int, name: str, device: str, inode: int) -> int | None:
+    """A descriptor of the very file mapped at ``[start, end)``: through ``/proc/self/map_files`` (which asks
+    CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE of the process), else by ``name`` where the file there is still the one
+    mapped (its device ``major:minor`` in hex, as the maps line gives it, and inode); None where neither."""
+    try:
+        return os.open(f"/proc/self/map_files/{start:x}-{end:x}", _READ)  # its names carry no leading zeros
+    except OSError:
+        pass
+    try:
+        fd = os.open(name, _READ)
+    except OSError:
+        return None
+    stat, (major, minor) = os.fstat(fd), (int(x, 16) for x in device.split(":"))
+    if (stat.st_dev, stat.st_ino) == (os.makedev(major, minor), inode):
+        return fd
+    os.close(fd)
     return None
 
 

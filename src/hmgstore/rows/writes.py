@@ -153,9 +153,13 @@ def shares_memory(a: torch.Tensor, b) -> bool:
     if not isinstance(b, torch.Tensor) or a.device != b.device or not a.numel() or not b.numel():
         return False
     lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
-    if b.is_contiguous():  # its own bytes; else (strided) every byte of its storage, which holds them
+    if b.is_contiguous():  # its own bytes
         b_lo, b_hi = b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()
-    else:
+    elif b.dim() and b.stride(0) > 0 and b[0].is_contiguous():  # rows apart (a column slice, every other row)
+        row, pitch = b[0].numel() * b.element_size(), b.stride(0) * b.element_size()
+        first = max(0, -(-(lo - b.data_ptr() - row + 1) // pitch))  # the first row that ends after lo
+        return first < b.shape[0] and b.data_ptr() + first * pitch < hi
+    else:  # every byte of its storage, which holds them
         b_lo = b.untyped_storage().data_ptr()
         b_hi = b_lo + b.untyped_storage().nbytes()
     return lo < b_hi and b_lo < hi
@@ -164,7 +168,8 @@ def shares_memory(a: torch.Tensor, b) -> bool:
 def check_apart(rows: torch.Tensor, *tiers) -> None:
     """RuntimeError where the (contiguous) ``rows`` to write share memory with one of ``tiers`` (tensors, or None):
     rows copied one after another would read rows already overwritten. torch refuses ``x[ids] = x[a:b]`` only
-    where both are views of one storage object; a numpy view of the table (``x.numpy()[a:b]``) is another."""
+    where both are views of one storage object; a numpy view of the table (``x.numpy()[a:b]``) is another. A
+    second mapping of the table's file (another ``np.memmap`` of it) lies at other addresses: not caught."""
     if any(shares_memory(rows, tier) for tier in tiers):
         raise RuntimeError("the rows to write share memory with the table (some would be read after they were "
                            "overwritten); pass value.clone(), or a copy of the array")
