@@ -279,12 +279,12 @@ def test_float_tensors_into_an_integer_table_are_still_refused_and_integers_stil
 @pytest.mark.parametrize("view", ["numpy", "from_numpy", "torch"])
 def test_rows_in_the_tables_own_memory_are_refused_however_they_are_viewed(view):
     """A value over the table's own bytes (a numpy view, a tensor from it, a torch view) is refused: copied row
-    after row, row 2 would receive row 1 already overwritten. torch's own check sees the torch view only."""
+    after row, row 2 would receive row 1 already overwritten (torch's own check would see the torch view only)."""
     x = torch.arange(20.0).reshape(5, 4)
     table = hmgstore.HybridTensor(x)
     value = {"numpy": lambda: x.numpy()[0:2], "from_numpy": lambda: torch.from_numpy(x.numpy()[0:2]),
              "torch": lambda: x[0:2]}[view]()
-    with pytest.raises(RuntimeError, match="share memory with the table|unsupported operation"):
+    with pytest.raises(RuntimeError, match="share memory with the table"):
         table[[1, 2]] = value
     assert torch.equal(x, torch.arange(20.0).reshape(5, 4))  # nothing written
     table[[1, 2]] = value.clone() if view != "numpy" else value.copy()
