@@ -11,6 +11,7 @@ stream.
 """
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -109,14 +110,10 @@ class CollectorPauses:
             self.seconds[generation] += time.perf_counter() - self._started
 
     def __enter__(self) -> CollectorPauses:
-        import gc
-
         gc.callbacks.append(self._note)
         return self
 
     def __exit__(self, *exc) -> None:
-        import gc
-
         gc.callbacks.remove(self._note)
 
     def per_batch(self, batches: int) -> dict:

@@ -14,8 +14,32 @@ file cut while a read is under way be caught (copy the rows while it is whole).
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
+
+
+class Mapping(NamedTuple):
+    """One line of Linux's ``/proc/self/maps``: a range of this process's addresses and what backs it."""
+
+    start: int
+    end: int
+    perms: str  # "rw-p" and the like
+    offset: int  # the file offset of ``start``
+    device: str  # "major:minor", hex
+    inode: int
+    name: str  # a file's path (without " (deleted)"), "[heap]" and the like, or "" for anonymous memory
+
+
+def mappings() -> Iterator[Mapping]:
+    """This process's memory map, in address order; raises OSError where ``/proc/self/maps`` cannot be read."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.rstrip("\n").split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            name = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
+            yield Mapping(start, end, fields[1], int(fields[2], 16), fields[3], int(fields[4]), name)
 
 
 def _mapping(source) -> tuple[np.memmap, mmap.mmap] | None:

@@ -45,7 +45,7 @@ from ..cuda.host import AlreadyPinned, host_register, host_unregister, unpinned_
 from ..cuda.runtime import synchronize
 from ..util.progress import tqdm
 from . import owned
-from .mapped import check_whole
+from .mapped import check_whole, mappings
 from .numpy_source import numpy_tensor
 
 log = logging.getLogger(__name__)
@@ -116,15 +116,9 @@ def _in_read_only_mapping(tensor: torch.Tensor) -> bool:
     if hi == lo:
         return False
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                span, perms = line.split(None, 2)[:2]
-                start, end = (int(x, 16) for x in span.split("-"))
-                if start < hi and lo < end and perms[1] != "w":
-                    return True
+        return any(m.start < hi and lo < m.end and m.perms[1] != "w" for m in mappings())
     except (OSError, ValueError):
         return False
-    return False
 
 
 def row_layout(tensor: torch.Tensor) -> tuple[int, int]:

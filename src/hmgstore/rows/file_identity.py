@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..memory.mapped import Mapping, mappings
+
 #: Bytes per sampled page of the checksum.
 PAGE_BYTES = 4096
 #: Pages sampled besides the first (the header's): at evenly spaced offsets, the last page included.
@@ -228,42 +230,35 @@ def _mapped_file(tensor) -> LiveFile | None:
     storage = tensor.untyped_storage()
     lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.rstrip("\n").split(maxsplit=5)  # span, perms, offset, device, inode, name
-                start, end = (int(x, 16) for x in fields[0].split("-"))
-                if start <= lo < end:
-                    break
-            else:
-                return None
-        name = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
-        if hi == lo or not name.startswith("/") or name.startswith(("/dev/", "/memfd:")):
+        found = next((m for m in mappings() if m.start <= lo < m.end), None)
+        if found is None or hi == lo or not found.name.startswith("/") or \
+                found.name.startswith(("/dev/", "/memfd:")):
             return None
-        fd = _open_mapped(start, end, name, fields[3], int(fields[4]))
+        fd = _open_mapped(found)
     except (OSError, ValueError):
         return None
     if fd is None:
-        warnings.warn(f"hmgstore: {name}, the file under this table's rows, cannot be opened again to watch it: if "
-                      "it is cut short, a gather dies by SIGBUS; build the table with copy=True to hold its rows",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(f"hmgstore: {found.name}, the file under this table's rows, cannot be opened again to watch "
+                      "it: if it is cut short, a gather dies by SIGBUS; build the table with copy=True to hold its "
+                      "rows", RuntimeWarning, stacklevel=4)
         return None
-    return LiveFile(name, int(fields[2], 16) + hi - start, fd)
+    return LiveFile(found.name, found.offset + hi - found.start, fd)
 
 
-def _open_mapped(start: int, end: int, name: str, device: str, inode: int) -> int | None:
-    """A descriptor of the very file mapped at ``[start, end)``: through ``/proc/self/map_files`` (which asks
-    CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE of the process), else by ``name`` where the file there is still the one
-    mapped (its device ``major:minor`` in hex, as the maps line gives it, and inode); None where neither."""
+def _open_mapped(found: Mapping) -> int | None:
+    """A descriptor of the very file ``found`` maps: through ``/proc/self/map_files`` (which asks CAP_SYS_ADMIN
+    or CAP_CHECKPOINT_RESTORE of the process), else by its name where the file there is still the one mapped
+    (its device and inode); None where neither."""
     try:
-        return os.open(f"/proc/self/map_files/{start:x}-{end:x}", _READ)  # its names carry no leading zeros
+        return os.open(f"/proc/self/map_files/{found.start:x}-{found.end:x}", _READ)  # names: no leading zeros
     except OSError:
         pass
     try:
-        fd = os.open(name, _READ)
+        fd = os.open(found.name, _READ)
     except OSError:
         return None
-    stat, (major, minor) = os.fstat(fd), (int(x, 16) for x in device.split(":"))
-    if (stat.st_dev, stat.st_ino) == (os.makedev(major, minor), inode):
+    stat, (major, minor) = os.fstat(fd), (int(x, 16) for x in found.device.split(":"))
+    if (stat.st_dev, stat.st_ino) == (os.makedev(major, minor), found.inode):
         return fd
     os.close(fd)
     return None
