@@ -7,8 +7,10 @@ References are numpy's own reads of the arrays written. The hypothesis profile i
 """
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -233,3 +235,113 @@ def test_a_memmap_table_sent_elsewhere_refuses_a_changed_file(tmp_path_factory, 
         copy = pickle.loads(blob)
         copy[torch.arange(len(arr))]
     del table, mm
+
+
+# ---- every kind of source over a mapped file, changed before or after the build --------------------------------------
+def _over_file(kind: str, path, arr):
+    """A source over the pages of ``path`` (an ``np.save`` of ``arr``), of one of the kinds a table takes."""
+    if kind == "memmap":
+        return np.load(path, mmap_mode="r")
+    if kind == "view":  # a plain array over a memmap's pages
+        return np.asarray(np.load(path, mmap_mode="r"))[:]
+    header = path.stat().st_size - arr.nbytes
+    if kind == "frombuffer":  # a plain array over an mmap.mmap, no memmap anywhere
+        with open(path, "rb") as f:
+            pages = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(pages, arr.dtype, offset=header).reshape(arr.shape)
+    return torch.from_numpy(np.load(path, mmap_mode="r+"))  # a torch tensor over a memmap, which shows no file
+
+
+def _change(path, arr, change: str) -> np.ndarray | None:
+    """Change the file at ``path``; the rows a mapping of the old file reads now (None: cut short)."""
+    if change == "replace":  # another file renamed into its place: the mapping keeps the old one
+        np.save(path.with_name("new.npy"), arr + 1)
+        os.replace(path.with_name("new.npy"), path)
+    elif change == "unlink":
+        os.unlink(path)
+    elif change == "rewrite":  # in place: the mapping shows the new bytes
+        with open(path, "r+b") as f:
+            f.seek(-arr.nbytes, os.SEEK_END)
+            f.write((arr + 1).tobytes())
+        return arr + 1
+    elif change == "truncate":
+        os.truncate(path, path.stat().st_size - 1)
+        return None
+    return arr
+
+
+@FAST
+@given(arrays(dtypes=[np.float32, np.int64], min_rows=1),
+       st.sampled_from(["memmap", "view", "frombuffer", "torch"]),
+       st.sampled_from(["none", "replace", "unlink", "rewrite", "truncate"]),
+       st.booleans(), st.booleans())
+def test_a_table_over_a_mapped_file_reads_the_mapped_rows_or_refuses(tmp_path_factory, arr, kind, change,
+                                                                     before_build, map_files):
+    """Whatever the source over a file's pages and whenever its file changes, a table reads the rows its mapping
+    holds or raises, and a copy sent to another process reads the same rows as the table or raises: never the
+    rows of another file (a file renamed into the name before the build), never a lost page (SIGBUS). With or
+    without ``/proc/self/map_files`` (which asks privileges most processes lack)."""
+    path = _fresh(tmp_path_factory, "x.npy")
+    np.save(path, arr)
+    source = _over_file(kind, path, arr)
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a torch source whose file is out of reach is not watched
+        if not map_files:
+            real_open = os.open
+
+            def no_map_files(name, *args, **kwargs):
+                if str(name).startswith("/proc/self/map_files/"):
+                    raise PermissionError(1, "Operation not permitted", name)
+                return real_open(name, *args, **kwargs)
+
+            patch.setattr(os, "open", no_map_files)
+        mapped = _change(path, arr, change) if before_build else arr
+        try:
+            table = hmgstore.HybridTensor(source, "cpu")
+        except (RuntimeError, ValueError):
+            assert before_build and mapped is None  # only a file cut short may be refused at the build
+            return
+        if not before_build:
+            mapped = _change(path, arr, change)
+        try:
+            live = _rows(table)
+        except RuntimeError as err:
+            assert mapped is None and "cut short" in str(err)
+            return
+        assert mapped is not None and _same(live, mapped)
+        try:
+            copy = _rows(pickle.loads(pickle.dumps(table)))
+        except (FileChangedError, RuntimeError):
+            assert kind == "memmap" and change != "none"  # sent by name: refused once the file changed
+            return
+        assert _same(copy, live)
+
+
+# ---- files known by their first bytes, whatever their names ---------------------------------------------------------
+def _write(path, arr, writer: str) -> None:
+    with open(path, "wb") as f:
+        if writer == "npy":
+            np.save(f, arr)
+        elif writer == "npz":
+            np.savez(f, a=arr)
+        else:
+            torch.save(torch.from_numpy(arr), f, _use_new_zipfile_serialization=writer == "torch")
+
+
+@FAST
+@given(arrays(dtypes=[np.float32, np.int64], min_rows=1), st.sampled_from(["npy", "torch", "torch-legacy", "npz"]),
+       st.sampled_from([".bin", ".raw", "", ".pt", ".npy", ".npz"]), st.sampled_from(["none", "exact", "rows"]))
+def test_a_file_is_read_as_what_it_is_whatever_its_name(tmp_path_factory, arr, writer, suffix, arguments):
+    """A ``.npy``, a ``torch.save`` file (zip or legacy) or an ``.npz`` under any name, loaded with or without a raw
+    file's ``dtype=``/``shape=``: the saved rows, or a ValueError/TypeError naming the file; never its header (or
+    an archive's) read as rows."""
+    path = _fresh(tmp_path_factory, "x" + suffix)
+    _write(path, arr, writer)
+    kwargs = {"none": {}, "exact": {"dtype": arr.dtype, "shape": arr.shape},
+              "rows": {"dtype": arr.dtype, "shape": (-1, *arr.shape[1:])}}[arguments]
+    try:
+        table = hmgstore.load(path, "cpu", progress=False, **kwargs)
+    except (ValueError, TypeError) as err:
+        assert path.name in str(err)
+        return
+    assert writer in ("npy", "torch", "torch-legacy") and _same(_rows(table), arr)

@@ -36,21 +36,18 @@ import os
 import warnings
 import weakref
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..memory.mapped import Mapping, mappings
+from ..memory.mapped import file_span, is_file, mapping_at, open_mapped
 
 #: Bytes per sampled page of the checksum.
 PAGE_BYTES = 4096
 #: Pages sampled besides the first (the header's): at evenly spaced offsets, the last page included.
 SAMPLED_PAGES = 4
-#: How a watched file is opened.
-_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-
 
 class FileChangedError(ValueError):
     """A file is not the one a table was built over: replaced, rewritten, cut short or gone."""
@@ -82,7 +79,13 @@ class FileIdentity:
     def of(cls, path) -> FileIdentity:
         """The identity of the file at ``path`` now. Raises FileNotFoundError/OSError as ``open`` does."""
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
+            return cls.of_descriptor(f.fileno(), path)
+
+    @classmethod
+    def of_descriptor(cls, fd: int, path) -> FileIdentity:
+        """The identity of the file open as ``fd`` (named ``path``, which may name another file by now)."""
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            st = os.fstat(fd)
             return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, _checksum(f, st.st_size),
                        st.st_ctime_ns)
 
@@ -136,6 +139,9 @@ class FileIdentity:
                     "rows in memory")
             raise FileChangedError(f"{self.path} cannot be opened again ({err}); {why}, and it is gone. "
                                    f"{gone if fix is None else fix}") from None
+        if (self.device, self.inode) != (now.device, now.inode):  # what else differs says nothing more
+            raise FileChangedError(f"{self.path} was replaced by another file (another inode) since {why}. "
+                                   f"{self.advice(now) if fix is None else fix}")
         changed = self.changes(now)
         if changed:
             raise FileChangedError(f"{self.path} changed since {why}: {'; '.join(changed)}. "
@@ -153,42 +159,57 @@ _recorded: dict[int, FileIdentity] = {}
 
 
 def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
-    """The identity of ``array``'s file as recorded when a table was first built over it (now, if never).
+    """The identity of the file ``array``'s pages come from, as recorded when a table was first built over it
+    (now, if never).
 
-    ``refresh``: record the file again (its own writes through a writable
-    memmap change it), after checking it is still the same inode. Raises
-    :class:`FileChangedError` when it was replaced or is gone.
+    The file is found through the mapping (:func:`hmgstore.memory.mapped.file_span`), not by the memmap's
+    name, which may name another file by now (one renamed into its place, or none); :meth:`FileIdentity.check`
+    against the name then tells the two apart when the table is sent. Where the mapped file cannot be opened
+    again (deleted or replaced by name, and ``/proc/self/map_files`` not open to this process), the record holds
+    its device, inode and size from the map and nothing else; where ``/proc`` cannot be read, the file at the
+    name. ``refresh``: record the file again (its own writes through a writable memmap change it).
     """
     base = _base(array)
     recorded = _recorded.get(id(base))
     if recorded is None or refresh:
         if refresh and hasattr(array, "flush"):
             array.flush()
-        try:
-            now = FileIdentity.of(array.filename)
-        except OSError as err:
-            raise FileChangedError(
-                f"{array.filename} cannot be opened ({err}); a table was built over it. The table still reads "
-                "it (its mapping keeps the file alive), but a process it is sent to opens it by name: put the "
-                "file back, or build the table with copy=True to send its rows instead") from None
-        if recorded is not None and (recorded.device, recorded.inode) != (now.device, now.inode):
-            raise FileChangedError(f"{array.filename} was replaced by another file (another inode) since a table "
-                                   f"was built over it. {recorded.advice(now)}")
+        recorded = _identity_now(array)
         if id(base) not in _recorded:  # forgotten with the mapping (ids are reused once it is gone)
             weakref.finalize(base, _recorded.pop, id(base), None)
-        _recorded[id(base)] = recorded = now
+        _recorded[id(base)] = recorded
     return recorded
 
 
-class LiveFile:
-    """An open descriptor of a live table's mapped file, to refuse a gather once the file is cut short."""
+def _identity_now(array: np.memmap) -> FileIdentity:
+    span = file_span(array)
+    found = span.mapping if span is not None else None
+    if found is None:  # an empty view, or no /proc/self/maps: the file at the name
+        try:
+            return FileIdentity.of(array.filename)
+        except OSError as err:
+            raise FileChangedError(
+                f"{array.filename} cannot be opened ({err}), and this system does not show which file a memmap "
+                "maps: a table over it could not be sent to another process. Put the file back, or build the "
+                "table with copy=True") from None
+    fd = open_mapped(found)
+    if fd is None:  # the file is mapped but out of reach by name: what the map says, enough to tell it apart
+        return FileIdentity(str(array.filename), found.device_number, found.inode, span.size(), -1, -1, -1)
+    try:
+        return FileIdentity.of_descriptor(fd, array.filename)
+    finally:
+        os.close(fd)
 
-    def __init__(self, path: str, needed: int, fd: int | None = None):
-        """``path``: the file, opened here unless ``fd`` is a descriptor of it already (then named only in
-        messages); ``needed``: the bytes the table maps."""
-        self.path, self.needed = path, needed
-        self._fd = os.open(path, _READ) if fd is None else fd
-        self._closer = weakref.finalize(self, os.close, self._fd)
+
+class LiveFile:
+    """A live table's mapped file, measured before each gather to refuse one once the file is cut short."""
+
+    def __init__(self, path: str, needed: int, size: Callable[[], int], fd: int | None = None):
+        """``path``: the file, named in messages; ``needed``: the bytes the table maps (from the file's start);
+        ``size``: the file's size now, measured on a descriptor of the very file mapped; ``fd``: that descriptor,
+        closed with this object (None: ``size`` measures one its owner keeps, an ``mmap.mmap``'s own)."""
+        self.path, self.needed, self._size = path, needed, size
+        self._closer = weakref.finalize(self, os.close, fd) if fd is not None else None
 
     def check(self) -> None:
         """Raise RuntimeError when the file now holds fewer bytes than the table maps.
@@ -201,25 +222,15 @@ class LiveFile:
         smallest gather, 0.1% of a batch. A CUDA gather costs more host time
         than either.
         """
-        size = os.fstat(self._fd).st_size
+        size = self._size()
         if size < self.needed:
             raise RuntimeError(f"{self.path} was cut short under a live table: it holds {size} bytes, the table "
                                f"maps {self.needed}. Reading the lost pages would kill the process (SIGBUS); "
                                "rebuild the table over the file as it is now, or build it with copy=True")
 
     def close(self) -> None:
-        self._closer()
-
-
-def _memmap_under(source) -> np.memmap | None:
-    """The memmap whose pages ``source`` views: itself, or one down its ``.base`` chain (``np.asarray(mm)``
-    and ``mm.view(np.ndarray)`` are plain arrays over a memmap's pages); None for memory no file backs."""
-    array = source
-    while isinstance(array, np.ndarray):
-        if isinstance(array, np.memmap) and getattr(array, "filename", None) is not None:
-            return array
-        array = array.base
-    return None
+        if self._closer is not None:
+            self._closer()
 
 
 def _mapped_file(tensor) -> LiveFile | None:
@@ -229,52 +240,30 @@ def _mapped_file(tensor) -> LiveFile | None:
     no longer be opened."""
     storage = tensor.untyped_storage()
     lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-    try:
-        found = next((m for m in mappings() if m.start <= lo < m.end), None)
-        if found is None or hi == lo or not found.name.startswith("/") or \
-                found.name.startswith(("/dev/", "/memfd:")):
-            return None
-        fd = _open_mapped(found)
-    except (OSError, ValueError):
+    found = mapping_at(lo)
+    if hi == lo or not is_file(found):
         return None
+    fd = open_mapped(found)
     if fd is None:
         warnings.warn(f"hmgstore: {found.name}, the file under this table's rows, cannot be opened again to watch "
                       "it: if it is cut short, a gather dies by SIGBUS; build the table with copy=True to hold its "
                       "rows", RuntimeWarning, stacklevel=4)
         return None
-    return LiveFile(found.name, found.offset + hi - found.start, fd)
-
-
-def _open_mapped(found: Mapping) -> int | None:
-    """A descriptor of the very file ``found`` maps: through ``/proc/self/map_files`` (which asks CAP_SYS_ADMIN
-    or CAP_CHECKPOINT_RESTORE of the process), else by its name where the file there is still the one mapped
-    (its device and inode); None where neither."""
-    try:
-        return os.open(f"/proc/self/map_files/{found.start:x}-{found.end:x}", _READ)  # names: no leading zeros
-    except OSError:
-        pass
-    try:
-        fd = os.open(found.name, _READ)
-    except OSError:
-        return None
-    stat, (major, minor) = os.fstat(fd), (int(x, 16) for x in found.device.split(":"))
-    if (stat.st_dev, stat.st_ino) == (os.makedev(major, minor), found.inode):
-        return fd
-    os.close(fd)
-    return None
+    return LiveFile(found.name, found.offset + hi - found.start, lambda: os.fstat(fd).st_size, fd)
 
 
 def watch(source) -> LiveFile | None:
-    """For a ``source`` over a memmap's pages (the memmap or a numpy array viewing it): record its file's
-    identity (:func:`identity_of`) and return a :class:`LiveFile` over the bytes ``source`` spans; None for any
-    other source (nothing can change under it). A CPU torch tensor over a file's pages (``torch.from_numpy`` of
-    a memmap) is found through the process's memory map and watched alike (its identity is not recorded)."""
+    """For a numpy ``source`` over a mapped file's pages (a memmap, a view of one, an array over an
+    ``mmap.mmap``): a :class:`LiveFile` over the bytes ``source`` spans, measured on the mapping's own
+    descriptor, and, for a memmap, its file's identity recorded (:func:`identity_of`) for the processes it is sent
+    to; None for any other source (nothing can change under it). A CPU torch tensor over a file's pages
+    (``torch.from_numpy`` of a memmap) is found through the process's memory map and watched alike (its
+    identity is not recorded: it is sent as its rows)."""
     if isinstance(source, torch.Tensor):
         return _mapped_file(source) if source.device.type == "cpu" else None
-    mapped = _memmap_under(source)
-    if mapped is None:
+    span = file_span(source)
+    if span is None:
         return None
-    identity_of(mapped)
-    base = _base(mapped)
-    end = np.lib.array_utils.byte_bounds(source)[1] - base.__array_interface__["data"][0]
-    return LiveFile(str(Path(str(mapped.filename))), base.offset + end)
+    if span.memmap is not None:
+        identity_of(span.memmap)
+    return LiveFile(span.name, span.needed, span.size)

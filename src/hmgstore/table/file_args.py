@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import operator
 import tokenize
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -55,13 +56,30 @@ def zero(offset) -> bool:
         return False
 
 
-def starts_as_npy(path: Path) -> bool:
-    """Whether the file begins with the .npy magic (``\\x93NUMPY``), whatever its name."""
+#: How each kind of file that is not rows begins: ``.npy``; a zip archive (``torch.save``'s format since torch 1.6,
+#: ``np.savez``); ``torch.save``'s older format (a pickle of protocol 2 whose first value is torch's magic number).
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"
+_TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def container(path: Path) -> str | None:
+    """What the file at ``path`` is by its first bytes, whatever its name: ``"npy"``, ``"torch"`` (a file
+    ``torch.save`` wrote, zip or legacy), ``"zip"`` (another zip archive: an ``.npz``), or None (no known header:
+    raw rows, or absent/unreadable, which the raw reader says)."""
     try:
         with open(path, "rb") as f:
-            return f.read(6) == b"\x93NUMPY"
-    except OSError:  # absent or unreadable: the raw reader says so
-        return False
+            head = f.read(len(_TORCH_LEGACY_MAGIC))
+        if head.startswith(_NPY_MAGIC):
+            return "npy"
+        if head == _TORCH_LEGACY_MAGIC:
+            return "torch"
+        if head.startswith(_ZIP_MAGIC) and zipfile.is_zipfile(path):  # the end record too: not rows that start so
+            with zipfile.ZipFile(path) as archive:
+                return "torch" if any(n.endswith("/data.pkl") for n in archive.namelist()) else "zip"
+    except (OSError, zipfile.BadZipFile):
+        pass
+    return None
 
 
 def as_path(path) -> Path:

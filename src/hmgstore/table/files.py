@@ -14,7 +14,9 @@ early, one that says fewer leaves bytes over; sizes are summed as Python
 integers, so a huge shape cannot wrap); a raw file read with ``shape[0] ==
 -1`` must hold whole rows after ``offset``; a ``.pt`` must load with torch
 (``weights_only``) and hold a tensor of at least one dimension, its values
-dense in CPU memory (not meta, sparse or nested).
+dense in CPU memory (not meta, sparse or nested). A file is known by its first bytes, whatever its name
+(:func:`hmgstore.table.file_args.container`): a ``.npy`` or torch file named ``.bin`` is read as what it is,
+and a zip archive of another kind is refused, never read as raw rows.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from ..memory import owned
 from ..rows import checks, formats
 from ..util.device import resolve_device
 from ..util.progress import tqdm
-from .file_args import NPY_HEADER_ERRORS, as_path, dict_key, integer_layout, starts_as_npy, valid_bools, zero
+from .file_args import NPY_HEADER_ERRORS, as_path, dict_key, container, integer_layout, valid_bools, zero
 from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).
@@ -139,9 +141,12 @@ def _read(path, dtype, shape, offset, key, fmt, backing: str, progress: bool) ->
     path = as_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is a directory, not a file of rows" if path.is_dir() else f"no file at {path}")
-    suffix = path.suffix.lower()
-    npy = suffix == ".npy" or starts_as_npy(path)  # a .npy under another name (.pt too): its header, never rows
-    if suffix in (".pt", ".pth") and not npy:
+    suffix, kind = path.suffix.lower(), container(path)
+    npy = suffix == ".npy" or kind == "npy"  # a .npy under another name (.pt too): its header, never rows
+    if kind == "zip":
+        raise ValueError(f"{path.name} is a zip archive (np.savez writes them), not rows: read the array with "
+                         "np.load(path)[name], np.save it as a .npy file, and load that")
+    if (suffix in (".pt", ".pth") or kind == "torch") and not npy:  # a torch file under another name too
         if dtype is not None or shape is not None:
             raise ValueError(f"{path.name} is a torch file, which records its own dtype and shape; drop dtype/shape")
         if not zero(offset):
@@ -372,7 +377,10 @@ def load(path, device=None, *, dtype=None, shape=None, offset: int = 0, key: str
     with the ``.npy`` magic, whatever its name, ``.pt`` included) must agree with its header
     (``shape[0]`` may be -1), and ``offset=`` applies to raw files
     only, ``key=`` to ``.pt`` files only: anything else is refused with a
-    ValueError naming the file, never obeyed. Raises TypeError for a
+    ValueError naming the file, never obeyed. Files are known by their
+    first bytes whatever their names: one ``torch.save`` wrote is a torch
+    file, and a zip archive of another kind (``np.savez``) is refused, so a
+    header is never read as rows. Raises TypeError for a
     ``path`` that is an array, memmap or tensor (build a
     :class:`HybridTensor` over it instead), for a keyword ``load`` does
     not take, for ``shape=``/``offset=`` that are not integers (a bool

@@ -104,6 +104,8 @@ class MemmapSpec:
                    file_identity.identity_of(array))  # as recorded: what a file gone since is said against
         spec.check_length("a table was built over it")  # before a writable file's identity is taken anew
         spec.identity = file_identity.identity_of(array, refresh=array.mode != "r")  # its own writes: no change
+        # The receiver opens the name: refused here already where it names another file than the one mapped
+        spec.identity.check("a table was built over it")
         return spec
 
     def check_length(self, why: str) -> None:
