@@ -99,7 +99,8 @@ def test_a_part_file_replaced_while_it_is_read_is_refused(tmp_path, monkeypatch)
         return real_read(path, **kwargs)
 
     monkeypatch.setattr(parts_module, "read", replaced_first)
-    with pytest.raises(FileChangedError, match=r"row\.npy was replaced by another file \(another inode\) since load_partition checked its header"):
+    with pytest.raises(FileChangedError,
+                       match=r"row\.npy was replaced by another file \(another inode\) since load_partition checked"):
         load_partition(tmp_path / "p", 0, "cpu", progress=False)
     monkeypatch.setattr(parts_module, "read", real_read)
     values = np.load(row)

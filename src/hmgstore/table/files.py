@@ -32,7 +32,7 @@ from ..memory import owned
 from ..rows import checks, formats
 from ..util.device import resolve_device
 from ..util.progress import tqdm
-from .file_args import NPY_HEADER_ERRORS, as_path, dict_key, container, integer_layout, valid_bools, zero
+from .file_args import NPY_HEADER_ERRORS, as_path, container, dict_key, integer_layout, valid_bools, zero
 from .tensor import HybridTensor
 
 #: Bytes read per ``readinto`` call (one progress step).
