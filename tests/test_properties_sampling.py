@@ -198,14 +198,15 @@ def test_a_sampler_batch_holds_real_edges_and_repeats_under_the_same_generator(g
 def test_induced_edges_equal_a_brute_force_subgraph(graph, data):
     n, src, dst = graph
     csc, topo = _topology(n, src, dst)
-    nodes = data.draw(st.lists(st.integers(0, n - 1), max_size=n + 3))  # repeats: the first position is used
+    nodes = data.draw(st.lists(st.integers(0, n - 1), max_size=n + 3))  # repeated ids, as PyG keeps repeated seeds
     ids = torch.tensor(nodes, dtype=torch.int64)
     row, col, edge = induced_edges(topo, ids, ids)
     first = {}
     for pos, v in enumerate(nodes):
         first.setdefault(v, pos)
-    want = sorted((first[int(src[e])], first[int(dst[e])], e) for e in range(len(src))
-                  if int(src[e]) in first and int(dst[e]) in first)
+    # As PyG's (torch-sparse's) induced subgraph: every position of an id gets its in-edges, a source is its first
+    want = sorted((first[int(src[e])], pos, e) for pos, v in enumerate(nodes) for e in range(len(src))
+                  if int(dst[e]) == v and int(src[e]) in first)
     got = sorted(zip(row.tolist(), col.tolist(), _given_ids(csc, edge)))
     assert got == want
 

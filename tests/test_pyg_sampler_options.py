@@ -72,9 +72,10 @@ def test_induced_holds_every_edge_between_the_nodes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_induced_lists_each_edge_once_when_seeds_repeat(device):
-    """A batch's seeds may repeat (PyG keeps them, n_id too): each edge between the nodes is listed once,
-    joining the first positions of its two ends."""
+def test_induced_gives_every_copy_of_a_repeated_seed_its_edges(device):
+    """A batch's seeds may repeat (PyG keeps them, n_id too): as in PyG's induced subgraph, each copy of a node is
+    a destination of all its in-edges from the batch's nodes (each copy is a seed with a label and a loss), and a
+    source is the first position of its id."""
     data = graph()
     sampler = HybridNeighborSampler(data, [3, 2], device=device, subgraph_type="induced")
     seeds = torch.tensor([5, 5, 9, 17, 9, 5])
@@ -83,26 +84,40 @@ def test_induced_lists_each_edge_once_when_seeds_repeat(device):
     n_id = batch.n_id.cpu()
     assert torch.equal(n_id[:len(seeds)], seeds)
     assert edge_set(batch) == all_edges_between(data, n_id)
-    assert batch.edge_index.shape[1] == len(edge_set(batch))  # no edge twice
     first = {int(v): i for i, v in reversed(list(enumerate(n_id.tolist())))}
-    ei = batch.edge_index.cpu()
-    assert all(first[int(n_id[i])] == i for i in ei.reshape(-1).tolist())
+    src, dst = batch.edge_index.cpu()
+    assert all(first[int(n_id[i])] == i for i in src.tolist())
+    e_id, inside = batch.e_id.cpu(), set(n_id.tolist())
+    for pos, node in enumerate(n_id.tolist()):  # every copy: all the node's in-edges from the batch, each once
+        want = [e for e, (u, v) in enumerate(data.edge_index.t().tolist()) if v == node and u in inside]
+        assert sorted(e_id[dst == pos].tolist()) == want
 
 
 @pytest.mark.skipif(not HAS_PYG_SAMPLER, reason="needs pyg-lib or torch-sparse for PyG's own sampler")
 @pytest.mark.parametrize("device", DEVICES)
-def test_induced_matches_pyg_with_every_neighbour(device):
+@pytest.mark.parametrize("repeats", [0, 7])
+def test_induced_matches_pyg_with_every_neighbour(device, repeats):
+    """The same nodes and the same edges, each at the same seed position, with seeds that repeat too."""
     data = graph(num_nodes=500, num_edges=900)
     seeds = torch.arange(0, 500, 25)
+    seeds = torch.cat([seeds, seeds[3:3 + repeats]])
+    n = len(seeds)
     sampler = HybridNeighborSampler(data, [-1, -1], device=device, subgraph_type="induced")
-    ours = next(iter(NeighborLoader(data, [-1, -1], neighbor_sampler=sampler, input_nodes=seeds, batch_size=20)))
+    ours = next(iter(NeighborLoader(data, [-1, -1], neighbor_sampler=sampler, input_nodes=seeds, batch_size=n)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         theirs = next(iter(NeighborLoader(data, [-1, -1], subgraph_type="induced", input_nodes=seeds,
-                                          batch_size=20)))
+                                          batch_size=n)))
     assert set(ours.n_id.cpu().tolist()) == set(theirs.n_id.tolist())
-    assert torch.equal(ours.n_id[:20].cpu(), theirs.n_id[:20])
+    assert torch.equal(ours.n_id[:n].cpu(), theirs.n_id[:n])
     assert edge_set(ours) == edge_set(theirs)
+
+    def into_seeds(batch):  # (source id, seed position, edge id): which copy of a seed each edge reaches
+        ei, n_id = batch.edge_index.cpu(), batch.n_id.cpu()
+        at = ei[1] < n
+        return sorted(zip(n_id[ei[0][at]].tolist(), ei[1][at].tolist(), batch.e_id.cpu()[at].tolist()))
+
+    assert into_seeds(ours) == into_seeds(theirs)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -148,7 +148,8 @@ class HybridNeighborSampler(BaseSampler):
             the neighbour ids, in the same tiers (4 more bytes an edge of the
             GPU budget).
         subgraph_type: also ``"induced"``: every edge of the graph between the
-            sampled nodes (not with ``disjoint``, as in PyG); the output's
+            sampled nodes (not with ``disjoint``, as in PyG), into every copy of a
+            seed listed twice, as PyG gives them; the output's
             ``num_sampled_edges`` is then None.
         time_attr: the node or edge attribute holding int64 times (PyG's
             ``time_attr``): temporal sampling (:mod:`hmgstore.graph.temporal`),

@@ -25,16 +25,6 @@ def local_ids(nodes: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     return torch.where(ordered[at] == candidates, order[at], -1)
 
 
-def first_positions(ids: torch.Tensor) -> torch.Tensor:
-    """Positions in ``ids`` of each id's first occurrence, in order (every position when none repeats)."""
-    ordered, order = torch.sort(ids, stable=True)
-    first = torch.ones(len(ids), dtype=torch.bool, device=ids.device)
-    first[1:] = ordered[1:] != ordered[:-1]
-    mask = torch.empty_like(first)
-    mask[order] = first
-    return mask.nonzero().view(-1)
-
-
 def induced_edges(topology: Topology, src_nodes: torch.Tensor, dst_nodes: torch.Tensor):
     """Every edge of ``topology`` from a node of ``src_nodes`` to a node of ``dst_nodes``.
 
@@ -43,12 +33,14 @@ def induced_edges(topology: Topology, src_nodes: torch.Tensor, dst_nodes: torch.
     ``(row, col, edge)``, int64 on that device: local ids into
     ``src_nodes`` and ``dst_nodes``, and the CSC position of each edge,
     destination by destination in ``dst_nodes`` order, in CSC order within
-    one. Each edge is listed once: an id listed twice (a batch's seeds may
-    repeat, PyG keeps them) is the first of its positions at either end.
+    one. An id listed twice (a batch's seeds may repeat, PyG keeps them)
+    gets its in-edges at each of its positions as a destination, as PyG's
+    induced subgraph gives them (each copy is a seed with a label and a
+    loss, and needs its neighbours), and is the first of its positions as
+    a source.
     """
-    at = first_positions(dst_nodes)
-    nbr, eid, counts = _sample_hop(topology, dst_nodes.index_select(0, at), -1, False, 0)
-    col = at.repeat_interleave(counts, output_size=len(nbr))
+    nbr, eid, counts = _sample_hop(topology, dst_nodes, -1, False, 0)  # k = -1: every in-edge, position by position
+    col = torch.arange(len(dst_nodes), device=dst_nodes.device).repeat_interleave(counts, output_size=len(nbr))
     row = local_ids(src_nodes, nbr)
     keep = row >= 0
     return row[keep], col[keep], eid[keep]
