@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch_geometric")
 
@@ -92,3 +94,49 @@ def test_hetero_graph_store(hetero):
     degree = graph_store.in_degree()
     assert torch.equal(degree["author"], torch.bincount(hetero["paper", "rev_writes", "author"].edge_index[1],
                                                         minlength=NUM_AUTHORS))
+
+
+def _triples(layout: str, a, b, perm) -> list:
+    """(source, destination, edge id) of every edge one layout lists."""
+    from torch_geometric.index import ptr2index
+
+    if layout == "csr":
+        a = ptr2index(a)
+    elif layout == "csc":
+        b = ptr2index(b)
+    ids = torch.arange(len(a)) if perm is None else perm
+    return sorted(zip(a.tolist(), b.tolist(), ids.tolist()))
+
+
+@settings(max_examples=max(1, settings.default.max_examples // 2), deadline=None)
+@given(st.integers(1, 9), st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8)), max_size=30),
+       st.sampled_from(["coo", "csr", "csc"]), st.booleans())
+def test_every_layout_numbers_edges_as_they_were_put(num_nodes, edges, put_as, hetero):
+    """``coo()``, ``csr()``, ``csc()`` and ``get_edge_index`` of every layout list each edge once with the id it was
+    put with (its position in the COO given), as ``e_id`` and the edge tables number it: never a CSC position."""
+    edges = [(u % num_nodes, v % num_nodes) for u, v in edges]
+    ei = torch.tensor(edges, dtype=torch.int64).t().reshape(2, -1)
+    want = sorted((u, v, e) for e, (u, v) in enumerate(edges))
+    edge_type = ("a", "to", "a") if hetero else None
+    store = hpyg.CSCGraphStore()
+    if put_as == "coo":
+        store.put_edge_index(ei, edge_type=edge_type, layout="coo", size=(num_nodes, num_nodes))
+    else:  # sorted by the grouping end: the ids put are positions in that order
+        key = ei[0] if put_as == "csr" else ei[1]
+        order = torch.sort(key, stable=True).indices
+        ei = ei[:, order]
+        want = sorted((u, v, e) for e, (u, v) in enumerate(ei.t().tolist()))
+        grouped = index2ptr(key[order], num_nodes)
+        pair = (grouped, ei[1]) if put_as == "csr" else (ei[0], grouped)
+        store.put_edge_index(pair, edge_type=edge_type, layout=put_as, size=(num_nodes, num_nodes))
+    for layout in ("coo", "csr", "csc"):
+        parts = getattr(store, layout)()
+        if hetero:
+            parts = tuple(p[edge_type] for p in parts)
+        assert _triples(layout, *parts) == want, layout
+        if layout != "csr":  # get_edge_index gives no perm: its CSR is checked against csr()'s
+            got = store.get_edge_index(edge_type=edge_type, layout=layout)
+            assert all(torch.equal(g, p) for g, p in zip(got, parts)), layout
+        else:
+            got = store.get_edge_index(edge_type=edge_type, layout="csr")
+            assert torch.equal(got[0], parts[0]) and torch.equal(got[1], parts[1])

@@ -27,7 +27,7 @@ from torch_geometric.data import EdgeAttr, GraphStore
 from torch_geometric.data.graph_store import EdgeLayout
 from torch_geometric.utils import index_sort
 
-from hmgstore.graph import CSC, expected_draws
+from hmgstore.graph import CSC, expected_draws, index2ptr
 from hmgstore.graph import to_csc as _to_csc
 from hmgstore.graph.topology import checked_perm
 from hmgstore.rows import checks
@@ -42,6 +42,13 @@ def pyg_sort(col: torch.Tensor, num_dst: int) -> tuple[torch.Tensor, torch.Tenso
     """PyG's own sort of edges by destination (sampler/utils.py: sort_csc), so the CSC order
     matches what PyG builds from a ``Data`` and the same seeds draw the same neighbours."""
     return index_sort(col, max_value=num_dst)
+
+
+def _as_csr(csc: CSC) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(rowptr, col, perm)`` of ``csc``'s edges grouped by source (PyG's sort, stable), ``perm`` in given ids."""
+    row, col = csc.coo_in_given_order()
+    row, perm = index_sort(row, max_value=csc.size[0])
+    return index2ptr(row, csc.size[0]), col[perm], perm
 
 
 #: What :func:`check_loaders` runs: :func:`hmgstore.plugins.pyg.loader_checks.install`, set by the package
@@ -90,9 +97,11 @@ class CSCGraphStore(GraphStore):
     Put edges with PyG's usual call, e.g. ``store.put_edge_index(edge_index,
     edge_type=None, layout="coo", size=(N, N))``; any layout is stored as
     :class:`CSC`. ``csc()`` returns the stored ``(row, colptr, perm)`` (dicts
-    keyed by edge type for heterogeneous graphs) without a copy.
-    ``get_edge_index`` answers ``"csc"`` and ``"coo"`` (edges in the order they were put);
-    ``coo()``/``csr()`` convert.
+    keyed by edge type for heterogeneous graphs) without a copy. Every layout
+    numbers edges as they were put, as batches' ``e_id`` and the edge tables
+    do: ``coo()`` gives them in that order (``perm`` None), ``csr()`` and
+    ``csc()`` a ``perm`` of those ids; ``get_edge_index`` answers every
+    layout alike (CSR converted on each call).
 
     Homogeneous (edge type None) or heterogeneous (``(src, rel, dst)`` edge types), not both. The constructor
     takes no arguments.
@@ -138,7 +147,7 @@ class CSCGraphStore(GraphStore):
             return csc.row, csc.colptr
         if edge_attr.layout == EdgeLayout.COO:  # in the order the edges were put (edge_label pairs with it)
             return csc.coo_in_given_order()
-        return None  # CSR is not held: csr() converts
+        return _as_csr(csc)[:2]  # not held: converted
 
     def put_csc(self, csc: CSC, edge_type=None) -> None:
         """Hold ``csc`` (a :class:`hmgstore.graph.CSC`, e.g. built straight in CSC form) for
@@ -164,19 +173,35 @@ class CSCGraphStore(GraphStore):
 
     # ---- answered from what is held -----------------------------------------
     def csc(self, edge_types=None, store: bool = False):
-        """``(row, colptr, perm)`` as held; dicts keyed by edge type when heterogeneous."""
+        """``(row, colptr, perm)`` as held; dicts keyed by edge type when heterogeneous. ``store``: ignored (CSC is
+        what is held)."""
+        return self._each_type(edge_types, lambda csc: (csc.row, csc.colptr, csc.perm))
+
+    def coo(self, edge_types=None, store: bool = False):
+        """``(row, col, None)``: every edge in the order it was put, so that position ``i`` is edge id ``i``, as
+        ``e_id`` and the edge tables number them (PyG's own conversion from CSC would list them in CSC order and
+        still say ``perm`` None); dicts keyed by edge type when heterogeneous. ``store``: ignored."""
+        return self._each_type(edge_types, lambda csc: (*csc.coo_in_given_order(), None))
+
+    def csr(self, edge_types=None, store: bool = False):
+        """``(rowptr, col, perm)``, ``perm[i]`` the id (the order edges were put) of the ``i``-th CSR edge, as PyG
+        gives it for a graph put as COO; dicts keyed by edge type when heterogeneous. ``store``: ignored."""
+        return self._each_type(edge_types, _as_csr)
+
+    def _each_type(self, edge_types, convert):
+        """``convert(csc)`` of the homogeneous graph, or of each of ``edge_types`` (all when None) as three
+        dicts."""
         if not self._edges:
             raise KeyError("the graph store holds no edges; put_edge_index(...) first")
         if None in self._edges:
-            csc = self._edges[None]
-            return csc.row, csc.colptr, csc.perm
+            return convert(self._edges[None])
         if edge_types is None:
             edge_types = list(self._edges)
         missing = [t for t in edge_types if t not in self._edges]
         if missing:
             raise ValueError(f"edge types {missing} are not in the graph store (it holds {list(self._edges)})")
-        return ({t: self._edges[t].row for t in edge_types}, {t: self._edges[t].colptr for t in edge_types},
-                {t: self._edges[t].perm for t in edge_types})
+        out = {t: convert(self._edges[t]) for t in edge_types}
+        return tuple({t: parts[i] for t, parts in out.items()} for i in range(3))
 
     def edges(self, edge_type=None) -> CSC:
         """The :class:`CSC` held for ``edge_type`` (KeyError if absent)."""
