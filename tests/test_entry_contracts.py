@@ -5,7 +5,8 @@
   fix, as the sampler does;
 - the partition command refuses options of the graph source it does not read, instead of ignoring them;
 - a partition's folder gets the mode a folder made there gets, or the one it replaces (not 0700);
-- ``from_tensors`` takes the host-memory options ``from_data`` takes, never as node attributes.
+- ``from_tensors`` takes the host-memory options ``from_data`` takes, never as node attributes;
+- a host tier already stored is refused where the shape and dtype given do not describe it.
 """
 import os
 import stat
@@ -137,3 +138,21 @@ def test_the_partition_command_names_an_assignment_file_whose_npy_header_is_dama
         partition_cli.main([str(tmp_path / "o"), "--parts", "2", "--synthetic", "60", "--by", str(path),
                             "--no-progress"])
     assert exit_.value.code == 2 and "a.npy is not an assignment file" in capsys.readouterr().err
+
+
+@given(rows=st.integers(1, 12), cols=st.integers(1, 6), shape=st.lists(st.integers(0, 24), min_size=1, max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.int64]))
+def test_a_stored_host_tier_is_described_by_its_shape_and_dtype_or_refused(rows, cols, shape, dtype):
+    """``over_host_tier`` with a ``shape``/``dtype`` that do not describe the host tier (fewer or more rows, rows
+    cut or joined, a dtype no 16-bit format reads) is refused with a ValueError saying so, never read as other
+    rows; one that does gives the tier's rows."""
+    host = torch.arange(rows * cols, dtype=torch.float32).view(rows, cols)
+    shape, stored = tuple(shape), host.to(dtype)
+    read_as = dtype if dtype == torch.int64 else torch.float32  # bfloat16: its 16-bit format; float64: none
+    fits = shape == (rows, cols) and dtype != torch.float64
+    try:
+        table = hmgstore.HybridTensor.over_host_tier(stored, "cpu", read_as, shape=shape)
+    except ValueError as err:
+        assert not fits and ("host tier" in str(err))
+        return
+    assert fits and torch.equal(table[torch.arange(rows)], stored.to(read_as))

@@ -225,6 +225,25 @@ def check_table(dtype: torch.dtype, fmt: Format | None, what: str = "this table"
                          "Convert it first (x.float()), or keep its rows as they are (host_dtype=None)")
 
 
+def of_host_tier(stored: torch.Tensor, dtype: torch.dtype, shape=None, fmt: Format | None = None):
+    """``(format, table shape)`` of ``stored``, a host tier already in its stored form, of a table reading as
+    ``dtype``: ``fmt`` (None: the 16-bit format whose element ``stored`` holds, where ``dtype`` differs) and
+    ``shape`` (None: ``stored``'s). ValueError where they do not describe ``stored``: no format reads its dtype
+    as ``dtype``, or its shape is not the stored shape of ``shape``, so that no byte is read as another row."""
+    if fmt is None and stored.dtype != dtype:
+        fmt = next((f for f in FORMATS.values() if not f.scaled and f.element == stored.dtype), None)
+        if fmt is None:
+            raise ValueError(f"a host tier of {stored.dtype} rows cannot read as {dtype}: name its stored format, "
+                             f"or read it as {stored.dtype}")
+    check_table(dtype, fmt)
+    shape = tuple(stored.shape) if shape is None else tuple(shape)
+    want = fmt.stored_shape(shape) if fmt is not None else shape
+    if tuple(stored.shape) != want:
+        raise ValueError(f"a {fmt.name if fmt else stored.dtype} host tier of a {shape} table has shape {want}, "
+                         f"not {tuple(stored.shape)}")
+    return fmt, shape
+
+
 def for_tiers(host_dtype, compress):
     """``(host tier's format, GPU tier's format)`` from the constructor's ``host_dtype`` and ``compress``."""
     host, both = get(host_dtype, "host_dtype"), get(compress, "compress")

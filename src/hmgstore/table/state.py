@@ -76,13 +76,7 @@ class Table:
                 self._given, self._read_only = self._source, False
         else:  # already the stored host tier
             self._dtype = dtype
-            if host_format is None and self._source.dtype != dtype:
-                host_format = formats.get(self._source.dtype)
-            formats.check_table(dtype, host_format)
-            self._shape = tuple(shape) if shape is not None else tuple(self._source.shape)
-            if host_format is not None and tuple(self._source.shape) != host_format.stored_shape(self._shape):
-                raise ValueError(f"a {host_format.name} host tier of a {self._shape} table has shape "
-                                 f"{host_format.stored_shape(self._shape)}, not {tuple(self._source.shape)}")
+            host_format, self._shape = formats.of_host_tier(self._source, dtype, shape, host_format)
         if gpu_format is not None and gpu_format != host_format:
             raise ValueError(f"the GPU tier stores rows as the host tier does ({host_format}), not as {gpu_format}")
         self._format, self._gpu_format, self._file = host_format, gpu_format, file_identity.watch(self._given)
