@@ -6,7 +6,9 @@
 - the partition command refuses options of the graph source it does not read, instead of ignoring them;
 - a partition's folder gets the mode a folder made there gets, or the one it replaces (not 0700);
 - ``from_tensors`` takes the host-memory options ``from_data`` takes, never as node attributes;
-- a host tier already stored is refused where the shape and dtype given do not describe it.
+- a host tier already stored is refused where the shape and dtype given do not describe it;
+- a write takes a value shaped as torch's ``x[ids] = value`` takes it, for ids of any shape; numpy ids of the other
+  byte order, and numpy uint8 ids, are ids in gathers, writes and hot orders.
 """
 import os
 import stat
@@ -156,3 +158,42 @@ def test_a_stored_host_tier_is_described_by_its_shape_and_dtype_or_refused(rows,
         assert not fits and ("host tier" in str(err))
         return
     assert fits and torch.equal(table[torch.arange(rows)], stored.to(read_as))
+
+
+@given(picks=st.lists(st.integers(0, 11), min_size=1, max_size=12, unique=True), square=st.booleans(),
+       like_gather=st.booleans())
+def test_a_write_takes_what_torch_takes_for_ids_of_any_shape(picks, square, like_gather):
+    """``t[ids] = value`` with ids of any shape: a value shaped as ``t[ids]`` is (torch's rule) or one row per id
+    lands where torch's ``x[ids] = value`` puts it."""
+    x = torch.arange(24.0).reshape(12, 2) + 0.5
+    ids = torch.tensor(picks)
+    if square and len(picks) % 2 == 0:
+        ids = ids.view(2, -1)
+    value = -torch.arange(ids.numel() * 2.0).reshape(*ids.shape, 2)
+    value = value if like_gather else value.reshape(-1, 2)
+    table, want = hmgstore.HybridTensor(x.clone(), "cpu"), x.clone()
+    table[ids] = value
+    want[ids.reshape(-1)] = value.reshape(-1, 2)
+    assert torch.equal(table.dense(), want)
+
+
+@pytest.mark.parametrize("byte_order", ["<", ">"])
+def test_numpy_ids_of_either_byte_order_and_uint8_are_ids_everywhere(byte_order):
+    """numpy ids in the other byte order (torch refuses them) and numpy uint8 ids (a torch uint8 tensor is a mask)
+    read as ids in a gather, a write and a hot order alike."""
+    x = torch.arange(20.0).reshape(10, 2)
+    ids = np.array([3, 1, 7], dtype=byte_order + "i8")
+    table = hmgstore.HybridTensor(x.clone(), "cpu")
+    assert torch.equal(table[ids], x[[3, 1, 7]])
+    table[ids] = torch.zeros(3, 2)
+    assert table.dense()[[3, 1, 7]].abs().sum() == 0
+    for order in (ids, ids.astype(np.uint8)):
+        hot = hmgstore.HybridTensor(x, "cpu", gpu_budget=0, hot_order=order)
+        assert torch.equal(hot[ids], x[[3, 1, 7]])
+
+
+def test_a_value_on_the_meta_device_is_refused_as_no_rows():
+    table = hmgstore.HybridTensor(torch.zeros(4, 2), "cpu")
+    with pytest.raises(TypeError, match="'meta' device holds no numbers"):
+        table[[0]] = torch.empty(1, 2, device="meta")
+    assert table.dense().abs().sum() == 0

@@ -287,6 +287,8 @@ def check_order(order, num_rows: int, what: str = "hot_order", hint: str = _SCOR
     a score per row goes (``hint``), since scores are what is usually passed
     by mistake.
     """
+    if isinstance(order, np.ndarray) and order.dtype.kind in "iu":
+        order = as_tensor(order, num_rows)[0]  # numpy ids as a gather reads them (uint8 included, either byte order)
     if not isinstance(order, torch.Tensor):
         try:
             order = torch.as_tensor(order) if len(order) else torch.empty(0, dtype=torch.int64)

@@ -112,8 +112,9 @@ def as_tensor(index, num_rows: int) -> tuple[torch.Tensor, tuple[int, ...]]:
     if isinstance(index, np.ndarray):
         if index.dtype.kind not in "iub":
             raise TypeError(f"index must hold integers or bools, got numpy {index.dtype}")
-        # reshape: ascontiguousarray makes a 0-d array 1-d, and t[np.array(3)] is one row, as x[3] is
-        dense = np.ascontiguousarray(index).reshape(index.shape)
+        # reshape: ascontiguousarray makes a 0-d array 1-d, and t[np.array(3)] is one row, as x[3] is; ids in the
+        # other byte order (which torch refuses) are read in this machine's
+        dense = np.ascontiguousarray(index, index.dtype.newbyteorder("=")).reshape(index.shape)
         if dense.dtype == np.uint8:  # ids, as numpy reads them (a torch uint8 tensor is refused below)
             dense = dense.astype(np.int64)
         index = torch.from_numpy(dense.copy() if not dense.flags.writeable else dense)

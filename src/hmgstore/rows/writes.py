@@ -32,6 +32,8 @@ def rows_to_write(value, dtype: torch.dtype) -> torch.Tensor:
         given = _sequence(value, dtype)
     elif isinstance(value, torch.Tensor) or hasattr(value, "__cuda_array_interface__"):
         given = torch.as_tensor(value).detach()
+        if given.is_meta:
+            raise TypeError("a value on the 'meta' device holds no numbers to write; pass real rows")
     elif hasattr(value, "__array__"):  # numpy arrays and what converts to one
         array = np.asarray(value)
         if not array.dtype.isnative or any(stride < 0 for stride in array.strides):  # torch reads neither
@@ -53,6 +55,20 @@ def rows_to_write(value, dtype: torch.dtype) -> torch.Tensor:
             and _largest(given.dtype) > torch.finfo(dtype).max:  # float64 1e39 into float32 rows would be inf
         _within_float(given, dtype)
     return given.to("cpu", dtype)
+
+
+def broadcast_rows(rows: torch.Tensor, index_shape: tuple, row_shape: tuple) -> torch.Tensor:
+    """``rows`` (a write's value) as one row per id, ``[n, *row_shape]`` for ``n`` ids in ``index_shape``: as
+    torch's ``x[ids] = value`` takes it (broadcast to ``[*index_shape, *row_shape]``, what ``x[ids]`` gives),
+    or broadcast to the rows written one by one. ValueError naming both shapes otherwise."""
+    n = math.prod(index_shape)
+    for shape in ((*index_shape, *row_shape), (n, *row_shape)):
+        try:
+            return rows.expand(shape).reshape(n, *row_shape)
+        except RuntimeError:
+            continue
+    raise ValueError(f"a value of shape {tuple(rows.shape)} does not broadcast to the {n} rows written, "
+                     f"{(*index_shape, *row_shape)} (or {(n, *row_shape)})")
 
 
 def _largest(dtype: torch.dtype) -> float:

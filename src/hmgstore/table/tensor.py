@@ -30,7 +30,7 @@ from ..rows import checks, formats
 from ..rows.ids import CHECKS, last_writes, normalize, rows_only
 from ..rows.placement import for_table
 from ..rows.stats import TierCounter
-from ..rows.writes import check_apart, rows_to_write
+from ..rows.writes import broadcast_rows, check_apart, rows_to_write
 from ..util.device import resolve_device
 from .state import Table
 
@@ -276,13 +276,9 @@ class HybridTensor(Table):
         self._enter()
         try:
             self._ready()
-            ids = normalize(index, self.num_rows, torch.device("cpu")).ids.long()  # narrow ids index as int64
-            rows = rows_to_write(value, self.dtype)
-            try:
-                rows = rows.expand(len(ids), *self.row_shape)
-            except RuntimeError:
-                raise ValueError(f"a value of shape {tuple(rows.shape)} does not broadcast to the {len(ids)} rows "
-                                 f"written, {(len(ids), *self.row_shape)}") from None
+            index = normalize(index, self.num_rows, torch.device("cpu"))
+            ids = index.ids.long()  # narrow ids index as int64
+            rows = broadcast_rows(rows_to_write(value, self.dtype), index.shape, self.row_shape)
             fmt, source, pinned, gpu = self.host_format, self.host_tier, self.pinned, self.gpu_tier
             ids, rows = last_writes(ids, rows)  # an id given twice: its last row, on every device
             host_rows = (fmt.encode(rows.contiguous(), ids) if fmt else rows).contiguous()
