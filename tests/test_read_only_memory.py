@@ -1,11 +1,17 @@
 """Tables over read-only memory (a memmap opened with mode="r"), whatever wraps it, never hand out or write that
 memory: a write is refused by name, ``dense()`` is a copy, ``source`` is the caller's read-only array. A write to
 such memory would kill the process (SIGSEGV), so each case runs in a child process."""
+import pickle
 import subprocess
 import sys
 import textwrap
+from multiprocessing.reduction import ForkingPickler
 
+import numpy as np
 import pytest
+import torch
+
+import hmgstore
 
 SETUP = """
 import numpy as np, torch, hmgstore, warnings, sys
@@ -53,3 +59,17 @@ def test_read_only_memory_is_never_written(case, tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "x.npy")], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, f"{case}: exit {done.returncode}\n{done.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("send", [pickle.dumps, lambda t: ForkingPickler.dumps(t)], ids=["pickle", "forking"])
+def test_a_copy_of_a_read_only_table_sent_elsewhere_stays_read_only(send):
+    """A read-only numpy source travels as its rows (a private, writable copy): the table rebuilt from them
+    refuses writes as the one sent does, rather than taking them into a copy no one else sees."""
+    rows = np.arange(20, dtype=np.float32).reshape(10, 2)
+    rows.flags.writeable = False
+    table = hmgstore.HybridTensor(rows, "cpu")
+    copy = pickle.loads(send(table))
+    assert copy.read_only and torch.equal(copy[[3]], torch.from_numpy(rows[[3]]))
+    with pytest.raises(TypeError, match="read-only"):
+        copy[[3]] = torch.zeros(1, 2)
+    assert torch.equal(copy.dense(), torch.from_numpy(rows))

@@ -36,7 +36,7 @@ def state_of(table, given, unusable: str | None, for_process: bool) -> dict:
             "format": table.host_format.name if table.host_format else None,
             "gpu_format": table.gpu_format.name if table.gpu_format else None,
             "gpu_rows": table.placement.gpu_rows if table.placement.num_gpu_rows else None,
-            "unusable": unusable}
+            "unusable": unusable, "read_only": table.read_only}
 
 
 def sendable_source(table, given, for_process: bool):

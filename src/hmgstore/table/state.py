@@ -141,8 +141,7 @@ class Table:
         first, raising when the view cannot be read; the view's :meth:`close` leaves the memory to the owner. On the
         CPU, pass ``tiers=()``. ``read_only``: the owner's source is read-only memory (a memmap opened with
         ``mode="r"``), which the torch tensor ``source`` cannot tell: the view refuses writes and copies ``dense()``;
-        ``given``: then the caller's read-only array, which :attr:`source` hands out (a write to it raises).
-        """
+        ``given``: then the caller's read-only array, which :attr:`source` hands out (a write to it raises)."""
         self = cls.__new__(cls)
         if stored is None:
             self._setup(source, resolve_device(device), max_sms, False)
@@ -308,6 +307,7 @@ class Table:
                      gpu_format=formats.get(state["gpu_format"]), layout=state["layout"])
         table.placement = for_table(table.num_rows, table.gpu_row_bytes, table.device, gpu_rows=state["gpu_rows"],
                                     host_layout=table.layout)
+        table._read_only = table._read_only or state.get("read_only", False)  # as sent: a copy of read-only rows
         if state["closed"]:
             table._closing = table._closed = True
         elif table.device.type == "cuda" or state["unusable"]:
