@@ -140,3 +140,32 @@ def test_every_layout_numbers_edges_as_they_were_put(num_nodes, edges, put_as, h
         else:
             got = store.get_edge_index(edge_type=edge_type, layout="csr")
             assert torch.equal(got[0], parts[0]) and torch.equal(got[1], parts[1])
+
+
+@pytest.mark.filterwarnings("ignore:Sparse")  # torch's notes on its sparse tensors
+@pytest.mark.parametrize("layout", ["torch_sparse", "sparse_coo", "sparse_csr"])
+def test_adj_t_of_every_sparse_kind_gives_the_graphs_edges(layout):
+    """A Data's ``adj_t`` (the transposed adjacency) as a torch_sparse.SparseTensor or a torch sparse COO/CSR tensor:
+    ``from_data``'s graph store holds the same edges as from ``edge_index``; the sampler over the Data itself,
+    whose batches PyG's loaders cut with torch_sparse, refuses a torch one by name; a dense ``adj_t`` is refused."""
+    from torch_geometric.data import Data
+
+    g = torch.Generator().manual_seed(0)
+    n, ei = 40, torch.randint(0, 40, (2, 200), generator=g)
+    ei = torch.unique(ei, dim=1)  # sparse tensors merge repeated edges
+    flipped = torch.stack([ei[1], ei[0]])
+    if layout == "torch_sparse":
+        torch_sparse = pytest.importorskip("torch_sparse")
+        adj_t = torch_sparse.SparseTensor(row=flipped[0], col=flipped[1], sparse_sizes=(n, n))
+    else:
+        adj_t = torch.sparse_coo_tensor(flipped, torch.ones(ei.shape[1]), (n, n)).coalesce()
+        adj_t = adj_t.to_sparse_csr() if layout == "sparse_csr" else adj_t
+    data = Data(x=torch.randn(n, 2), adj_t=adj_t, num_nodes=n)
+    _, store = hpyg.from_data(data, device="cpu", progress=False)
+    row, col = store.get_edge_index(edge_type=None, layout="coo")
+    assert sorted(zip(row.tolist(), col.tolist())) == sorted(zip(*ei.tolist()))
+    if layout != "torch_sparse":
+        with pytest.raises(TypeError, match="adj_t as a torch_sparse.SparseTensor only"):
+            hpyg.HybridNeighborSampler(data, [2], device="cpu", progress=False)
+    with pytest.raises(TypeError, match="adj_t is a Tensor"):
+        hpyg.from_data(Data(x=torch.randn(n, 2), adj_t=torch.zeros(n, n), num_nodes=n), device="cpu", progress=False)

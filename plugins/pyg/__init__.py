@@ -72,7 +72,7 @@ from .cluster import (
 from .edge_features import EdgeFeatures, edge_features
 from .edge_tables import edge_hotness
 from .feature_store import HybridFeatureStore, ResidentTensor, resident
-from .graph_store import CSC, CSCGraphStore, to_csc
+from .graph_store import CSC, CSCGraphStore, adj_t_as_csc, to_csc
 from .loader_checks import install as _install_loader_checks
 from .loader_checks import pyg_sampler_available
 from .sampler import HybridNeighborSampler
@@ -95,7 +95,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
 
     Node attributes (every tensor or numpy array with one row per node, or
     the names in ``attrs``) become HybridTensors over the same host memory
-    (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``) of every
+    (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``: a
+    ``torch_sparse.SparseTensor`` or a torch sparse COO/CSR tensor) of every
     edge type becomes CSC. Edge attributes (one row per edge) become edge
     tables with the same host-memory ``options``, rows in edge-id order
     (``batch.e_id``); ``edge_attrs``: the names to store (None: every edge
@@ -233,9 +234,9 @@ def _put_edges(graph_store: CSCGraphStore, store, edge_type, size: tuple[int, in
     """One edge type of a Data/HeteroData into the graph store, as CSC."""
     if getattr(store, "edge_index", None) is not None:
         graph_store.put_edge_index(store.edge_index, edge_type=edge_type, layout="coo", size=size)
-    elif getattr(store, "adj_t", None) is not None:  # torch_sparse SparseTensor: adj_t in CSR is adj in CSC
-        colptr, row, _ = store.adj_t.csr()
-        graph_store.put_edge_index((row, colptr), edge_type=edge_type, layout="csc", size=size)
+    elif getattr(store, "adj_t", None) is not None:
+        graph_store.put_edge_index(adj_t_as_csc(store.adj_t, size, f"edge type {edge_type!r}"), edge_type=edge_type,
+                                   layout="csc", size=size)
     else:
         raise ValueError(f"edge type {edge_type!r} has neither edge_index nor adj_t")
 

@@ -51,6 +51,27 @@ def _as_csr(csc: CSC) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return index2ptr(row, csc.size[0]), col[perm], perm
 
 
+def adj_t_as_csc(adj_t, size: tuple[int, int], what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row, colptr)`` of the graph a PyG ``adj_t`` holds (the transposed adjacency, a row per destination), whose
+    CSR is the graph's CSC: a ``torch_sparse.SparseTensor``, or a torch sparse CSR or COO tensor (PyG's
+    ``ToSparseTensor(layout=...)``). TypeError naming ``what`` for anything else, and ValueError for a shape other
+    than ``(num_dst, num_src)`` of ``size``."""
+    shape = tuple(adj_t.sizes()) if hasattr(adj_t, "sizes") else tuple(getattr(adj_t, "shape", ()))
+    if shape != (size[1], size[0]):
+        raise ValueError(f"{what}: adj_t has shape {shape}, not (destinations, sources) = {(size[1], size[0])}")
+    if hasattr(adj_t, "csr"):  # torch_sparse.SparseTensor
+        colptr, row, _ = adj_t.csr()
+        return row, colptr
+    if isinstance(adj_t, torch.Tensor) and adj_t.layout == torch.sparse_csr:
+        return adj_t.col_indices(), adj_t.crow_indices()
+    if isinstance(adj_t, torch.Tensor) and adj_t.layout == torch.sparse_coo:
+        dst, src = adj_t.coalesce().indices()  # sorted by destination, then source: CSC order
+        return src, index2ptr(dst, size[1])
+    raise TypeError(f"{what}: adj_t is a {type(adj_t).__name__}"
+                    f"{f' ({adj_t.layout})' if isinstance(adj_t, torch.Tensor) else ''}; pass a "
+                    "torch_sparse.SparseTensor, a torch sparse CSR or COO tensor, or edge_index")
+
+
 #: What :func:`check_loaders` runs: :func:`hmgstore.plugins.pyg.loader_checks.install`, set by the package
 #: (that module imports this one, so it cannot be imported from here).
 install_loader_checks: Callable[[], None] = lambda: None

@@ -44,7 +44,7 @@ from hmgstore.graph.seeds import check_seeds
 from hmgstore.graph.temporal import check_times, sort_by_time
 from hmgstore.rows import hotness
 
-from .graph_store import CSCGraphStore, to_csc
+from .graph_store import CSCGraphStore, adj_t_as_csc, to_csc
 from .sampler_attrs import _edge_values, times_of
 from .sampler_checks import check_data_ids, check_time_counts, fanout_values, missing_times, store_node_counts
 
@@ -57,8 +57,11 @@ def _graph_of(data) -> tuple[dict, dict]:
         if getattr(data, "edge_index", None) is not None:
             csc = to_csc(data.edge_index, "coo", (n, n))
         elif getattr(data, "adj_t", None) is not None:
-            colptr, row, _ = data.adj_t.csr()
-            csc = to_csc((row, colptr), "csc", (n, n))
+            if not hasattr(data.adj_t, "csr"):  # PyG's loaders cut a batch's adj_t out of the Data: not a torch one
+                raise TypeError("PyG's loaders over a Data take adj_t as a torch_sparse.SparseTensor only, not a "
+                                f"{type(data.adj_t).__name__}; pass edge_index, or sample over from_data(data)'s "
+                                "stores, which take a torch sparse adj_t too")
+            csc = to_csc(adj_t_as_csc(data.adj_t, (n, n), "the Data object"), "csc", (n, n))
         else:
             raise ValueError("the Data object has neither edge_index nor adj_t")
         return {None: csc}, {None: n}
