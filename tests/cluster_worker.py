@@ -198,7 +198,7 @@ def scenario_dgl(report):
 
 def scenario_shared_part(report):
     """Each machine's part read once into shared memory (share=True): a write by the machine's first rank is
-    seen by its second, and remote rows stay exact."""
+    seen by its second, and remote rows stay exact; ranks of one machine asking for different parts are refused."""
     _, full = graph()
     rank, cluster = dist.get_rank(), hd.this_cluster()
     part = hd.load_partition(os.path.join(sys.argv[2], "range"), cluster.machine, "cpu", share=True, progress=False)
@@ -223,6 +223,12 @@ def scenario_shared_part(report):
     report["rows_exact"] = torch.equal(t[ids], full["x"][ids])
     t.close()
     part.close()
+    other = (cluster.machine + cluster.local_rank) % cluster.num_machines  # the ranks of a machine ask for two parts
+    try:
+        hd.load_partition(os.path.join(sys.argv[2], "range"), other, "cpu", share=True, progress=False).close()
+        report["mixed_parts_refused"] = False  # one of them got the other's rows under its part's name
+    except ValueError as err:
+        report["mixed_parts_refused"] = "asked for different shared tables" in str(err)
 
 
 def scenario_kill(report):

@@ -301,7 +301,7 @@ def test_a_part_shared_once_per_machine(parts, tmp_path, no_leaks):
     codes, reports, errs = run_ranks("shared_part", 4, parts, tmp_path, node_of=two_machines)
     assert codes == [0] * 4, errs
     for r in reports.values():
-        assert r["part_exact"] and r["sees_first_rank_write"] and r["rows_exact"], r
+        assert r["part_exact"] and r["sees_first_rank_write"] and r["rows_exact"] and r["mixed_parts_refused"], r
 
 
 def test_machines_must_run_as_many_ranks():

@@ -115,7 +115,7 @@ def _make_node() -> Node:
     return Node(_default_group(), mine, ranks, rank, [info[r][1] for r in ranks], board)
 
 
-def share_on_node(make, *, progress: bool = True) -> torch.Tensor:
+def share_on_node(make, *, progress: bool = True, key=None) -> torch.Tensor:
     """A host table in shared memory, built once per node and mapped by each of its processes.
 
     ``make``: a callable returning the table (torch CPU tensor, numpy array,
@@ -125,7 +125,10 @@ def share_on_node(make, *, progress: bool = True) -> torch.Tensor:
     process of the node; writes are seen by all). The pages go when the last
     process drops its tensor or exits. Raises MemoryError when /dev/shm is
     too small (see :func:`hmgstore.memory.create_segment`), and RuntimeError
-    on every rank if the first rank's ``make`` fails.
+    on every rank if the first rank's ``make`` fails. ``key``: what this rank
+    means by the table (any picklable value, e.g. the file it reads): when
+    given, the node's ranks compare theirs first and all raise ValueError
+    if they differ, since every rank gets the first rank's table.
     """
     state = this_node()
-    return share_in_group(make, state.group, state.ranks, state.rank, progress)
+    return share_in_group(make, state.group, state.ranks, state.rank, progress, key=key)

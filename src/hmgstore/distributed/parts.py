@@ -347,8 +347,9 @@ def load_partition(out_dir, machine: int, device=None, *, share: bool = False, p
     checked += [expect("colptr.npy", (nodes + 1,), "torch.int64"), expect("row.npy", (edges,), "torch.int64")]
     features = {}
     if share:
-        def read_once(path):  # the machine's first rank reads; every rank maps the same pages
-            return share_on_node(lambda: read(path, progress=progress), progress=progress)
+        def read_once(path):  # the machine's first rank reads; every rank maps the same pages, of the same part
+            return share_on_node(lambda: read(path, progress=progress), progress=progress,
+                                 key=(str(path.resolve()), machine, meta.get("run")))
     try:
         for name in meta["features"]:
             path = folder / "features" / f"{name}.npy"

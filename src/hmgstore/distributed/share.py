@@ -18,9 +18,18 @@ from ..memory import owned, shared
 from ..memory.pinned import as_host_tensor
 
 
-def share_in_group(make, group, ranks: list[int], rank: int, progress: bool, stored=None) -> torch.Tensor:
+def share_in_group(make, group, ranks: list[int], rank: int, progress: bool, stored=None, key=None) -> torch.Tensor:
     """:func:`share_on_node` over a known group of one node's ``ranks``; ``stored``: a
-    :class:`~hmgstore.rows.formats.Format` the leader encodes the float32 rows in on their way in."""
+    :class:`~hmgstore.rows.formats.Format` the leader encodes the float32 rows in on their way in; ``key``: see
+    :func:`share_on_node`."""
+    if key is not None:  # every rank maps the leader's table: it must be the one each of them asked for
+        keys: list[Any] = [None] * len(ranks)
+        dist.all_gather_object(keys, key, group=group)
+        if any(k != keys[0] for k in keys):
+            asked = "; ".join(f"rank {r}: {k!r}" for r, k in zip(ranks, keys))
+            raise ValueError(f"the ranks of one node asked for different shared tables ({asked}): each would map "
+                             f"rank {ranks[0]}'s. Ranks of one node share a table only where they all ask for the "
+                             "same one; load different ones with share=False")
     leader = rank == ranks[0]
     name: str | None = None
     table: torch.Tensor | None = None
