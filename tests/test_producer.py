@@ -79,6 +79,20 @@ def make_pyg(device):
                           shuffle=True)
 
 
+def make_same_objects(device):
+    """The same PyG objects handed out again and again: a cached list of mini-batches (one of them twice in a pass),
+    a full-graph batch, a HeteroData."""
+    from torch_geometric.data import Data, HeteroData
+
+    g = torch.Generator().manual_seed(5)
+    data = [Data(x=torch.randn(200 + 50 * i, 4, generator=g).to(device), y=torch.tensor([i], device=device))
+            for i in range(3)]
+    hetero = HeteroData()
+    hetero["paper"].x = torch.arange(12.0, device=device).view(6, 2)
+    hetero["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [2, 3]], device=device)
+    return [data[0], data[1], hetero, data[2], data[1]]
+
+
 def _same(a, b):
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.device == b.device, (a, b)
@@ -150,6 +164,23 @@ def test_a_pyg_neighbor_loader_through_the_producer(device):
         for key in ("x", "y", "n_id", "edge_index"):
             assert torch.equal(a[key], b[key]), key
         assert a.x.device.type == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pyg_objects_the_loader_hands_out_again_arrive_as_they_are(device):
+    """A loader may yield the same Data/HeteroData object twice in a pass or in every epoch (a cached list, one
+    full-graph batch): each time it arrives with its own values, never the ring slot of an earlier batch."""
+    factory = functools.partial(make_same_objects, device)
+    want = factory()
+    with hmgstore.Producer(factory, device=device if device != "cpu" else None) as batches:
+        for _ in range(3):
+            got = [ring.swap(b, lambda t: t.clone()) for b in batches]
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                for store_a, store_b in zip(a.stores, b.stores):
+                    assert sorted(store_a.keys()) == sorted(store_b.keys())
+                    for key in store_a.keys():
+                        assert torch.equal(store_a[key], store_b[key]), key
 
 
 def test_errors_reach_the_loop_with_the_producers_traceback_and_the_producer_goes_on():

@@ -26,6 +26,11 @@ iterable loader, while a one-shot loader (a generator) is read once across
 passes, a pass left early resumed by the next, which yields first the
 batches the producer had already made (those in the ring included).
 
+As for :class:`hmgstore.Pipeline`, each batch the loader yields must be new
+memory (a loader that refills the tensors of its last batch overwrites the
+batches the producer's pipeline made ahead); yielding the same object again
+(a cached list of batches, one full-graph batch) is fine.
+
 A batch's tensors are views into its ring slot: they stay valid until the
 next batch is taken (clone what must live longer), and never past
 ``close()``: drop the last batch before closing, or the producer's exit warns

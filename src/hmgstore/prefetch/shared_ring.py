@@ -20,6 +20,7 @@ travel inside the pickled skeleton.
 """
 from __future__ import annotations
 
+import copy
 import math
 import pickle
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class Ref:
 
 def swap(obj, fn):
     """``obj`` with ``fn`` applied to each tensor or :class:`Ref` in it (dicts, lists, tuples, named tuples,
-    PyG Data/HeteroData, whose stores are changed in place); anything else is kept as it is."""
+    PyG Data/HeteroData, whose shallow copy's stores are changed: never the loader's own object, which it may hand
+    out again); anything else is kept as it is."""
     if isinstance(obj, (torch.Tensor, Ref)):
         return fn(obj)
     if isinstance(obj, dict):
@@ -58,6 +60,7 @@ def swap(obj, fn):
         items = [swap(v, fn) for v in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     if hasattr(obj, "stores"):  # torch_geometric Data / HeteroData
+        obj = copy.copy(obj)  # its own stores (PyG copies them), the tensors shared
         for store in obj.stores:
             for key, value in list(store.items()):
                 store[key] = swap(value, fn)
@@ -80,8 +83,8 @@ def pack(batch, buffer: torch.Tensor | None, device: torch.device) -> tuple[byte
     """Copy ``batch``'s tensors on ``device`` into ``buffer`` (queued on the current stream) and pickle the rest.
 
     Returns ``(skeleton, grown)``: ``grown`` is a new, bigger buffer that now holds the batch (the caller sends
-    it along and keeps it as the slot), or None where ``buffer`` was big enough. ``batch`` itself is changed in
-    place (its tensors replaced by refs); the caller drops it."""
+    it along and keeps it as the slot), or None where ``buffer`` was big enough. ``batch`` itself is left as it
+    was."""
     tensors: list[torch.Tensor] = []
     refs: list[Ref] = []
     end = 0
