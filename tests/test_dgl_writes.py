@@ -107,3 +107,22 @@ def test_attach_replaces_the_frame_column_it_shadows():
 def test_derived_graphs_carry_no_tables(derive):
     derived = derive(_ring())  # DGL builds a plain DGLGraph: attach it again with its own rows (docs/dgl.md)
     assert type(derived) is dgl.DGLGraph and "feat" not in derived.ndata
+
+
+@pytest.mark.parametrize("what", ["nodes", "edges"])
+def test_growing_the_graph_with_data_for_an_attached_key_is_refused_and_changes_nothing(what):
+    """DGL's add_nodes/add_edges keep the new rows of a key in the graph's own column, beside zeros for the old
+    ones, which would hide the attached table: refused, the graph left as it was and the table still served."""
+    g = _ring()
+    with pytest.raises(ValueError, match=r"g\.add_" + what + " cannot grow.*attach\\(g, \\.\\.\\.\\) again"):
+        if what == "nodes":
+            g.add_nodes(2, {"feat": torch.full((2, 2), 9.0)})
+        else:
+            g.add_edges(torch.tensor([3]), torch.tensor([0]), {"w": torch.full((1, 3), 7.0)})
+    assert g.num_nodes() == 8 and g.num_edges() == 8
+    assert torch.equal(g.ndata["feat"], X) and torch.equal(g.edata["w"], W)
+    _, _, blocks = _batch(g, prefetch_node_feats=["feat"], prefetch_edge_feats=["w"])
+    assert torch.equal(blocks[0].srcdata["feat"], X[blocks[0].srcdata[dgl.NID]])
+    g.add_nodes(1)  # no data for the key: the graph grows, and the table no longer fits it
+    with pytest.raises(ValueError, match="the graph has 9 nodes now"):
+        g.ndata["feat"]

@@ -16,6 +16,7 @@ from hmgstore import FeatureTable, HybridTensor, resolve_device
 from hmgstore.rows import checks
 
 from ._compat import import_dgl
+from .attached_keys import detach, grown, not_stale, popped, same_rows, written
 from .renumber import edges_moved, tag_edges, untag_edges
 from .storage import HybridFeatureStorage
 from .subgraphs import CarriesAttached
@@ -67,6 +68,19 @@ class HybridDGLGraph(CarriesAttached, dgl.DGLGraph):
         dgl.DGLError: a node or edge type the graph does not have (DGL's own).
     """
 
+    def add_nodes(self, num, data=None, ntype=None):
+        """DGL's ``add_nodes``; ``data`` for an attached feature is refused (ValueError: see
+        :func:`~hmgstore.plugins.dgl.attached_keys.grown`)."""
+        grown(self, "_hmgstore_storages", "node", self.ntypes[self.get_ntype_id(ntype)], data, "add_nodes")
+        return super().add_nodes(num, data, ntype)
+
+    def add_edges(self, u, v, data=None, etype=None):
+        """DGL's ``add_edges``; ``data`` for an attached feature is refused (ValueError: see
+        :func:`~hmgstore.plugins.dgl.attached_keys.grown`)."""
+        canonical = self.canonical_etypes[self.get_etype_id(etype)]
+        grown(self, "_hmgstore_edge_storages", "edge", canonical, data, "add_edges")
+        return super().add_edges(u, v, data, etype)
+
     def remove_nodes(self, *args, **kwargs):
         """DGL's ``remove_nodes``; the attached features of the node and edge types it renumbered go stale. A
         keyword DGL's does not take raises TypeError naming this method (and the closest one)."""
@@ -105,25 +119,25 @@ class HybridDGLGraph(CarriesAttached, dgl.DGLGraph):
     def _set_n_repr(self, ntid, u, data):
         """DGL's node-feature write; writing a whole attached key detaches it (the new tensor wins, as in DGL)."""
         name = self.ntypes[ntid]
-        _written(self, "_hmgstore_storages", "node", name, u, data, f"node type {name!r}")
+        written(self, "_hmgstore_storages", "node", name, u, data, f"node type {name!r}")
         super()._set_n_repr(ntid, u, data)
-        _detach(self, "_hmgstore_storages", "node", name, data)
+        detach(self, "_hmgstore_storages", "node", name, data)
 
     def _set_e_repr(self, etid, edges, data):
         """DGL's edge-feature write; writing a whole attached key detaches it (the new tensor wins, as in DGL)."""
         canonical = self.canonical_etypes[etid]
-        _written(self, "_hmgstore_edge_storages", "edge", canonical, edges, data, f"edge type {canonical}")
+        written(self, "_hmgstore_edge_storages", "edge", canonical, edges, data, f"edge type {canonical}")
         super()._set_e_repr(etid, edges, data)
-        _detach(self, "_hmgstore_edge_storages", "edge", canonical, data)
+        detach(self, "_hmgstore_edge_storages", "edge", canonical, data)
 
     def _pop_n_repr(self, ntid, key):
         """DGL's ``del g.ndata[key]``/``pop``: detaches an attached key, and drops the frame's column if any."""
-        return _popped(self, "_hmgstore_storages", "node", self.ntypes[ntid], self._node_frames[ntid], key)
+        return popped(self, "_hmgstore_storages", "node", self.ntypes[ntid], self._node_frames[ntid], key)
 
     def _pop_e_repr(self, etid, key):
         """DGL's ``del g.edata[key]``/``pop``: detaches an attached key, and drops the frame's column if any."""
         canonical = self.canonical_etypes[etid]
-        return _popped(self, "_hmgstore_edge_storages", "edge", canonical, self._edge_frames[etid], key)
+        return popped(self, "_hmgstore_edge_storages", "edge", canonical, self._edge_frames[etid], key)
 
     @property
     def ndata(self):
@@ -183,9 +197,8 @@ class HybridDGLGraph(CarriesAttached, dgl.DGLGraph):
             storage = attached.get((key, canonical))
             if storage is not None and key not in self._edge_frames[etid].keys():
                 storage._unedited(f"g.edata[{key!r}]")
-                _same_rows(storage, self.num_edges(canonical), f"edge feature {key!r} of edge type {canonical}",
-                           "edges")
-                _not_stale(self, ("edge", key, canonical), f"edge feature {key!r} of edge type {canonical}")
+                same_rows(storage, self.num_edges(canonical), f"edge feature {key!r} of edge type {canonical}", "edges")
+                not_stale(self, ("edge", key, canonical), f"edge feature {key!r} of edge type {canonical}")
                 if any(k == key for k, _ in getattr(self, "_gpu_caches", {}).get("edge", {})):
                     raise ValueError(f"edge feature {key!r} is served by hmgstore, which does not work with DGL's "
                                      "gpu_cache (it needs fetch() to return a tensor)")
@@ -203,8 +216,8 @@ class HybridDGLGraph(CarriesAttached, dgl.DGLGraph):
             storage = attached.get((key, name))
             if storage is not None and key not in self._node_frames[ntid].keys():
                 storage._unedited(f"g.ndata[{key!r}]")
-                _same_rows(storage, self.num_nodes(name), f"node feature {key!r} of node type {name!r}", "nodes")
-                _not_stale(self, ("node", key, name), f"node feature {key!r} of node type {name!r}")
+                same_rows(storage, self.num_nodes(name), f"node feature {key!r} of node type {name!r}", "nodes")
+                not_stale(self, ("node", key, name), f"node feature {key!r} of node type {name!r}")
                 if (key, name) in getattr(self, "_gpu_caches", {}).get("node", {}):
                     raise ValueError(
                         f"node feature {key!r} is served by hmgstore, which does not work with DGL's "
@@ -229,58 +242,6 @@ def _node_view(graph, ntypes: list, type_id) -> AttachedNodeDataView:
     if len(ntypes) == 1:
         return AttachedNodeDataView(graph, ntypes[0], type_id(ntypes[0]), dgl.ALL)
     return AttachedNodeDataView(graph, list(ntypes), [type_id(t) for t in ntypes], dgl.ALL)
-
-
-def _same_rows(storage, count: int, what: str, unit: str) -> None:
-    """Refuse to serve a table whose rows no longer match the graph (changed in place after ``attach``)."""
-    rows = storage.table.shape[0]
-    if rows != count:
-        raise ValueError(f"the graph has {count} {unit} now, but the table attached for {what} has {rows} rows: "
-                         f"the graph changed after attach (g.remove_nodes, g.add_edges, ...), so its ids no longer "
-                         "name the table's rows. Call attach(g, ...) again with tables for the graph as it is")
-
-
-def _not_stale(graph, which: tuple, what: str) -> None:
-    """Refuse to serve a table whose rows the graph's ids stopped naming (renumbered after ``attach``)."""
-    why = graph.__dict__.get("_hmgstore_stale", {}).get(which)
-    if why is not None:
-        raise ValueError(f"{why} after attach, so its ids no longer name the rows of the table attached for "
-                         f"{what}; call attach(g, ...) again with tables for the graph as it is")
-
-
-def _written(graph, attr: str, kind: str, type_, ids, data, where: str) -> None:
-    """Refuse a write of some rows (``g.nodes[ids].data[key] = ...``) to an attached key: the table would keep
-    serving the old rows to the loader. A whole write (``g.ndata[key] = x``) detaches the key instead."""
-    if isinstance(ids, str) and ids == dgl.ALL:  # DGL's is_all
-        return
-    attached = graph.__dict__.get(attr, {})
-    for key in data:
-        if (key, type_) in attached:
-            raise ValueError(f"{kind} feature {key!r} of {where} is served by an attached hmgstore table, so "
-                             f"writing some of its rows would not reach the DataLoader: assign the whole "
-                             f"feature (g.{kind[0]}data[{key!r}] = x, which replaces the table), or call "
-                             f"attach(g, ...) again with the updated table")
-
-
-def _detach(graph, attr: str, kind: str, type_, keys) -> None:
-    """Stop serving ``keys`` of ``type_`` from attached tables (new dicts: copies of the graph keep theirs)."""
-    attached = graph.__dict__.get(attr, {})
-    if not any((key, type_) in attached for key in keys):
-        return
-    setattr(graph, attr, {k: v for k, v in attached.items() if not (k[1] == type_ and k[0] in keys)})
-    graph._hmgstore_stale = {k: v for k, v in graph.__dict__.get("_hmgstore_stale", {}).items()
-                             if not (k[0] == kind and k[2] == type_ and k[1] in keys)}
-
-
-def _popped(graph, attr: str, kind: str, type_, frame, key):
-    """``_pop_*_repr``: the frame's column (DGL's pop), else the attached table; the key detached."""
-    storage = graph.__dict__.get(attr, {}).get((key, type_))
-    if storage is None or key in frame.keys():
-        value = frame.pop(key)  # DGL's own KeyError for a key neither attached nor in the frame
-    else:
-        value = storage.table  # DGL's views discard it; reading it whole could copy a large table
-    _detach(graph, attr, kind, type_, [key])
-    return value
 
 
 def _node_type(graph, ntype, key: str) -> str:

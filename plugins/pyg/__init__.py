@@ -95,9 +95,8 @@ def from_data(data, device=None, *, gpu_budget="auto", hotness=None, attrs=None,
 
     Node attributes (every tensor or numpy array with one row per node, or
     the names in ``attrs``) become HybridTensors over the same host memory
-    (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``: a
-    ``torch_sparse.SparseTensor`` or a torch sparse COO/CSR tensor) of every
-    edge type becomes CSC. Edge attributes (one row per edge) become edge
+    (CPU tensors only; no host copy); ``edge_index`` (or ``adj_t``, torch_sparse's
+    or torch's sparse COO/CSR) of every edge type becomes CSC. Edge attributes (one row per edge) become edge
     tables with the same host-memory ``options``, rows in edge-id order
     (``batch.e_id``); ``edge_attrs``: the names to store (None: every edge
     attribute; a warning names those left out); ``edge_gpu_budget``: bytes
