@@ -3,7 +3,7 @@
 - An iterable (``iter()`` starts again) gives an epoch a pass, and an epoch may be empty.
 - A one-shot iterator (a generator) is read once across passes: a pass left early is resumed by the next,
   which yields first the batches made ahead, so nothing is lost or repeated; once it is used up, the next
-  pass says so.
+  pass says so. An iterator whose ``__iter__`` starts it over is one-shot too: its iter() is called once.
 - A producer that cannot start says what failed, and blames pickling only where pickling failed.
 - Hotness scores, locality batches and pre-sampling refuse what they cannot use, naming it.
 """
@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hmgstore
 from hmgstore.graph import NeighborSampler, Topology, locality, to_csc
@@ -94,6 +96,37 @@ def test_a_pipeline_resumes_a_generator_where_its_consumer_left_off(depth):
     seen += list(pipeline)
     assert seen == list(range(20))
     with pytest.raises(RuntimeError, match="one-shot iterator.*used it up"):
+        list(pipeline)
+
+
+class Resettable:
+    """An iterator whose ``__iter__`` starts it over and returns itself (a hand-written loader's common shape)."""
+
+    def __init__(self, n):
+        self.n, self.i = n, 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.sampled_from([1, 3]))
+@settings(max_examples=15, deadline=None)
+def test_an_iterator_that_restarts_itself_is_read_once_across_passes(breaks, depth):
+    """iter() of such a loader is called once: passes left early resume it, each batch comes once, in order."""
+    pipeline = hmgstore.Pipeline(Resettable(20), depth=depth, device="cpu")
+    seen = []
+    for k in breaks:
+        seen += _take(pipeline, k)
+    seen += list(pipeline)
+    assert seen == list(range(20))
+    with pytest.raises(RuntimeError, match="one-shot iterator.*its iter\\(\\) is called once"):
         list(pipeline)
 
 

@@ -85,7 +85,8 @@ def check_fuse(fuse) -> int | str:
 
 _USED_UP = ("Pipeline's loader is a one-shot iterator ({}) and the passes before used it up: this pass, as any "
             "second epoch over it, would yield no batches. Pass an iterable that starts again (a DataLoader, a "
-            "list), or build a new Pipeline over a new iterator each epoch")
+            "list), or build a new Pipeline over a new iterator each epoch (an iterator whose __iter__ starts it "
+            "over and returns itself counts as one-shot: its iter() is called once, so no batch comes twice)")
 _HANDED_AGAIN = ("Pipeline's loader ({}) hands out the iterator of its last epoch again, used up: a one-shot "
                  "iterator in disguise (this epoch yielded no batch, the last one {}). Make its __iter__ return a "
                  "new iterator each time, or pass the iterator itself (iter(loader)) to have it read once, across "
@@ -244,6 +245,7 @@ class Pipeline:
         # first), whether a pass reached its end, the passes begun, and the pass under way (held weakly: one
         # dropped by its consumer ends at once and keeps its batches here).
         self._left: list = []
+        self._iterator = None  # a one-shot loader's iterator, from the first pass's iter()
         self._ended = False
         self._passes = 0
         self._open: weakref.ref | None = None
@@ -308,7 +310,9 @@ class Pipeline:
             self._passes += 1
             if self._ended and not first:
                 raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
-        batches = iter(self.loader)  # a one-shot loader's own self
+        if self._one_shot:  # iter() called once: an iterator whose __iter__ starts it over would repeat batches
+            self._iterator = self._iterator or iter(self.loader)
+        batches = self._iterator if self._one_shot else iter(self.loader)
         maker.batches = batches
         cuda = maker.cuda
         first = first or maker.warm_up(self.warm)
