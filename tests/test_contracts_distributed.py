@@ -319,21 +319,42 @@ def test_partition_refusals_leave_the_folder_as_it_was(g, tmp_path):
              (ValueError, "split names become file names", {"split": {"a b": [1]}}),
              (ValueError, "must be 1-D", {"split": {"train": [[1, 2]]}}),
              (ValueError, "attribute names become file names", {"features": {"x-1": g.x}}),
+             (ValueError, "attribute names become file names", {"features": {5: g.x}}),
              (ValueError, "bfloat16", {"features": {"x": g.x.bfloat16()}}),
+             (TypeError, "attribute 'x'.*uint32", {"features": {"x": g.x.numpy().astype(np.uint32)}}),
+             (TypeError, "overwrite is True or False", {"overwrite": "no"}),
+             (TypeError, "progress is True or False", {"progress": "no"}),
              (ValueError, "rows for a book", {"features": {"x": g.x[:10]}}),
              (ValueError, "destination nodes, the book", {"edge_index": to_csc(g.edge_index, "coo",
                                                                                  size=(NODES + 1, NODES + 1))}),
              (IndexError, f"index {NODES}", {"edge_index": torch.tensor([[0, NODES]], dtype=torch.int64).T})]
     for error, message, change in cases:
-        args = {"features": {"x": g.x}, "edge_index": g.edge_index, "book": book, "out_dir": tmp_path / "p", **change}
+        args = {"features": {"x": g.x}, "edge_index": g.edge_index, "book": book, "out_dir": tmp_path / "p",
+                "progress": False, **change}
         with pytest.raises(error, match=message):
-            partition(progress=False, **args)
+            partition(**args)
         assert not (tmp_path / "p").exists()
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "keep").write_text("mine")
     with pytest.raises(FileExistsError, match="overwrite"):
         partition({"x": g.x}, g.edge_index, book, tmp_path / "p", progress=False)
     assert (tmp_path / "p" / "keep").read_text() == "mine"
+
+
+def test_partition_of_a_csc_with_int32_ids_loads_as_the_same_edges(g, tmp_path):
+    """A CSC may hold its sources as int32: the parts hold them as load_partition reads them (int64), same edges."""
+    csc = to_csc(g.edge_index, "coo", size=(NODES, NODES))
+    narrow = dataclasses.replace(csc, row=csc.row.int()) if dataclasses.is_dataclass(csc) else csc
+    assert narrow.row.dtype == torch.int32
+    book = PartitionBook.range(NODES, 2)
+    partition({"x": g.x}, narrow, book, tmp_path / "p", progress=False)
+    edges = set()
+    for m in range(2):
+        part = load_partition(tmp_path / "p", m, "cpu", progress=False)
+        dst = book.nodes_of(m).repeat_interleave(part.colptr.diff())
+        edges |= set(zip(part.row.tolist(), dst.tolist()))
+        part.close()
+    assert edges == set(zip(*g.edge_index.tolist()))
 
 
 def command(out: Path, *args: str) -> None:

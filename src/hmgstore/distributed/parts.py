@@ -137,11 +137,13 @@ def _features(features, num_nodes: int, files: bool = True) -> dict[str, torch.T
         features = {"x": features}
     out = {}
     for name, table in features.items():
-        if not name.isidentifier():
+        if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"attribute names become file names: use letters, digits and _, got {name!r}")
         table, _ = as_host_tensor(table)
         if table.shape[0] != num_nodes:
             raise ValueError(f"attribute {name!r} has {table.shape[0]} rows for a book of {num_nodes} nodes")
+        # what load_partition's tables take (uint16/32/64 would be written, then refused at every load)
+        checks.table_dtype(table.dtype, f"attribute {name!r}")
         if files:
             try:
                 torch.empty(0, dtype=table.dtype).numpy()
@@ -152,11 +154,12 @@ def _features(features, num_nodes: int, files: bool = True) -> dict[str, torch.T
     return out
 
 
-def _write_rows(path: Path, source: torch.Tensor, ids: torch.Tensor | None, bar) -> None:
-    """``source[ids]`` (all of ``source`` when ids is None) into a new .npy file, piece by piece."""
+def _write_rows(path: Path, source: torch.Tensor, ids: torch.Tensor | None, bar, as_dtype=None) -> None:
+    """``source[ids]`` (all of ``source`` when ids is None) into a new .npy file, piece by piece, as ``as_dtype``
+    (None: the source's)."""
     n = len(ids) if ids is not None else source.shape[0]
     shape = (n, *source.shape[1:])
-    dtype = torch.empty(0, dtype=source.dtype).numpy().dtype
+    dtype = torch.empty(0, dtype=as_dtype or source.dtype).numpy().dtype
     array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
     row_bytes = max(1, dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64)))
     step = max(1, WRITE_CHUNK_BYTES // row_bytes)
@@ -191,7 +194,8 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
 
     Raises:
         FileExistsError: for a folder that holds anything without ``overwrite``.
-        TypeError: for a ``book`` that is not a :class:`PartitionBook`, a ``split`` that is not a dict;
+        TypeError: for a ``book`` that is not a :class:`PartitionBook`, a ``split`` that is not a dict,
+            ``overwrite``/``progress`` that are not bools, attributes of a dtype tables do not hold (uint16/32/64);
             ``split`` ids that are not integers (floats are never truncated, bools refused).
         ValueError: for attributes or graphs whose node count is not the book's, attribute or split names that
             cannot be file names, dtypes ``.npy`` cannot hold; ``split`` ids that are not 1-D.
@@ -199,6 +203,9 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
             ones included (:func:`hmgstore.rows.checks.id_list`).
     """
     _check_book(book)
+    for flag, value in (("overwrite", overwrite), ("progress", progress)):  # "no" is truthy: never read as True
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{flag} is True or False, got {value!r}")
     n = book.num_nodes
     tables = _features(features, n)
     csc = _csc(edge_index, n)
@@ -233,7 +240,7 @@ def _write_parts(tables: dict, csc: CSC, book: PartitionBook, out_dir: Path, run
                 _write_rows(folder / "features" / f"{name}.npy", table, nodes, bar)
             colptr, edges = _in_edges(csc, nodes)
             _write_rows(folder / "colptr.npy", colptr, None, bar)
-            _write_rows(folder / "row.npy", csc.row, edges, bar)
+            _write_rows(folder / "row.npy", csc.row, edges, bar, torch.int64)  # as load_partition reads it
             book.save(folder / "book.pt", run=run)
             written = [f"features/{name}.npy" for name in tables] + ["colptr.npy", "row.npy", "book.pt"]
             meta = {"machine": m, "num_machines": book.num_machines, "num_nodes": n, "part_nodes": len(nodes),
