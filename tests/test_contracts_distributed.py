@@ -361,6 +361,27 @@ def command(out: Path, *args: str) -> None:
     partition_command([str(out), "--no-progress", *args])
 
 
+def test_overwrite_never_deletes_the_current_folder_or_the_runs_inputs(tmp_path, monkeypatch, capsys):
+    """--overwrite replaces OUT_DIR, but not an empty or '.' OUT_DIR (an unset variable), a folder the command
+    runs in, nor one that holds its --by file: refused before anything is written, every file kept."""
+    work = tmp_path / "work"
+    (work / "parts").mkdir(parents=True)
+    (work / "mine.py").write_text("precious")
+    np.save(work / "parts" / "assign.npy", np.arange(100) % 2)
+    monkeypatch.chdir(work)
+    for out, extra, message in (("", [], "OUT_DIR is empty or '.'"), (".", [], "OUT_DIR is empty or '.'"),
+                                (str(tmp_path), [], "holds the folder this process runs in"),
+                                ("parts", ["--by", "parts/assign.npy"], "holds parts/assign.npy, which this run")):
+        with pytest.raises(SystemExit) as exit_:
+            partition_command([out, "--no-progress", "--parts", "2", "--synthetic", "100", "--overwrite", *extra])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err, out
+    assert (work / "mine.py").read_text() == "precious" and (work / "parts" / "assign.npy").is_file()
+    g = datasets.synthetic(100, 4, 4, seed=0)
+    with pytest.raises(FileExistsError, match="holds the folder this process runs in"):
+        partition({"x": g.x}, g.edge_index, PartitionBook.range(100, 2), tmp_path, overwrite=True, progress=False)
+    assert (work / "mine.py").read_text() == "precious"
+
+
 def test_partition_command_refuses_counts_and_splits_that_do_not_fit(tmp_path, monkeypatch, capsys):
     for args, message in ((["--parts", "0", "--synthetic", "100"], "--parts 0 --by range: num_machines must be"),
                           (["--parts", "2", "--by", "hash", "--synthetic", "1"], "--synthetic 1"),

@@ -15,7 +15,9 @@ METIS's ``gpmetis`` writes).
 Everything is written into a new folder beside OUT_DIR, then renamed into
 place: OUT_DIR ends with the old parts or the new ones, never a mix. An
 OUT_DIR that holds anything is refused unless ``--overwrite``, which
-replaces it and everything in it.
+replaces it and everything in it, but never one that holds the folder the
+command runs in (an empty OUT_DIR, as an unset variable gives, or ``.``) or
+its inputs (the ``--by`` file, the ``--ogb`` root).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import torch
 from ..data import synthetic
 from ..distributed.partition_book import PartitionBook
 from ..distributed.parts import partition
+from ..distributed.replace import check_target
 from ..table.file_args import NPY_HEADER_ERRORS
 from ..table.files import load_torch_file
 
@@ -110,13 +113,18 @@ def main(argv=None) -> None:
     _source_options(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     progress = not args.no_progress
-    if args.out_dir.exists() and not args.out_dir.is_dir():  # before building the graph
-        parser.error(f"OUT_DIR {args.out_dir} is a file, not a folder; name a folder to write the parts into")
-    if args.out_dir.is_dir() and any(args.out_dir.iterdir()) and not args.overwrite:
-        parser.error(f"{args.out_dir} is not empty; pass --overwrite to replace it and everything in it")
+    if not str(args.out_dir).strip() or str(args.out_dir) == ".":  # "" is what an unset shell variable gives
+        parser.error("OUT_DIR is empty or '.': name a folder of the parts' own to write into")
     if args.by not in ("range", "hash") and not Path(args.by).is_file():  # before building the graph
         parser.error(f"--by {args.by}: no such assignment file; --by is 'range', 'hash' (lower case) or the path "
                      "of a .npy/.pt/text file with each node's machine")
+    inputs = [args.ogb, None if args.by in ("range", "hash") else Path(args.by)]  # never deleted by --overwrite
+    try:  # before building the graph
+        check_target(args.out_dir, args.overwrite, inputs)
+    except NotADirectoryError:
+        parser.error(f"OUT_DIR {args.out_dir} is a file, not a folder; name a folder to write the parts into")
+    except FileExistsError as err:
+        parser.error(str(err))
     if args.ogb is not None:
         from ..data.ogb import load_node_dataset
 
@@ -140,7 +148,7 @@ def main(argv=None) -> None:
     split = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
     try:  # the split, features and edges are checked against the book's nodes before anything is written
         folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, split=split,
-                            overwrite=args.overwrite, progress=progress)
+                            overwrite=args.overwrite, progress=progress, keep=inputs)
     except FileExistsError as err:  # filled while the graph was built
         parser.error(str(err))
     except (TypeError, ValueError, IndexError) as err:  # the dataset's split or edges do not fit its nodes

@@ -173,7 +173,7 @@ def _write_rows(path: Path, source: torch.Tensor, ids: torch.Tensor | None, bar,
 
 
 def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict | None = None,
-              overwrite: bool = False, progress: bool = True) -> list[Path]:
+              overwrite: bool = False, progress: bool = True, keep=()) -> list[Path]:
     """Write one part per machine of ``book`` under ``out_dir`` (layout in the module docstring).
 
     ``features``: ``[num_nodes, ...]`` table (torch CPU tensor or numpy
@@ -185,7 +185,9 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     ``progress=False``. ``split``: name -> ids, each written to
     ``out_dir/split/{name}.npy`` with the parts. ``out_dir`` is replaced
     whole, in one step, once everything is written: it must not exist, be
-    empty, or ``overwrite=True`` (which deletes what it held). Each part's
+    empty, or ``overwrite=True`` (which deletes what it held, but never the
+    folder the process runs in nor one of ``keep``, the paths of the
+    inputs: FileExistsError). Each part's
     ``meta.json`` records the size and checksum of every file written and the
     run's id (also in ``out_dir/partition.json``), which :func:`load_partition`
     compares. Returns the parts' folders. Every
@@ -193,7 +195,8 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     ``out_dir`` is left as it was.
 
     Raises:
-        FileExistsError: for a folder that holds anything without ``overwrite``.
+        FileExistsError: for a folder that holds anything without ``overwrite``, and with it for one that holds
+            the current folder or a path of ``keep``.
         TypeError: for a ``book`` that is not a :class:`PartitionBook`, a ``split`` that is not a dict,
             ``overwrite``/``progress`` that are not bools, attributes of a dtype tables do not hold (uint16/32/64);
             ``split`` ids that are not integers (floats are never truncated, bools refused).
@@ -217,7 +220,7 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
     split = {name: checks.id_list(ids, f"split {name!r}", n) for name, ids in split.items()}  # before writing
     run = uuid.uuid4().hex  # tells this run's parts from another's over the same nodes (load_partition checks)
     out_dir = checks.path(out_dir, "the parts' folder (out_dir)", "partition")
-    with new_folder(out_dir, overwrite=overwrite) as new:
+    with new_folder(out_dir, overwrite=overwrite, keep=keep) as new:
         _write_parts(tables, csc, book, new, run, progress)
         (new / RUN_FILE).write_text(json.dumps({"run": run, "num_machines": book.num_machines}))
         if split:

@@ -33,16 +33,13 @@ _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # from <fcntl.h> and <linux/fs.h>
 
 
 @contextmanager
-def new_folder(target, *, overwrite: bool = False) -> Iterator[Path]:
+def new_folder(target, *, overwrite: bool = False, keep=()) -> Iterator[Path]:
     """A new empty folder beside ``target`` to write into; when the block ends without an exception it
     replaces ``target`` whole, else it is deleted and ``target`` is left as it was.
 
-    Raises FileExistsError (before anything is written) when ``target`` is a folder that holds anything
-    and ``overwrite`` is False, NotADirectoryError when it is a file.
+    Raises (before anything is written) what :func:`check_target` raises.
     """
-    target = Path(os.path.abspath(target))
-    target = target.resolve() if target.is_symlink() else target  # replace the folder, keep the link
-    _refuse(target, overwrite)
+    target = check_target(target, overwrite, keep)
     target.parent.mkdir(parents=True, exist_ok=True)
     new = _made_like(target)
     try:
@@ -69,15 +66,43 @@ def _made_like(target: Path) -> Path:
     return new
 
 
-def _refuse(target: Path, overwrite: bool) -> None:
+def check_target(target, overwrite: bool, keep=()) -> Path:
+    """``target`` as the absolute folder a writer may replace (a link to a folder: the folder it names).
+
+    Raises NotADirectoryError when it is a file, FileExistsError when it is a folder that holds anything and
+    ``overwrite`` is False, and, with ``overwrite``, when replacing it would delete the folder the process runs
+    in (an empty or ``.`` target, as an unset shell variable gives) or one of ``keep``, the paths the writer
+    reads (its inputs).
+    """
+    target = Path(os.path.abspath(target))
+    target = target.resolve() if target.is_symlink() else target  # replace the folder, keep the link
+    _refuse(target, overwrite, keep)
+    return target
+
+
+def _holds(folder: Path, path: Path) -> bool:
+    path = path.resolve()
+    return path == folder.resolve() or folder.resolve() in path.parents
+
+
+def _refuse(target: Path, overwrite: bool, keep=()) -> None:
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{target} is a file, not a folder to write into")
-    if target.is_dir() and not overwrite:
+    if not target.is_dir() or not any(target.iterdir()):
+        return
+    if not overwrite:
         held = sorted(p.name for p in target.iterdir())
-        if held:
-            shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
-            raise FileExistsError(f"{target} is not empty (it holds {shown}); pass overwrite=True (--overwrite) "
-                                  "to replace it and everything in it, or choose an empty folder")
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise FileExistsError(f"{target} is not empty (it holds {shown}); pass overwrite=True (--overwrite) "
+                              "to replace it and everything in it, or choose an empty folder")
+    if _holds(target, Path.cwd()):
+        raise FileExistsError(f"{target} holds the folder this process runs in ({Path.cwd()}): overwriting it would "
+                              "delete it. Name a folder of the output's own (an empty or '.' one is what an unset "
+                              "variable gives)")
+    for path in keep:
+        if path is not None and _holds(target, Path(path)):
+            raise FileExistsError(f"{target} holds {path}, which this run reads: overwriting it would delete it. "
+                                  "Write the output to another folder")
 
 
 def _put_in_place(new: Path, target: Path, overwrite: bool) -> None:
