@@ -55,7 +55,7 @@ def same(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 def scenario_gather(report):
     """Bit-exact rows for every book kind: random ids with duplicates, empty, all local, all remote,
-    int32/numpy/2-D ids, several attributes fused, a bad id (on every rank), a sharded local table."""
+    int32/numpy/2-D ids, several attributes fused, a bad id (on every rank, then on one), a sharded local table."""
     _, full = graph()
     cluster, rank = hd.this_cluster(), dist.get_rank()
     report["machines"], report["machine"] = cluster.machines, cluster.machine
@@ -88,6 +88,14 @@ def scenario_gather(report):
         except IndexError as err:
             checks["bad_id_raised"] = str(NODES + 7) in str(err) and "position 1" in str(err)
         checks["after_bad_id"] = same(x[ids], full["x"][ids])  # nothing was sent: the rounds are still in step
+        try:  # rank 0's ids alone are refused: it says so in the first round, its counterpart raises with it
+            got = x[torch.tensor([5, NODES + 7]) if rank == 0 else ids]
+            checks["one_refused"] = rank != 0 and same(got, full["x"][ids])  # a rank that exchanges with others
+        except IndexError as err:
+            checks["one_refused"] = rank == 0 and str(NODES + 7) in str(err)
+        except ValueError as err:
+            checks["one_refused"] = rank != 0 and "rank 0 refused its ids" in str(err)
+        checks["after_one_refused"] = same(x[ids], full["x"][ids])  # every rank raised in one call: in step
         report[kind] = checks
         for table in t.values():
             table.close()

@@ -334,9 +334,10 @@ def gather_many(requests) -> list[torch.Tensor]:
     position) for ids outside ``[0, num_nodes)`` before anything is sent,
     ValueError when counterparts gather other tables, and
     :class:`PeerLostError` when a counterpart is gone or did not answer
-    within :data:`EXCHANGE_TIMEOUT`. A rank that raises before sending
-    leaves its counterparts waiting for it: unless they raised alike, they
-    fail after that timeout. Call it from one thread per process.
+    within :data:`EXCHANGE_TIMEOUT`. A rank whose ids are refused still
+    takes the call's first round, saying so: every counterpart raises
+    ValueError naming it in the same call, so the rounds stay in step and
+    all may go on. Call it from one thread per process.
     """
     requests = list(requests)
     if not requests:

@@ -98,6 +98,14 @@ def _copy_rows(dst: torch.Tensor, positions: torch.Tensor, src: torch.Tensor) ->
     dst.index_copy_(0, positions, src)
 
 
+#: A first-round signature no call has (a CRC-32 is never negative): the rank's ids were refused.
+REFUSED = -1
+
+
+class PeerRefusedError(ValueError):
+    """A counterpart's ids were refused in this call: every rank raises in its first round, in step."""
+
+
 class Gather:
     """One call of :func:`hmgstore.distributed.gather_many`, validated; :meth:`run` does the rounds."""
 
@@ -106,9 +114,14 @@ class Gather:
         self.tables = [table for table, _ in requests]
         batches: dict[int, _Batch] = {}
         self.batch_of = []
+        self.refusal: Exception | None = None  # ids refused here: the call's first round still says so
         for _, index in requests:  # one batch per distinct id object: features and labels of a batch share it
             if id(index) not in batches:
-                batches[id(index)] = _batch(index, book, exchange, cluster.machine, device)
+                try:
+                    batches[id(index)] = _batch(index, book, exchange, cluster.machine, device)
+                except (TypeError, ValueError, IndexError) as err:
+                    self.refusal = err
+                    break
             self.batch_of.append(list(batches).index(id(index)))
         self.batches = list(batches.values())
         self.row_bytes = [t.row_shape.numel() * t.dtype.itemsize for t in self.tables]
@@ -118,6 +131,11 @@ class Gather:
         self.signature = zlib.crc32(call)
 
     def run(self) -> list[torch.Tensor]:
+        if self.refusal is not None:
+            if self.exchange.slots > 1:  # the counterparts are in this call's first round: answer it, refusing
+                header = torch.full((self.exchange.slots, 2), REFUSED, dtype=torch.int64, device=self.device)
+                self._all_to_all(torch.empty_like(header), header)
+            raise self.refusal
         outs = [torch.empty((self.batches[b].order.numel(), *t.row_shape), dtype=t.dtype, device=self.device)
                 for t, b in zip(self.tables, self.batch_of)]
         if self.exchange.slots == 1:  # one machine: every id is this machine's
@@ -125,6 +143,8 @@ class Gather:
         else:
             try:
                 self._exchange(outs)
+            except PeerRefusedError:  # every rank raised in the first round: in step
+                raise
             except BaseException as err:  # whatever stopped this rank midway, its counterparts are out of step
                 if self.cluster.broken is None:
                     self.cluster.broken = f"a gather stopped midway on rank {self.cluster.rank} ({err!r})"
@@ -152,6 +172,11 @@ class Gather:
         self._all_to_all(theirs, header)
         values = torch.cat([theirs.view(-1), self.want.view(-1)]).tolist()  # the round's one read-back
         me = self.exchange.slot_of_machine[self.cluster.machine]
+        refused = [self.exchange.ranks[s] for s in range(slots) if s != me and values[2 * s] == REFUSED]
+        if refused:  # every rank raises in this call: the rounds stay in step
+            raise PeerRefusedError(f"rank {refused[0]} refused its ids in this gather (out of range, or not "
+                                   "integers: its own error says which); every rank's call raises with it, and the "
+                                   "next call may go on")
         for s in range(slots):
             if s != me and values[2 * s] != self.signature:
                 other, rank = self.exchange.ranks[s], self.cluster.rank

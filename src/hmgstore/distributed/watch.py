@@ -67,8 +67,10 @@ def _watch(state) -> None:
             if board[k] == 0 or process_alive(state.pids[k]):
                 continue
             state.lost = (f"rank {state.ranks[k]} (pid {state.pids[k]}) on this node exited without closing its "
-                          "hmgstore tables (killed or crashed); its GPU shard can no longer be read. This "
-                          "process cannot go on: restart the job (torchrun --max-restarts restarts it for you)")
+                          "hmgstore tables (killed, crashed, or ended without calling close() on them); what it "
+                          "served (its GPU shard, its side of the exchanges) is gone. This process cannot go on: "
+                          "restart the job (torchrun --max-restarts restarts it for you), and have every rank close "
+                          "its tables before it exits")
             state.lost_at = time.monotonic()
             break
     if state.open_tables == 0:
