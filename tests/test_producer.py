@@ -406,9 +406,33 @@ def test_a_second_iterator_stops_the_first_and_gets_a_whole_pass():
         first = iter(producer)
         next(first)
         assert sorted(b["i"] for b in producer) == list(range(10))  # not the rest of the first pass
-        with pytest.raises(StopIteration):
-            next(first)  # stopped
+        with pytest.raises(RuntimeError, match="ended by a later pass of the same Producer"):
+            next(first)  # stopped, and says so rather than ending as if its epoch were over
         assert sorted(b["i"] for b in producer) == list(range(10))
+
+
+class NoLength(Batches):
+    def __len__(self):
+        raise NotImplementedError("no length")
+
+
+def make_no_length(n):
+    return NoLength(n, "cpu")
+
+
+def test_a_pass_cut_by_close_or_a_loader_without_len_says_what_happened():
+    """close() during a pass (an error handler, another thread): the pass raises RuntimeError saying the producer
+    was closed, not an error of its internals; a loader whose __len__ raises still runs (no len() is needed)."""
+    with hmgstore.Producer(functools.partial(make_batches, 20, "cpu")) as producer:
+        batches = iter(producer)
+        next(batches)
+        producer.close()
+        with pytest.raises(RuntimeError, match="was closed while a pass over it was under way"):
+            next(batches)
+    with hmgstore.Producer(functools.partial(make_no_length, 5)) as producer:
+        assert sorted(b["i"] for b in producer) == list(range(5))
+        with pytest.raises(TypeError, match="has no len"):
+            len(producer)
 
 
 def test_ctrl_c_in_the_process_group_leaves_the_producer_to_its_trainer():

@@ -26,10 +26,9 @@ iterable loader, while a one-shot loader (a generator) is read once across
 passes, a pass left early resumed by the next, which yields first the
 batches the producer had already made (those in the ring included).
 
-As for :class:`hmgstore.Pipeline`, each batch the loader yields must be new
-memory (a loader that refills the tensors of its last batch overwrites the
-batches the producer's pipeline made ahead); yielding the same object again
-(a cached list of batches, one full-graph batch) is fine.
+As for :class:`hmgstore.Pipeline`, a batch must be new memory (refilled tensors overwrite the batches made ahead);
+the same object yielded again (a cached list of batches, one full-graph batch) is fine. One pass at a time: a new
+pass ends the one under way, whose iterator then raises RuntimeError.
 
 A batch's tensors are views into its ring slot: they stay valid until the
 next batch is taken (clone what must live longer), and never past
@@ -69,6 +68,7 @@ from ..util.device import resolve_device
 from ..util.environ import environ
 from . import shared_ring as ring
 from .pipeline import check_fuse, check_max_sms, check_overlap_reads
+from .producer_pass import CLOSED, Pass
 from .producer_process import POLL, RemoteTraceback, raise_error, serve  # noqa: F401 - RemoteTraceback: users catch it
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ class Producer:
     _filled: Any  # list[torch.cuda.Event]: the producer's, one a slot (on a GPU)
     _freed: Any  # list[torch.cuda.Event]: the trainer's, one a slot (on a GPU)
     _held: int | None  # the slot of the batch last handed out
-    _open: Generator | None  # the pass's iterator left open
+    _open: Pass | None  # the pass's iterator left open
     _carried: list  # a one-shot loader's batches a stopped pass had in the ring: ("batch", slot, skeleton) or error
     _one_shot: bool  # whether the loader is one-shot (the producer says so once it has built it)
     _pass: int
@@ -262,8 +262,11 @@ class Producer:
         return self.process.pid if self.process is not None else None
 
     def _get(self, starting: bool = False):
-        """The producer's next message; raises if it died without one (``starting``: before its first)."""
+        """The producer's next message; raises if it died without one (``starting``: before its first) or was
+        closed."""
         while True:
+            if self._results is None:
+                raise RuntimeError(CLOSED)
             try:
                 return self._results.get(timeout=POLL)
             except queue.Empty:
@@ -312,8 +315,7 @@ class Producer:
             pass
 
     def __len__(self) -> int:
-        self.start()
-        if self._length is None:
+        if self.start()._length is None:
             raise TypeError("the producer's loader has no len()")
         return self._length
 
@@ -350,11 +352,13 @@ class Producer:
         self._release()
         self._pass += 1
         carried, self._carried = self._carried, []
-        self._open = iterator = self._iterate(self._pass, deque(carried))
+        self._open = iterator = Pass(self._iterate(self._pass, deque(carried)))
         return iterator
 
     def _hand_out(self, slot: int, skeleton, grown):
         """The batch in ``slot``, once the trainer's stream waits for the producer's writes into it."""
+        if self._buffers is None:
+            raise RuntimeError(CLOSED)
         self._release()
         if grown is not None:
             self._buffers[slot] = grown
@@ -413,3 +417,4 @@ class Producer:
                 kept.append(("batch", (slot, skeleton, None)))
             else:
                 self._free(slot)
+

@@ -65,7 +65,7 @@ def serve(make_loader, device, slots, seed, options, commands, results) -> None:
         loader = make_loader()
         try:
             length = len(loader)
-        except TypeError:
+        except Exception:  # noqa: BLE001 - no usable len() (TypeError, or a __len__ that raises): none is needed
             length = None
         server = _Server(loader, device, slots, options, commands, results)
         results.put(("ready", None, length, is_one_shot(loader), [e.ipc_handle() for e in server.filled]))
