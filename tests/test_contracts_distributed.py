@@ -661,3 +661,29 @@ def test_sampling_refuses_float_seeds_and_lost_counterparts(samplers):
             samplers[0].sample([1])
     finally:
         cluster.broken = None
+
+
+def test_a_writer_stopped_by_sigterm_leaves_no_half_written_folder_and_a_killed_ones_is_swept(tmp_path):
+    """SIGTERM (timeout, Slurm) while the parts are written: the hidden folder goes and OUT_DIR stays as it was. A
+    writer killed outright leaves its folder, named with its host and pid: the next run on that host removes it,
+    and leaves other names (an exchange's '-old' folder, another host's writer) alone."""
+    import socket
+    import subprocess
+
+    script = ("import os, signal, sys, time\n"
+              "from hmgstore.distributed.replace import new_folder\n"
+              "with new_folder(sys.argv[1]) as new:\n"
+              "    (new / 'half').write_text('x')\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(30)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], timeout=120)
+    assert done.returncode == 128 + 15
+    assert not list(tmp_path.iterdir())  # neither OUT_DIR nor a hidden folder
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = [tmp_path / f".out.partial-{socket.gethostname()}-{int(dead.stdout)}-0a1b2c3d",
+            tmp_path / ".out.partial-elsewhere-1-0a1b2c3d", tmp_path / ".out.partial-abc-old"]
+    for folder in left:
+        folder.mkdir()
+    g = datasets.synthetic(100, 4, 4, seed=0)
+    partition({"x": g.x}, g.edge_index, PartitionBook.range(100, 2), tmp_path / "out", progress=False)
+    assert not left[0].exists() and left[1].exists() and left[2].exists()

@@ -145,6 +145,9 @@ def main(argv=None) -> None:
             book = PartitionBook.from_assignment(read_assignment(args.by), args.parts, g.num_nodes)
     except (TypeError, ValueError) as err:
         parser.error(f"--parts {args.parts} --by {args.by}: {err}")
+    if args.parts > g.num_nodes:  # accepted (a book may have empty parts), but rarely meant: each part is 6 files
+        log.warning("--parts %d is more than the graph's %d nodes: %d parts will be empty", args.parts, g.num_nodes,
+                    args.parts - g.num_nodes)
     split = {"train": g.train_idx, "val": g.val_idx, "test": g.test_idx}
     try:  # the split, features and edges are checked against the book's nodes before anything is written
         folders = partition({"x": g.x, "y": g.y}, g.edge_index, book, args.out_dir, split=split,

@@ -4,7 +4,8 @@ Writers of several files (the parts of a partition) write into a fresh
 temporary folder beside the target, then put it in place with one rename.
 A reader of the target sees the old files or the new ones, never a mix,
 and a writer that fails or is killed half-way leaves the old files as they
-were (a killed one leaves its hidden ``.NAME.partial-*`` folder behind).
+were. A writer stopped by SIGTERM removes its folder too; one killed (SIGKILL) leaves its hidden
+``.NAME.partial-HOST-PID-*`` folder behind, which the next writer of the same target on that host removes.
 
 A target that does not exist, or an empty folder, is replaced by one
 ``rename``. A folder that holds anything is refused unless ``overwrite``;
@@ -21,11 +22,16 @@ import logging
 import os
 import secrets
 import shutil
+import signal
+import socket
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ..memory.shared import process_alive
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +47,51 @@ def new_folder(target, *, overwrite: bool = False, keep=()) -> Iterator[Path]:
     """
     target = check_target(target, overwrite, keep)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_partial(target)
     new = _made_like(target)
+    previous = _raise_on_sigterm()
     try:
         yield new
         _put_in_place(new, target, overwrite)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)  # the new files, or after an exchange the old ones
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _partial_prefix(target: Path) -> str:
+    return f".{target.name}.partial-"
+
+
+def _sweep_partial(target: Path) -> None:
+    """Remove the hidden folders that writers of ``target`` on this host left when they were killed (SIGKILL: no
+    cleanup runs): ``.NAME.partial-HOST-PID-TOKEN``, whose process is gone."""
+    host, prefix = socket.gethostname(), _partial_prefix(target)
+    for path in target.parent.glob(prefix + "*"):
+        try:
+            writer, pid, _ = path.name[len(prefix):].rsplit("-", 2)
+            pid = int(pid)
+        except ValueError:  # another name (an exchange's "-old" folder holds a user's earlier output): left alone
+            continue
+        if writer == host and not process_alive(pid):
+            log.warning("hmgstore: removing %s, which a writer (pid %d) killed half-way left", path, pid)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _raise_on_sigterm():
+    """While a folder is written, SIGTERM (timeout, Slurm, Kubernetes) raises SystemExit in the main thread, so
+    that the half-written folder is removed; returns the handler to put back, or None where none was changed
+    (not the main thread, or the program handles SIGTERM itself)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _made_like(target: Path) -> Path:
@@ -55,7 +99,7 @@ def _made_like(target: Path) -> Path:
     parent's set-group-id), or the mode of the folder ``target`` it replaces: others who read the parts (on
     shared storage) keep reading them. ``tempfile.mkdtemp`` would make it private (0700)."""
     while True:
-        new = target.parent / f".{target.name}.partial-{secrets.token_hex(6)}"
+        new = target.parent / f"{_partial_prefix(target)}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             os.mkdir(new)
             break
