@@ -384,7 +384,8 @@ def test_overwrite_never_deletes_the_current_folder_or_the_runs_inputs(tmp_path,
 
 def test_partition_command_refuses_counts_and_splits_that_do_not_fit(tmp_path, monkeypatch, capsys):
     for args, message in ((["--parts", "0", "--synthetic", "100"], "--parts 0 --by range: num_machines must be"),
-                          (["--parts", "2", "--by", "hash", "--synthetic", "1"], "--synthetic 1"),
+                          (["--parts", "2", "--by", "hash", "--synthetic", "1"], "--synthetic: must be at least 16"),
+                          (["--parts", "2", "--synthetic", "100", "--seed", "-1"], "--seed: must be a whole number"),
                           (["--parts", "2", "--synthetic", "100", "--feat-dim", "0"], "--feat-dim 0"),
                           (["--parts", "2", "--by", "Hash", "--synthetic", "100"], "--by Hash: no such assignment"),
                           (["--parts", "2", "--by", str(tmp_path / "none.npy"), "--synthetic", "100"],
@@ -397,6 +398,9 @@ def test_partition_command_refuses_counts_and_splits_that_do_not_fit(tmp_path, m
     with pytest.raises(SystemExit) as exit_:
         command(tmp_path / "a-file", "--parts", "2", "--synthetic", "100")
     assert exit_.value.code == 2 and "is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        command(tmp_path / "a-file" / "parts", "--parts", "2", "--synthetic", "100")
+    assert exit_.value.code == 2 and "a-file is a file, so no folder can be made under it" in capsys.readouterr().err
     import hmgstore.cli.partition as cli
 
     real = cli.synthetic

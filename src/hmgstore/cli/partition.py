@@ -34,6 +34,7 @@ from ..distributed.parts import partition
 from ..distributed.replace import check_target
 from ..table.file_args import NPY_HEADER_ERRORS
 from ..table.files import load_torch_file
+from . import flags
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--by", default="range", help="range (default), hash, or a file of one machine per node")
     graph = p.add_mutually_exclusive_group(required=True)
     graph.add_argument("--ogb", type=Path, metavar="ROOT", help="folder holding an OGB node dataset")
-    graph.add_argument("--synthetic", type=int, metavar="NODES", help="a synthetic community graph of NODES nodes")
+    graph.add_argument("--synthetic", type=flags.synthetic_nodes, metavar="NODES",
+                       help="a synthetic community graph of NODES nodes")
     p.add_argument("--name", default=None, help="with --ogb: the dataset (default: ogbn-products)")
     p.add_argument("--feat-dim", type=int, default=None, help="with --synthetic: features per node (default: 128)")
     p.add_argument("--avg-degree", type=int, default=None, help="with --synthetic: edges per node (default: 10)")
-    p.add_argument("--seed", type=int, default=None, help="with --synthetic: random seed (default: 0)")
+    p.add_argument("--seed", type=flags.seed, default=None, help="with --synthetic: random seed (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR and everything in it if it holds "
                    "anything (default: refuse)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -121,8 +123,8 @@ def main(argv=None) -> None:
     inputs = [args.ogb, None if args.by in ("range", "hash") else Path(args.by)]  # never deleted by --overwrite
     try:  # before building the graph
         check_target(args.out_dir, args.overwrite, inputs)
-    except NotADirectoryError:
-        parser.error(f"OUT_DIR {args.out_dir} is a file, not a folder; name a folder to write the parts into")
+    except NotADirectoryError as err:
+        parser.error(f"OUT_DIR {args.out_dir}: {err}; name a folder to write the parts into")
     except FileExistsError as err:
         parser.error(str(err))
     if args.ogb is not None:

@@ -132,6 +132,9 @@ def _holds(folder: Path, path: Path) -> bool:
 def _refuse(target: Path, overwrite: bool, keep=()) -> None:
     if target.exists() and not target.is_dir():
         raise NotADirectoryError(f"{target} is a file, not a folder to write into")
+    above = next((p for p in target.parents if p.exists()), None)  # the folder it would be made in
+    if above is not None and not above.is_dir():
+        raise NotADirectoryError(f"{above} is a file, so no folder can be made under it")
     if not target.is_dir() or not any(target.iterdir()):
         return
     if not overwrite:
