@@ -130,6 +130,18 @@ def test_an_iterator_that_restarts_itself_is_read_once_across_passes(breaks, dep
         list(pipeline)
 
 
+def test_the_pass_after_a_generator_raised_says_that_it_raised():
+    def failing():
+        yield 0
+        raise KeyError("shard 3 is missing")
+
+    pipeline = hmgstore.Pipeline(failing(), device="cpu")
+    with pytest.raises(KeyError, match="shard 3"):
+        list(pipeline)
+    with pytest.raises(RuntimeError, match="used it up.*it ended when it raised KeyError: 'shard 3 is missing'"):
+        list(pipeline)
+
+
 def test_a_new_pass_over_a_generator_ends_the_one_under_way_and_goes_on_from_it():
     pipeline = hmgstore.Pipeline((i for i in range(8)), depth=2, device="cpu")
     first = iter(pipeline)

@@ -246,6 +246,7 @@ class Pipeline:
         # dropped by its consumer ends at once and keeps its batches here).
         self._left: list = []
         self._iterator = None  # a one-shot loader's iterator, from the first pass's iter()
+        self._raised: BaseException | None = None  # what a one-shot loader raised last, which ended it
         self._ended = False
         self._passes = 0
         self._open: weakref.ref | None = None
@@ -335,6 +336,7 @@ class Pipeline:
                 landed = [f.result() for f in parts]  # raises a batch's CPU reads' error here, at the batch
                 self.waited += time.perf_counter() - start
                 if failure is not None:
+                    self._raised = failure if self._one_shot else None  # a generator that raised is over
                     raise failure
                 if batch is DONE:
                     if cuda:  # a bad GPU id met by a gather of this pass (checked without waiting) raises here
@@ -364,7 +366,10 @@ class Pipeline:
         if self._one_shot:
             self._ended = True
             if yielded == 0 and self._passes > 1:
-                raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
+                raised = self._raised
+                raise RuntimeError(_USED_UP.format(type(self.loader).__name__) + (
+                    f"; it ended when it raised {type(raised).__name__}: {raised} (a generator that raised is over)"
+                    if raised is not None else ""))
             return
         again = self._last_whole is not None and self._last_whole() is batches
         previous, self._last_yield, self._last_whole = self._last_yield, yielded, _reference(batches)
