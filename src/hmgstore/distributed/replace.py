@@ -71,8 +71,8 @@ def _sweep_partial(target: Path) -> None:
     host, prefix = socket.gethostname(), _partial_prefix(target)
     for path in target.parent.glob(prefix + "*"):
         try:
-            writer, pid, _ = path.name[len(prefix):].rsplit("-", 2)
-            pid = int(pid)
+            writer, pid_text, _ = path.name[len(prefix):].rsplit("-", 2)
+            pid = int(pid_text)
         except ValueError:  # another name (an exchange's "-old" folder holds a user's earlier output): left alone
             continue
         if writer == host and not process_alive(pid):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -63,7 +63,7 @@ def mapping_at(address: int) -> Mapping | None:
         return None
 
 
-def is_file(found: Mapping | None) -> bool:
+def is_file(found: Mapping | None) -> TypeGuard[Mapping]:
     """Whether ``found`` maps a regular file's pages (not anonymous or shared memory, a device or a memfd)."""
     return found is not None and found.name.startswith("/") and not found.name.startswith(("/dev/", "/memfd:"))
 

@@ -245,7 +245,7 @@ class Pipeline:
         # first), whether a pass reached its end, the passes begun, and the pass under way (held weakly: one
         # dropped by its consumer ends at once and keeps its batches here).
         self._left: list = []
-        self._iterator = None  # a one-shot loader's iterator, from the first pass's iter()
+        self._iterator: Iterator | None = None  # a one-shot loader's iterator, from the first pass's iter()
         self._raised: BaseException | None = None  # what a one-shot loader raised last, which ended it
         self._ended = False
         self._passes = 0
@@ -311,9 +311,9 @@ class Pipeline:
             self._passes += 1
             if self._ended and not first:
                 raise RuntimeError(_USED_UP.format(type(self.loader).__name__))
-        if self._one_shot:  # iter() called once: an iterator whose __iter__ starts it over would repeat batches
-            self._iterator = self._iterator or iter(self.loader)
-        batches = self._iterator if self._one_shot else iter(self.loader)
+        if self._one_shot and self._iterator is None:  # iter() once: one whose __iter__ starts it over repeats
+            self._iterator = iter(self.loader)
+        batches = self._iterator if self._iterator is not None else iter(self.loader)
         maker.batches = batches
         cuda = maker.cuda
         first = first or maker.warm_up(self.warm)

@@ -315,9 +315,9 @@ class Producer:
             pass
 
     def __len__(self) -> int:
-        if self.start()._length is None:
+        if (length := self.start()._length) is None:
             raise TypeError("the producer's loader has no len()")
-        return self._length
+        return length
 
     # a pass ------------------------------------------------------------------------------------------------
     def _free(self, slot: int) -> None:

@@ -183,8 +183,7 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
 
 def _identity_now(array: np.memmap) -> FileIdentity:
     span = file_span(array)
-    found = span.mapping if span is not None else None
-    if found is None:  # an empty view, or no /proc/self/maps: the file at the name
+    if span is None or span.mapping is None:  # an empty view, or no /proc/self/maps: the file at the name
         try:
             return FileIdentity.of(array.filename)
         except OSError as err:
@@ -192,6 +191,7 @@ def _identity_now(array: np.memmap) -> FileIdentity:
                 f"{array.filename} cannot be opened ({err}), and this system does not show which file a memmap "
                 "maps: a table over it could not be sent to another process. Put the file back, or build the "
                 "table with copy=True") from None
+    found = span.mapping
     fd = open_mapped(found)
     if fd is None:  # the file is mapped but out of reach by name: what the map says, enough to tell it apart
         return FileIdentity(str(array.filename), found.device_number, found.inode, span.size(), -1, -1, -1)
