@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -346,3 +349,54 @@ def test_a_writable_memmap_cut_short_is_not_sent_nor_grown_back(folder):
     with pytest.raises(FileChangedError, match=r"w\.bin was cut short"):
         pickle.dumps(table)
     assert os.path.getsize(path) == 4096  # left as it is
+
+
+def test_the_mapped_file_is_opened_by_name_when_only_its_device_number_differs(folder, monkeypatch):
+    """btrfs shows another device in /proc/self/maps than stat gives: without /proc/self/map_files the file at the
+    name is the mapped one when its inode is (a mapped file's inode is not reused, and renames stay within a
+    filesystem); another inode is refused."""
+    from hmgstore.memory.mapped import Mapping, open_mapped
+
+    real_open = os.open
+
+    def no_map_files(path, *args, **kwargs):
+        if str(path).startswith("/proc/self/map_files/"):
+            raise PermissionError(1, "Operation not permitted", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_map_files)
+    path = folder / "b.bin"
+    path.write_bytes(b"x" * 4096)
+    inode = os.stat(path).st_ino
+    fd = open_mapped(Mapping(0x1000, 0x2000, "r--s", 0, "ff:7f", inode, str(path)))
+    assert fd is not None and os.fstat(fd).st_ino == inode
+    os.close(fd)
+    assert open_mapped(Mapping(0x1000, 0x2000, "r--s", 0, "ff:7f", inode + 1, str(path))) is None
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_an_array_over_a_file_in_dev_shm_is_watched():
+    """Files in /dev/shm are files too: cut short under a table, the next gather raises, never a SIGBUS (run in a
+    process of its own, which a SIGBUS would kill)."""
+    script = textwrap.dedent("""
+        import mmap, os, sys, tempfile, numpy as np, torch, hmgstore
+        fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="hmgstore-test-")
+        try:
+            os.write(fd, np.arange(4096 * 4, dtype=np.float32).tobytes())
+            pages = mmap.mmap(fd, 0)
+            for source in (np.frombuffer(pages, np.float32).reshape(-1, 4),
+                           torch.from_numpy(np.memmap(path, np.float32, "r+", shape=(4096, 4)))):
+                table = hmgstore.HybridTensor(source, "cpu")
+                os.truncate(path, 4096)  # one page of the 16 the table maps
+                try:
+                    table[[4095]]
+                    sys.exit("read a lost page")
+                except RuntimeError as err:
+                    assert "cut short" in str(err), err
+                os.truncate(path, 4096 * 16)
+        finally:
+            os.unlink(path)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

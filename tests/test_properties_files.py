@@ -325,12 +325,15 @@ def _write(path, arr, writer: str) -> None:
         elif writer == "npz":
             np.savez(f, a=arr)
         else:
-            torch.save(torch.from_numpy(arr), f, _use_new_zipfile_serialization=writer == "torch")
+            torch.save(torch.from_numpy(arr), f, _use_new_zipfile_serialization=writer == "torch",
+                       pickle_protocol=4 if writer.endswith("4") else 2)  # protocol 4 frames the magic number
 
 
 @FAST
-@given(arrays(dtypes=[np.float32, np.int64], min_rows=1), st.sampled_from(["npy", "torch", "torch-legacy", "npz"]),
+@given(arrays(dtypes=[np.float32, np.int64], min_rows=1),
+       st.sampled_from(["npy", "torch", "torch-legacy", "torch-legacy4", "npz"]),
        st.sampled_from([".bin", ".raw", "", ".pt", ".npy", ".npz"]), st.sampled_from(["none", "exact", "rows"]))
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's note on a legacy file's protocol
 def test_a_file_is_read_as_what_it_is_whatever_its_name(tmp_path_factory, arr, writer, suffix, arguments):
     """A ``.npy``, a ``torch.save`` file (zip or legacy) or an ``.npz`` under any name, loaded with or without a raw
     file's ``dtype=``/``shape=``: the saved rows, or a ValueError/TypeError naming the file; never its header (or
@@ -344,4 +347,4 @@ def test_a_file_is_read_as_what_it_is_whatever_its_name(tmp_path_factory, arr, w
     except (ValueError, TypeError) as err:
         assert path.name in str(err)
         return
-    assert writer in ("npy", "torch", "torch-legacy") and _same(_rows(table), arr)
+    assert writer != "npz" and _same(_rows(table), arr)

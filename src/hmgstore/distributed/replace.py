@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import logging
 import os
 import secrets
@@ -53,8 +54,11 @@ def new_folder(target, *, overwrite: bool = False, keep=()) -> Iterator[Path]:
     try:
         yield new
         _put_in_place(new, target, overwrite)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(new, ignore_errors=True)  # the new files, or after an exchange the old ones
+        if isinstance(err, _Terminated):  # cleaned up: now end as SIGTERM ends a process, threads or not
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         raise
     finally:
         if previous is not None:
@@ -69,7 +73,7 @@ def _sweep_partial(target: Path) -> None:
     """Remove the hidden folders that writers of ``target`` on this host left when they were killed (SIGKILL: no
     cleanup runs): ``.NAME.partial-HOST-PID-TOKEN``, whose process is gone."""
     host, prefix = socket.gethostname(), _partial_prefix(target)
-    for path in target.parent.glob(prefix + "*"):
+    for path in target.parent.glob(glob.escape(prefix) + "*"):
         try:
             writer, pid_text, _ = path.name[len(prefix):].rsplit("-", 2)
             pid = int(pid_text)
@@ -80,10 +84,15 @@ def _sweep_partial(target: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+class _Terminated(BaseException):
+    """SIGTERM came while a folder was written: raised to remove the half-written folder, then the signal is
+    sent again with its default action, so the process ends as SIGTERM would have ended it."""
+
+
 def _raise_on_sigterm():
-    """While a folder is written, SIGTERM (timeout, Slurm, Kubernetes) raises SystemExit in the main thread, so
-    that the half-written folder is removed; returns the handler to put back, or None where none was changed
-    (not the main thread, or the program handles SIGTERM itself)."""
+    """While a folder is written, SIGTERM (timeout, Slurm, Kubernetes) raises :class:`_Terminated` in the main
+    thread, so that the half-written folder is removed; returns the handler to put back, or None where none was
+    changed (not the main thread, or the program handles SIGTERM itself)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return None
@@ -91,7 +100,7 @@ def _raise_on_sigterm():
 
 
 def _terminated(signum, frame) -> None:
-    raise SystemExit(128 + signum)
+    raise _Terminated
 
 
 def _made_like(target: Path) -> Path:

@@ -64,15 +64,18 @@ def mapping_at(address: int) -> Mapping | None:
 
 
 def is_file(found: Mapping | None) -> TypeGuard[Mapping]:
-    """Whether ``found`` maps a regular file's pages (not anonymous or shared memory, a device or a memfd)."""
-    return found is not None and found.name.startswith("/") and not found.name.startswith(("/dev/", "/memfd:"))
+    """Whether ``found`` maps a file's pages, which may be cut short under it: a path, ``/dev/shm`` files included,
+    but not a device's memory, a memfd or anonymous memory."""
+    return found is not None and found.name.startswith("/") and (
+        found.name.startswith("/dev/shm/") or not found.name.startswith(("/dev/", "/memfd:")))
 
 
 def open_mapped(found: Mapping) -> int | None:
     """A descriptor of the very file ``found`` maps: through ``/proc/self/map_files`` (which asks CAP_SYS_ADMIN
     or CAP_CHECKPOINT_RESTORE of the process), else by its name where the file there is still the one mapped
-    (its device and inode); None where neither (the file was replaced or deleted by name, and the process may not
-    open it through the map)."""
+    (its inode: the device is not compared, as btrfs shows another in the map than ``stat`` gives, and a file
+    renamed into the name comes from the same filesystem, where a mapped file's inode is not reused); None where
+    neither (the file was replaced or deleted by name, and the process may not open it through the map)."""
     try:
         return os.open(f"/proc/self/map_files/{found.start:x}-{found.end:x}", _READ)  # names: no leading zeros
     except OSError:
@@ -81,8 +84,7 @@ def open_mapped(found: Mapping) -> int | None:
         fd = os.open(found.name, _READ)
     except OSError:
         return None
-    stat = os.fstat(fd)
-    if (stat.st_dev, stat.st_ino) == (found.device_number, found.inode):
+    if os.fstat(fd).st_ino == found.inode:
         return fd
     os.close(fd)
     return None

@@ -244,6 +244,8 @@ def _mapped_file(tensor) -> LiveFile | None:
     if hi == lo or not is_file(found):
         return None
     fd = open_mapped(found)
+    if fd is None and found.name.startswith("/dev/shm/"):  # shared memory whose name is gone (a segment's): kept
+        return None
     if fd is None:
         warnings.warn(f"hmgstore: {found.name}, the file under this table's rows, cannot be opened again to watch "
                       "it: if it is cut short, a gather dies by SIGBUS; build the table with copy=True to hold its "

@@ -57,10 +57,19 @@ def zero(offset) -> bool:
 
 
 #: How each kind of file that is not rows begins: ``.npy``; a zip archive (``torch.save``'s format since torch 1.6,
-#: ``np.savez``); ``torch.save``'s older format (a pickle of protocol 2 whose first value is torch's magic number).
+#: ``np.savez``); ``torch.save``'s older format (a pickle whose first value is torch's magic number).
 _NPY_MAGIC = b"\x93NUMPY"
 _ZIP_MAGIC = b"PK\x03\x04"
-_TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+_TORCH_LEGACY_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")  # the pickled number
+
+
+def _legacy_torch(head: bytes) -> bool:
+    """Whether ``head`` starts a legacy ``torch.save`` file: a pickle (PROTO 2 to 5; 4 and 5 put a FRAME of an
+    8-byte length first) whose first value is torch's magic number."""
+    if len(head) < 2 or head[0] != 0x80 or not 2 <= head[1] <= 5:
+        return False
+    body = head[2:]
+    return (body[9:] if body[:1] == b"\x95" else body).startswith(_TORCH_LEGACY_MAGIC)
 
 
 def container(path: Path) -> str | None:
@@ -69,10 +78,10 @@ def container(path: Path) -> str | None:
     raw rows, or absent/unreadable, which the raw reader says)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(len(_TORCH_LEGACY_MAGIC))
+            head = f.read(32)
         if head.startswith(_NPY_MAGIC):
             return "npy"
-        if head == _TORCH_LEGACY_MAGIC:
+        if _legacy_torch(head):
             return "torch"
         if head.startswith(_ZIP_MAGIC) and zipfile.is_zipfile(path):  # the end record too: not rows that start so
             with zipfile.ZipFile(path) as archive:
