@@ -400,3 +400,22 @@ def test_an_array_over_a_file_in_dev_shm_is_watched():
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_where_the_map_cannot_name_the_file_its_bytes_do(folder, monkeypatch):
+    """Where /proc/self/maps shows numbers stat does not (overlayfs before Linux 6.8) and map_files is closed, the
+    file at a memmap's name is taken for the mapped one when its sampled pages hold the memmap's bytes: such a
+    table is sent as before, and one over a file replaced before the build is still refused."""
+    monkeypatch.setattr(file_identity, "open_mapped", lambda found: None)
+    x = np.arange(4096 * 8, dtype=np.float32).reshape(-1, 8)
+    path = folder / "o.npy"
+    np.save(path, x)
+    table = hmgstore.HybridTensor(np.load(path, mmap_mode="r"), "cpu")
+    assert torch.equal(pickle.loads(pickle.dumps(table))[[7]], torch.from_numpy(x[[7]]))
+    np.save(folder / "p.npy", x)
+    mapped = np.load(folder / "p.npy", mmap_mode="r")
+    np.save(folder / "new.npy", x + 1)
+    os.replace(folder / "new.npy", folder / "p.npy")  # another file under the name, before the build
+    replaced = hmgstore.HybridTensor(mapped, "cpu")
+    with pytest.raises(FileChangedError, match=r"p\.npy"):
+        pickle.dumps(replaced)

@@ -32,6 +32,7 @@ page a SIGBUS that kills the interpreter. So:
 """
 from __future__ import annotations
 
+import mmap
 import os
 import warnings
 import weakref
@@ -193,12 +194,39 @@ def _identity_now(array: np.memmap) -> FileIdentity:
                 "table with copy=True") from None
     found = span.mapping
     fd = open_mapped(found)
-    if fd is None:  # the file is mapped but out of reach by name: what the map says, enough to tell it apart
-        return FileIdentity(str(array.filename), found.device_number, found.inode, span.size(), -1, -1, -1)
+    if fd is None:  # out of reach by name, or a map whose numbers are not stat's (overlayfs before Linux 6.8)
+        by_name = _same_bytes_by_name(array, span.size())
+        return by_name or FileIdentity(str(array.filename), found.device_number, found.inode, span.size(), -1, -1, -1)
     try:
         return FileIdentity.of_descriptor(fd, array.filename)
     finally:
         os.close(fd)
+
+
+def _same_bytes_by_name(array: np.memmap, mapped_size: int) -> FileIdentity | None:
+    """The identity of the file at ``array``'s name where it holds, at :data:`SAMPLED_PAGES` + 1 pages spread over
+    the memmap's range, the bytes the memmap shows (so it is the mapped file, as far as its sampled pages tell);
+    None otherwise (another file renamed into the name, or none there)."""
+    base = _base(array)
+    name, pages = base.filename, base.base
+    if name is None or not isinstance(pages, mmap.mmap):
+        return None
+    try:
+        named = FileIdentity.of(name)
+        if named.size != mapped_size or mapped_size < base.offset + base.nbytes:
+            return None
+        # the memmap's bytes as the map holds them (no copy, whatever its order); the whole range is in the file
+        skip = base.offset % mmap.ALLOCATIONGRANULARITY  # numpy maps from an aligned offset
+        mapped = np.frombuffer(pages, np.uint8)[skip:skip + base.nbytes]
+        with open(name, "rb") as f:
+            for k in range(SAMPLED_PAGES + 1):
+                at = max(0, (len(mapped) - PAGE_BYTES) * k // SAMPLED_PAGES)
+                f.seek(base.offset + at)
+                if f.read(PAGE_BYTES) != mapped[at:at + PAGE_BYTES].tobytes():
+                    return None
+        return named
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 class LiveFile:
