@@ -351,7 +351,7 @@ class Pipeline:
                     for t in _tensors(batch):
                         if t.is_cuda:
                             t.record_stream(current)
-                yielded += 1
+                yielded, self._raised = yielded + 1, None  # what raised before did not end the loader
                 yield batch
         finally:
             stop.set()
