@@ -451,3 +451,16 @@ def check_no_progress_reaches_every_bar(run, module, attr: str, monkeypatch) -> 
         seen.clear()
         run(flag)
         assert seen and all(p is bars for p in seen), (flag, seen)
+
+
+def close_map_files(monkeypatch) -> None:
+    """Make ``/proc/self/map_files`` refuse this process, as it does a process without CAP_SYS_ADMIN or
+    CAP_CHECKPOINT_RESTORE (most users'): mapped files are then found by name."""
+    real_open = os.open
+
+    def no_map_files(path, *args, **kwargs):
+        if str(path).startswith("/proc/self/map_files/"):
+            raise PermissionError(1, "Operation not permitted", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_map_files)

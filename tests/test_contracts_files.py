@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import hmgstore
+from helpers import close_map_files
 from hmgstore.rows import file_identity
 from hmgstore.rows.file_identity import FileChangedError, FileIdentity
 
@@ -269,14 +270,7 @@ def test_a_torch_tensor_over_a_memmap_is_watched_through_the_memory_map(folder):
 def test_without_map_files_the_mapped_file_is_opened_by_name_if_it_is_still_the_one(folder, monkeypatch):
     """/proc/self/map_files asks privileges most users lack: the file is then opened by its name, kept only where
     it is still the file mapped (device and inode); one replaced since warns that it cannot be watched."""
-    real_open = os.open
-
-    def no_map_files(path, *args, **kwargs):
-        if str(path).startswith("/proc/self/map_files/"):
-            raise PermissionError(1, "Operation not permitted", path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", no_map_files)
+    close_map_files(monkeypatch)
     path = folder / "n.npy"
     np.save(path, np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64))
     table = hmgstore.HybridTensor(torch.from_numpy(np.load(path, mmap_mode="r+")), "cpu")
@@ -357,14 +351,7 @@ def test_the_mapped_file_is_opened_by_name_when_only_its_device_number_differs(f
     filesystem); another inode is refused."""
     from hmgstore.memory.mapped import Mapping, open_mapped
 
-    real_open = os.open
-
-    def no_map_files(path, *args, **kwargs):
-        if str(path).startswith("/proc/self/map_files/"):
-            raise PermissionError(1, "Operation not permitted", path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", no_map_files)
+    close_map_files(monkeypatch)
     path = folder / "b.bin"
     path.write_bytes(b"x" * 4096)
     inode = os.stat(path).st_ino

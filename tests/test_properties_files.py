@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hmgstore
+from helpers import close_map_files
 from hmgstore.rows.file_identity import FileChangedError
 
 # A share of the loaded profile's cases (tests/conftest.py): a few dozen in make test, 20x more under
@@ -287,14 +288,7 @@ def test_a_table_over_a_mapped_file_reads_the_mapped_rows_or_refuses(tmp_path_fa
     with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a torch source whose file is out of reach is not watched
         if not map_files:
-            real_open = os.open
-
-            def no_map_files(name, *args, **kwargs):
-                if str(name).startswith("/proc/self/map_files/"):
-                    raise PermissionError(1, "Operation not permitted", name)
-                return real_open(name, *args, **kwargs)
-
-            patch.setattr(os, "open", no_map_files)
+            close_map_files(patch)
         mapped = _change(path, arr, change) if before_build else arr
         try:
             table = hmgstore.HybridTensor(source, "cpu")
