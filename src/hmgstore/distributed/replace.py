@@ -71,7 +71,9 @@ def _partial_prefix(target: Path) -> str:
 
 def _sweep_partial(target: Path) -> None:
     """Remove the hidden folders that writers of ``target`` on this host left when they were killed (SIGKILL: no
-    cleanup runs): ``.NAME.partial-HOST-PID-TOKEN``, whose process is gone."""
+    cleanup runs): ``.NAME.partial-HOST-PID-TOKEN``, whose process is gone. Pids are this PID namespace's: writers
+    in containers that share a hostname but not their pids (``--network host``) look gone to each other, so such
+    containers must not write the same target at once (they would replace each other's output anyway)."""
     host, prefix = socket.gethostname(), _partial_prefix(target)
     for path in target.parent.glob(glob.escape(prefix) + "*"):
         try:
