@@ -121,9 +121,16 @@ def test_the_ring_round_trips_a_batch_bit_for_bit():
              "half": x[:4].half(), "pair": Pair(torch.ones(3, dtype=torch.int8), 7), "list": [x[0], "name"]}
     want = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
     want["pair"], want["list"] = Pair(batch["pair"].a.clone(), 7), [x[0].clone(), "name"]
+    top = torch.max(x, 1)
+    batch.update(ordered=collections.OrderedDict(a=x[1], b=2), shape=x.shape, top=top)  # their types kept too
+    want.update(ordered=collections.OrderedDict(a=x[1].clone(), b=2), shape=x.shape,
+                top=type(top)((top.values.clone(), top.indices.clone())))
     skeleton, grown = ring.pack(batch, None, torch.device("cpu"))
     assert grown is not None and grown.is_shared() and grown.numel() >= 50 * 7 * 4
-    _same(ring.unpack(skeleton, grown), want)
+    got = ring.unpack(skeleton, grown)
+    _same(got, want)
+    assert type(got["ordered"]) is collections.OrderedDict and type(got["shape"]) is torch.Size
+    assert type(got["top"]) is type(top) and torch.equal(got["top"].values, top.values)
     small = torch.zeros(16, dtype=torch.uint8)
     _, bigger = ring.pack({"x": x}, small, torch.device("cpu"))
     assert bigger is not None and bigger.numel() >= x.nbytes

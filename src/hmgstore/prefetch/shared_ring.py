@@ -20,6 +20,7 @@ travel inside the pickled skeleton.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import pickle
@@ -47,18 +48,24 @@ class Ref:
 
 
 def swap(obj, fn):
-    """``obj`` with ``fn`` applied to each tensor or :class:`Ref` in it (dicts, lists, tuples, named tuples,
-    PyG Data/HeteroData, whose shallow copy's stores are changed: never the loader's own object, which it may hand
-    out again); anything else is kept as it is."""
+    """``obj`` with ``fn`` applied to each tensor or :class:`Ref` in it (dicts and OrderedDicts, lists, tuples,
+    named tuples and torch's named results such as ``torch.max``'s, PyG Data/HeteroData, whose shallow copy's
+    stores are changed: never the loader's own object, which it may hand out again); anything else (a
+    ``torch.Size`` too) is kept as it is."""
     if isinstance(obj, (torch.Tensor, Ref)):
         return fn(obj)
+    if isinstance(obj, torch.Size):  # a tuple of ints: kept as the shape it is
+        return obj
     if isinstance(obj, dict):
-        return {k: swap(v, fn) for k, v in obj.items()}
+        items = {k: swap(v, fn) for k, v in obj.items()}
+        return collections.OrderedDict(items) if isinstance(obj, collections.OrderedDict) else items
     if isinstance(obj, list):
         return [swap(v, fn) for v in obj]
     if isinstance(obj, tuple):
         items = [swap(v, fn) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+        if hasattr(obj, "_fields"):  # a named tuple
+            return type(obj)(*items)
+        return type(obj)(items) if type(obj).__module__ == "torch.return_types" else tuple(items)  # torch.max's
     if hasattr(obj, "stores"):  # torch_geometric Data / HeteroData
         obj = copy.copy(obj)  # its own stores (PyG copies them), the tensors shared
         for store in obj.stores:
