@@ -351,6 +351,18 @@ def scenario_clean_exit(report):
     report["survived"] = True
 
 
+def scenario_exit_unclosed(report):
+    """Ranks but the first leave normally without closing their CPU shards: a normal exit, not a crash. The first
+    keeps working past its peers' exit timeout (1 s here) and must not be ended for it."""
+    x, t = build(report, peer_exit_timeout=1.0)
+    t.table[torch.arange(10)]
+    if dist.get_rank() == 0:
+        time.sleep(4)  # the others have exited by now, their tables open
+        report["lost"] = hd.this_node().lost
+        t.close()
+    report["survived"] = True
+
+
 def scenario_rss(report):
     """Host memory of a node-shared, pinned table held by every rank (RSS_TABLE_GB, default 2)."""
     rows = int(float(os.environ.get("RSS_TABLE_GB", "2")) * 1e9) // (4 * 256)

@@ -224,7 +224,7 @@ class ClusterTensor:
             raise RuntimeError("CUDA tables exchange rows over NCCL, which this torch build lacks")
         self._exchange = cluster.exchange("nccl" if table.device.type == "cuda" else "gloo")
         self._closed = False
-        cluster.node.opened(+1)  # the node's peers watch for this process while it has tables open
+        cluster.node.opened(+1, gpu=table.device.type == "cuda")  # peers watch while it has tables open
 
     @property
     def local(self) -> HybridTensor:
@@ -283,7 +283,7 @@ class ClusterTensor:
         """Stop gathering from this table (not collective, idempotent; the local table stays open)."""
         if not self._closed:
             self._closed = True
-            self._cluster.node.opened(-1)
+            self._cluster.node.opened(-1, gpu=self.device.type == "cuda")
 
     def __enter__(self):
         return self

@@ -39,6 +39,7 @@ class Node:
     pids: list[int]
     board: torch.Tensor  # int32 [len(ranks)] in node-shared memory: each rank's open tables
     open_tables: int = 0
+    gpu_tables: int = 0  # of them, those whose GPU memory or NCCL exchanges the node's peers depend on
     lost: str | None = None
     lost_at: float = 0.0
     peer_exit_timeout: float | None = 30.0
@@ -58,9 +59,11 @@ class Node:
         if self.lost is not None:
             raise watch.PeerLostError(self.lost)
 
-    def opened(self, change: int) -> None:
-        """Count this process's open tables, here and on the node's board (which peers watch)."""
+    def opened(self, change: int, gpu: bool = False) -> None:
+        """Count this process's open tables (``gpu``: one its peers depend on while it lives: a GPU shard they map,
+        a table exchanged over NCCL), here and on the node's board (which peers watch)."""
         self.open_tables += change
+        self.gpu_tables += change if gpu else 0
         self.board[self.local_rank] = self.open_tables
 
 

@@ -144,7 +144,7 @@ class DistributedTensor:
         if self._closed:
             return
         self._closed = True
-        state = self._state
+        state, gpu = self._state, self._buffer is not None  # a GPU shard, which peers map
         self.table.close()  # refuses new gathers, waits for those in flight and for the device
         if state.lost is None:
             try:
@@ -166,7 +166,7 @@ class DistributedTensor:
         if self._pinned is not None:
             self._pinned.release()
             self._pinned = None
-        state.opened(-1)
+        state.opened(-1, gpu)
         if errors:
             raise RuntimeError(f"could not close {len(errors)} peer mapping(s): {errors[0]}")
 
@@ -333,7 +333,7 @@ def _shard_cuda(state: Node, source, read_only, p, device, buses, max_sms, progr
     except BaseException:
         undo()
         raise
-    state.opened(+1)
+    state.opened(+1, gpu=True)
     dist.barrier(group=state.group)  # every shard is filled and mapped before anyone gathers
     buffer.stop_sharing()  # every peer has mapped it
     return result

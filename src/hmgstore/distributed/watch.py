@@ -5,7 +5,9 @@ can no longer be read: this process's gathers raise :class:`PeerLostError`
 at once, the default process group is aborted (so a pending NCCL collective
 fails instead of hanging), and after ``peer_exit_timeout`` seconds a process
 still running exits with status 1 after saying why. A peer that closed its
-tables may leave at any time.
+tables may leave at any time, as may one that exits normally with only CPU
+tables open (:func:`_leaving`); a killed one, or one that leaves a GPU shard
+or an NCCL-exchanged table open, counts as lost.
 """
 from __future__ import annotations
 
@@ -45,6 +47,17 @@ def start(state) -> None:
     state.watch = threading.Thread(target=_watch, args=(state,), name="hmgstore-peer-watch", daemon=True)
     state.watch.start()
     atexit.register(stop, state)
+    atexit.register(_leaving, state)  # runs before stop (atexit runs last registered first)
+
+
+def _leaving(state) -> None:
+    """At a normal exit (not a kill: no exit hook runs then), a process with no GPU tables open tells its peers it
+    left on purpose: its board entry goes to 0, so they do not end 30 s later. What its CPU tables served stays:
+    node-shared pages outlive it, and an exchange with it fails at once over gloo (PeerLostError). A GPU shard or
+    an NCCL-exchanged table open at exit still counts as lost: its memory is gone and NCCL would wait for it."""
+    if state.gpu_tables == 0:
+        with contextlib.suppress(Exception):  # at interpreter exit the board may already be unmapped
+            state.board[state.local_rank] = 0
 
 
 def stop(state) -> None:
