@@ -90,6 +90,14 @@ def open_mapped(found: Mapping) -> int | None:
     return None
 
 
+def root_memmap(array: np.memmap) -> np.memmap:
+    """The memmap a view of a memmap comes from, down its ``.base`` chain: the one whose ``offset`` is its first
+    byte's offset in the file."""
+    while isinstance(array.base, np.memmap):
+        array = array.base
+    return array
+
+
 class FileSpan(NamedTuple):
     """The file under a numpy array's pages: its mapping, the bytes of it the array reaches (from the file's
     start), and the file's size now, measured on the mapping's own descriptor (so the file measured is the one
@@ -115,17 +123,15 @@ def file_span(source) -> FileSpan | None:
         return None
     lo, hi = np.lib.array_utils.byte_bounds(source)
     found = mapping_at(lo)
+    found = found if is_file(found) else None
     if memmap is not None:
-        root = memmap
-        while isinstance(root.base, np.memmap):
-            root = root.base
-        # root.offset is the file offset of root's first byte
+        root = root_memmap(memmap)  # root.offset is the file offset of root's first byte
         needed, name = root.offset + hi - root.__array_interface__["data"][0], str(memmap.filename)
-    elif is_file(found):
+    elif found is not None:
         needed, name = found.offset + hi - found.start, found.name
     else:
         return None  # anonymous memory, or no /proc to find the file in: nothing to name or measure by offset
-    return FileSpan(name, needed, array.size, found if is_file(found) else None, memmap)
+    return FileSpan(name, needed, array.size, found, memmap)
 
 
 def check_whole(source) -> None:

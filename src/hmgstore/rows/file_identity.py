@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..memory.mapped import file_span, is_file, mapping_at, open_mapped
+from ..memory.mapped import file_span, is_file, mapping_at, open_mapped, root_memmap
 
 #: Bytes per sampled page of the checksum.
 PAGE_BYTES = 4096
@@ -149,12 +149,6 @@ class FileIdentity:
                                    f"{self.advice(now) if fix is None else fix}")
 
 
-def _base(array: np.memmap) -> np.memmap:
-    while isinstance(array.base, np.memmap):
-        array = array.base
-    return array
-
-
 #: The identity recorded for each mapped file, by the id of its base memmap, while that memmap lives.
 _recorded: dict[int, FileIdentity] = {}
 
@@ -170,7 +164,7 @@ def identity_of(array: np.memmap, *, refresh: bool = False) -> FileIdentity:
     its device, inode and size from the map and nothing else; where ``/proc`` cannot be read, the file at the
     name. ``refresh``: record the file again (its own writes through a writable memmap change it).
     """
-    base = _base(array)
+    base = root_memmap(array)
     recorded = _recorded.get(id(base))
     if recorded is None or refresh:
         if refresh and hasattr(array, "flush"):
@@ -207,7 +201,7 @@ def _same_bytes_by_name(array: np.memmap, mapped_size: int) -> FileIdentity | No
     """The identity of the file at ``array``'s name where it holds, at :data:`SAMPLED_PAGES` + 1 pages spread over
     the memmap's range, the bytes the memmap shows (so it is the mapped file, as far as its sampled pages tell);
     None otherwise (another file renamed into the name, or none there)."""
-    base = _base(array)
+    base = root_memmap(array)
     name, pages = base.filename, base.base
     if name is None or not isinstance(pages, mmap.mmap):
         return None

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from ..memory.mapped import check_whole
+from ..memory.mapped import check_whole, root_memmap
 from ..rows import file_identity
 
 log = logging.getLogger(__name__)
@@ -94,9 +94,7 @@ class MemmapSpec:
 
     @classmethod
     def of(cls, array: np.memmap) -> MemmapSpec:
-        base = array
-        while isinstance(base.base, np.memmap):
-            base = base.base
+        base = root_memmap(array)
         # Offset of this view from the file's start: the memmap's own offset plus the view's.
         view_offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         mode = {"w+": "r+", "write": "r+"}.get(array.mode, array.mode)  # never truncate the file again
