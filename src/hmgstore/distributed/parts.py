@@ -206,9 +206,8 @@ def partition(features, edge_index, book: PartitionBook, out_dir, *, split: dict
             ones included (:func:`hmgstore.rows.checks.id_list`).
     """
     _check_book(book)
-    for flag, value in (("overwrite", overwrite), ("progress", progress)):  # "no" is truthy: never read as True
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"{flag} is True or False, got {value!r}")
+    checks.boolean(overwrite, "overwrite")
+    checks.boolean(progress, "progress")
     n = book.num_nodes
     tables = _features(features, n)
     csc = _csc(edge_index, n)

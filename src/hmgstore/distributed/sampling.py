@@ -50,7 +50,6 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -60,6 +59,7 @@ from ..graph.hop import _floyd_cpu, _sample_hop, draw, slot_counts
 from ..graph.relabel import SortedNodeSet
 from ..graph.sampler import NeighborSampler, Sample
 from ..graph.topology import Topology
+from ..rows import checks
 from ..rows.hotness import parse_budget
 from ..rows.ids import check_range, normalize_many
 from ..util.device import resolve_device
@@ -188,8 +188,7 @@ class DistributedNeighborSampler:
     def __init__(self, topology, num_neighbors, *, replace: bool = False, generator: torch.Generator | None = None,
                  device=None, gpu_budget=None):
         self.num_neighbors = check_fanout(num_neighbors)
-        if not isinstance(replace, (bool, np.bool_)):
-            raise TypeError(f"replace is True or False, got {replace!r}")
+        checks.boolean(replace, "replace")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator is a torch.Generator or None, got {type(generator).__name__}")
         if generator is not None and generator.device.type != "cpu":

@@ -298,8 +298,7 @@ def to_csc(edge_index, layout: str, size=None, is_sorted: bool = False,
     """
     layout = _layout(layout)
     num_src, num_dst = _size(size)
-    if not isinstance(is_sorted, (bool, np.bool_)):
-        raise TypeError(f"is_sorted is True or False, got {is_sorted!r}")
+    checks.boolean(is_sorted, "is_sorted")
     if is_sorted and layout == "csr":
         raise ValueError("is_sorted=True does not apply to CSR input (edges grouped by source); pass it for COO "
                          "edges sorted by destination")

@@ -128,6 +128,14 @@ def offsets(ptr, name: str, total: int | None = None, *, length: int | None = No
     return ptr
 
 
+def boolean(value, name: str) -> bool:
+    """``value`` as a bool after checking it is one (Python or numpy): TypeError naming ``name`` otherwise, so
+    that a string such as ``"no"``, which is truthy, is never taken for True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} is True or False, got {value!r}")
+    return bool(value)
+
+
 def seconds(value, name: str, *, allow_none: bool = False) -> float | None:
     """``value`` as a float after checking it is a finite number of seconds >= 0 (a timeout, a wait).
 
